@@ -1,0 +1,180 @@
+"""The `rooftop` command: generate and chat on the bundled model or any GGUF / Hugging Face directory."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rooftop.engine.llm import LLM
+from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.sampling_params import SamplingParams
+from rooftop.errors import RooftopError
+
+app = typer.Typer(
+    help="LLM inference with prefill and decode made explicit.", no_args_is_help=True, pretty_exceptions_enable=False
+)
+err = Console(stderr=True, highlight=False)
+
+ModelOpt = Annotated[
+    Optional[str], typer.Option("--model", "-m", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
+]
+DtypeOpt = Annotated[str, typer.Option(help="auto, float32 or bfloat16 (auto: float32 on CPU)")]
+DeviceOpt = Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ...")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="most tokens to generate")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 is greedy")]
+TopPOpt = Annotated[float, typer.Option(help="nucleus sampling mass, (0, 1]")]
+TopKOpt = Annotated[int, typer.Option(help="keep the k most likely tokens (0: off)")]
+MinPOpt = Annotated[float, typer.Option(help="drop tokens below min_p x the top probability (0: off)")]
+RepPenaltyOpt = Annotated[float, typer.Option(help="penalize tokens already seen (1: off)")]
+SeedOpt = Annotated[Optional[int], typer.Option(help="same seed, same output")]
+StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="stop before this string (repeatable)")]
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Bad input ends in one line on stderr and a non-zero exit, never a traceback."""
+    try:
+        yield
+    except RooftopError as e:
+        err.print(f"[bold red]error:[/] {e}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        err.print("\ninterrupted")
+        raise typer.Exit(130) from None
+
+
+def load(model: str | None, dtype: str, device: str) -> LLM:
+    t0 = time.perf_counter()
+    with err.status("loading model..."):
+        llm = LLM(model=model, dtype=dtype, device=device)
+    c = llm.config
+    err.print(
+        f"[dim]{c.name or c.architecture} ({c.architecture}, {c.num_layers} layers, d={c.hidden_size}) from "
+        f"{llm.model_path}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}, "
+        f"loaded in {time.perf_counter() - t0:.1f} s[/]",
+        soft_wrap=True,
+    )
+    return llm
+
+
+def print_report(m: RequestMetrics, finish_reason: str | None) -> None:
+    """The short per-request report: tokens, TTFT, TPOT and the speed of each phase."""
+
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} tok/s"
+
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_row("prompt tokens", str(m.prompt_tokens), "output tokens", f"{m.output_tokens} ({finish_reason})")
+    table.add_row("TTFT", ms(m.ttft), "TPOT", ms(m.tpot))
+    table.add_row("prefill", rate(m.prefill_tokens_per_s), "decode", rate(m.decode_tokens_per_s))
+    table.add_row(
+        "prefill time", f"{ms(m.prefill_time)} / {m.prefill_tokens} tok",
+        "decode time", f"{ms(m.decode_time)} / {m.decode_steps} steps",
+    )
+    err.print(table)
+
+
+def stream_to_stdout(llm: LLM, prompt: str, params: SamplingParams) -> tuple[str, RequestMetrics, str | None]:
+    output = None
+    for chunk in llm.stream(prompt, params):
+        sys.stdout.write(chunk.delta)
+        sys.stdout.flush()
+        output = chunk.output
+    sys.stdout.write("\n")
+    return output.text, output.metrics, output.finish_reason
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="the prompt; the chat template is applied unless --raw")],
+    model: ModelOpt = None,
+    max_tokens: MaxTokensOpt = 256,
+    temperature: TemperatureOpt = 0.2,
+    top_p: TopPOpt = 0.9,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
+    repetition_penalty: RepPenaltyOpt = 1.0,
+    seed: SeedOpt = None,
+    stop: StopOpt = None,
+    raw: Annotated[bool, typer.Option("--raw", help="send the prompt as is, without the chat template")] = False,
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Stream the model's answer to PROMPT, then report TTFT, TPOT and the speed of prefill and decode."""
+    with user_errors():
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            repetition_penalty=repetition_penalty, seed=seed, stop=stop or [],
+        )
+        llm = load(model, dtype, device)
+        if not prompt:
+            raise RooftopError("the prompt is empty")
+        text = prompt if raw or not llm.tokenizer.chat_template else llm.apply_chat_template([{"role": "user", "content": prompt}])
+        _, metrics, finish_reason = stream_to_stdout(llm, text, params)
+        print_report(metrics, finish_reason)
+
+
+@app.command()
+def chat(
+    model: ModelOpt = None,
+    system: Annotated[Optional[str], typer.Option(help="system prompt")] = None,
+    max_tokens: MaxTokensOpt = 512,
+    temperature: TemperatureOpt = 0.2,
+    top_p: TopPOpt = 0.9,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
+    repetition_penalty: RepPenaltyOpt = 1.0,
+    seed: SeedOpt = None,
+    dtype: DtypeOpt = "auto",
+    device: DeviceOpt = "cpu",
+    stats: Annotated[bool, typer.Option(help="print TTFT/TPOT after each answer")] = False,
+) -> None:
+    """Multi-turn chat with the model's chat template. /reset forgets the conversation; Ctrl-D or /exit ends."""
+    with user_errors():
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            repetition_penalty=repetition_penalty, seed=seed,
+        )
+        llm = load(model, dtype, device)
+        if not llm.tokenizer.chat_template:
+            raise RooftopError("this model has no chat template; use `rooftop generate --raw`")
+    start = [{"role": "system", "content": system}] if system else []
+    messages = list(start)
+    err.print("[dim]type a message; /reset clears the history, /exit or Ctrl-D quits[/]")
+    while True:
+        try:
+            line = input(">>> ")
+        except (EOFError, KeyboardInterrupt):
+            err.print()
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if line.strip() == "/reset":
+            messages = list(start)
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        try:
+            answer, metrics, finish_reason = stream_to_stdout(llm, llm.apply_chat_template(messages), params)
+        except RooftopError as e:
+            messages.pop()
+            err.print(f"[bold red]error:[/] {e} (try /reset)")
+            continue
+        except KeyboardInterrupt:
+            messages.pop()
+            err.print("\n[dim]interrupted[/]")
+            continue
+        messages.append({"role": "assistant", "content": answer})
+        if stats:
+            print_report(metrics, finish_reason)

@@ -1,0 +1,61 @@
+"""Per-request timings, with the definitions of shared/DESIGN.md (all times are time.perf_counter seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    """When each thing happened to one request, and how long its prefill and decode work took."""
+
+    arrival_time: float
+    prompt_tokens: int = 0
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # when each output token was ready
+    finished_time: float | None = None
+    prefill_time: float = 0.0  # seconds in prefill forward passes (device-synchronized, sampling excluded)
+    prefill_tokens: int = 0
+    decode_time: float = 0.0  # seconds in decode forward passes (device-synchronized, sampling excluded)
+    decode_steps: int = 0
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_times)
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token: first output token − arrival (queueing included)."""
+        return None if not self.token_times else self.token_times[0] - self.arrival_time
+
+    @property
+    def e2e(self) -> float | None:
+        """End to end: last output token − arrival."""
+        return None if not self.token_times else self.token_times[-1] - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies: each gap between consecutive output tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (E2E − TTFT) / (n − 1); None below 2 tokens."""
+        n = self.output_tokens
+        return None if n < 2 else (self.e2e - self.ttft) / (n - 1)
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.prefill_tokens / self.prefill_time if self.prefill_time > 0 else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return self.decode_steps / self.decode_time if self.decode_time > 0 else None

@@ -1,0 +1,21 @@
+"""Typed errors: every bad input a user can give ends in one of these, with a message that names the problem."""
+
+
+class RooftopError(Exception):
+    """Base of every error rooftop raises on purpose; the CLI prints its message on one line."""
+
+
+class ModelLoadError(RooftopError):
+    """The model path is missing, truncated, corrupt or incomplete."""
+
+
+class UnsupportedModelError(RooftopError):
+    """The file is readable but describes an architecture, tensor type or tokenizer rooftop does not run."""
+
+
+class InvalidRequestError(RooftopError, ValueError):
+    """A prompt or sampling parameter is out of range."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt does not fit in the model's context."""

@@ -1,0 +1,131 @@
+"""GGUF files: metadata -> ModelConfig, tensors -> weights under Hugging Face names, vocabulary -> Tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+
+from rooftop.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
+from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.loading.model_files import LoadedModel
+from rooftop.loading.tokenizer import Tokenizer
+from rooftop.quant.gguf_blocks import dequantize
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for tensors we derive ourselves."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    if stem.startswith("blk."):
+        _, layer, part = stem.split(".", 2)
+        if part in _LAYER_NAMES:
+            return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{suffix}"
+    elif stem in _TOP_NAMES:
+        return f"{_TOP_NAMES[stem]}.{suffix}"
+    return None
+
+
+def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row order (rotary pairs interleaved) back to Hugging Face's (halves)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def read_metadata(reader: GGUFReader) -> dict:
+    meta = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = f.contents()
+        except Exception as e:  # a malformed field in an otherwise readable file
+            raise ModelLoadError(f"GGUF metadata field {key!r} is unreadable ({e})") from None
+    return meta
+
+
+def config_from_metadata(meta: dict) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+
+    def get(key: str, default=None):
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise UnsupportedModelError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
+    scaling = None
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        scaling = RopeScaling("linear", factor=float(get("rope.scaling.factor")))
+    elif meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
+        raise UnsupportedModelError(f"RoPE scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        max_position_embeddings=int(get("context_length")),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        qk_norm=arch == "qwen3",
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=[eos] if eos is not None else [],
+        name=str(meta.get("general.name", "")),
+    )
+
+
+def load_gguf(path: Path) -> LoadedModel:
+    """Read a GGUF file into float32 weights (HF names and layout), its config and its tokenizer."""
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # gguf raises ValueError, IndexError, struct errors... on a bad file
+        raise ModelLoadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
+    meta = read_metadata(reader)
+    config = config_from_metadata(meta)
+    weights: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            if t.name == "rope_freqs.weight":  # Llama-3 rope scaling, stored as per-pair frequency divisors
+                config.rope_freq_factors = dequantize(t.data, t.tensor_type, (int(t.n_elements),), t.name).tolist()
+            continue
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+        try:
+            w = dequantize(np.asarray(t.data), t.tensor_type, shape, t.name)
+        except (ValueError, TypeError) as e:
+            raise ModelLoadError(f"{path}: tensor {t.name} is truncated or corrupt ({e})") from None
+        if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            w = unpermute_rope(w, config.num_heads if "q_proj" in name else config.num_kv_heads)
+        weights[name] = w
+    config.tie_word_embeddings = "lm_head.weight" not in weights
+    return LoadedModel(config=config, weights=weights, tokenizer=Tokenizer.from_gguf_metadata(meta), source=str(path))

@@ -1,0 +1,181 @@
+"""Tokenizer: the `tokenizers` library for text <-> ids, jinja2 for the chat template, and the special ids."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
+
+# How llama.cpp splits text before BPE, by the GGUF's `tokenizer.ggml.pre`; the regexes are llama.cpp's.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _gpt2_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "starcoder", "refact"):
+        # Trained with every digit its own pre-token, then GPT-2's split.
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3", "pixtral"):
+        split = _LLAMA3_SPLIT
+    elif pre in ("qwen2", "deepseek-r1-qwen", "megrez"):
+        split = _QWEN2_SPLIT
+    else:  # "gpt2", "default" and the rest: GPT-2's own split
+        return byte_level
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(split), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@dataclass
+class Tokenizer:
+    """Encodes prompts, decodes tokens, renders chat messages; knows which ids end generation."""
+
+    backend: HFTokenizer
+    bos_token: str | None = None
+    eos_token: str | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    add_bos: bool = False
+    chat_template: str | None = None
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return None if self.bos_token is None else self.backend.token_to_id(self.bos_token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; special tokens written in the text (e.g. `<|im_start|>`) become their ids."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.backend.id_to_token(i) for i in ids]
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text for `messages`, rendered like transformers' `apply_chat_template`."""
+        if not self.chat_template:
+            raise InvalidRequestError("this model has no chat template; pass the prompt as raw text")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise InvalidRequestError(f"message {i} must be a dict with 'role' and 'content'")
+        try:
+            return _compile(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except jinja2.TemplateError as e:
+            raise InvalidRequestError(f"the chat template rejected these messages: {e}") from None
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict) -> Tokenizer:
+        """Rebuild the tokenizer a GGUF describes: BPE vocabulary and merges, split rule, special tokens."""
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise UnsupportedModelError(
+                f"GGUF tokenizer model {kind!r} is not supported (supported: 'gpt2', byte-level BPE)"
+            )
+        tokens: list[str] = meta["tokenizer.ggml.tokens"]
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        backend = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+        backend.pre_tokenizer = _gpt2_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
+        backend.decoder = decoders.ByteLevel()
+        types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        # 3 = control (e.g. <|im_end|>), 4 = user-defined: both are matched whole in the text, never split.
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3])
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4])
+
+        def token(key: str) -> str | None:
+            i = meta.get(f"tokenizer.ggml.{key}")
+            return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        eos_ids = [eos] if eos is not None else []
+        eot = meta.get("tokenizer.ggml.eot_token_id")
+        if eot is not None and eot not in eos_ids:
+            eos_ids.append(eot)
+        return cls(
+            backend=backend,
+            bos_token=token("bos_token_id"),
+            eos_token=token("eos_token_id"),
+            eos_token_ids=eos_ids,
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            chat_template=meta.get("tokenizer.chat_template"),
+        )
+
+    @classmethod
+    def from_hf_dir(cls, path: Path, eos_token_ids: list[int]) -> Tokenizer:
+        """tokenizer.json, with specials and chat template from tokenizer_config.json (or chat_template.jinja)."""
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ModelLoadError(f"{path}: no tokenizer.json")
+        try:
+            backend = HFTokenizer.from_file(str(tok_file))
+        except Exception as e:
+            raise ModelLoadError(f"{tok_file}: not a valid tokenizer.json ({e})") from None
+        cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text()
+        bos, eos = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
+        ids = list(eos_token_ids)
+        if eos is not None and backend.token_to_id(eos) is not None and backend.token_to_id(eos) not in ids:
+            ids.append(backend.token_to_id(eos))
+        return cls(backend, bos, eos, ids, bool(cfg.get("add_bos_token", False)), template)
+
+
+def _token_text(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    """Compile once per template text, in a sandbox with the helpers chat templates expect."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ModelLoadError(f"the model's chat template does not parse: {e}") from None

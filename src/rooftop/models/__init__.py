@@ -1,0 +1,1 @@
+"""The decoder-only transformer; Llama, Qwen2 and Qwen3 differ only by ModelConfig flags."""

@@ -1,0 +1,48 @@
+"""Rotary position embeddings in Hugging Face's layout (rotate halves), with Llama-3 and linear scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rooftop.config import ModelConfig
+
+
+def inv_frequencies(config: ModelConfig) -> torch.Tensor:
+    """Per-pair rotation frequencies (head_dim / 2,), float32, computed the way transformers does."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if config.rope_freq_factors is not None:
+        return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    if s.rope_type == "linear":
+        return inv_freq / s.factor
+    # Llama 3: long wavelengths slowed by `factor`, short ones kept, the band between interpolated.
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def cos_sin_table(
+    config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for positions 0..max_positions-1, each (max_positions, head_dim): float32 math, then `dtype`."""
+    positions = torch.arange(max_positions, dtype=torch.float32)
+    freqs = torch.outer(positions, inv_frequencies(config))
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (T, heads, head_dim); cos/sin: (T, head_dim) already gathered at the tokens' positions."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

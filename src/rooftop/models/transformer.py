@@ -1,0 +1,124 @@
+"""One decoder-only transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU) run on explicit weights.
+
+`forward` takes the new tokens of one sequence and a KV cache holding its earlier tokens: prefill passes the
+whole prompt with nothing cached, decode passes one token. Q/K/V and gate/up are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rooftop.config import ModelConfig
+from rooftop.engine.kv_cache import KVCache
+from rooftop.errors import ModelLoadError
+from rooftop.models.rope import apply_rope, cos_sin_table
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor  # (q_size + 2 * kv_size, hidden)
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # Qwen3 only, (head_dim,)
+    k_norm: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor  # (2 * intermediate, hidden)
+    down: torch.Tensor
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalized in float32 and cast back before the weight, as transformers does."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class Transformer:
+    """Weights on one device in one dtype, and the forward pass over them."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+        self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        c = config
+
+        def take(name: str, shape: tuple[int, ...] | None, required: bool = True) -> torch.Tensor | None:
+            w = weights.get(name)
+            if w is None:
+                if required:
+                    raise ModelLoadError(f"the model file has no tensor {name}")
+                return None
+            if shape is not None and tuple(w.shape) != shape:
+                raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
+            return w.to(device=self.device, dtype=dtype).contiguous()
+
+        def cat(*tensors):
+            return None if any(t is None for t in tensors) else torch.cat(tensors, dim=0).contiguous()
+
+        d, qs, kvs, ff = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+        self.embed = take("model.embed_tokens.weight", (c.vocab_size, d))
+        self.norm = take("model.norm.weight", (d,))
+        self.lm_head = self.embed if c.tie_word_embeddings else take("lm_head.weight", (c.vocab_size, d))
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            self.layers.append(
+                Layer(
+                    attn_norm=take(p + "input_layernorm.weight", (d,)),
+                    qkv=cat(take(a + "q_proj.weight", (qs, d)), take(a + "k_proj.weight", (kvs, d)), take(a + "v_proj.weight", (kvs, d))),
+                    qkv_bias=cat(*(take(a + f"{n}_proj.bias", None, False) for n in "qkv")),
+                    o=take(a + "o_proj.weight", (d, qs)),
+                    o_bias=take(a + "o_proj.bias", (d,), False),
+                    q_norm=take(a + "q_norm.weight", (c.head_dim,), c.qk_norm),
+                    k_norm=take(a + "k_norm.weight", (c.head_dim,), c.qk_norm),
+                    mlp_norm=take(p + "post_attention_layernorm.weight", (d,)),
+                    gate_up=cat(take(p + "mlp.gate_proj.weight", (ff, d)), take(p + "mlp.up_proj.weight", (ff, d))),
+                    down=take(p + "mlp.down_proj.weight", (d, ff)),
+                )
+            )
+        self.cos, self.sin = cos_sin_table(c, c.max_position_embeddings, dtype, self.device)
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+        """Hidden states (T, hidden) of T new tokens at positions start..start+T-1; their K/V go into `cache`."""
+        c = self.config
+        T = input_ids.shape[0]
+        cos, sin = self.cos[start : start + T], self.sin[start : start + T]
+        x = F.embedding(input_ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q = q.view(T, c.num_heads, c.head_dim)
+            k = k.view(T, c.num_kv_heads, c.head_dim)
+            v = v.view(T, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None:
+                q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            keys, values = cache.append(i, start, k, v)  # (start + T, kv_heads, head_dim)
+            attn = attention(q, keys, values, start)
+            x = x + F.linear(attn.reshape(T, c.q_size), layer.o, layer.o_bias)
+            h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits (T, vocab) for the given hidden states (only the positions that need sampling)."""
+        return F.linear(hidden, self.lm_head).float()
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal attention of T new queries over start + T keys. q: (T, heads, hd) -> (T, heads, hd)."""
+    T, S = q.shape[0], keys.shape[0]
+    q, keys, values = q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1)
+    if T == 1:  # decode: the new token sees everything cached
+        out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+    elif start == 0:  # prefill from scratch
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+    else:  # new tokens after a cached prefix: token i sees keys 0..start+i
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=start)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    return out.transpose(0, 1)

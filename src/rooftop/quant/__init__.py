@@ -1,0 +1,1 @@
+"""Weight formats: GGUF block decoding (and, later, quantized linears)."""

@@ -1,0 +1,87 @@
+"""Vectorized decoding of GGUF tensor data (F32, F16, BF16, Q8_0, Q4_0, Q4_1) into torch tensors.
+
+The quantized formats store blocks of 32 weights along each row: a float16 scale `d` (Q4_1 also a float16
+minimum `m`) followed by the packed integers. Q4 packs two weights per byte: the low nibbles are weights
+0..15 of the block and the high nibbles weights 16..31.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QType
+
+from rooftop.errors import ModelLoadError, UnsupportedModelError
+
+BLOCK = 32
+_BLOCK_BYTES = {QType.Q8_0: 2 + 32, QType.Q4_0: 2 + 16, QType.Q4_1: 2 + 2 + 16}
+SUPPORTED_TYPES = (QType.F32, QType.F16, QType.BF16, *_BLOCK_BYTES)
+
+
+def _blocks(raw: np.ndarray, qtype: QType, numel: int) -> np.ndarray:
+    """The raw bytes as one row per block: (numel / 32, block bytes)."""
+    nbytes = _BLOCK_BYTES[qtype]
+    if numel % BLOCK:
+        raise ModelLoadError(f"{qtype.name} tensor of {numel} elements is not a whole number of 32-blocks")
+    flat = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    if flat.size != numel // BLOCK * nbytes:
+        raise ModelLoadError(f"{qtype.name} tensor holds {flat.size} bytes, expected {numel // BLOCK * nbytes}")
+    return flat.reshape(-1, nbytes)
+
+
+def _scale(blocks: np.ndarray, offset: int) -> torch.Tensor:
+    """The float16 at byte `offset` of each block, as a float32 column (nblocks, 1)."""
+    half = np.ascontiguousarray(blocks[:, offset : offset + 2]).view(np.float16)
+    return torch.from_numpy(half.astype(np.float32))
+
+
+def _nibbles(packed: np.ndarray) -> torch.Tensor:
+    """(nblocks, 16) bytes -> (nblocks, 32) values 0..15: low nibbles first, then high nibbles."""
+    q = torch.from_numpy(np.ascontiguousarray(packed))
+    return torch.cat([q & 0x0F, q >> 4], dim=1)
+
+
+def q4_1_parts(raw: np.ndarray, numel: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_1 as (d, m, q) with x = d * q + m: per-32 scale and minimum (nblocks, 1) and q (nblocks, 32) uint8."""
+    blocks = _blocks(raw, QType.Q4_1, numel)
+    return _scale(blocks, 0), _scale(blocks, 2), _nibbles(blocks[:, 4:])
+
+
+def q4_0_parts(raw: np.ndarray, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_0 as (d, q) with x = d * (q - 8): scale (nblocks, 1) and q (nblocks, 32) uint8."""
+    blocks = _blocks(raw, QType.Q4_0, numel)
+    return _scale(blocks, 0), _nibbles(blocks[:, 2:])
+
+
+def q8_0_parts(raw: np.ndarray, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 as (d, q) with x = d * q: scale (nblocks, 1) and q (nblocks, 32) int8."""
+    blocks = _blocks(raw, QType.Q8_0, numel)
+    q = np.ascontiguousarray(blocks[:, 2:]).view(np.int8)
+    return _scale(blocks, 0), torch.from_numpy(q)
+
+
+def dequantize(raw: np.ndarray, qtype: QType, shape: tuple[int, ...], name: str = "tensor") -> torch.Tensor:
+    """Decode one GGUF tensor to float32 (float16/bfloat16 are widened) with the given torch-order shape."""
+    numel = int(np.prod(shape))
+    if qtype == QType.F32:
+        out = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.float32).copy())
+    elif qtype == QType.F16:
+        out = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.float16).astype(np.float32))
+    elif qtype == QType.BF16:
+        bits = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.int16).copy())
+        out = bits.view(torch.bfloat16).float()
+    elif qtype == QType.Q8_0:
+        d, q = q8_0_parts(raw, numel)
+        out = d * q.float()
+    elif qtype == QType.Q4_0:
+        d, q = q4_0_parts(raw, numel)
+        out = d * (q.float() - 8.0)
+    elif qtype == QType.Q4_1:
+        d, m, q = q4_1_parts(raw, numel)
+        out = d * q.float() + m
+    else:
+        supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+        raise UnsupportedModelError(f"{name}: GGUF tensor type {qtype.name} is not supported (supported: {supported})")
+    if out.numel() != numel:
+        raise ModelLoadError(f"{name}: holds {out.numel()} values, its shape {tuple(shape)} needs {numel}")
+    return out.reshape(shape)
