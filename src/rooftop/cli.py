@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rooftop.engine.llm import LLM
@@ -20,7 +21,7 @@ from rooftop.errors import RooftopError
 app = typer.Typer(
     help="LLM inference with prefill and decode made explicit.", no_args_is_help=True, pretty_exceptions_enable=False
 )
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ModelOpt = Annotated[
     Optional[str], typer.Option("--model", "-m", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
@@ -43,7 +44,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except RooftopError as e:
-        err.print(f"[bold red]error:[/] {e}")
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err.print("\ninterrupted")
@@ -56,10 +57,9 @@ def load(model: str | None, dtype: str, device: str) -> LLM:
         llm = LLM(model=model, dtype=dtype, device=device)
     c = llm.config
     err.print(
-        f"[dim]{c.name or c.architecture} ({c.architecture}, {c.num_layers} layers, d={c.hidden_size}) from "
-        f"{llm.model_path}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}, "
-        f"loaded in {time.perf_counter() - t0:.1f} s[/]",
-        soft_wrap=True,
+        f"[dim]{escape(c.name or c.architecture)} ({c.architecture}, {c.num_layers} layers, d={c.hidden_size}) from "
+        f"{escape(llm.model_path)}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}, "
+        f"loaded in {time.perf_counter() - t0:.1f} s[/]"
     )
     return llm
 
@@ -169,7 +169,7 @@ def chat(
             answer, metrics, finish_reason = stream_to_stdout(llm, llm.apply_chat_template(messages), params)
         except RooftopError as e:
             messages.pop()
-            err.print(f"[bold red]error:[/] {e} (try /reset)")
+            err.print(f"[bold red]error:[/] {escape(str(e))} (try /reset)")
             continue
         except KeyboardInterrupt:
             messages.pop()

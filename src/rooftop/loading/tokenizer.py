@@ -106,8 +106,10 @@ class Tokenizer:
             raise UnsupportedModelError(
                 f"GGUF tokenizer model {kind!r} is not supported (supported: 'gpt2', byte-level BPE)"
             )
-        tokens: list[str] = meta["tokenizer.ggml.tokens"]
-        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
+        if not tokens:
+            raise ModelLoadError("the GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
+        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
         backend = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
         backend.pre_tokenizer = _gpt2_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
         backend.decoder = decoders.ByteLevel()

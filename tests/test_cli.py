@@ -1,0 +1,134 @@
+"""The `rooftop` command as a user runs it: streaming output, the report, chat, and one-line errors."""
+
+import subprocess
+import sys
+
+import gguf
+import pytest
+
+from gguf_factory import write_tiny_gguf
+
+
+def rooftop(*args, stdin=None, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "rooftop", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def assert_user_error(result, *words):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error:"), result.stderr
+    for word in words:
+        assert word in line, (word, line)
+
+
+def test_generate_streams_text_and_reports(tiny_gguf):
+    r = rooftop("generate", "hello", "--model", str(tiny_gguf), "-n", "6", "--temperature", "0", "--raw")
+    assert r.returncode == 0, r.stderr
+    for field in ("prompt tokens", "output tokens", "TTFT", "TPOT", "prefill", "decode", "tok/s"):
+        assert field in r.stderr
+    assert "6 (length)" in r.stderr
+
+
+def test_generate_output_matches_the_python_api(tiny_gguf, tiny_llm):
+    from rooftop import SamplingParams
+
+    expected = tiny_llm.generate("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", SamplingParams(max_tokens=8, temperature=0))[0].text
+    r = rooftop("generate", "hi", "--model", str(tiny_gguf), "-n", "8", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == expected + "\n"
+
+
+@pytest.mark.slow
+def test_demo_answers_the_lagos_question():
+    r = rooftop("generate", "What is the weather in Lagos?", "-n", "40", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert "Lagos" in r.stdout
+    assert "TTFT" in r.stderr and "SmolLM2" not in r.stdout
+
+
+def test_chat_is_multi_turn_and_ends_on_eof(tiny_gguf):
+    r = rooftop("chat", "--model", str(tiny_gguf), "-n", "4", "--temperature", "0", stdin="hi\n\nagain\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(">>> ") == 4  # hi, the empty line, again, then EOF
+
+
+def test_chat_exit_command(tiny_gguf):
+    r = rooftop("chat", "--model", str(tiny_gguf), "-n", "4", "--stats", stdin="/exit\nnever sent\n")
+    assert r.returncode == 0 and r.stdout.count(">>> ") == 1
+
+
+def test_chat_reports_a_too_long_turn_and_goes_on(tiny_gguf):
+    r = rooftop("chat", "--model", str(tiny_gguf), "-n", "2", stdin="x" * 200 + "\nhi\n")
+    assert r.returncode == 0
+    assert "the prompt has" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout.count(">>> ") == 3
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["-n", "0"], ["max_tokens"]),
+        (["--temperature", "-1"], ["temperature"]),
+        (["--top-p", "0"], ["top_p"]),
+        (["--top-p", "1.5"], ["top_p"]),
+        (["--top-k", "-1"], ["top_k"]),
+        (["--min-p", "1.5"], ["min_p"]),
+        (["--dtype", "int3"], ["dtype"]),
+    ],
+)
+def test_invalid_sampling_options(tiny_gguf, args, words):
+    assert_user_error(rooftop("generate", "hi", "--model", str(tiny_gguf), *args), *words)
+
+
+def test_empty_prompt(tiny_gguf):
+    assert_user_error(rooftop("generate", "", "--model", str(tiny_gguf)), "empty")
+
+
+def test_prompt_longer_than_context(tiny_gguf):
+    assert_user_error(rooftop("generate", "x" * 100, "--raw", "--model", str(tiny_gguf)), "100 tokens", "64")
+
+
+def test_missing_model_path(tmp_path):
+    assert_user_error(rooftop("generate", "hi", "--model", str(tmp_path / "nope.gguf")), "no such file")
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "junk.gguf"
+    path.write_bytes(b"this is not a model" * 100)
+    assert_user_error(rooftop("generate", "hi", "--model", str(path)), "not a valid GGUF")
+
+
+def test_truncated_gguf(tiny_gguf, tmp_path):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])
+    assert_user_error(rooftop("generate", "hi", "--model", str(path)), str(path))
+
+
+def test_unsupported_architecture(tmp_path):
+    path = tmp_path / "gpt2.gguf"
+    write_tiny_gguf(path, arch="gpt2")
+    assert_user_error(rooftop("generate", "hi", "--model", str(path)), "'gpt2'", "not supported")
+
+
+def test_unsupported_tensor_type(tmp_path):
+    path = tmp_path / "q4k.gguf"
+    write_tiny_gguf(path, qtype=gguf.GGMLQuantizationType.Q4_K)
+    assert_user_error(rooftop("generate", "hi", "--model", str(path)), "Q4_K", "not supported")
+
+
+def test_unsupported_tokenizer(tmp_path):
+    path = tmp_path / "spm.gguf"
+    write_tiny_gguf(path, tokenizer_model="llama")
+    assert_user_error(rooftop("generate", "hi", "--model", str(path)), "tokenizer model 'llama'")
+
+
+def test_hf_directory_without_config(tmp_path):
+    assert_user_error(rooftop("generate", "hi", "--model", str(tmp_path)), "config.json")
+
+
+def test_help_lists_the_commands():
+    r = rooftop("--help")
+    assert r.returncode == 0 and "generate" in r.stdout and "chat" in r.stdout

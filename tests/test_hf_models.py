@@ -1,0 +1,216 @@
+"""Tiny random Llama/Qwen2/Qwen3 checkpoints saved by transformers: rooftop's logits equal transformers' logits."""
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from rooftop.engine.kv_cache import KVCache
+from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.loading.model_files import load_model
+from rooftop.models.transformer import Transformer
+
+VOCAB = 320
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A tiny model reads a tiny prompt and writes one token at a time.",
+    "Rotary embeddings turn positions into angles; the cache keeps keys and values.",
+    "Hello, world! 0123456789 tokens, merges and bytes.",
+]
+PROMPT = "The lazy fox reads keys and values, then writes a prompt of angles. Hello bytes!"
+SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=128,
+)
+# original_max_position_embeddings=64 puts one of the 8 frequencies in the interpolated band, the rest either side.
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 500000.0,
+}
+VARIANTS = {
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, head_dim=32), None),
+    "qwen2-sharded": (Qwen2ForCausalLM, Qwen2Config(**SHAPE), "50KB"),
+    "llama-tied": (LlamaForCausalLM, LlamaConfig(**SHAPE, tie_word_embeddings=True), None),
+    "llama3-rope": (LlamaForCausalLM, LlamaConfig(**SHAPE, rope_parameters=LLAMA3_ROPE), None),
+}
+ATOL = 1e-4
+
+
+@dataclass
+class Built:
+    path: Path
+    ids: list[int]
+    expected: torch.Tensor  # transformers' logits (T, vocab) for `ids`
+
+
+def write_tokenizer(path: Path) -> None:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.save(str(path / "tokenizer.json"))
+
+
+def build(path: Path, model_cls, config, max_shard_size) -> Built:
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    # Default init gives near-uniform logits; large random weights (biases and norms too) make every term matter.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.4)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, safe_serialization=True, **kwargs)
+    write_tokenizer(path)
+    ids = load_model(path).tokenizer.encode(PROMPT)
+    with torch.inference_mode():
+        expected = model(torch.tensor([ids])).logits[0].float()
+    return Built(path, ids, expected)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Built]:
+    return {name: build(tmp_path_factory.mktemp(name), *spec) for name, spec in VARIANTS.items()}
+
+
+def rooftop_model(path: Path) -> Transformer:
+    loaded = load_model(path)
+    return Transformer(loaded.config, loaded.weights, torch.float32, "cpu")
+
+
+def new_cache(model: Transformer) -> KVCache:
+    return KVCache(model.config, capacity=64, dtype=torch.float32, device="cpu")
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def test_prompt_is_long_enough_and_in_vocab(built):
+    ids = built["qwen3"].ids
+    # Long enough for Llama-3's slowed low frequencies to turn visibly, short enough for the 64-token caches.
+    assert 40 <= len(ids) <= 64
+    assert max(ids) < VOCAB
+
+
+def test_config_comes_from_config_json(built):
+    qwen3 = load_model(built["qwen3"].path).config
+    assert (qwen3.architecture, qwen3.head_dim, qwen3.qk_norm) == ("qwen3", 32, True)
+    llama = load_model(built["llama3-rope"].path).config
+    assert llama.rope_theta == 500000.0
+    assert llama.rope_scaling.rope_type == "llama3" and llama.rope_scaling.original_max_position_embeddings == 64
+    assert load_model(built["llama-tied"].path).config.tie_word_embeddings
+    assert not llama.tie_word_embeddings
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_prefill_logits_match_transformers(built, name):
+    b = built[name]
+    model = rooftop_model(b.path)
+    with torch.inference_mode():
+        logits = model.logits(model.forward(torch.tensor(b.ids), new_cache(model), start=0))
+    assert logits.dtype == torch.float32 and logits.shape == b.expected.shape
+    assert b.expected.std() > 1.0  # the comparison would be weak on near-uniform logits
+    assert max_diff(logits, b.expected) < ATOL
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_decode_steps_match_full_recompute(built, name):
+    b = built[name]
+    model, k = rooftop_model(b.path), len(b.ids) - 6
+    cache = new_cache(model)
+    with torch.inference_mode():
+        prefill = model.logits(model.forward(torch.tensor(b.ids[:k]), cache, start=0))
+        assert max_diff(prefill[-1], b.expected[k - 1]) < ATOL
+        for pos in range(k, len(b.ids)):
+            step = model.logits(model.forward(torch.tensor([b.ids[pos]]), cache, start=pos))
+            assert step.shape == (1, VOCAB)
+            assert max_diff(step[0], b.expected[pos]) < ATOL, f"position {pos}"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_chunked_prefill_matches_full_recompute(built, name):
+    b = built[name]
+    model = rooftop_model(b.path)
+    cache, k = new_cache(model), 11
+    with torch.inference_mode():
+        first = model.logits(model.forward(torch.tensor(b.ids[:k]), cache, start=0))
+        rest = model.logits(model.forward(torch.tensor(b.ids[k:]), cache, start=k))
+    assert max_diff(torch.cat([first, rest]), b.expected) < ATOL
+
+
+def test_sharded_checkpoint_has_index_and_shards(built):
+    path = built["qwen2-sharded"].path
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 1
+    assert sorted(p.name for p in path.glob("*.safetensors")) == sorted(shards)
+
+
+def copy_model(src: Path, dst: Path, skip: str | None = None) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(skip) if skip else None)
+    return dst
+
+
+def test_missing_config_json(tmp_path):
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_model(tmp_path)
+
+
+def test_missing_weights(built, tmp_path):
+    path = copy_model(built["llama-tied"].path, tmp_path / "m", skip="*.safetensors")
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        load_model(path)
+
+
+def test_missing_shard(built, tmp_path):
+    path = copy_model(built["qwen2-sharded"].path, tmp_path / "m")
+    next(path.glob("model-*.safetensors")).unlink()
+    with pytest.raises(ModelLoadError, match="missing"):
+        load_model(path)
+
+
+def test_unsupported_architecture(built, tmp_path):
+    path = copy_model(built["llama-tied"].path, tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
+        load_model(path)
+
+
+def test_truncated_safetensors(built, tmp_path):
+    path = copy_model(built["llama-tied"].path, tmp_path / "m")
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_model(path)
+
+
+def test_missing_tokenizer_json(built, tmp_path):
+    path = copy_model(built["llama-tied"].path, tmp_path / "m", skip="tokenizer.json")
+    with pytest.raises(ModelLoadError, match="tokenizer.json"):
+        load_model(path)
