@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
-from gguf import GGUFReader
 
 from rooftop.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
 from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.loading.gguf_file import read_gguf
 from rooftop.loading.model_files import LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import dequantize
@@ -46,18 +45,6 @@ def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's Q/K row order (rotary pairs interleaved) back to Hugging Face's (halves)."""
     rows = w.shape[0]
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def read_metadata(reader: GGUFReader) -> dict:
-    meta = {}
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            meta[key] = f.contents()
-        except Exception as e:  # a malformed field in an otherwise readable file
-            raise ModelLoadError(f"GGUF metadata field {key!r} is unreadable ({e})") from None
-    return meta
 
 
 def config_from_metadata(meta: dict) -> ModelConfig:
@@ -106,24 +93,17 @@ def config_from_metadata(meta: dict) -> ModelConfig:
 
 def load_gguf(path: Path) -> LoadedModel:
     """Read a GGUF file into float32 weights (HF names and layout), its config and its tokenizer."""
-    try:
-        reader = GGUFReader(path)
-    except Exception as e:  # gguf raises ValueError, IndexError, struct errors... on a bad file
-        raise ModelLoadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from None
-    meta = read_metadata(reader)
+    gguf_file = read_gguf(path)
+    meta = gguf_file.metadata
     config = config_from_metadata(meta)
     weights: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
+    for t in gguf_file.tensors:
         name = hf_name(t.name)
         if name is None:
             if t.name == "rope_freqs.weight":  # Llama-3 rope scaling, stored as per-pair frequency divisors
-                config.rope_freq_factors = dequantize(t.data, t.tensor_type, (int(t.n_elements),), t.name).tolist()
+                config.rope_freq_factors = dequantize(t.data, t.qtype, t.shape, t.name).tolist()
             continue
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-        try:
-            w = dequantize(np.asarray(t.data), t.tensor_type, shape, t.name)
-        except (ValueError, TypeError) as e:
-            raise ModelLoadError(f"{path}: tensor {t.name} is truncated or corrupt ({e})") from None
+        w = dequantize(t.data, t.qtype, t.shape, t.name)
         if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = unpermute_rope(w, config.num_heads if "q_proj" in name else config.num_kv_heads)
         weights[name] = w

@@ -1,0 +1,116 @@
+"""A fast GGUF header reader: metadata and tensor locations, with the tensor bytes memory-mapped.
+
+gguf's own GGUFReader builds a numpy view per vocabulary string and takes ~6 s on the bundled file's 98k
+strings; this reads the same header with `struct` in ~0.1 s. The format: magic, version, counts, key/value
+metadata, tensor infos (name, dims, type, offset), then aligned tensor data.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from rooftop.errors import ModelLoadError, UnsupportedModelError
+
+MAGIC = b"GGUF"
+# value type id -> struct format of a scalar (8 = string, 9 = array are handled apart)
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
+          7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # torch order: rows first (GGUF stores the fastest-varying dimension first)
+    qtype: GGMLQuantizationType
+    data: np.ndarray  # the raw bytes, memory-mapped
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape))
+
+
+@dataclass
+class GGUFFile:
+    metadata: dict
+    tensors: list[TensorInfo]
+
+
+class _Cursor:
+    def __init__(self, buf: mmap.mmap, path: Path):
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.buf):
+            raise ModelLoadError(f"{self.path}: truncated GGUF header (needs byte {self.pos + n}, file has {len(self.buf)})")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, fmt: str):
+        return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        return self.take(self.scalar("Q")).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int):
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            itype, count = self.scalar("I"), self.scalar("Q")
+            if itype in _NUMPY:  # numeric arrays in one read
+                dtype = np.dtype(_NUMPY[itype]).newbyteorder("<")
+                return np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype).tolist()
+            return [self.value(itype) for _ in range(count)]
+        raise ModelLoadError(f"{self.path}: unknown GGUF value type {vtype} at byte {self.pos}")
+
+
+def read_gguf(path: Path) -> GGUFFile:
+    """Parse the header of `path`; raise ModelLoadError on anything that is not a whole GGUF v2/v3 file."""
+    try:
+        with open(path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:  # ValueError: an empty file cannot be mapped
+        raise ModelLoadError(f"{path}: cannot read as GGUF ({e})") from None
+    cur = _Cursor(buf, path)
+    if len(buf) < 24 or cur.take(4) != MAGIC:
+        raise ModelLoadError(f"{path}: not a valid GGUF file (no GGUF magic)")
+    version = cur.scalar("I")
+    if version not in (2, 3):
+        raise UnsupportedModelError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+    n_tensors, n_kv = cur.scalar("Q"), cur.scalar("Q")
+    metadata = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        metadata[key] = cur.value(cur.scalar("I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        dims = [cur.scalar("Q") for _ in range(cur.scalar("I"))]
+        type_id, offset = cur.scalar("I"), cur.scalar("Q")
+        infos.append((name, dims, type_id, offset))
+    alignment = int(metadata.get("general.alignment", 32))
+    start = -(-cur.pos // alignment) * alignment
+    tensors = []
+    for name, dims, type_id, offset in infos:
+        try:
+            qtype = GGMLQuantizationType(type_id)
+        except ValueError:
+            raise UnsupportedModelError(f"{path}: tensor {name} has unknown GGUF type id {type_id}") from None
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        numel = int(np.prod(dims)) if dims else 1
+        nbytes = numel // block * block_bytes
+        begin = start + offset
+        if begin + nbytes > len(buf):
+            raise ModelLoadError(f"{path}: truncated: tensor {name} needs bytes {begin}..{begin + nbytes}, file has {len(buf)}")
+        data = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=begin)
+        tensors.append(TensorInfo(name, tuple(reversed(dims)), qtype, data))
+    return GGUFFile(metadata, tensors)

@@ -1,0 +1,62 @@
+"""Our GGUF header reader against gguf's GGUFReader, and its errors on broken files."""
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.loading.gguf_file import read_gguf
+
+
+def assert_same_as_gguf_reader(path):
+    ours = read_gguf(path)
+    reader = GGUFReader(path)
+    expected = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert ours.metadata == expected
+    assert [t.name for t in ours.tensors] == [t.name for t in reader.tensors]
+    for mine, theirs in zip(ours.tensors, reader.tensors):
+        assert mine.qtype == theirs.tensor_type
+        assert mine.shape == tuple(int(n) for n in reversed(theirs.shape.tolist()))
+        assert np.array_equal(mine.data, np.asarray(theirs.data).reshape(-1).view(np.uint8))
+
+
+def test_tiny_file_reads_like_gguf_reader(tiny_gguf):
+    assert_same_as_gguf_reader(tiny_gguf)
+
+
+@pytest.mark.slow
+def test_bundled_file_reads_like_gguf_reader():
+    from rooftop.loading.bundled import bundled_model_path
+
+    assert_same_as_gguf_reader(bundled_model_path())
+
+
+def test_truncated_header(tiny_gguf, tmp_path):
+    path = tmp_path / "head.gguf"
+    path.write_bytes(tiny_gguf.read_bytes()[:200])
+    with pytest.raises(ModelLoadError, match="truncated GGUF header"):
+        read_gguf(path)
+
+
+def test_truncated_tensor_data(tiny_gguf, tmp_path):
+    path = tmp_path / "body.gguf"
+    path.write_bytes(tiny_gguf.read_bytes()[:-10])
+    with pytest.raises(ModelLoadError, match="truncated: tensor blk.1.ffn_down.weight"):
+        read_gguf(path)
+
+
+@pytest.mark.parametrize("content, message", [(b"", "cannot read as GGUF"), (b"GGML" + bytes(100), "no GGUF magic")])
+def test_not_gguf(tmp_path, content, message):
+    path = tmp_path / "x.gguf"
+    path.write_bytes(content)
+    with pytest.raises(ModelLoadError, match=message):
+        read_gguf(path)
+
+
+def test_unknown_version(tiny_gguf, tmp_path):
+    data = bytearray(tiny_gguf.read_bytes())
+    data[4:8] = (7).to_bytes(4, "little")
+    path = tmp_path / "v7.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedModelError, match="GGUF version 7"):
+        read_gguf(path)
