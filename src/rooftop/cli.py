@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
-from collections.abc import Iterator
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from rooftop.engine.llm import LLM
 from rooftop.engine.metrics import RequestMetrics
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.console import err, user_errors
 from rooftop.errors import RooftopError
+from rooftop.roofline import commands as roofline_commands
 
 app = typer.Typer(
     help="LLM inference with prefill and decode made explicit.", no_args_is_help=True, pretty_exceptions_enable=False
 )
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ModelOpt = Annotated[
     Optional[str], typer.Option("--model", "-m", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
@@ -36,19 +34,6 @@ MinPOpt = Annotated[float, typer.Option(help="drop tokens below min_p x the top 
 RepPenaltyOpt = Annotated[float, typer.Option(help="penalize tokens already seen (1: off)")]
 SeedOpt = Annotated[Optional[int], typer.Option(help="same seed, same output")]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="stop before this string (repeatable)")]
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Bad input ends in one line on stderr and a non-zero exit, never a traceback."""
-    try:
-        yield
-    except RooftopError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}")
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        err.print("\ninterrupted")
-        raise typer.Exit(130) from None
 
 
 def load(model: str | None, dtype: str, device: str) -> LLM:
@@ -178,3 +163,8 @@ def chat(
         messages.append({"role": "assistant", "content": answer})
         if stats:
             print_report(metrics, finish_reason)
+
+
+app.command("roofline")(roofline_commands.roofline)
+app.command("probe")(roofline_commands.probe)
+app.command("explain")(roofline_commands.explain)

@@ -1,10 +1,18 @@
-"""ModelConfig: one description of a decoder-only transformer, whatever file it came from."""
+"""ModelConfig: one description of a decoder-only transformer, whatever file or preset it came from.
+
+The engine runs the dense architectures (Llama, Qwen2, Qwen3); the roofline analyzer also takes
+mixture-of-experts and hybrid linear-attention models, which add the fields at the end.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+from rooftop.errors import UnsupportedModelError
+
+RUNNABLE_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+FULL_ATTENTION = "full_attention"
+LINEAR_ATTENTION = "linear_attention"
 
 
 @dataclass
@@ -16,6 +24,26 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclass
+class LinearAttention:
+    """Gated DeltaNet layers (Qwen3-Next, Qwen3.5/3.6): a per-sequence recurrent state instead of a KV cache."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_dim: int = 4
+
+    @property
+    def state_elements(self) -> int:
+        """Recurrent state per sequence and layer: one key_dim x value_dim matrix per value head."""
+        return self.num_value_heads * self.key_head_dim * self.value_head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
 
 
 @dataclass
@@ -37,14 +65,30 @@ class ModelConfig:
     rope_freq_factors: list[float] | None = None  # GGUF `rope_freqs`: per-pair divisors of the frequencies
     tie_word_embeddings: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    attention_bias: bool = False  # Qwen2: q/k/v projections carry a bias
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
+    # mixture of experts: every layer's MLP is `num_experts` experts of `moe_intermediate_size`, top-k routed
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    # hybrid models: layer_types[i] is "full_attention" or "linear_attention"; None means all full attention
+    layer_types: list[str] | None = None
+    linear_attention: LinearAttention | None = None
+    attn_output_gate: bool = False  # gated full attention: q_proj also yields a sigmoid gate on the output
 
     def __post_init__(self) -> None:
-        assert self.architecture in SUPPORTED_ARCHITECTURES, self.architecture
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            assert getattr(self, name) > 0, f"{name} must be positive"
         assert self.num_heads % self.num_kv_heads == 0, "query heads must be a multiple of KV heads"
-        assert self.head_dim > 0 and self.hidden_size > 0 and self.num_layers > 0
+        if self.num_experts:
+            assert 0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+        if self.layer_types is not None:
+            assert len(self.layer_types) == self.num_layers, "one layer type per layer"
+            assert set(self.layer_types) <= {FULL_ATTENTION, LINEAR_ATTENTION}, self.layer_types
+            assert LINEAR_ATTENTION not in self.layer_types or self.linear_attention is not None
 
     @property
     def q_size(self) -> int:
@@ -53,3 +97,24 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        return self.num_layers if self.layer_types is None else self.layer_types.count(FULL_ATTENTION)
+
+    @property
+    def num_linear_attention_layers(self) -> int:
+        return self.num_layers - self.num_full_attention_layers
+
+
+def check_runnable(config: ModelConfig) -> None:
+    """The engine runs dense full-attention Llama / Qwen2 / Qwen3; the analyzer takes more."""
+    if config.architecture not in RUNNABLE_ARCHITECTURES or config.is_moe or config.num_linear_attention_layers:
+        raise UnsupportedModelError(
+            f"{config.architecture!r} models can be analyzed (`rooftop roofline`) but not run; "
+            f"the engine runs {', '.join(RUNNABLE_ARCHITECTURES)}"
+        )

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from rooftop.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
+from rooftop.config import RUNNABLE_ARCHITECTURES, ModelConfig, RopeScaling
 from rooftop.errors import ModelLoadError, UnsupportedModelError
-from rooftop.loading.gguf_file import read_gguf
+from rooftop.loading.gguf_file import GGUFFile, read_gguf
 from rooftop.loading.model_files import LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import dequantize
@@ -49,9 +49,9 @@ def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def config_from_metadata(meta: dict) -> ModelConfig:
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in RUNNABLE_ARCHITECTURES:
         raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(RUNNABLE_ARCHITECTURES)})"
         )
 
     def get(key: str, default=None):
@@ -91,11 +91,18 @@ def config_from_metadata(meta: dict) -> ModelConfig:
     )
 
 
+def config_from_gguf(gguf_file: GGUFFile) -> ModelConfig:
+    """The config, with tied embeddings read off the tensor list (no `output.weight`: lm_head is the embedding)."""
+    config = config_from_metadata(gguf_file.metadata)
+    config.tie_word_embeddings = not any(t.name == "output.weight" for t in gguf_file.tensors)
+    return config
+
+
 def load_gguf(path: Path) -> LoadedModel:
     """Read a GGUF file into float32 weights (HF names and layout), its config and its tokenizer."""
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
-    config = config_from_metadata(meta)
+    config = config_from_gguf(gguf_file)
     weights: dict[str, torch.Tensor] = {}
     for t in gguf_file.tensors:
         name = hf_name(t.name)
@@ -107,5 +114,4 @@ def load_gguf(path: Path) -> LoadedModel:
         if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = unpermute_rope(w, config.num_heads if "q_proj" in name else config.num_kv_heads)
         weights[name] = w
-    config.tie_word_embeddings = "lm_head.weight" not in weights
     return LoadedModel(config=config, weights=weights, tokenizer=Tokenizer.from_gguf_metadata(meta), source=str(path))

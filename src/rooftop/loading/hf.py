@@ -8,12 +8,28 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from rooftop.config import ModelConfig, RopeScaling
+from rooftop.config import (
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    LinearAttention,
+    ModelConfig,
+    RopeScaling,
+    check_runnable,
+)
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.model_files import LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    # analyzed by the roofline, not run by the engine
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+}
 
 
 def _read_json(path: Path) -> dict:
@@ -45,8 +61,50 @@ def _rope(cfg: dict) -> tuple[float, RopeScaling | None]:
     raise UnsupportedModelError(f"RoPE scaling {kind!r} is not supported (supported: default, linear, llama3)")
 
 
+def _hybrid_fields(cfg: dict) -> dict:
+    """Layer types and Gated DeltaNet shapes of a hybrid model (Qwen3-Next, Qwen3.5/3.6); {} for others."""
+    n = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if types is None and "full_attention_interval" in cfg:
+        every = int(cfg["full_attention_interval"])
+        types = [FULL_ATTENTION if (i + 1) % every == 0 else LINEAR_ATTENTION for i in range(n)]
+    if types is None:
+        return {}
+    linear = None
+    if LINEAR_ATTENTION in types:
+        linear = LinearAttention(
+            num_key_heads=int(cfg["linear_num_key_heads"]),
+            num_value_heads=int(cfg["linear_num_value_heads"]),
+            key_head_dim=int(cfg["linear_key_head_dim"]),
+            value_head_dim=int(cfg["linear_value_head_dim"]),
+            conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim", 4)),
+        )
+    return {"layer_types": list(types), "linear_attention": linear, "attn_output_gate": bool(cfg.get("attn_output_gate", True))}
+
+
+def _moe_fields(cfg: dict) -> dict:
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if not experts:
+        return {}
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+        "moe_intermediate_size": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+        "shared_expert_intermediate_size": int(cfg.get("shared_expert_intermediate_size") or 0),
+    }
+
+
 def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
+    """ModelConfig from a config.json dict (a multimodal wrapper's `text_config` is used for the LLM)."""
     archs = cfg.get("architectures") or []
+    if "text_config" in cfg:
+        cfg = {**cfg["text_config"], "architectures": archs, "tie_word_embeddings": cfg.get("tie_word_embeddings", False)}
+    required = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"]
+    if not (cfg.get("num_experts") or cfg.get("num_local_experts")):
+        required.append("intermediate_size")
+    missing = [k for k in required if k not in cfg]
+    if missing:
+        raise KeyError(", ".join(missing))
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
     if arch is None:
         raise UnsupportedModelError(
@@ -61,7 +119,7 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
         architecture=arch,
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]),
+        intermediate_size=int(cfg.get("intermediate_size") or 0),
         num_layers=int(cfg["num_hidden_layers"]),
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -71,11 +129,24 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
         rope_theta=theta,
         rope_scaling=scaling,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5"),
+        attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos,
         name=str(cfg.get("_name_or_path", "")),
+        **_moe_fields(cfg),
+        **_hybrid_fields(cfg),
     )
+
+
+def read_hf_config(path: Path, generation: dict | None = None) -> ModelConfig:
+    """A config.json file -> ModelConfig, naming the first required field it lacks."""
+    try:
+        return config_from_hf(_read_json(path), generation or {})
+    except KeyError as e:
+        raise ModelLoadError(f"{path}: missing required field(s): {e.args[0]}") from None
+    except (TypeError, ValueError, AssertionError) as e:
+        raise ModelLoadError(f"{path}: inconsistent values ({e})") from None
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -96,12 +167,9 @@ def load_hf_dir(path: Path) -> LoadedModel:
     """Load an HF directory into float32 weights, the config and the tokenizer."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model directory?)")
-    cfg = _read_json(path / "config.json")
     generation = _read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
-    try:
-        config = config_from_hf(cfg, generation)
-    except KeyError as e:
-        raise ModelLoadError(f"{path / 'config.json'}: missing key {e}") from None
+    config = read_hf_config(path / "config.json", generation)
+    check_runnable(config)  # before reading gigabytes of weights the engine could not use
     weights: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
         try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rooftop.config import ModelConfig
+from rooftop.config import ModelConfig, check_runnable
 from rooftop.engine.kv_cache import KVCache
 from rooftop.errors import ModelLoadError
 from rooftop.models.rope import apply_rope, cos_sin_table
@@ -41,8 +41,9 @@ class Transformer:
     """Weights on one device in one dtype, and the forward pass over them."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
-        self.config, self.dtype, self.device = config, dtype, torch.device(device)
         c = config
+        check_runnable(c)
+        self.config, self.dtype, self.device = config, dtype, torch.device(device)
 
         def take(name: str, shape: tuple[int, ...] | None, required: bool = True) -> torch.Tensor | None:
             w = weights.get(name)

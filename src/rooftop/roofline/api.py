@@ -1,0 +1,86 @@
+"""The analyzer's front door: names or paths in, a Prediction out (`rooftop.roofline.predict`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rooftop.config import ModelConfig
+from rooftop.errors import InvalidRequestError
+from rooftop.roofline.hardware import Hardware, custom_hardware
+from rooftop.roofline.precision import Precision, precision
+from rooftop.roofline.predict import Prediction, analyze
+
+# GGUF general.file_type -> the weight format it mostly holds
+GGUF_FILE_TYPES = {0: "fp32", 1: "fp16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 32: "bf16"}
+
+
+def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, str | None]:
+    """A preset name, a GGUF file, an HF directory or a bare config.json -> (config, the file's weight format)."""
+    from rooftop.loading.bundled import bundled_model_path
+    from rooftop.loading.gguf import config_from_gguf
+    from rooftop.loading.gguf_file import read_gguf
+    from rooftop.loading.hf import read_hf_config
+    from rooftop.roofline.presets import find_preset
+
+    if isinstance(model, ModelConfig):
+        return model, None
+    path = bundled_model_path() if model is None else Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InvalidRequestError(f"{path}: no config.json")
+        return read_hf_config(path / "config.json"), None
+    if path.is_file():
+        if path.suffix == ".json":
+            return read_hf_config(path), None
+        gguf_file = read_gguf(path)
+        return config_from_gguf(gguf_file), GGUF_FILE_TYPES.get(gguf_file.metadata.get("general.file_type"))
+    return find_preset(str(model)), None
+
+
+def resolve_hardware(
+    hardware: str | Hardware | None = None,
+    peak_tflops: float | None = None,
+    bandwidth_tbs: float | None = None,
+    memory_gb: float | None = None,
+    interconnect_gbs: float | None = None,
+) -> Hardware:
+    """A catalog name, "this" (the probe's measurements of this machine), or explicit numbers."""
+    from rooftop.roofline.catalog import find_hardware
+
+    if isinstance(hardware, Hardware):
+        return hardware
+    explicit = (peak_tflops, bandwidth_tbs, memory_gb)
+    if any(v is not None for v in explicit):
+        if hardware is not None:
+            raise InvalidRequestError("give either a hardware name or --peak-tflops/--bandwidth-tbs/--memory-gb, not both")
+        if any(v is None for v in explicit):
+            raise InvalidRequestError("custom hardware needs all of --peak-tflops, --bandwidth-tbs and --memory-gb")
+        return custom_hardware(peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)
+    if hardware is None or hardware == "this":
+        from rooftop.roofline.probe import load_or_run_probe  # measures on first use: minutes of work
+
+        return load_or_run_probe().to_hardware()
+    return find_hardware(hardware)
+
+
+def resolve_precision(weights: str | None, kv: str | None, file_format: str | None) -> Precision:
+    """Weights default to what the model file holds (a GGUF's type), else bf16."""
+    return precision(weights or file_format or "bf16", kv)
+
+
+def predict(
+    model: str | Path | ModelConfig | None,
+    hardware: str | Hardware | None = "this",
+    prompt_len: int = 1024,
+    output_len: int = 256,
+    batch: int = 1,
+    weights: str | None = None,
+    kv: str | None = None,
+    tp: int = 1,
+    compute_efficiency: float = 1.0,
+    memory_efficiency: float = 1.0,
+) -> Prediction:
+    """Predict TTFT, TPOT, memory and crossovers, e.g. `predict("qwen3-8b", "h200", prompt_len=4096)`."""
+    config, file_format = resolve_model(model)
+    hw = resolve_hardware(hardware).scaled(compute_efficiency, memory_efficiency)
+    return analyze(config, hw, resolve_precision(weights, kv, file_format), prompt_len, output_len, batch, tp)

@@ -1,0 +1,100 @@
+"""`rooftop roofline`, `rooftop probe` and `rooftop explain`: the analyzer and the probe on the command line."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from rooftop.console import err, user_errors
+from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
+from rooftop.roofline.explain import explain as explain_text
+from rooftop.roofline.predict import analyze
+
+ModelArg = Annotated[
+    Optional[str], typer.Option("--model", "-m", help="preset name, GGUF file, HF directory or config.json (default: bundled)")
+]
+HardwareArg = Annotated[Optional[str], typer.Option("--hardware", "-H", help="catalog name (h200, a100, ...) or 'this'")]
+PromptArg = Annotated[int, typer.Option("--prompt", "-p", help="prompt tokens per sequence")]
+
+
+def _resolve(model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency):
+    config, file_format = resolve_model(model)
+    if hardware is None and peak_tflops is None and bandwidth_tbs is None and memory_gb is None:
+        hardware = "this"
+    hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb).scaled(compute_efficiency, memory_efficiency)
+    return config, hw, resolve_precision(weights, kv, file_format)
+
+
+def roofline(
+    model: ModelArg = None,
+    hardware: HardwareArg = None,
+    prompt: PromptArg = 1024,
+    output: Annotated[int, typer.Option("--output", "-n", help="output tokens per sequence")] = 256,
+    batch: Annotated[int, typer.Option("--batch", "-b", help="sequences decoded together")] = 1,
+    weights: Annotated[Optional[str], typer.Option(help="bf16|fp16|fp32|fp8|int8|int4|q4_0|q4_1|q8_0 (default: the file's)")] = None,
+    kv: Annotated[Optional[str], typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")] = None,
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+    peak_tflops: Annotated[Optional[float], typer.Option(help="custom hardware: dense peak TFLOP/s")] = None,
+    bandwidth_tbs: Annotated[Optional[float], typer.Option(help="custom hardware: memory TB/s")] = None,
+    memory_gb: Annotated[Optional[float], typer.Option(help="custom hardware: memory GB")] = None,
+    compute_efficiency: Annotated[float, typer.Option(help="fraction of peak FLOP/s reachable")] = 1.0,
+    memory_efficiency: Annotated[float, typer.Option(help="fraction of peak bandwidth reachable")] = 1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON with SI units in the keys")] = False,
+    plot: Annotated[Optional[str], typer.Option(help="write the roofline chart to this PNG")] = None,
+) -> None:
+    """Predict FLOPs, bytes, bound and time of prefill and decode for a model on a device."""
+    with user_errors():
+        config, hw, p = _resolve(model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency)
+        pred = analyze(config, hw, p, prompt, output, batch, tp)
+        if as_json:
+            typer.echo(json.dumps(pred.to_dict(), indent=2))
+        else:
+            from rooftop.roofline.report import print_prediction
+
+            print_prediction(pred, Console(highlight=False))
+        if plot:
+            from rooftop.roofline.plot import plot_roofline
+
+            err.print(f"roofline chart written to {plot_roofline(pred, plot)}")
+
+
+def explain(
+    model: ModelArg = None,
+    hardware: HardwareArg = None,
+    prompt: PromptArg = 1024,
+    output: Annotated[int, typer.Option("--output", "-n")] = 256,
+    weights: Annotated[Optional[str], typer.Option()] = None,
+) -> None:
+    """The two phases in plain words, with this model's numbers."""
+    with user_errors():
+        config, hw, p = _resolve(model, hardware, weights, None, None, None, None, 1.0, 1.0)
+        typer.echo(explain_text(analyze(config, hw, p, prompt, output, 1, 1, check_memory=False)))
+
+
+def probe(
+    force: Annotated[bool, typer.Option("--force", help="measure again even if cached")] = False,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Measure this machine's roofs (matmul FLOP/s, memory bandwidth) and cache them."""
+    from rooftop.roofline.probe import cache_path, load_or_run_probe
+    from rooftop.roofline.report import si
+
+    with user_errors():
+        with Progress(console=err, transient=True) as progress:
+            task = progress.add_task("probing", total=None)
+            result = load_or_run_probe(device=device, force=force, on_step=lambda what: progress.update(task, description=what))
+        if as_json:
+            typer.echo(json.dumps(result.to_dict(), indent=2))
+            return
+        for key, value in result.to_dict().items():
+            if isinstance(value, float) and key.endswith("_per_s"):
+                unit = "B/s" if "bytes" in key else "FLOP/s"
+                typer.echo(f"{key:40s} {si(value, unit)}")
+            elif not isinstance(value, dict):
+                typer.echo(f"{key:40s} {value}")
+        err.print(f"[dim]cached in {cache_path(device)}[/]")

@@ -1,0 +1,45 @@
+"""`rooftop explain`: the two-phase story in plain words, with one model's numbers on one device."""
+
+from __future__ import annotations
+
+from rooftop.roofline.predict import Prediction
+from rooftop.roofline.report import seconds, si
+
+
+def explain(pred: Prediction) -> str:
+    s, p, hw = pred.prompt_len, pred.prefill, pred.hw
+    d = pred.decode_first
+    weights = si(pred.weight_bytes / pred.tp, "B")
+    kv_prompt = pred.kv_bytes_per_token * s
+    peak = si(p.flops / p.compute_time_s if p.compute_time_s else 0, "FLOP/s")
+    bandwidth = si(hw.memory_bandwidth, "B/s")
+    lines = [
+        f"{pred.model} on {hw.name} ({pred.weights_format} weights, {pred.parameters.total / 1e9:.3g}B parameters):",
+        "",
+        f"1. Your prompt becomes {s} tokens.",
+        f"2. Prefill pushes all {s} tokens through the model in one pass. It reads the weights once "
+        f"({weights}) and does {si(p.flops, 'FLOP')} of math: {p.intensity:.3g} FLOPs per byte moved, against this "
+        f"device's ridge point of {pred.ridge_point_flops_per_byte:.3g}. So prefill is {p.bound}-bound: "
+        f"{seconds(p.compute_time_s)} of math at {peak}, {seconds(p.memory_time_s)} of memory traffic at {bandwidth}.",
+        f"3. Prefill leaves the KV cache holding {si(kv_prompt, 'B')} ({si(pred.kv_bytes_per_token, 'B')} per token)"
+        + (f", plus {si(pred.state_bytes_per_sequence, 'B')} of recurrent state per sequence that never grows"
+           if pred.state_bytes_per_sequence else "")
+        + ".",
+        f"4. Each decode step makes one token per sequence. It must read every weight again plus the KV cache: "
+        f"{si(d.bytes, 'B')} for {si(d.flops, 'FLOP')}, only {d.intensity:.3g} FLOPs per byte. So decode is {d.bound}-bound.",
+        f"5. So TTFT ≈ {seconds(pred.ttft_s)} (the prefill step) and TPOT ≈ {seconds(d.time_s)} per token at first, "
+        f"{seconds(pred.decode_last.time_s)} by the last of {pred.output_len} tokens as the cache grows.",
+    ]
+    decode_x = pred.decode_compute_bound_from_batch
+    lines.append(
+        "6. Why batching helps decode: the weights are read once per step whatever the batch, so "
+        + (f"up to about {decode_x} sequences share each step almost for free before the math catches up."
+           if decode_x else "more sequences share each read; with this context, each sequence's own KV reads keep decode memory-bound at any batch.")
+    )
+    prefill_x = pred.prefill_compute_bound_from_tokens
+    if prefill_x:
+        lines.append(f"7. Prompts from about {prefill_x} tokens on are compute-bound in prefill; shorter ones are limited by reading the weights.")
+    lines.append(
+        "Fewer bits per weight cut decode's bytes (try --weights int4), and so its time; they do not cut prefill's math."
+    )
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Hardware: peak FLOP/s per compute dtype, memory bandwidth and size, interconnect; the datasheet catalog."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+from rooftop.errors import InvalidRequestError
+
+TERA = 1e12
+GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device. `peak_flops` maps a compute dtype ("fp32", "bf16", "fp8", "int8") to dense FLOP/s."""
+
+    name: str
+    peak_flops: dict[str, float]
+    memory_bandwidth: float  # bytes/s
+    memory_bytes: float
+    interconnect_bandwidth: float | None = None  # bytes/s per device, one direction, for all-reduces
+    source: str = ""
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def peak(self, compute: str) -> float:
+        """Peak of `compute`; a device without fp8 units runs fp8 weights at its bf16 rate."""
+        if compute in self.peak_flops:
+            return self.peak_flops[compute]
+        if compute == "fp8" and "bf16" in self.peak_flops:
+            return self.peak_flops["bf16"]
+        raise InvalidRequestError(f"{self.name} has no {compute} peak (it has {', '.join(self.peak_flops)})")
+
+    def ridge_point(self, compute: str) -> float:
+        """FLOPs per byte where the compute roof meets the memory roof."""
+        return self.peak(compute) / self.memory_bandwidth
+
+    def scaled(self, compute_efficiency: float = 1.0, memory_efficiency: float = 1.0) -> Hardware:
+        """The same device with peaks scaled by achievable fractions (roofline bounds when both are 1)."""
+        for name, value in (("compute_efficiency", compute_efficiency), ("memory_efficiency", memory_efficiency)):
+            if not 0 < value <= 1:
+                raise InvalidRequestError(f"{name} must be in (0, 1], got {value}")
+        return Hardware(
+            name=self.name,
+            peak_flops={k: v * compute_efficiency for k, v in self.peak_flops.items()},
+            memory_bandwidth=self.memory_bandwidth * memory_efficiency,
+            memory_bytes=self.memory_bytes,
+            interconnect_bandwidth=self.interconnect_bandwidth,
+            source=self.source,
+            notes=self.notes,
+        )
+
+
+def custom_hardware(peak_tflops: float, bandwidth_tbs: float, memory_gb: float, interconnect_gbs: float | None = None) -> Hardware:
+    """`--peak-tflops X --bandwidth-tbs Y --memory-gb Z`: one peak for every dtype."""
+    for name, value in (("peak_tflops", peak_tflops), ("bandwidth_tbs", bandwidth_tbs), ("memory_gb", memory_gb)):
+        if value is None or value <= 0:
+            raise InvalidRequestError(f"{name} must be positive, got {value}")
+    peaks = {dtype: peak_tflops * TERA for dtype in ("fp32", "bf16", "fp8", "int8")}
+    return Hardware(
+        name=f"custom ({peak_tflops:g} TFLOP/s, {bandwidth_tbs:g} TB/s, {memory_gb:g} GB)",
+        peak_flops=peaks,
+        memory_bandwidth=bandwidth_tbs * TERA,
+        memory_bytes=memory_gb * GIGA,
+        interconnect_bandwidth=None if interconnect_gbs is None else interconnect_gbs * GIGA,
+        source="given on the command line",
+    )
+
+
+def suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=3, cutoff=0.4)
+    originals = [k for k in known if k.lower() in close]
+    return f"; did you mean {', '.join(originals)}?" if originals else f"; known: {', '.join(known)}"

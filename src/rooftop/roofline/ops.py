@@ -1,0 +1,336 @@
+"""The one op model: (model config, precision, StepShape, TP degree) -> ops, each with FLOPs and bytes moved.
+
+The analyzer's predictions and the engine's attribution both call `step_ops`; there is no second formula.
+Counts are per device under tensor parallelism (weights and heads split `tp` ways) and summed over layers.
+Notation: T new tokens in the step, d hidden, hd head_dim (from the config), wb/ab/kvb bytes per
+weight/activation/KV value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rooftop.config import LINEAR_ATTENTION, ModelConfig
+from rooftop.errors import InvalidRequestError
+from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.precision import Precision
+
+
+@dataclass(frozen=True)
+class SeqShape:
+    """`count` sequences in a step, each bringing `new` tokens that attend to `cached` earlier ones."""
+
+    new: int
+    cached: int = 0
+    needs_logits: bool = True  # a prefill chunk that does not finish its prompt samples nothing
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class StepShape:
+    seqs: tuple[SeqShape, ...]
+
+    @classmethod
+    def prefill(cls, batch: int, prompt_len: int) -> StepShape:
+        return cls((SeqShape(prompt_len, count=batch),))
+
+    @classmethod
+    def decode(cls, batch: int, context: int) -> StepShape:
+        """One new token per sequence, each attending to `context` cached tokens."""
+        return cls((SeqShape(1, context, count=batch),))
+
+    @property
+    def num_seqs(self) -> int:
+        return sum(s.count for s in self.seqs)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.new * s.count for s in self.seqs)
+
+    @property
+    def logits_rows(self) -> int:
+        return sum(s.count for s in self.seqs if s.needs_logits)
+
+    @property
+    def phase(self) -> str:
+        if all(s.new == 1 and s.cached > 0 for s in self.seqs):
+            return "decode"
+        if all(s.new > 1 or s.cached == 0 for s in self.seqs):
+            return "prefill"
+        return "mixed"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kind of work in a step, summed over the layers that do it."""
+
+    name: str
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    compute: str  # which peak computes it ("fp32", "bf16", "fp8")
+    comm_bytes: float = 0.0  # bytes over the interconnect (all-reduces)
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+    def compute_time(self, hw: Hardware) -> float:
+        return self.flops / hw.peak(self.compute)
+
+    def memory_time(self, hw: Hardware) -> float:
+        return self.bytes / hw.memory_bandwidth
+
+    def comm_time(self, hw: Hardware) -> float:
+        if not self.comm_bytes:
+            return 0.0
+        if not hw.interconnect_bandwidth:
+            raise InvalidRequestError(f"{hw.name} has no interconnect bandwidth: tensor parallelism cannot be timed")
+        return self.comm_bytes / hw.interconnect_bandwidth
+
+    def time(self, hw: Hardware) -> float:
+        """Roofline time: the slowest of compute, memory traffic and interconnect traffic."""
+        return max(self.compute_time(hw), self.memory_time(hw), self.comm_time(hw))
+
+    def bound(self, hw: Hardware) -> str:
+        times = {"compute": self.compute_time(hw), "memory": self.memory_time(hw), "interconnect": self.comm_time(hw)}
+        return max(times, key=times.get)
+
+
+def check_tp(config: ModelConfig, tp: int) -> None:
+    """Heads must split evenly; KV heads may also be replicated when there are fewer than `tp`."""
+    if tp < 1:
+        raise InvalidRequestError(f"tensor parallel degree must be >= 1, got {tp}")
+    c = config
+    if c.num_heads % tp or (c.num_kv_heads % tp and tp % c.num_kv_heads):
+        raise InvalidRequestError(
+            f"tensor parallel degree {tp} does not divide the model's {c.num_heads} query heads and "
+            f"{c.num_kv_heads} KV heads; try {', '.join(str(t) for t in (1, 2, 4, 8) if not c.num_heads % t)}"
+        )
+    if c.linear_attention and (c.linear_attention.num_value_heads % tp or c.linear_attention.num_key_heads % tp):
+        raise InvalidRequestError(f"tensor parallel degree {tp} does not divide the linear-attention heads")
+
+
+def _linear(name: str, tokens: int, k: float, n: float, p: Precision, layers: int = 1) -> Op:
+    """Linear K -> N over T tokens: FLOPs 2TKN; bytes K·N·wb (with format overhead) + T·K·ab + T·N·ab."""
+    return Op(
+        name,
+        flops=layers * 2 * tokens * k * n,
+        bytes_read=layers * (p.weights.linear_bytes(k, n) + tokens * k * p.activation_bytes),
+        bytes_written=layers * tokens * n * p.activation_bytes,
+        compute=p.compute,
+    )
+
+
+def _elementwise(name: str, elements: float, reads: float, writes: float, flops_each: float, p: Precision, layers: int = 1, extra_read: float = 0) -> Op:
+    """A memory-bound op over `elements` values, reading `reads` and writing `writes` activation tensors of that size."""
+    ab = p.activation_bytes
+    return Op(
+        name,
+        flops=layers * flops_each * elements,
+        bytes_read=layers * (reads * elements * ab + extra_read),
+        bytes_written=layers * writes * elements * ab,
+        compute=p.compute,
+    )
+
+
+def step_ops(config: ModelConfig, p: Precision, shape: StepShape, tp: int = 1) -> list[Op]:
+    """Every op of one forward step over `shape`, per device, summed over layers."""
+    check_tp(config, tp)
+    c, T, ab = config, shape.tokens, p.activation_bytes
+    d, hd = c.hidden_size, c.head_dim
+    heads = c.num_heads // tp
+    kv_heads = max(1, c.num_kv_heads // tp)
+    n_full, n_linear, n_layers = c.num_full_attention_layers, c.num_linear_attention_layers, c.num_layers
+
+    ops = [
+        Op("embedding", 0.0, T * d * p.embedding_bytes_per_value / tp, T * d * ab, p.compute),
+        _elementwise("norms", T * d, 1, 1, 4, p, layers=2 * n_layers + 1, extra_read=d * ab),
+    ]
+    if n_full:
+        gate = heads * hd if c.attn_output_gate else 0
+        ops.append(_linear("qkv_proj", T, d, (heads + 2 * kv_heads) * hd + gate, p, n_full))
+        if c.qk_norm:
+            ops.append(_elementwise("qk_norm", T * (heads + kv_heads) * hd, 1, 1, 4, p, n_full))
+        ops.append(_elementwise("rope", T * (heads + kv_heads) * hd, 1, 1, 3, p, n_full, extra_read=2 * T * hd * ab))
+        ops.append(_attention(shape, heads, kv_heads, hd, p, n_full))
+        if c.attn_output_gate:
+            ops.append(_elementwise("attn_gate", T * heads * hd, 2, 1, 5, p, n_full))
+        ops.append(_linear("o_proj", T, heads * hd, d, p, n_full))
+    if n_linear:
+        ops.extend(_linear_attention_ops(c, shape, p, tp, n_linear))
+    ops.extend(_mlp_ops(c, T, p, tp))
+    ops.append(_elementwise("residual_add", T * d, 2, 1, 1, p, 2 * n_layers))
+    ops.append(_linear("lm_head", shape.logits_rows, d, c.vocab_size / tp, p))
+    if tp > 1:  # two ring all-reduces of the hidden states per layer: each device sends and receives 2(tp-1)/tp of them
+        per_layer = 2 * (tp - 1) / tp * T * d * ab
+        ops.append(Op("all_reduce", 0.0, 0.0, 0.0, p.compute, comm_bytes=2 * n_layers * per_layer))
+    return ops
+
+
+def _attention(shape: StepShape, heads: int, kv_heads: int, hd: int, p: Precision, layers: int) -> Op:
+    """Causal attention per sequence (n new over c cached): FLOPs 4·nq·hd·n·(c + (n+1)/2);
+    K/V of all c + n tokens read, of the n new ones written; q read and the output written."""
+    flops = kv_read = kv_written = act = 0.0
+    for s in shape.seqs:
+        flops += s.count * 4 * heads * hd * s.new * (s.cached + (s.new + 1) / 2)
+        kv_read += s.count * (s.cached + s.new) * 2 * kv_heads * hd * p.kv_bytes
+        kv_written += s.count * s.new * 2 * kv_heads * hd * p.kv_bytes
+        act += s.count * s.new * heads * hd * p.activation_bytes
+    return Op("attention", layers * flops, layers * (kv_read + act), layers * (kv_written + act), p.compute)
+
+
+def _linear_attention_ops(c: ModelConfig, shape: StepShape, p: Precision, tp: int, layers: int) -> list[Op]:
+    """Gated DeltaNet: projections, a short causal conv, and a recurrent state per sequence that every step
+    reads and writes once (its size does not grow with the context)."""
+    la, T, ab, sb = c.linear_attention, shape.tokens, p.activation_bytes, p.state_bytes
+    nk, nv = la.num_key_heads // tp, la.num_value_heads // tp
+    channels = 2 * nk * la.key_head_dim + nv * la.value_head_dim
+    state = nv * la.key_head_dim * la.value_head_dim
+    conv_state = (la.conv_kernel_dim - 1) * channels
+    B = shape.num_seqs
+    return [
+        _linear("linear_in_proj", T, c.hidden_size, channels + nv * la.value_head_dim + 2 * nv, p, layers),
+        Op(
+            "linear_conv",
+            flops=layers * 2 * la.conv_kernel_dim * channels * T,
+            bytes_read=layers * (T * channels * ab + B * conv_state * ab + la.conv_kernel_dim * channels * ab),
+            bytes_written=layers * (T * channels * ab + B * conv_state * ab),
+            compute=p.compute,
+        ),
+        Op(
+            "linear_recurrence",  # per token and value head: decay, k·S, rank-1 update, q·S ≈ 8·dk·dv
+            flops=layers * 8 * state * T,
+            bytes_read=layers * (B * state * sb + T * channels * ab),
+            bytes_written=layers * (B * state * sb + T * nv * la.value_head_dim * ab),
+            compute=p.compute,
+        ),
+        _elementwise("linear_gated_norm", T * nv * la.value_head_dim, 2, 1, 6, p, layers),
+        _linear("linear_out_proj", T, nv * la.value_head_dim, c.hidden_size, p, layers),
+    ]
+
+
+def expected_experts_touched(num_experts: int, top_k: int, tokens: int) -> float:
+    """Experts hit at least once when each of `tokens` picks top_k of num_experts uniformly: E·(1 − (1 − k/E)^T)."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** tokens)
+
+
+def _mlp_ops(c: ModelConfig, T: int, p: Precision, tp: int) -> list[Op]:
+    d, L = c.hidden_size, c.num_layers
+    if not c.is_moe:
+        ff = c.intermediate_size / tp
+        return [
+            _linear("gate_up_proj", T, d, 2 * ff, p, L),
+            _elementwise("silu_mul", T * ff, 2, 1, 5, p, L),
+            _linear("down_proj", T, ff, d, p, L),
+        ]
+    E, k, ff = c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size / tp
+    touched = expected_experts_touched(E, k, T)
+    routed = T * k  # token-expert pairs: the FLOPs follow them, the weight bytes follow the experts touched
+    ab = p.activation_bytes
+    ops = [
+        _linear("router", T, d, E, p, L),
+        Op(
+            "experts_gate_up",
+            flops=L * 2 * routed * d * 2 * ff,
+            bytes_read=L * (touched * p.weights.linear_bytes(d, 2 * ff) + routed * d * ab),
+            bytes_written=L * routed * 2 * ff * ab,
+            compute=p.compute,
+        ),
+        _elementwise("experts_silu_mul", routed * ff, 2, 1, 5, p, L),
+        Op(
+            "experts_down",
+            flops=L * 2 * routed * ff * d,
+            bytes_read=L * (touched * p.weights.linear_bytes(ff, d) + routed * ff * ab),
+            bytes_written=L * routed * d * ab,
+            compute=p.compute,
+        ),
+    ]
+    if c.shared_expert_intermediate_size:
+        sff = c.shared_expert_intermediate_size / tp
+        ops += [_linear("shared_gate_up", T, d, 2 * sff, p, L), _linear("shared_down", T, sff, d, p, L)]
+    return ops
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    total: int
+    embedding: int  # input embeddings plus an untied lm_head
+    active: int  # per token: MoE counts only the routed top-k experts
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding
+
+
+def _matrices(c: ModelConfig) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """Every weight matrix as (K, N, how many): all of them, and those one token uses (MoE: top-k experts)."""
+    d, hd = c.hidden_size, c.head_dim
+    shared: list[tuple[int, int, int]] = []
+    n_full, n_linear, L = c.num_full_attention_layers, c.num_linear_attention_layers, c.num_layers
+    if n_full:
+        gate = c.q_size if c.attn_output_gate else 0
+        shared += [(d, c.q_size + gate + 2 * c.num_kv_heads * hd, n_full), (c.q_size, d, n_full)]
+    if n_linear:
+        la = c.linear_attention
+        channels = la.conv_channels
+        shared += [(d, channels + la.num_value_heads * la.value_head_dim + 2 * la.num_value_heads, n_linear)]
+        shared += [(la.num_value_heads * la.value_head_dim, d, n_linear)]
+    if not c.is_moe:
+        mlp = [(d, 2 * c.intermediate_size, L), (c.intermediate_size, d, L)]
+        return shared + mlp, shared + mlp
+    ff = c.moe_intermediate_size
+    shared.append((d, c.num_experts, L))
+    if c.shared_expert_intermediate_size:
+        sff = c.shared_expert_intermediate_size
+        shared += [(d, 2 * sff, L), (sff, d, L)]
+    experts = lambda n: [(d, 2 * ff, L * n), (ff, d, L * n)]  # noqa: E731
+    return shared + experts(c.num_experts), shared + experts(c.num_experts_per_tok)
+
+
+def _small_params(c: ModelConfig) -> int:
+    """Norm weights, q/k norms, conv kernels, DeltaNet decay/bias vectors: tiny, counted for honest totals."""
+    n = (2 * c.num_layers + 1) * c.hidden_size
+    if c.qk_norm:
+        n += 2 * c.head_dim * c.num_full_attention_layers
+    if c.num_linear_attention_layers:
+        la = c.linear_attention
+        per_layer = la.conv_channels * la.conv_kernel_dim + 2 * la.num_value_heads + la.value_head_dim
+        n += per_layer * c.num_linear_attention_layers
+    if c.attention_bias:
+        n += (c.q_size + 2 * c.kv_size) * c.num_full_attention_layers
+    return n
+
+
+def parameter_count(c: ModelConfig) -> ParameterCount:
+    embedding = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    every, active = _matrices(c)
+    small = _small_params(c)
+    total = embedding + small + sum(k * n * m for k, n, m in every)
+    return ParameterCount(total=total, embedding=embedding, active=embedding + small + sum(k * n * m for k, n, m in active))
+
+
+def weight_bytes(c: ModelConfig, p: Precision) -> float:
+    """Bytes of all weights at precision `p` (embeddings and lm_head in the weight format, norms at activation width)."""
+    every, _ = _matrices(c)
+    matrices = sum(m * p.weights.linear_bytes(k, n) for k, n, m in every)
+    embeddings = (1 if c.tie_word_embeddings else 2) * p.weights.linear_bytes(c.hidden_size, c.vocab_size)
+    return matrices + embeddings + _small_params(c) * p.activation_bytes
+
+
+def kv_bytes_per_token(c: ModelConfig, p: Precision) -> float:
+    """2 (K and V) · full-attention layers · KV heads · head_dim · bytes per value."""
+    return 2 * c.num_full_attention_layers * c.num_kv_heads * c.head_dim * p.kv_bytes
+
+
+def state_bytes_per_sequence(c: ModelConfig, p: Precision) -> float:
+    """Linear-attention recurrent state plus conv state of one sequence: fixed, whatever the context length."""
+    if not c.num_linear_attention_layers:
+        return 0.0
+    la = c.linear_attention
+    per_layer = la.state_elements * p.state_bytes + (la.conv_kernel_dim - 1) * la.conv_channels * p.activation_bytes
+    return c.num_linear_attention_layers * per_layer

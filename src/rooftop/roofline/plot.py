@@ -1,0 +1,49 @@
+"""The roofline chart: arithmetic intensity against FLOP/s, the device's roofs, and each op as a point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+from rooftop.roofline.predict import Prediction  # noqa: E402
+
+
+def plot_roofline(pred: Prediction, path: str | Path) -> Path:
+    """Write a log-log roofline PNG with every op of the prefill and the decode step as a labeled point."""
+    hw, compute = pred.hw, pred.prefill.ops[0].compute
+    peak, bandwidth = hw.peak(compute), hw.memory_bandwidth
+    points = [
+        (phase, op)
+        for phase, step in (("prefill", pred.prefill), ("decode", pred.decode_first))
+        for op in step.ops
+        if op.flops > 0 and op.bytes > 0
+    ]
+    intensities = [op.intensity for _, op in points] + [peak / bandwidth]
+    lo, hi = min(intensities) / 4, max(intensities) * 4
+    fig, ax = plt.subplots(figsize=(10, 6.5))
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(xs, [min(peak, x * bandwidth) for x in xs], color="black", linewidth=2, label=f"{compute} roof")
+    ax.axvline(peak / bandwidth, color="gray", linestyle=":", linewidth=1)
+    ax.annotate(f"ridge {peak / bandwidth:.3g} FLOP/B", (peak / bandwidth, peak), textcoords="offset points", xytext=(4, -14), fontsize=8)
+    colors = {"prefill": "tab:orange", "decode": "tab:blue"}
+    for phase in colors:
+        chosen = [op for ph, op in points if ph == phase]
+        ax.scatter([op.intensity for op in chosen], [op.flops / op.time(hw) for op in chosen], color=colors[phase], label=phase, zorder=3)
+        for op in chosen:
+            ax.annotate(op.name, (op.intensity, op.flops / op.time(hw)), textcoords="offset points", xytext=(4, 3), fontsize=7, color=colors[phase])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title(f"{pred.model} on {hw.name}: prefill of {pred.prompt_len} tokens, decode at batch {pred.batch} ({pred.weights_format})")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

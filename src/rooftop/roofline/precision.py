@@ -1,0 +1,74 @@
+"""Number formats: bytes per weight (with the scale/zero overhead of each format) and which peak computes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rooftop.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """`bits` per weight plus `overhead_bits` per group of `group` weights (group 0: one group per output row)."""
+
+    name: str
+    bits: int
+    compute: str  # the peak that does the math: int4/int8 weight-only kernels dequantize and compute in bf16
+    group: int = 0
+    overhead_bits: int = 0
+
+    def linear_bytes(self, k: int, n: int) -> float:
+        """Bytes of a K -> N weight matrix (N rows of K weights), scales and zeros included."""
+        groups_per_row = 1 if self.group == 0 else k / self.group
+        return n * (k * self.bits + groups_per_row * self.overhead_bits) / 8
+
+    def bits_per_weight(self, k: int = 4096) -> float:
+        return self.linear_bytes(k, 1) * 8 / k
+
+
+WEIGHT_FORMATS = {
+    f.name: f
+    for f in (
+        WeightFormat("fp32", 32, "fp32"),
+        WeightFormat("bf16", 16, "bf16"),
+        WeightFormat("fp16", 16, "bf16"),
+        WeightFormat("fp8", 8, "fp8", group=0, overhead_bits=32),  # per-channel fp32 scale
+        WeightFormat("int8", 8, "bf16", group=0, overhead_bits=16),  # per-channel bf16 scale
+        WeightFormat("int4", 4, "bf16", group=128, overhead_bits=32),  # bf16 scale + bf16 zero per 128
+        WeightFormat("q8_0", 8, "bf16", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 8.5 bits
+        WeightFormat("q4_0", 4, "bf16", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 4.5 bits
+        WeightFormat("q4_1", 4, "bf16", group=32, overhead_bits=32),  # GGUF: fp16 d and m per 32 -> 5 bits
+    )
+}
+
+KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a step reads and computes in: weights, KV cache, activations (the compute dtype's width)."""
+
+    weights: WeightFormat
+    kv_bytes: int
+    activation_bytes: int
+    state_bytes: int = 4  # linear-attention recurrent state, kept in fp32 by the reference kernels
+
+    @property
+    def compute(self) -> str:
+        return self.weights.compute
+
+    @property
+    def embedding_bytes_per_value(self) -> float:
+        return self.weights.bits_per_weight() / 8
+
+
+def precision(weights: str = "bf16", kv: str | None = None) -> Precision:
+    """Precision from format names; the KV cache defaults to the activations' width (fp32 or bf16)."""
+    if weights not in WEIGHT_FORMATS:
+        raise InvalidRequestError(f"unknown weight format {weights!r} (known: {', '.join(WEIGHT_FORMATS)})")
+    fmt = WEIGHT_FORMATS[weights]
+    activation_bytes = 4 if fmt.compute == "fp32" else 2
+    kv = kv or ("fp32" if activation_bytes == 4 else "bf16")
+    if kv not in KV_BYTES:
+        raise InvalidRequestError(f"unknown KV cache format {kv!r} (known: {', '.join(KV_BYTES)})")
+    return Precision(weights=fmt, kv_bytes=KV_BYTES[kv], activation_bytes=activation_bytes)

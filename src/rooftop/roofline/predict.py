@@ -1,0 +1,263 @@
+"""Predictions: TTFT, TPOT, end-to-end latency, memory fit and crossovers of a model on a device, from `step_ops`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rooftop.config import ModelConfig
+from rooftop.errors import InvalidRequestError
+from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.ops import (
+    Op,
+    ParameterCount,
+    StepShape,
+    check_tp,
+    kv_bytes_per_token,
+    parameter_count,
+    state_bytes_per_sequence,
+    step_ops,
+    weight_bytes,
+)
+from rooftop.roofline.precision import Precision
+
+MAX_SEARCH = 1 << 22  # crossover searches give up past ~4M tokens or sequences
+EXACT_DECODE_STEPS = 1024  # longer outputs integrate TPOT over evenly spaced contexts
+
+
+class DoesNotFitError(InvalidRequestError):
+    """Weights plus KV cache exceed the device memory."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's totals and its roofline time (the sum of its ops' times: ops run one after another)."""
+
+    ops: list[Op]
+    time_s: float
+    flops: float
+    bytes: float
+    compute_time_s: float
+    memory_time_s: float
+    comm_time_s: float
+
+    @property
+    def bound(self) -> str:
+        times = {"compute": self.compute_time_s, "memory": self.memory_time_s, "interconnect": self.comm_time_s}
+        return max(times, key=times.get)
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+def time_step(config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware, tp: int = 1) -> StepTime:
+    ops = step_ops(config, p, shape, tp)
+    return StepTime(
+        ops=ops,
+        time_s=sum(op.time(hw) for op in ops),
+        flops=sum(op.flops for op in ops),
+        bytes=sum(op.bytes for op in ops),
+        compute_time_s=sum(op.compute_time(hw) for op in ops),
+        memory_time_s=sum(op.memory_time(hw) for op in ops),
+        comm_time_s=sum(op.comm_time(hw) for op in ops),
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    model: str
+    hw: Hardware
+    weights_format: str
+    kv_bytes_per_value: int
+    tp: int
+    batch: int
+    prompt_len: int
+    output_len: int
+    parameters: ParameterCount
+    weight_bytes: float  # the whole model; each of tp devices holds 1/tp
+    kv_bytes_per_token: float
+    state_bytes_per_sequence: float
+    prefill: StepTime
+    decode_first: StepTime
+    decode_last: StepTime
+    decode_total_s: float
+    memory_needed_bytes: float  # per device
+    memory_available_bytes: float
+    max_batch: int
+    prefill_compute_bound_from_tokens: int | None
+    decode_compute_bound_from_batch: int | None
+    ridge_point_flops_per_byte: float
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill.time_s
+
+    @property
+    def e2e_s(self) -> float:
+        return self.prefill.time_s + self.decode_total_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first (DESIGN.md's TPOT)."""
+        return self.decode_total_s / (self.output_len - 1) if self.output_len > 1 else self.decode_first.time_s
+
+    @property
+    def output_tokens_per_s_per_seq(self) -> float:
+        return 1 / self.tpot_s
+
+    @property
+    def output_tokens_per_s_total(self) -> float:
+        return self.batch / self.tpot_s
+
+    def to_dict(self) -> dict:
+        """Self-describing keys with SI units in their names."""
+
+        def step(s: StepTime) -> dict:
+            return {
+                "time_s": s.time_s, "flops": s.flops, "bytes": s.bytes, "arithmetic_intensity_flops_per_byte": s.intensity,
+                "compute_time_s": s.compute_time_s, "memory_time_s": s.memory_time_s, "interconnect_time_s": s.comm_time_s,
+                "bound": s.bound,
+            }
+
+        def op_rows(s: StepTime) -> list[dict]:
+            return [
+                {"name": op.name, "flops": op.flops, "bytes_read": op.bytes_read, "bytes_written": op.bytes_written,
+                 "interconnect_bytes": op.comm_bytes, "arithmetic_intensity_flops_per_byte": op.intensity,
+                 "time_s": op.time(self.hw), "bound": op.bound(self.hw)}
+                for op in s.ops
+            ]
+
+        return {
+            "model": self.model, "hardware": self.hw.name, "weights_format": self.weights_format,
+            "kv_bytes_per_value": self.kv_bytes_per_value, "tp": self.tp, "batch": self.batch,
+            "prompt_tokens": self.prompt_len, "output_tokens": self.output_len,
+            "parameters": self.parameters.total, "parameters_active": self.parameters.active,
+            "parameters_embedding": self.parameters.embedding,
+            "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+            "state_bytes_per_sequence": self.state_bytes_per_sequence,
+            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "tpot_first_s": self.decode_first.time_s,
+            "tpot_last_s": self.decode_last.time_s, "e2e_s": self.e2e_s,
+            "output_tokens_per_s_per_seq": self.output_tokens_per_s_per_seq,
+            "output_tokens_per_s_total": self.output_tokens_per_s_total,
+            "prefill": {**step(self.prefill), "ops": op_rows(self.prefill)},
+            "decode": {**step(self.decode_first), "ops": op_rows(self.decode_first)},
+            "decode_last": step(self.decode_last),
+            "memory_needed_bytes": self.memory_needed_bytes, "memory_available_bytes": self.memory_available_bytes,
+            "max_batch": self.max_batch,
+            "prefill_compute_bound_from_tokens": self.prefill_compute_bound_from_tokens,
+            "decode_compute_bound_from_batch": self.decode_compute_bound_from_batch,
+            "ridge_point_flops_per_byte": self.ridge_point_flops_per_byte,
+        }
+
+
+
+def memory_needed(config: ModelConfig, p: Precision, batch: int, tokens_per_seq: int, tp: int = 1) -> float:
+    """Bytes per device: weights/tp plus, for every sequence, its KV cache (and recurrent state) /tp."""
+    per_seq = tokens_per_seq * kv_bytes_per_token(config, p) + state_bytes_per_sequence(config, p)
+    return (weight_bytes(config, p) + batch * per_seq) / tp
+
+
+def max_batch(config: ModelConfig, p: Precision, hw: Hardware, tokens_per_seq: int, tp: int = 1) -> int:
+    per_seq = (tokens_per_seq * kv_bytes_per_token(config, p) + state_bytes_per_sequence(config, p)) / tp
+    free = hw.memory_bytes - weight_bytes(config, p) / tp
+    return max(0, int(free // per_seq)) if per_seq > 0 else 0
+
+
+def _first_true(predicate, limit: int = MAX_SEARCH) -> int | None:
+    """Smallest n in [1, limit] with predicate(n), for a predicate that stays true once true."""
+    hi = 1
+    while not predicate(hi):
+        hi *= 2
+        if hi > limit:
+            return None
+    lo = hi // 2 + 1 if hi > 1 else 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if predicate(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def compute_bound(step: StepTime) -> bool:
+    return step.compute_time_s >= step.memory_time_s
+
+
+def prefill_crossover(config: ModelConfig, p: Precision, hw: Hardware, tp: int = 1) -> int | None:
+    """The shortest prompt whose single-sequence prefill step is compute-bound."""
+    return _first_true(lambda s: compute_bound(time_step(config, p, StepShape.prefill(1, s), hw, tp)))
+
+
+def decode_crossover(config: ModelConfig, p: Precision, hw: Hardware, context: int, tp: int = 1) -> int | None:
+    """The smallest batch whose decode step (each sequence `context` tokens deep) is compute-bound."""
+    return _first_true(lambda b: compute_bound(time_step(config, p, StepShape.decode(b, context), hw, tp)))
+
+
+def decode_time(config: ModelConfig, p: Precision, hw: Hardware, batch: int, prompt_len: int, output_len: int, tp: int = 1) -> float:
+    """Total time of the output_len − 1 decode steps; step j attends to prompt_len + j − 1 cached tokens."""
+    steps = output_len - 1
+    if steps <= 0:
+        return 0.0
+
+    def at(j: float) -> float:
+        return time_step(config, p, StepShape.decode(batch, prompt_len + int(round(j)) - 1), hw, tp).time_s
+
+    if steps <= EXACT_DECODE_STEPS:
+        return sum(at(j) for j in range(1, steps + 1))
+    # each op's time is a max of lines in the context: the trapezoid over many points is near exact
+    points = [1 + (steps - 1) * i / EXACT_DECODE_STEPS for i in range(EXACT_DECODE_STEPS + 1)]
+    values = [at(j) for j in points]
+    width = (steps - 1) / EXACT_DECODE_STEPS
+    return width * (sum(values) - (values[0] + values[-1]) / 2) + (values[0] + values[-1]) / 2
+
+
+def analyze(
+    config: ModelConfig,
+    hw: Hardware,
+    p: Precision,
+    prompt_len: int = 1024,
+    output_len: int = 256,
+    batch: int = 1,
+    tp: int = 1,
+    check_memory: bool = True,
+) -> Prediction:
+    """Roofline bounds of one batch of `batch` prompts of `prompt_len` tokens, each generating `output_len`."""
+    for name, value in (("batch", batch), ("prompt", prompt_len), ("output", output_len)):
+        if not isinstance(value, int) or value < 1:
+            raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
+    check_tp(config, tp)
+    total_tokens = prompt_len + output_len
+    needed = memory_needed(config, p, batch, total_tokens, tp)
+    fits_batch = max_batch(config, p, hw, total_tokens, tp)
+    if check_memory and needed > hw.memory_bytes:
+        gb = 1e9
+        advice = f"batch <= {fits_batch} fits" if fits_batch else "the weights alone do not fit: use more tensor parallelism or fewer bits per weight"
+        raise DoesNotFitError(
+            f"needs {needed / gb:.1f} GB per device but {hw.name} has {hw.memory_bytes / gb:.1f} GB "
+            f"({(needed - hw.memory_bytes) / gb:.1f} GB short); {advice}"
+        )
+    return Prediction(
+        model=config.name or config.architecture,
+        hw=hw,
+        weights_format=p.weights.name,
+        kv_bytes_per_value=p.kv_bytes,
+        tp=tp,
+        batch=batch,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        parameters=parameter_count(config),
+        weight_bytes=weight_bytes(config, p),
+        kv_bytes_per_token=kv_bytes_per_token(config, p),
+        state_bytes_per_sequence=state_bytes_per_sequence(config, p),
+        prefill=time_step(config, p, StepShape.prefill(batch, prompt_len), hw, tp),
+        decode_first=time_step(config, p, StepShape.decode(batch, prompt_len), hw, tp),
+        decode_last=time_step(config, p, StepShape.decode(batch, prompt_len + max(0, output_len - 2)), hw, tp),
+        decode_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp),
+        memory_needed_bytes=needed,
+        memory_available_bytes=hw.memory_bytes,
+        max_batch=fits_batch,
+        prefill_compute_bound_from_tokens=prefill_crossover(config, p, hw, tp),
+        decode_compute_bound_from_batch=decode_crossover(config, p, hw, prompt_len, tp),
+        ridge_point_flops_per_byte=hw.ridge_point(p.compute),
+    )

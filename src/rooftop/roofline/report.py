@@ -1,0 +1,82 @@
+"""Rendering a Prediction for people: the per-op tables of one prefill and one decode step, and the summary."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from rooftop.roofline.predict import Prediction, StepTime
+
+
+def si(value: float | None, unit: str) -> str:
+    """1.2e12, "FLOP" -> "1.20 TFLOP"."""
+    if value is None:
+        return "-"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1:
+        return f"{value:.3g} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    if value >= 1e-6:
+        return f"{value * 1e6:.3g} µs"
+    return f"{value * 1e9:.3g} ns"
+
+
+def op_table(title: str, step: StepTime, pred: Prediction) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("op", "FLOPs", "bytes", "FLOP/byte", "time", "bound"):
+        table.add_column(column, justify="left" if column in ("op", "bound") else "right")
+    for op in step.ops:
+        moved = op.bytes + op.comm_bytes
+        table.add_row(op.name, si(op.flops, "FLOP"), si(moved, "B"), f"{op.intensity:.3g}", seconds(op.time(pred.hw)), op.bound(pred.hw))
+    table.add_row(
+        "[bold]step[/]", si(step.flops, "FLOP"), si(step.bytes, "B"), f"{step.intensity:.3g}",
+        f"[bold]{seconds(step.time_s)}[/]", f"[bold]{step.bound}[/]",
+    )
+    return table
+
+
+def summary_table(pred: Prediction) -> Table:
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    params = pred.parameters
+    active = f" ({si(params.active, '')} active per token)" if params.active != params.total else ""
+    prefill_x, decode_x = pred.prefill_compute_bound_from_tokens, pred.decode_compute_bound_from_batch
+    rows = [
+        ("parameters", f"{si(params.total, '')}{active}"),
+        ("weights", f"{si(pred.weight_bytes, 'B')} ({pred.weights_format})"),
+        ("KV cache per token", si(pred.kv_bytes_per_token, "B")),
+        ("recurrent state per sequence", si(pred.state_bytes_per_sequence, "B")),
+        ("TTFT", f"{seconds(pred.ttft_s)} (prefill {pred.prefill.bound}-bound)"),
+        ("TPOT", f"{seconds(pred.tpot_s)} mean: {seconds(pred.decode_first.time_s)} at the first token, "
+                 f"{seconds(pred.decode_last.time_s)} at the last (decode {pred.decode_first.bound}-bound)"),
+        ("end-to-end", seconds(pred.e2e_s)),
+        ("output tok/s", f"{pred.output_tokens_per_s_per_seq:.4g} per sequence, {pred.output_tokens_per_s_total:.4g} in total"),
+        ("memory", f"{si(pred.memory_needed_bytes, 'B')} needed of {si(pred.memory_available_bytes, 'B')}; "
+                   f"the largest batch that fits is {pred.max_batch}"),
+        ("prefill compute-bound", "never" if prefill_x is None else f"from {prefill_x} prompt tokens"),
+        ("decode compute-bound", "never at this context (each sequence's KV reads grow with the batch)"
+         if decode_x is None else f"from batch {decode_x}"),
+        ("ridge point", f"{pred.ridge_point_flops_per_byte:.3g} FLOP/byte"),
+    ]
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
+
+
+def print_prediction(pred: Prediction, console: Console) -> None:
+    tp = f", tp={pred.tp}" if pred.tp > 1 else ""
+    console.print(
+        f"[bold]{pred.model}[/] on [bold]{pred.hw.name}[/]{tp}: batch {pred.batch}, {pred.prompt_len} prompt tokens, "
+        f"{pred.output_len} output tokens, weights {pred.weights_format}, KV {pred.kv_bytes_per_value} B/value"
+    )
+    console.print(op_table(f"prefill step ({pred.batch} x {pred.prompt_len} tokens)", pred.prefill, pred))
+    console.print(op_table(f"decode step (batch {pred.batch}, {pred.prompt_len} cached)", pred.decode_first, pred))
+    console.print(summary_table(pred))

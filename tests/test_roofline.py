@@ -1,0 +1,198 @@
+"""The op model and predictions against hand-derived formulas, the worked example, MoE, hybrid and TP."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rooftop.errors import InvalidRequestError
+from rooftop.roofline import StepShape, analyze, parameter_count, precision, step_ops
+from rooftop.roofline.catalog import find_hardware
+from rooftop.roofline.ops import expected_experts_touched, kv_bytes_per_token, state_bytes_per_sequence, weight_bytes
+from rooftop.roofline.predict import DoesNotFitError, compute_bound, time_step
+from rooftop.roofline.presets import find_preset
+
+BF16 = precision("bf16")
+H200 = find_hardware("h200")
+
+
+def op(ops, name):
+    return next(o for o in ops if o.name == name)
+
+
+def test_bf16_weight_bytes_are_two_per_parameter():
+    for name in ("qwen3-8b", "llama-3.1-8b", "qwen3-30b-a3b", "qwen3.6-27b", "smollm2-135m"):
+        c = find_preset(name)
+        assert weight_bytes(c, BF16) == 2 * parameter_count(c).total, name
+
+
+def test_kv_bytes_per_token_formula():
+    c = find_preset("qwen3-8b")  # 36 layers, 8 KV heads, head_dim 128
+    assert (c.num_layers, c.num_kv_heads, c.head_dim) == (36, 8, 128)
+    assert kv_bytes_per_token(c, BF16) == 2 * 36 * 8 * 128 * 2
+    assert kv_bytes_per_token(c, precision("bf16", "fp8")) == 2 * 36 * 8 * 128
+
+
+def test_qwen3_head_dim_comes_from_the_config():
+    c = find_preset("qwen3-0.6b")
+    assert c.head_dim == 128 and c.hidden_size // c.num_heads == 64
+    qkv = op(step_ops(c, BF16, StepShape.decode(1, 10)), "qkv_proj")
+    assert qkv.flops == c.num_layers * 2 * c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * 128
+
+
+def test_decode_at_batch_one_reads_the_weights_plus_the_kv_cache():
+    c, context = find_preset("llama-3.1-8b"), 2000
+    assert not c.tie_word_embeddings
+    step = time_step(c, BF16, StepShape.decode(1, context), H200)
+    # every weight, except that the (untied) input embedding table is only read at the token's row
+    weights = weight_bytes(c, BF16) - c.vocab_size * c.hidden_size * 2 + c.hidden_size * 2
+    kv = (context + 1) * kv_bytes_per_token(c, BF16) + kv_bytes_per_token(c, BF16)  # read all, write the new one
+    activations = step.bytes - weights - kv
+    assert 0 < activations < 0.002 * step.bytes
+    assert step.bound == "memory"
+    assert step.time_s == pytest.approx(step.bytes / H200.memory_bandwidth, rel=1e-3)
+
+
+def test_prefill_flops_are_two_per_parameter_per_token_plus_attention():
+    c, S = find_preset("llama-3.1-8b"), 1024
+    step = time_step(c, BF16, StepShape.prefill(1, S), H200)
+    params = parameter_count(c)
+    linear = 2 * (params.non_embedding - (2 * c.num_layers + 1) * c.hidden_size) * S
+    attention = c.num_layers * 4 * c.num_heads * c.head_dim * S * (S + 1) / 2
+    lm_head = 2 * c.hidden_size * c.vocab_size  # only the last position's logits
+    assert step.flops == pytest.approx(linear + attention + lm_head, rel=2e-3)
+
+
+@pytest.mark.parametrize("fmt, bits", [("int4", 4.25), ("q4_0", 4.5), ("q4_1", 5.0), ("q8_0", 8.5), ("int8", 8.0), ("fp8", 8.0)])
+def test_quantized_weight_bytes_include_their_overhead(fmt, bits):
+    c = find_preset("qwen3-8b")
+    ratio = weight_bytes(c, precision(fmt)) / weight_bytes(c, BF16)
+    assert ratio == pytest.approx(bits / 16, rel=0.01)
+    assert precision(fmt).weights.bits_per_weight(4096) == pytest.approx(bits, abs=0.01)
+
+
+def test_compute_peak_is_the_precision_that_computes():
+    assert precision("int4").compute == precision("int8").compute == precision("q4_1").compute == "bf16"
+    assert precision("fp8").compute == "fp8" and precision("fp32").compute == "fp32"
+    a100 = find_hardware("a100")
+    assert a100.peak("fp8") == a100.peak("bf16")  # no fp8 units: runs at its bf16 rate
+
+
+def test_worked_example_27b_bf16_on_h200():
+    c = find_preset("dense-27b")
+    assert 26e9 < parameter_count(c).total < 28e9
+    pred = analyze(c, H200, BF16, prompt_len=4096, output_len=128)
+    assert pred.weight_bytes == pytest.approx(54e9, rel=0.02)
+    assert pred.decode_first.bound == "memory"
+    assert pred.decode_first.time_s > 11e-3 and pred.tpot_s > 11e-3
+    assert pred.prefill.bound == "compute"
+    int4 = analyze(c, H200, precision("int4"), prompt_len=4096, output_len=128)
+    assert 3.3 < pred.tpot_s / int4.tpot_s < 4.0  # about four-fold less to read
+
+
+def test_memory_and_largest_batch():
+    c = find_preset("llama-3.1-8b")
+    pred = analyze(c, H200, BF16, prompt_len=1000, output_len=24, batch=4)
+    per_seq = 1024 * kv_bytes_per_token(c, BF16)
+    assert pred.memory_needed_bytes == pytest.approx(weight_bytes(c, BF16) + 4 * per_seq)
+    assert pred.max_batch == int((H200.memory_bytes - weight_bytes(c, BF16)) // per_seq)
+
+
+def test_configuration_that_does_not_fit_says_by_how_much():
+    with pytest.raises(DoesNotFitError, match=r"needs 14\d\.\d GB per device but .* has 24\.0 GB \(1\d\d\.\d GB short\)"):
+        analyze(find_preset("llama-3.1-70b"), find_hardware("l4"), BF16, 128, 16)
+    with pytest.raises(DoesNotFitError, match=r"batch <= \d+ fits"):
+        analyze(find_preset("llama-3.1-8b"), find_hardware("l4"), BF16, 8000, 192, batch=64)
+
+
+@pytest.mark.parametrize("kwargs", [{"batch": 0}, {"prompt_len": 0}, {"output_len": -1}])
+def test_sizes_below_one_are_refused(kwargs):
+    with pytest.raises(InvalidRequestError, match="must be an integer >= 1"):
+        analyze(find_preset("qwen3-8b"), H200, BF16, **{"prompt_len": 8, "output_len": 8, **kwargs})
+
+
+def test_tensor_parallel_splits_weights_and_adds_all_reduces():
+    c = find_preset("llama-3.1-70b")
+    one = time_step(c, BF16, StepShape.decode(1, 100), find_hardware("h100"), tp=1)
+    four = time_step(c, BF16, StepShape.decode(1, 100), find_hardware("h100"), tp=4)
+    assert four.bytes == pytest.approx(one.bytes / 4, rel=0.01)
+    reduce = op(four.ops, "all_reduce")
+    assert reduce.comm_bytes == pytest.approx(2 * c.num_layers * 2 * 3 / 4 * c.hidden_size * 2)
+    assert not any(o.name == "all_reduce" for o in one.ops)
+    with pytest.raises(InvalidRequestError, match="tensor parallel degree 3 does not divide"):
+        step_ops(c, BF16, StepShape.decode(1, 100), tp=3)
+
+
+def test_efficiencies_scale_the_roofs():
+    c = find_preset("qwen3-8b")
+    full = analyze(c, H200, BF16, 512, 64)
+    half = analyze(c, H200.scaled(memory_efficiency=0.5), BF16, 512, 64)
+    assert half.decode_first.time_s == pytest.approx(2 * full.decode_first.time_s, rel=1e-6)
+
+
+def test_moe_reads_top_k_experts_at_batch_one_and_all_at_large_batch():
+    c = find_preset("qwen3-30b-a3b")
+    expert_bytes = BF16.weights.linear_bytes(c.hidden_size, 2 * c.moe_intermediate_size) * c.num_layers
+    one = op(step_ops(c, BF16, StepShape.decode(1, 100)), "experts_gate_up")
+    many = op(step_ops(c, BF16, StepShape.decode(4096, 100)), "experts_gate_up")
+    assert one.bytes_read == pytest.approx(c.num_experts_per_tok * expert_bytes, rel=0.01)
+    routed_inputs = c.num_layers * 4096 * c.num_experts_per_tok * c.hidden_size * 2  # activations, not weights
+    assert many.bytes_read - routed_inputs == pytest.approx(c.num_experts * expert_bytes, rel=0.01)
+    assert expected_experts_touched(128, 8, 1) == pytest.approx(8)
+    assert parameter_count(c).active < parameter_count(c).total / 5
+
+
+def test_hybrid_state_is_read_every_decode_step_and_does_not_grow():
+    c = find_preset("qwen3.6-27b")
+    assert (c.num_linear_attention_layers, c.num_full_attention_layers) == (48, 16)
+    short = op(step_ops(c, BF16, StepShape.decode(1, 1_000)), "linear_recurrence")
+    long = op(step_ops(c, BF16, StepShape.decode(1, 100_000)), "linear_recurrence")
+    la = c.linear_attention
+    state = 48 * la.num_value_heads * la.key_head_dim * la.value_head_dim * BF16.state_bytes
+    assert short.bytes == long.bytes and short.bytes >= 2 * state
+    assert state_bytes_per_sequence(c, BF16) > state
+    assert kv_bytes_per_token(c, BF16) == 2 * 16 * c.num_kv_heads * c.head_dim * 2
+    attention_short = op(step_ops(c, BF16, StepShape.decode(1, 1_000)), "attention")
+    attention_long = op(step_ops(c, BF16, StepShape.decode(1, 100_000)), "attention")
+    assert attention_long.bytes > 50 * attention_short.bytes
+
+
+MODELS = st.sampled_from(["qwen3-8b", "llama-3.1-8b", "qwen3-30b-a3b", "qwen3.6-27b", "smollm2-135m"])
+HARDWARE = st.sampled_from(["h200", "a100", "l4", "mi300x"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(MODELS, HARDWARE, st.integers(1, 512), st.integers(1, 8192), st.sampled_from(["bf16", "int4", "fp8"]))
+def test_a_larger_batch_never_lowers_step_time(model, hw_name, batch, context, fmt):
+    c, hw, p = find_preset(model), find_hardware(hw_name), precision(fmt)
+    for shape in (StepShape.decode, StepShape.prefill):
+        assert time_step(c, p, shape(batch + 1, context), hw).time_s >= time_step(c, p, shape(batch, context), hw).time_s
+
+
+@settings(max_examples=40, deadline=None)
+@given(MODELS, st.integers(1, 512), st.integers(1, 8192))
+def test_decode_intensity_grows_with_batch(model, batch, context):
+    c = find_preset(model)
+    small = time_step(c, BF16, StepShape.decode(batch, context), H200)
+    large = time_step(c, BF16, StepShape.decode(batch * 2, context), H200)
+    assert large.intensity >= small.intensity
+
+
+@settings(max_examples=15, deadline=None)
+@given(MODELS, HARDWARE, st.integers(1, 4096))
+def test_crossovers_agree_with_the_ridge_point(model, hw_name, context):
+    c, hw = find_preset(model), find_hardware(hw_name)
+    pred = analyze(c, hw, BF16, context, 2, check_memory=False)
+    ridge = hw.ridge_point("bf16")
+    s = pred.prefill_compute_bound_from_tokens
+    assert s is not None
+    assert time_step(c, BF16, StepShape.prefill(1, s), hw).intensity >= ridge
+    if s > 1:
+        assert time_step(c, BF16, StepShape.prefill(1, s - 1), hw).intensity < ridge
+    b = pred.decode_compute_bound_from_batch
+    if b is not None:
+        assert compute_bound(time_step(c, BF16, StepShape.decode(b, context), hw))
+        assert time_step(c, BF16, StepShape.decode(b, context), hw).intensity >= ridge
+        if b > 1:
+            assert time_step(c, BF16, StepShape.decode(b - 1, context), hw).intensity < ridge
+    else:  # never compute-bound: per-sequence KV reads keep the intensity under the ridge at any batch
+        assert time_step(c, BF16, StepShape.decode(1 << 22, context), hw).intensity < ridge

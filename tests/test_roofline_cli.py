@@ -1,0 +1,124 @@
+"""`rooftop roofline` / `explain` as a user runs them: tables, JSON keys, the plot, model sources, errors."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rooftop.cli import app
+
+runner = CliRunner(env={"COLUMNS": "200"})
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def assert_error(result, *words):
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error:"), result.output
+    for word in words:
+        assert word in line, (word, line)
+
+
+def test_table_has_both_steps_and_the_summary():
+    r = run("roofline", "-m", "dense-27b", "-H", "h200", "-p", "4096", "-n", "64")
+    assert r.exit_code == 0, r.output
+    for text in ("prefill step (1 x 4096 tokens)", "decode step", "qkv_proj", "attention", "lm_head", "TTFT", "TPOT",
+                 "largest batch that fits", "prefill compute-bound", "decode compute-bound", "ridge point"):
+        assert text in r.output, text
+
+
+def test_json_has_self_describing_keys():
+    r = run("roofline", "-m", "qwen3-8b", "-H", "h100", "-p", "512", "-n", "32", "-b", "4", "--weights", "int4", "--kv", "fp8", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    for key in ("ttft_s", "tpot_s", "tpot_first_s", "tpot_last_s", "e2e_s", "kv_bytes_per_token", "weight_bytes",
+                "parameters", "memory_needed_bytes", "max_batch", "prefill_compute_bound_from_tokens",
+                "decode_compute_bound_from_batch", "output_tokens_per_s_per_seq", "output_tokens_per_s_total"):
+        assert key in data, key
+    assert data["weights_format"] == "int4" and data["kv_bytes_per_value"] == 1 and data["batch"] == 4
+    assert data["decode"]["bound"] == "memory" and data["prefill"]["bound"] in ("compute", "memory")
+    names = [op["name"] for op in data["decode"]["ops"]]
+    assert {"qkv_proj", "attention", "gate_up_proj", "down_proj", "lm_head", "rope", "norms", "silu_mul"} <= set(names)
+    assert all(op["time_s"] >= 0 and "arithmetic_intensity_flops_per_byte" in op for op in data["prefill"]["ops"])
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "roof.png"
+    r = run("roofline", "-m", "qwen3-30b-a3b", "-H", "h200", "--plot", str(path))
+    assert r.exit_code == 0, r.output
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
+
+
+def test_explain_tells_the_two_phase_story():
+    r = run("explain", "-m", "dense-27b", "-H", "h200", "-p", "4096")
+    assert r.exit_code == 0, r.output
+    for text in ("4096 tokens", "Prefill", "compute-bound", "KV cache", "memory-bound", "TTFT", "TPOT"):
+        assert text in r.output, text
+
+
+def test_bundled_gguf_defaults_to_its_own_weight_format():
+    r = run("roofline", "-H", "rtx4090", "--json", "-p", "64", "-n", "8")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["weights_format"] == "q4_1" and data["parameters"] == 134_515_008
+
+
+def test_hf_config_json_and_directory(tmp_path):
+    config = {
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+        "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 2048,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for model in (tmp_path / "config.json", tmp_path):
+        r = run("roofline", "-m", str(model), "-H", "l4", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["kv_bytes_per_token"] == 2 * 22 * 4 * 64 * 2
+
+
+def test_custom_hardware_numbers():
+    r = run("roofline", "-m", "qwen3-0.6b", "--peak-tflops", "100", "--bandwidth-tbs", "1", "--memory-gb", "16", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["ridge_point_flops_per_byte"] == pytest.approx(100)
+    assert data["hardware"].startswith("custom")
+
+
+def test_unknown_preset_suggests_close_names():
+    assert_error(run("roofline", "-m", "qwen3-8", "-H", "h200"), "unknown model preset 'qwen3-8'", "did you mean", "qwen3-8b")
+
+
+def test_unknown_hardware_suggests_close_names():
+    assert_error(run("roofline", "-m", "qwen3-8b", "-H", "h20"), "unknown hardware 'h20'", "h200")
+
+
+def test_config_missing_fields_are_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 10}))
+    assert_error(run("roofline", "-m", str(tmp_path / "config.json"), "-H", "h200"), "hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+@pytest.mark.parametrize("flag", ["--batch", "--prompt", "--output"])
+def test_sizes_below_one(flag):
+    assert_error(run("roofline", "-m", "qwen3-8b", "-H", "h200", flag, "0"), "must be an integer >= 1")
+
+
+def test_does_not_fit_says_by_how_much_and_what_fits():
+    assert_error(run("roofline", "-m", "llama-3.1-70b", "-H", "l4"), "GB short", "tensor parallelism or fewer bits")
+
+
+def test_impossible_tensor_parallelism():
+    assert_error(run("roofline", "-m", "llama-3.1-8b", "-H", "h100", "--tp", "3"), "tensor parallel degree 3")
+
+
+def test_unknown_weight_format():
+    assert_error(run("roofline", "-m", "qwen3-8b", "-H", "h100", "--weights", "int3"), "unknown weight format 'int3'")
+
+
+def test_tensor_parallel_run():
+    r = run("roofline", "-m", "llama-3.1-70b", "-H", "h100", "--tp", "4", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["tp"] == 4 and "all_reduce" in [op["name"] for op in data["decode"]["ops"]]
