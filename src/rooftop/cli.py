@@ -34,17 +34,28 @@ MinPOpt = Annotated[float, typer.Option(help="drop tokens below min_p x the top 
 RepPenaltyOpt = Annotated[float, typer.Option(help="penalize tokens already seen (1: off)")]
 SeedOpt = Annotated[Optional[int], typer.Option(help="same seed, same output")]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="stop before this string (repeatable)")]
+MaxSeqsOpt = Annotated[int, typer.Option(help="engine: most sequences in one step")]
+MaxBatchedOpt = Annotated[int, typer.Option(help="engine: most tokens in one step (longer prompts are chunked)")]
+KvBytesOpt = Annotated[Optional[int], typer.Option(help="engine: KV cache pool size in bytes (default 1 GiB)")]
+KvBlocksOpt = Annotated[Optional[int], typer.Option(help="engine: KV cache pool size in blocks (overrides --kv-cache-bytes)")]
+BlockSizeOpt = Annotated[int, typer.Option(help="engine: tokens per KV block")]
+PrefixOpt = Annotated[bool, typer.Option(help="engine: reuse the KV blocks of prompt prefixes seen before")]
 
 
-def load(model: str | None, dtype: str, device: str) -> LLM:
+def load(model: str | None, dtype: str, device: str, **engine_options) -> LLM:
     t0 = time.perf_counter()
     with err.status("loading model..."):
-        llm = LLM(model=model, dtype=dtype, device=device)
+        llm = LLM(model=model, dtype=dtype, device=device, **engine_options)
     c = llm.config
     err.print(
         f"[dim]{escape(c.name or c.architecture)} ({c.architecture}, {c.num_layers} layers, d={c.hidden_size}) from "
         f"{escape(llm.model_path)}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}, "
         f"loaded in {time.perf_counter() - t0:.1f} s[/]"
+    )
+    pool = llm.engine.pool
+    err.print(
+        f"[dim]KV cache: {pool.num_blocks} blocks of {pool.block_size} tokens = {llm.engine.pool_tokens} tokens, "
+        f"{pool.nbytes / 2**20:.0f} MiB; prefix caching {'on' if llm.engine.config.enable_prefix_caching else 'off'}[/]"
     )
     return llm
 
@@ -94,6 +105,12 @@ def generate(
     raw: Annotated[bool, typer.Option("--raw", help="send the prompt as is, without the chat template")] = False,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "cpu",
+    max_num_seqs: MaxSeqsOpt = 64,
+    max_num_batched_tokens: MaxBatchedOpt = 1024,
+    kv_cache_bytes: KvBytesOpt = None,
+    num_kv_blocks: KvBlocksOpt = None,
+    block_size: BlockSizeOpt = 16,
+    enable_prefix_caching: PrefixOpt = True,
 ) -> None:
     """Stream the model's answer to PROMPT, then report TTFT, TPOT and the speed of prefill and decode."""
     with user_errors():
@@ -101,7 +118,11 @@ def generate(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             repetition_penalty=repetition_penalty, seed=seed, stop=stop or [],
         )
-        llm = load(model, dtype, device)
+        llm = load(
+            model, dtype, device, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_bytes=kv_cache_bytes, num_kv_blocks=num_kv_blocks, block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+        )
         if not prompt:
             raise RooftopError("the prompt is empty")
         text = prompt if raw or not llm.tokenizer.chat_template else llm.apply_chat_template([{"role": "user", "content": prompt}])
@@ -123,6 +144,12 @@ def chat(
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "cpu",
     stats: Annotated[bool, typer.Option(help="print TTFT/TPOT after each answer")] = False,
+    max_num_seqs: MaxSeqsOpt = 64,
+    max_num_batched_tokens: MaxBatchedOpt = 1024,
+    kv_cache_bytes: KvBytesOpt = None,
+    num_kv_blocks: KvBlocksOpt = None,
+    block_size: BlockSizeOpt = 16,
+    enable_prefix_caching: PrefixOpt = True,
 ) -> None:
     """Multi-turn chat with the model's chat template. /reset forgets the conversation; Ctrl-D or /exit ends."""
     with user_errors():
@@ -130,7 +157,11 @@ def chat(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             repetition_penalty=repetition_penalty, seed=seed,
         )
-        llm = load(model, dtype, device)
+        llm = load(
+            model, dtype, device, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_bytes=kv_cache_bytes, num_kv_blocks=num_kv_blocks, block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+        )
         if not llm.tokenizer.chat_template:
             raise RooftopError("this model has no chat template; use `rooftop generate --raw`")
     start = [{"role": "system", "content": system}] if system else []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rooftop.errors import UnsupportedModelError
+from rooftop.errors import InvalidRequestError, UnsupportedModelError
 
 RUNNABLE_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 FULL_ATTENTION = "full_attention"
@@ -118,3 +118,28 @@ def check_runnable(config: ModelConfig) -> None:
             f"{config.architecture!r} models can be analyzed (`rooftop roofline`) but not run; "
             f"the engine runs {', '.join(RUNNABLE_ARCHITECTURES)}"
         )
+
+
+@dataclass
+class EngineConfig:
+    """How the engine batches: sequences and tokens per step, the KV pool's size, prefix caching."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    block_size: int = 16
+    kv_cache_bytes: int | None = None  # default: DEFAULT_KV_CACHE_BYTES
+    num_kv_blocks: int | None = None  # overrides kv_cache_bytes
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # default: the model's context length
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise InvalidRequestError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("kv_cache_bytes", "num_kv_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30

@@ -1,29 +1,97 @@
-"""A contiguous per-sequence KV cache, preallocated for the tokens the request may reach."""
+"""The paged KV cache: one preallocated pool of fixed-size blocks, and the attention metadata of a step.
+
+Token position p of a sequence lives at slot `table[p // block_size] * block_size + p % block_size` of the
+pool; attention gathers a sequence's slots back into order, so it sees exactly what a contiguous cache holds.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from rooftop.config import ModelConfig
 
 
-class KVCache:
-    """K and V of every layer: (layers, capacity, kv_heads, head_dim) each. Written once per token, never recomputed."""
+class KVPool:
+    """K and V of every layer: (layers, num_blocks * block_size, kv_heads, head_dim) each."""
 
-    def __init__(self, config: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device):
-        shape = (config.num_layers, capacity, config.num_kv_heads, config.head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.capacity = capacity
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
+        shape = (config.num_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks, self.block_size = num_blocks, block_size
 
-    def append(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (T, kv_heads, hd) at positions start.. and return all keys and values up to them."""
-        end = start + k.shape[0]
-        assert end <= self.capacity, f"KV cache of {self.capacity} tokens cannot hold position {end - 1}"
-        self.k[layer, start:end] = k
-        self.v[layer, start:end] = v
-        return self.k[layer, :end], self.v[layer, :end]
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * dtype.itemsize
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+@dataclass
+class PrefillChunk:
+    """Rows start:end of the step's tokens belong to one sequence that already has `cached` tokens."""
+
+    start: int
+    end: int
+    cached: int
+    slots: torch.Tensor  # (cached + new,) pool slots of positions 0 .. cached + new - 1
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
+    prefills: list[PrefillChunk]
+    decode_rows: torch.Tensor | None = None  # (B,) rows of the step's tokens that are single-token decodes
+    decode_slots: torch.Tensor | None = None  # (B, S) pool slots of each decode sequence, padded
+    decode_mask: torch.Tensor | None = None  # (B, 1, 1, S) True where a slot is a real token
+
+
+def slots_of(table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def build_metadata(
+    seqs: list[tuple[list[int], int, int]], block_size: int, device: torch.device
+) -> AttentionMetadata:
+    """Metadata for a step over sequences given as (block table, cached tokens, new tokens), in row order.
+
+    A sequence with one new token and a non-empty cache is a decode; anything else a prefill (chunk).
+    """
+    slot_mapping, prefills, decode_rows, decode_slots = [], [], [], []
+    row = 0
+    for table, cached, new in seqs:
+        slot_mapping += slots_of(table, cached, cached + new, block_size)
+        if new == 1 and cached > 0:
+            decode_rows.append(row)
+            decode_slots.append(slots_of(table, 0, cached + 1, block_size))
+        else:
+            slots = torch.tensor(slots_of(table, 0, cached + new, block_size), dtype=torch.long, device=device)
+            prefills.append(PrefillChunk(row, row + new, cached, slots))
+        row += new
+    meta = AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device), prefills)
+    if decode_rows:
+        width = max(len(s) for s in decode_slots)
+        padded = [s + [0] * (width - len(s)) for s in decode_slots]
+        lengths = torch.tensor([len(s) for s in decode_slots], device=device)
+        meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long, device=device)
+        meta.decode_slots = torch.tensor(padded, dtype=torch.long, device=device)
+        meta.decode_mask = (torch.arange(width, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+    return meta
+
+
+class KVCache:
+    """One sequence's own small pool, for running the model on a single sequence outside the engine."""
+
+    def __init__(self, config: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device | str, block_size: int = 16):
+        num_blocks = -(-capacity // block_size)
+        self.pool = KVPool(config, num_blocks, block_size, dtype, torch.device(device))
+        self.table = list(range(num_blocks))
+        self.capacity = capacity
+
+    def metadata(self, start: int, new: int) -> AttentionMetadata:
+        assert start + new <= self.capacity, f"KV cache of {self.capacity} tokens cannot hold position {start + new - 1}"
+        return build_metadata([(self.table, start, new)], self.pool.block_size, self.pool.k.device)

@@ -1,4 +1,4 @@
-"""LLM: the front door (vLLM's shape). Loads a model, turns prompts into Sequences, runs prefill then decode."""
+"""LLM: the front door (vLLM's shape). Loads a model and runs prompts through the continuous-batching engine."""
 
 from __future__ import annotations
 
@@ -10,14 +10,11 @@ from pathlib import Path
 
 import torch
 
-from rooftop.engine import runner
-from rooftop.engine.detokenizer import IncrementalDetokenizer
-from rooftop.engine.kv_cache import KVCache
-from rooftop.engine.metrics import RequestMetrics
-from rooftop.engine.sampler import sample
+from rooftop.config import EngineConfig
+from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.sampling_params import SamplingParams
-from rooftop.engine.sequence import RequestOutput, Sequence
-from rooftop.errors import InvalidRequestError, PromptTooLongError
+from rooftop.engine.sequence import RequestOutput
+from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_model
 from rooftop.models.transformer import Transformer
 
@@ -47,30 +44,41 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 
 class LLM:
-    """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`."""
+    """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`.
+
+    Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
+    block_size, enable_prefix_caching, max_model_len.
+    """
 
     def __init__(
         self,
         model: str | Path | None = None,
         dtype: str | torch.dtype = "auto",
         device: str | torch.device = "cpu",
-        max_model_len: int | None = None,
+        **engine_options,
     ):
+        engine_config = EngineConfig(**engine_options)
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         loaded = load_model(model)
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        self.model = Transformer(loaded.config, loaded.weights, self.dtype, self.device)
-        self.max_model_len = min(max_model_len or self.config.max_position_embeddings, self.config.max_position_embeddings)
-        self.eos_token_ids = sorted(set(self.config.eos_token_ids) | set(self.tokenizer.eos_token_ids))
+        self.engine = LLMEngine(Transformer(loaded.config, loaded.weights, self.dtype, self.device), loaded.tokenizer, engine_config)
         self._request_ids = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def model(self) -> Transformer:
+        return self.engine.model
 
     def generate(
         self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None
     ) -> list[RequestOutput]:
-        """One output per prompt, in order. A prompt is text (used as is) or a list of token ids."""
+        """One output per prompt, in order; all prompts run concurrently. A prompt is text or token ids."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -78,11 +86,21 @@ class LLM:
         if len(params_list) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         arrival = time.perf_counter()
-        seqs = [self._make_sequence(p, sp, arrival) for p, sp in zip(prompts, params_list)]
-        for seq in seqs:
-            for _ in self._run(seq):
-                pass
-        return [seq.output() for seq in seqs]
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params_list):
+                ids.append(f"generate-{next(self._request_ids)}")
+                self.engine.add_request(ids[-1], prompt, p, arrival)
+        except InvalidRequestError:
+            for request_id in ids:
+                self.engine.abort(request_id)
+            raise
+        finished: dict[str, RequestOutput] = {}
+        while len(finished) < len(ids):
+            for delta in self.engine.step():
+                if delta.finished:
+                    finished[delta.request_id] = delta.output
+        return [finished[i] for i in ids]
 
     def chat(
         self, messages: Messages | list[Messages], sampling_params: SamplingParams | None = None
@@ -93,62 +111,17 @@ class LLM:
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         """Generate for one prompt, yielding each piece of text as soon as it is final."""
-        seq = self._make_sequence(prompt, sampling_params or SamplingParams(), time.perf_counter())
-        for delta in self._run(seq):
-            yield StreamChunk(delta, seq.output())
+        request_id = f"stream-{next(self._request_ids)}"
+        self.engine.add_request(request_id, prompt, sampling_params or SamplingParams())
+        try:
+            done = False
+            while not done:
+                for delta in self.engine.step():
+                    if delta.request_id == request_id:
+                        done = delta.finished
+                        yield StreamChunk(delta.text, delta.output)
+        finally:  # a consumer that stops early (Ctrl-C, a closed stream) frees the request's blocks
+            self.engine.abort(request_id)
 
     def apply_chat_template(self, messages: Messages) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-
-    def _make_sequence(self, prompt: Prompt, params: SamplingParams, arrival: float) -> Sequence:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("the prompt is empty")
-            ids, text = self.tokenizer.encode(prompt), prompt
-        else:
-            ids, text = list(prompt), None
-            if not ids:
-                raise InvalidRequestError("the prompt is empty")
-            bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
-            if bad:
-                raise InvalidRequestError(f"prompt token ids out of range [0, {self.config.vocab_size}): {bad[:5]}")
-        if len(ids) >= self.max_model_len:
-            raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens; the context holds {self.max_model_len}, "
-                "with room needed for at least one output token"
-            )
-        return Sequence(
-            request_id=str(next(self._request_ids)),
-            prompt=text,
-            prompt_token_ids=ids,
-            params=params,
-            detokenizer=IncrementalDetokenizer(self.tokenizer),
-            eos_token_ids=self.eos_token_ids,
-            max_model_len=self.max_model_len,
-            metrics=RequestMetrics(arrival_time=arrival, prompt_tokens=len(ids)),
-        )
-
-    def _run(self, seq: Sequence) -> Iterator[str]:
-        """Prefill the prompt, then decode token by token until the sequence finishes; yields text deltas."""
-        m, params = seq.metrics, seq.params
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        capacity = min(len(seq.prompt_token_ids) + params.max_tokens, self.max_model_len)
-        cache = KVCache(self.config, capacity, self.dtype, self.device)
-        m.first_scheduled_time = time.perf_counter()
-
-        logits, seconds = runner.prefill(self.model, seq.prompt_token_ids, cache)
-        token = sample(logits, params, seq.all_token_ids, generator)
-        now = time.perf_counter()
-        m.prefill_time += seconds
-        m.prefill_tokens += len(seq.prompt_token_ids)
-        yield seq.append_token(token, now)
-
-        while seq.finish_reason is None:
-            logits, seconds = runner.decode(self.model, token, seq.num_tokens - 1, cache)
-            token = sample(logits, params, seq.all_token_ids, generator)
-            now = time.perf_counter()
-            m.decode_time += seconds
-            m.decode_steps += 1
-            yield seq.append_token(token, now)

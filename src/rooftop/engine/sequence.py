@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+import torch
 
 from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.engine.metrics import RequestMetrics
@@ -26,8 +29,16 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
 @dataclass
 class Sequence:
+    """A request inside the engine: its tokens, how many have K/V in the cache, its blocks, its text."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -36,6 +47,11 @@ class Sequence:
     eos_token_ids: list[int]
     max_model_len: int
     metrics: RequestMetrics
+    arrival_index: int = 0  # first come, first served; the latest arrival is preempted first
+    generator: torch.Generator | None = None  # seeded sampling keeps its state across steps
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""  # decoded output, already cut at a stop string
     streamed: int = 0  # how much of `text` has been handed out as stream deltas
@@ -48,6 +64,10 @@ class Sequence:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
 
     def append_token(self, token_id: int, now: float) -> str:
         """Record a sampled token, update text and finish state; return the new text safe to stream."""

@@ -1,7 +1,7 @@
 """One decoder-only transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU) run on explicit weights.
 
-`forward` takes the new tokens of one sequence and a KV cache holding its earlier tokens: prefill passes the
-whole prompt with nothing cached, decode passes one token. Q/K/V and gate/up are fused into one matmul each.
+`forward_batch` runs the new tokens of many sequences as one flat batch: every matmul reads the weights once
+for all of them; only attention is per sequence, through the paged KV cache. Q/K/V and gate/up are fused.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from rooftop.config import ModelConfig, check_runnable
-from rooftop.engine.kv_cache import KVCache
+from rooftop.engine.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.errors import ModelLoadError
+from rooftop.models.attention import paged_attention
 from rooftop.models.rope import apply_rope, cos_sin_table
 
 
@@ -83,10 +84,15 @@ class Transformer:
         self.cos, self.sin = cos_sin_table(c, c.max_position_embeddings, dtype, self.device)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
-        """Hidden states (T, hidden) of T new tokens at positions start..start+T-1; their K/V go into `cache`."""
+        """One sequence: T new tokens at positions start..start+T-1 after `start` tokens already in `cache`."""
+        positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
+        return self.forward_batch(input_ids, positions, cache.pool, cache.metadata(start, input_ids.shape[0]))
+
+    def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states (T, hidden) of the step's T tokens (all sequences, flat); their K/V go into `pool`."""
         c = self.config
         T = input_ids.shape[0]
-        cos, sin = self.cos[start : start + T], self.sin[start : start + T]
+        cos, sin = self.cos[positions], self.sin[positions]
         x = F.embedding(input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
@@ -98,8 +104,7 @@ class Transformer:
             if layer.q_norm is not None:
                 q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            keys, values = cache.append(i, start, k, v)  # (start + T, kv_heads, head_dim)
-            attn = attention(q, keys, values, start)
+            attn = paged_attention(q, k, v, pool.k[i], pool.v[i], meta)
             x = x + F.linear(attn.reshape(T, c.q_size), layer.o, layer.o_bias)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
@@ -110,16 +115,3 @@ class Transformer:
         """Float32 logits (T, vocab) for the given hidden states (only the positions that need sampling)."""
         return F.linear(hidden, self.lm_head).float()
 
-
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """Causal attention of T new queries over start + T keys. q: (T, heads, hd) -> (T, heads, hd)."""
-    T, S = q.shape[0], keys.shape[0]
-    q, keys, values = q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1)
-    if T == 1:  # decode: the new token sees everything cached
-        out = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
-    elif start == 0:  # prefill from scratch
-        out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
-    else:  # new tokens after a cached prefix: token i sees keys 0..start+i
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=start)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-    return out.transpose(0, 1)

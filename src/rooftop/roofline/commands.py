@@ -81,13 +81,17 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Measure this machine's roofs (matmul FLOP/s, memory bandwidth) and cache them."""
-    from rooftop.roofline.probe import cache_path, load_or_run_probe
+    from rooftop.roofline.probe import STEPS, cache_path, load_or_run_probe
     from rooftop.roofline.report import si
 
     with user_errors():
         with Progress(console=err, transient=True) as progress:
-            task = progress.add_task("probing", total=None)
-            result = load_or_run_probe(device=device, force=force, on_step=lambda what: progress.update(task, description=what))
+            task = progress.add_task("probing", total=len(STEPS))
+
+            def on_step(what: str) -> None:
+                progress.update(task, description=what, completed=STEPS.index(what) if what in STEPS else None)
+
+            result = load_or_run_probe(device=device, force=force, on_step=on_step)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=2))
             return

@@ -30,11 +30,15 @@ def plot_roofline(pred: Prediction, path: str | Path) -> Path:
     ax.axvline(peak / bandwidth, color="gray", linestyle=":", linewidth=1)
     ax.annotate(f"ridge {peak / bandwidth:.3g} FLOP/B", (peak / bandwidth, peak), textcoords="offset points", xytext=(4, -14), fontsize=8)
     colors = {"prefill": "tab:orange", "decode": "tab:blue"}
-    for phase in colors:
+    for phase, step, dy in (("prefill", pred.prefill, 10), ("decode", pred.decode_first, -14)):
         chosen = [op for ph, op in points if ph == phase]
-        ax.scatter([op.intensity for op in chosen], [op.flops / op.time(hw) for op in chosen], color=colors[phase], label=phase, zorder=3)
-        for op in chosen:
-            ax.annotate(op.name, (op.intensity, op.flops / op.time(hw)), textcoords="offset points", xytext=(4, 3), fontsize=7, color=colors[phase])
+        color = colors[phase]
+        ax.scatter([op.intensity for op in chosen], [op.flops / op.time(hw) for op in chosen], color=color, label=f"{phase} ops", zorder=3)
+        for names, x, y in _clusters(chosen, hw):
+            ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(5, dy), fontsize=7, color=color)
+        attained = step.flops / step.time_s
+        ax.scatter([step.intensity], [attained], marker="*", s=220, color=color, edgecolor="black", zorder=4, label=f"{phase} step")
+    ax.set_xlim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
@@ -47,3 +51,14 @@ def plot_roofline(pred: Prediction, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _clusters(ops: list, hw) -> list[tuple[list[str], float, float]]:
+    """Ops within a factor 1.6 of intensity of each other share one label, so names do not overprint."""
+    groups: list[tuple[list[str], float, float]] = []
+    for op in sorted(ops, key=lambda o: o.intensity):
+        if groups and op.intensity / groups[-1][1] < 1.6:
+            groups[-1][0].append(op.name)
+        else:
+            groups.append(([op.name], op.intensity, op.flops / op.time(hw)))
+    return groups

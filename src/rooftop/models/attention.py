@@ -1,0 +1,47 @@
+"""Attention over the paged KV cache: prefill chunks one sequence at a time, all decodes in one batched call."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rooftop.engine.kv_cache import AttentionMetadata
+
+
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """Write the step's k, v (T, kv_heads, hd) into the pool, then attend. q: (T, heads, hd) -> (T, heads, hd)."""
+    k_pool.index_copy_(0, meta.slot_mapping, k)
+    v_pool.index_copy_(0, meta.slot_mapping, v)
+    if not meta.prefills:
+        return decode_attention(q, k_pool[meta.decode_slots], v_pool[meta.decode_slots], meta.decode_mask)
+    out = torch.empty_like(q)
+    for chunk in meta.prefills:
+        rows = slice(chunk.start, chunk.end)
+        out[rows] = prefill_attention(q[rows], k_pool[chunk.slots], v_pool[chunk.slots], chunk.cached)
+    if meta.decode_rows is not None:
+        out[meta.decode_rows] = decode_attention(
+            q[meta.decode_rows], k_pool[meta.decode_slots], v_pool[meta.decode_slots], meta.decode_mask
+        )
+    return out
+
+
+def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cached: int) -> torch.Tensor:
+    """n new queries over cached + n keys of one sequence, causal. q: (n, heads, hd); keys: (cached + n, kv_heads, hd)."""
+    n, S = q.shape[0], keys.shape[0]
+    q, keys, values = q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1)
+    if cached == 0:
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+    else:  # token i sees keys 0 .. cached + i
+        mask = torch.ones(n, S, dtype=torch.bool, device=q.device).tril(diagonal=cached)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per sequence over its (padded) cache. q: (B, heads, hd); keys: (B, S, kv_heads, hd); mask: (B, 1, 1, S)."""
+    out = F.scaled_dot_product_attention(
+        q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
+    )
+    return out[:, :, 0, :]

@@ -1,0 +1,366 @@
+"""`rooftop probe`: measure this machine's roofs (matmul FLOP/s per dtype, memory bandwidth) and cache them as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from rooftop.errors import InvalidRequestError
+from rooftop.roofline.hardware import GIGA, Hardware
+
+# The descriptions passed to `on_step`, in order, one per measurement; a progress bar's total is their count.
+STEPS = (
+    "fp32 matmul",
+    "bf16 matmul",
+    "int8 weight-only matmul",
+    "int4 weight-only matmul",
+    "copy bandwidth",
+    "read bandwidth",
+)
+INT4_GROUP_SIZE = 32
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Sizes and repetitions of one probe. Ladders climb while the next size's calls would take under `cap_s` each."""
+
+    matmul_sizes: tuple[int, ...]
+    weight_only_rows: tuple[int, ...]  # M, the activation rows, of M x K @ (N x K)^T
+    weight_only_k: int
+    weight_only_n: int
+    copy_bytes: int
+    read_bytes: int
+    reps: int
+    cap_s: float
+    min_rep_s: float  # short calls are looped within one timed repetition so the clock's resolution does not matter
+
+
+_PLANS = {
+    "cpu": _Plan((256, 512, 1024, 2048, 4096), (16, 64, 256), 4096, 4096, 512 * MIB, 1024 * MIB, 5, 1.0, 0.02),
+    "cuda": _Plan((1024, 2048, 4096, 8192), (16, 64, 256), 4096, 4096, 1024 * MIB, 2048 * MIB, 7, 1.0, 0.02),
+}
+# Quick sizes stay large enough that a fixed per-call cost (milliseconds on an oversubscribed VM) does not dominate.
+_QUICK = _Plan((256, 512), (16,), 512, 512, 32 * MIB, 64 * MIB, 3, 0.15, 0.005)
+
+
+@dataclass
+class ProbeResult:
+    """Measured roofs (medians of repeated runs after warm-up) and what they were measured on."""
+
+    device: str
+    device_name: str  # the CPU model, or the GPU's name on CUDA
+    cpu_model: str
+    cpu_signature: str  # family/model and the SIMD level torch dispatches to: hosts share names like "AMD EPYC"
+    cpu_count: int
+    torch_threads: int
+    torch_version: str
+    cuda_device: str | None
+    memory_bytes: int
+    fp32_flops: float
+    bf16_flops: float
+    int8_weight_only_flops: float | None
+    int4_weight_only_flops: float | None
+    copy_bandwidth: float  # bytes read + bytes written, per second
+    read_bandwidth: float  # bytes read per second
+    date: str
+    duration_s: float
+    quick: bool
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def to_hardware(self) -> Hardware:
+        """A `Hardware` with the measured roofs; decode streams weights, so the memory roof is the read bandwidth."""
+        threads = f", {self.torch_threads} threads" if self.device == "cpu" else ""
+        notes = dict(self.notes)
+        # The weight-only kernels dequantize and multiply in bf16: their rates are notes, never an "int8" peak.
+        for key, value, unit in (
+            ("int8_weight_only", self.int8_weight_only_flops, "GFLOP/s"),
+            ("int4_weight_only", self.int4_weight_only_flops, "GFLOP/s"),
+            ("copy_bandwidth", self.copy_bandwidth, "GB/s"),
+        ):
+            if value is not None:
+                notes[key] = "; ".join(filter(None, (f"{value / GIGA:.1f} {unit}", self.notes.get(key))))
+        return Hardware(
+            name=f"this machine ({self.device_name}{threads})",
+            peak_flops={"fp32": self.fp32_flops, "bf16": self.bf16_flops},
+            memory_bandwidth=self.read_bandwidth,
+            memory_bytes=self.memory_bytes,
+            source=f"rooftop probe {self.date}",
+            notes=notes,
+        )
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        for name, key in _SI_KEYS.items():
+            data[key] = data.pop(name)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ProbeResult:
+        """The inverse of `to_dict`; raises KeyError, TypeError or ValueError on a malformed dict."""
+        values = {name: data[_SI_KEYS.get(name, name)] for name in cls.__dataclass_fields__}
+        for name in ("fp32_flops", "bf16_flops", "copy_bandwidth", "read_bandwidth", "duration_s"):
+            values[name] = float(values[name])
+        for name in ("int8_weight_only_flops", "int4_weight_only_flops"):
+            values[name] = None if values[name] is None else float(values[name])
+        for name in ("cpu_count", "torch_threads", "memory_bytes"):
+            values[name] = int(values[name])
+        if not isinstance(values["notes"], dict):
+            raise TypeError(f"notes must be a dict, got {type(values['notes']).__name__}")
+        return cls(**values)
+
+
+_SI_KEYS = {
+    "fp32_flops": "fp32_matmul_flops_per_s",
+    "bf16_flops": "bf16_matmul_flops_per_s",
+    "int8_weight_only_flops": "int8_weight_only_matmul_flops_per_s",
+    "int4_weight_only_flops": "int4_weight_only_matmul_flops_per_s",
+    "copy_bandwidth": "copy_bandwidth_bytes_per_s",
+    "read_bandwidth": "read_bandwidth_bytes_per_s",
+}
+
+
+def run_probe(device: str = "cpu", quick: bool = False, on_step: Callable[[str], None] | None = None) -> ProbeResult:
+    """Measure every roof of `device` ("cpu" or "cuda[:i]"); `quick` uses tiny sizes (about a second, for tests)."""
+    device = _checked_device(device)
+    plan = _QUICK if quick else _PLANS[torch.device(device).type]
+    step = on_step or (lambda description: None)
+    start = time.perf_counter()
+    notes: dict[str, str] = {}
+    identity = _identity(device)
+
+    step(STEPS[0])
+    fp32, notes["fp32_matmul"] = _matmul_flops(torch.float32, device, plan)
+    if device != "cpu" and torch.backends.cuda.matmul.allow_tf32:
+        notes["fp32_matmul"] += "; TF32 was allowed, so this is a TF32 rate"
+    step(STEPS[1])
+    bf16, notes["bf16_matmul"] = _matmul_flops(torch.bfloat16, device, plan)
+    step(STEPS[2])
+    int8, notes["int8_weight_only"] = _weight_only_flops("int8", device, plan)
+    step(STEPS[3])
+    int4, notes["int4_weight_only"] = _weight_only_flops("int4", device, plan)
+    step(STEPS[4])
+    copy = _copy_bandwidth(device, plan)
+    notes["copy_bandwidth"] = f"copy of {plan.copy_bytes // MIB} MiB, read + write bytes counted"
+    step(STEPS[5])
+    read = _read_bandwidth(device, plan)
+    notes["read_bandwidth"] = f"sum of {plan.read_bytes // MIB} MiB of float32"
+
+    memory = _total_ram_bytes() if device == "cpu" else torch.cuda.get_device_properties(device).total_memory
+    return ProbeResult(
+        **identity,
+        memory_bytes=memory,
+        fp32_flops=fp32,
+        bf16_flops=bf16,
+        int8_weight_only_flops=int8,
+        int4_weight_only_flops=int4,
+        copy_bandwidth=copy,
+        read_bandwidth=read,
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        duration_s=time.perf_counter() - start,
+        quick=quick,
+        notes=notes,
+    )
+
+
+def cache_path(device: str = "cpu") -> Path:
+    """`$ROOFTOP_CACHE_DIR/probe-<device>.json`, else under `$XDG_CACHE_HOME/rooftop`, else `~/.cache/rooftop`."""
+    if os.environ.get("ROOFTOP_CACHE_DIR"):
+        directory = Path(os.environ["ROOFTOP_CACHE_DIR"])
+    elif os.environ.get("XDG_CACHE_HOME"):
+        directory = Path(os.environ["XDG_CACHE_HOME"]) / "rooftop"
+    else:
+        directory = Path.home() / ".cache" / "rooftop"
+    return directory / f"probe-{device.replace(':', '-')}.json"
+
+
+def load_or_run_probe(
+    device: str = "cpu", force: bool = False, quick: bool = False, on_step: Callable[[str], None] | None = None
+) -> ProbeResult:
+    """The cached probe of `device` if measured here, with this torch, at least as thoroughly; else measure anew."""
+    device = _checked_device(device)
+    path = cache_path(device)
+    if not force:
+        cached = _read_cache(path)
+        if cached is not None and _matches(cached, _identity(device)) and (quick or not cached.quick):
+            return cached
+    result = run_probe(device, quick=quick, on_step=on_step)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as error:
+        result.notes["cache"] = f"not written to {path}: {error}"
+    return result
+
+
+def _read_cache(path: Path) -> ProbeResult | None:
+    try:
+        return ProbeResult.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _matches(cached: ProbeResult, identity: dict) -> bool:
+    return all(getattr(cached, name) == value for name, value in identity.items())
+
+
+def _checked_device(device: str) -> str:
+    """"cpu", "cuda" or "cuda:<i>"; anything else, or CUDA where torch sees none, is refused."""
+    parsed = torch.device(device)
+    if parsed.type not in ("cpu", "cuda"):
+        raise InvalidRequestError(f"rooftop probe measures cpu or cuda, not {device}")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequestError(f"cannot probe {device}: torch {torch.__version__} sees no CUDA device")
+    return "cpu" if parsed.type == "cpu" else str(parsed)
+
+
+def _identity(device: str) -> dict:
+    """What the roofs depend on besides the hardware's mood: a cached probe is reused only if all of it is unchanged."""
+    cpu_model, cpu_signature = _cpu_description()
+    cuda_device = torch.cuda.get_device_name(device if device != "cpu" else None) if torch.cuda.is_available() else None
+    return {
+        "device": device,
+        "device_name": cpu_model if device == "cpu" else cuda_device,
+        "cpu_model": cpu_model,
+        "cpu_signature": cpu_signature,
+        "cpu_count": os.cpu_count() or 1,
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "cuda_device": cuda_device,
+    }
+
+
+def _cpu_description() -> tuple[str, str]:
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    model = info.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    parts = [f"family {info['cpu family']} model {info['model']}"] if "cpu family" in info and "model" in info else []
+    parts.append(torch.backends.cpu.get_cpu_capability())
+    return model, ", ".join(parts)
+
+
+def _total_ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def _median_seconds(call: Callable[[], object], device: str, plan: _Plan) -> float:
+    """Median seconds per call over `plan.reps` timed repetitions, after two untimed warm-up calls."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device != "cpu" else (lambda: None)
+    call()
+    sync()
+    start = time.perf_counter()
+    call()
+    sync()
+    number = max(1, round(plan.min_rep_s / max(time.perf_counter() - start, 1e-9)))
+    times = []
+    for _ in range(plan.reps):
+        sync()
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        sync()
+        times.append((time.perf_counter() - start) / number)
+    return statistics.median(times)
+
+
+def _best_on_ladder(
+    sizes: tuple[int, ...], work: Callable[[int], float], measure: Callable[[int], float], cap_s: float
+) -> tuple[float, int]:
+    """The best rate (work per second) over `sizes`, ascending; stops before a size whose calls would exceed `cap_s`."""
+    best, best_size = 0.0, sizes[0]
+    points: list[tuple[float, float]] = []  # (work, seconds) of each size measured
+    for size in sizes:
+        if points and _predict_seconds(points, work(size)) > cap_s:
+            break
+        seconds = measure(size)
+        points.append((work(size), seconds))
+        if work(size) / seconds > best:
+            best, best_size = work(size) / seconds, size
+    return best, best_size
+
+
+def _predict_seconds(points: list[tuple[float, float]], work: float) -> float:
+    """Seconds a call of `work` would take: by the marginal cost between the last two sizes, so a fixed per-call cost
+    (a thread wake-up, a kernel launch) does not stop the climb early; by proportion from one size."""
+    w1, t1 = points[-1]
+    if len(points) > 1:
+        w0, t0 = points[-2]
+        if t1 > t0:
+            return t1 + (t1 - t0) / (w1 - w0) * (work - w1)
+    return t1 * work / w1
+
+
+def _matmul_flops(dtype: torch.dtype, device: str, plan: _Plan) -> tuple[float, str]:
+    def measure(n: int) -> float:
+        a = torch.randn(n, n, dtype=dtype, device=device)
+        b = torch.randn(n, n, dtype=dtype, device=device)
+        return _median_seconds(lambda: torch.mm(a, b), device, plan)
+
+    flops, n = _best_on_ladder(plan.matmul_sizes, lambda n: 2.0 * n**3, measure, plan.cap_s)
+    return flops, f"{n}x{n} @ {n}x{n}, the best of the sizes tried"
+
+
+def _weight_only_flops(kind: str, device: str, plan: _Plan) -> tuple[float | None, str]:
+    if device != "cpu":
+        return None, "skipped: the int8/int4 weight-only kernels measured here are CPU kernels"
+    k, n = plan.weight_only_k, plan.weight_only_n
+    try:
+        if kind == "int8":
+            weight = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+            scales = torch.rand(n, dtype=torch.bfloat16)
+
+            def call(x):
+                return torch._weight_int8pack_mm(x, weight, scales)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                torch.randint(0, 16, (n, k), dtype=torch.int32), 2
+            )
+            scales_and_zeros = torch.rand(k // INT4_GROUP_SIZE, n, 2, dtype=torch.bfloat16)
+
+            def call(x):
+                return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, INT4_GROUP_SIZE, scales_and_zeros)
+
+        def measure(m: int) -> float:
+            x = torch.randn(m, k, dtype=torch.bfloat16)
+            return _median_seconds(lambda: call(x), device, plan)
+
+        flops, m = _best_on_ladder(plan.weight_only_rows, lambda m: 2.0 * m * k * n, measure, plan.cap_s)
+    except (AttributeError, RuntimeError, NotImplementedError) as error:
+        # Builds differ: the op may be absent (AttributeError) or refuse this CPU or dtype (RuntimeError).
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return None, f"unavailable in torch {torch.__version__}: {reason}"
+    group = f", group size {INT4_GROUP_SIZE}" if kind == "int4" else ""
+    return flops, f"bf16 activations, M={m} K={k} N={n}{group}; computes in bf16, so not an {kind} compute peak"
+
+
+def _copy_bandwidth(device: str, plan: _Plan) -> float:
+    source = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    target = torch.empty_like(source)
+    seconds = _median_seconds(lambda: target.copy_(source), device, plan)
+    return 2 * source.nbytes / seconds
+
+
+def _read_bandwidth(device: str, plan: _Plan) -> float:
+    # fill_ touches every page: an untouched allocation reads back the kernel's shared zero page, from cache.
+    data = torch.empty(plan.read_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    seconds = _median_seconds(lambda: data.sum(), device, plan)
+    return data.nbytes / seconds

@@ -1,0 +1,118 @@
+"""Continuous batching: batched greedy == alone (also with preemption, chunking, prefix hits), the engine API."""
+
+import pytest
+
+from rooftop import InvalidRequestError, SamplingParams
+from rooftop.config import EngineConfig
+from rooftop.engine.llm_engine import LLMEngine
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+PROMPTS = [
+    "The capital of France is",
+    "1, 2, 3, 4,",
+    "Once upon a time, in a land far away, there lived a",
+    "def fibonacci(n):",
+    "The three primary colours are",
+    "Water boils at",
+    "A haiku about the sea:",
+    "Translate to French: good morning, my friend. How are you today? I hope the weather is fine where you are.",
+    "Q: What is 12 times 12?\nA:",
+    "The quick brown fox",
+    "In machine learning, a transformer is a neural network architecture that",
+    "List of planets:",
+    "My favourite food is",
+    "import numpy as np\nx = np.arange(10)\nprint(",
+    "The largest ocean on Earth is the",
+    "Roses are red, violets are blue,",
+]
+
+
+def engine(llm, **options):
+    return LLMEngine(llm.model, llm.tokenizer, EngineConfig(**options))
+
+
+def run_all(eng, prompts, params=GREEDY, check=None):
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, params)
+    outputs = {}
+    while eng.has_unfinished():
+        for d in eng.step():
+            if d.finished:
+                outputs[d.request_id] = d.output
+        if check:
+            check(eng)
+    return [outputs[str(i)] for i in range(len(prompts))]
+
+
+def assert_blocks_consistent(eng):
+    """Every block's reference count equals the number of live block tables holding it."""
+    holders = {}
+    for seq in eng.requests.values():
+        for b in seq.block_table:
+            holders[b] = holders.get(b, 0) + 1
+    for block in eng.blocks.blocks:
+        assert block.ref_count == holders.get(block.id, 0), block
+
+
+def assert_all_released(eng):
+    assert all(b.ref_count == 0 for b in eng.blocks.blocks)
+    assert eng.blocks.num_free == eng.blocks.num_blocks
+    assert len(eng.blocks.free_ids) + len(eng.blocks.evictable) == eng.blocks.num_blocks
+    assert len(set(eng.blocks.free_ids) | set(eng.blocks.evictable)) == eng.blocks.num_blocks
+
+
+@pytest.fixture(scope="module")
+def alone(bundled_llm):
+    outs = []
+    for p in PROMPTS:
+        outs.append(run_all(engine(bundled_llm, enable_prefix_caching=False), [p])[0].token_ids)
+    return outs
+
+
+@pytest.mark.slow
+def test_batched_equals_alone(bundled_llm, alone):
+    eng = engine(bundled_llm)
+    outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
+    assert [o.token_ids for o in outs] == alone
+    assert max(r.shape.num_seqs for r in eng.step_records) == 16
+    assert any(r.phase == "decode" and r.shape.num_seqs > 8 for r in eng.step_records)
+    assert_all_released(eng)
+
+
+@pytest.mark.slow
+def test_preemption_keeps_outputs(bundled_llm, alone):
+    eng = engine(bundled_llm, num_kv_blocks=12, block_size=4)  # 48 tokens for 16 requests of ~15-40
+    outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
+    assert eng.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == alone
+    assert_all_released(eng)
+
+
+@pytest.mark.slow
+def test_chunked_prefill_keeps_outputs(bundled_llm, alone):
+    eng = engine(bundled_llm, max_num_batched_tokens=7)
+    outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
+    assert [o.token_ids for o in outs] == alone
+    assert all(r.shape.tokens <= 7 for r in eng.step_records)
+    assert any(s.new > 1 and s.cached > 0 for r in eng.step_records for s in r.shape.seqs)  # a later chunk
+    assert any(r.phase == "mixed" for r in eng.step_records)  # chunks and decodes in one step
+    assert_all_released(eng)
+
+
+@pytest.mark.slow
+def test_shared_system_prompt_hits_the_prefix_cache(bundled_llm):
+    system = "You are a careful assistant. " * 12  # about 70 tokens: several full blocks
+    prompts = [
+        bundled_llm.tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}])
+        for q in ("Name a fruit.", "Name a colour.", "Name a city.", "Name a river.")
+    ]
+    expected = [run_all(engine(bundled_llm, enable_prefix_caching=False), [p])[0].token_ids for p in prompts]
+    eng = engine(bundled_llm)
+    first = run_all(eng, prompts[:1])
+    assert eng.blocks.prefix_hits == 0
+    rest = run_all(eng, prompts[1:], check=assert_blocks_consistent)
+    assert eng.blocks.prefix_hits >= 4 * 16 * 3  # each later prompt found the system prompt's blocks
+    assert [o.token_ids for o in first + rest] == expected
+    hit_steps = [s for r in eng.step_records for s in r.shape.seqs if s.cached > 0 and s.new > 1]
+    assert hit_steps, "prefills that start after cached blocks"
+    assert_all_released(eng)

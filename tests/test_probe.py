@@ -1,0 +1,163 @@
+"""`rooftop probe`: one quick measurement of this machine, then its cache (hits, forced and invalid re-measures)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from rooftop.errors import InvalidRequestError
+from rooftop.roofline import probe
+
+
+@pytest.fixture(scope="module")
+def measured():
+    steps: list[str] = []
+    return probe.run_probe(quick=True, on_step=steps.append), steps
+
+
+@pytest.fixture
+def result(measured) -> probe.ProbeResult:
+    return measured[0]
+
+
+@pytest.fixture
+def runs(monkeypatch, tmp_path, result) -> list[bool]:
+    """A tmp cache dir and a stand-in for `run_probe` that counts calls and stamps each result with its number."""
+    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
+    calls: list[bool] = []
+
+    def run_probe(device="cpu", quick=False, on_step=None):
+        calls.append(quick)
+        return dataclasses.replace(result, date=f"run {len(calls)}", quick=quick, notes=dict(result.notes))
+
+    monkeypatch.setattr(probe, "run_probe", run_probe)
+    return calls
+
+
+def test_measured_roofs_are_plausible(measured):
+    result, steps = measured
+    assert steps == list(probe.STEPS)
+    assert 1e9 <= result.fp32_flops <= 1e16
+    # A CPU without bf16 units runs a bf16 matmul through a slow fallback: far below fp32, still positive.
+    assert 1e7 <= result.bf16_flops <= 1e16
+    for name in ("int8_weight_only", "int4_weight_only"):
+        value = getattr(result, f"{name}_flops")
+        assert value is None or 1e6 <= value <= 1e16, name
+        assert result.notes[name]
+    assert 1e9 <= result.copy_bandwidth <= 1e14
+    assert 1e9 <= result.read_bandwidth <= 1e14
+    assert result.memory_bytes > 1e8
+    assert result.cpu_count >= 1 and result.torch_threads >= 1
+    assert result.torch_version == torch.__version__
+    assert result.quick and result.device == "cpu" and result.date
+
+
+def test_cache_is_written_then_reused_without_measuring(runs, monkeypatch):
+    first = probe.load_or_run_probe(quick=True)
+    path = probe.cache_path("cpu")
+    assert runs == [True] and path.is_file()
+    assert json.loads(path.read_text())["read_bandwidth_bytes_per_s"] == first.read_bandwidth
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again instead of reading the cache")
+
+    monkeypatch.setattr(probe, "run_probe", no_measuring)
+    assert probe.load_or_run_probe(quick=True) == first
+    assert probe.load_or_run_probe(quick=True).date == "run 1"
+
+
+def test_force_measures_again_and_rewrites(runs):
+    probe.load_or_run_probe(quick=True)
+    forced = probe.load_or_run_probe(quick=True, force=True)
+    assert runs == [True, True] and forced.date == "run 2"
+    assert probe.load_or_run_probe(quick=True).date == "run 2"
+
+
+def test_cpu_spellings_share_one_cache(runs):
+    probe.load_or_run_probe("cpu:0", quick=True)
+    assert probe.cache_path("cpu").is_file()
+    assert probe.load_or_run_probe("cpu", quick=True).date == "run 1"
+
+
+def test_a_quick_cache_does_not_answer_a_full_probe(runs):
+    probe.load_or_run_probe(quick=True)
+    assert probe.load_or_run_probe(quick=False).date == "run 2"
+    assert probe.load_or_run_probe(quick=True).date == "run 2"  # a full result serves a quick request
+    assert runs == [True, False]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "{not json", "[]", '{"fp32_matmul_flops_per_s": 1e9}', '"a string"'],
+    ids=["empty", "not-json", "list", "missing-keys", "string"],
+)
+def test_a_corrupt_cache_is_measured_again(runs, text):
+    path = probe.cache_path("cpu")
+    path.write_text(text)
+    assert probe.load_or_run_probe(quick=True).date == "run 1"
+    assert probe.ProbeResult.from_dict(json.loads(path.read_text())).date == "run 1"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("torch_version", "1.0.0"), ("cpu_signature", "family 25 model 17, AVX512"), ("fp32_matmul_flops_per_s", "fast")],
+)
+def test_a_cache_from_elsewhere_or_malformed_is_measured_again(runs, result, key, value):
+    data = result.to_dict() | {key: value}
+    probe.cache_path("cpu").write_text(json.dumps(data))
+    assert probe.load_or_run_probe(quick=True).date == "run 1"
+
+
+def test_dict_round_trip_with_si_keys(result):
+    data = json.loads(json.dumps(result.to_dict()))
+    for key in ("fp32_matmul_flops_per_s", "bf16_matmul_flops_per_s", "copy_bandwidth_bytes_per_s"):
+        assert data[key] > 0
+    assert data["read_bandwidth_bytes_per_s"] == result.read_bandwidth and data["memory_bytes"] == result.memory_bytes
+    assert probe.ProbeResult.from_dict(data) == result
+
+
+def test_to_hardware_carries_the_roofs(result):
+    hardware = result.to_hardware()
+    assert hardware.peak("bf16") == result.bf16_flops
+    assert hardware.peak("fp32") == result.fp32_flops
+    assert hardware.memory_bandwidth == result.read_bandwidth
+    assert hardware.memory_bytes == result.memory_bytes
+    assert "int8" not in hardware.peak_flops  # the weight-only kernels compute in bf16
+    if result.int8_weight_only_flops is not None:
+        assert "GFLOP/s" in hardware.notes["int8_weight_only"]
+    assert hardware.name.startswith("this machine (") and f"{result.torch_threads} threads" in hardware.name
+    assert hardware.source == f"rooftop probe {result.date}"
+
+
+def test_cache_path_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ROOFTOP_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert probe.cache_path("cpu") == tmp_path / "home" / ".cache" / "rooftop" / "probe-cpu.json"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert probe.cache_path("cuda:1") == tmp_path / "xdg" / "rooftop" / "probe-cuda-1.json"
+    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path / "mine"))
+    assert probe.cache_path("cpu") == tmp_path / "mine" / "probe-cpu.json"
+
+
+def test_ladder_stops_before_a_size_that_would_take_too_long():
+    measured_sizes = []
+
+    def measure(size):
+        measured_sizes.append(size)
+        return 0.01 + size * 1e-3  # a fixed cost per call does not stop the climb, the marginal cost does
+
+    rate, size = probe._best_on_ladder((1, 8, 64, 512), float, measure, cap_s=0.2)
+    assert measured_sizes == [1, 8, 64] and size == 64
+    assert rate == pytest.approx(64 / (0.01 + 0.064))
+
+
+def test_unsupported_devices_are_refused():
+    with pytest.raises(InvalidRequestError):
+        probe.run_probe("meta", quick=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidRequestError, match="no CUDA device"):
+            probe.run_probe("cuda", quick=True)

@@ -1,0 +1,81 @@
+"""Scheduler and block pool invariants under random arrivals, lengths and aborts (hypothesis), without a model."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rooftop import SamplingParams
+from rooftop.config import EngineConfig
+from rooftop.engine.block_manager import BlockManager
+from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.scheduler import Scheduler
+from rooftop.engine.sequence import Sequence, Status
+
+REQUEST = st.tuples(
+    st.integers(1, 40),  # prompt tokens
+    st.integers(1, 12),  # output tokens before it stops
+    st.integers(0, 3),  # which of 4 shared prefixes it starts with
+    st.integers(0, 30),  # step at which it arrives
+    st.one_of(st.none(), st.integers(0, 40)),  # step at which it is aborted, if ever
+)
+
+
+def make_seq(i, prompt_len, prefix):
+    ids = [1000 + prefix] * 16 + [i] * max(0, prompt_len - 16) if prompt_len > 16 else [1000 + prefix] * prompt_len
+    return Sequence(
+        request_id=str(i), prompt=None, prompt_token_ids=ids, params=SamplingParams(max_tokens=12), detokenizer=None,
+        eos_token_ids=[], max_model_len=10_000, metrics=RequestMetrics(0.0),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(REQUEST, min_size=1, max_size=24),
+    st.integers(13, 40),  # blocks of 4 tokens: room for one 52-token request at least
+    st.integers(1, 64),  # token budget
+    st.integers(1, 8),  # max_num_seqs
+    st.booleans(),
+)
+def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_caching):
+    config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, block_size=4)
+    blocks = BlockManager(num_blocks, 4, prefix_caching)
+    sched = Scheduler(config, blocks)
+    seqs = [make_seq(i, p, prefix) for i, (p, _, prefix, _, _) in enumerate(requests)]
+    wanted = {s.request_id: out for s, (_, out, _, _, _) in zip(seqs, requests)}
+    done: set[str] = set()
+    arrivals = 0
+    for step in range(2000):
+        for seq, (_, _, _, arrive, abort) in zip(seqs, requests):
+            if arrive == step:
+                seq.arrival_index, arrivals = arrivals, arrivals + 1  # as LLMEngine.add_request numbers them
+                sched.add(seq)
+            if abort == step and seq.request_id not in done and seq.status is not Status.FINISHED and (seq in sched.running or seq in sched.waiting):
+                sched.finish(seq)
+                done.add(seq.request_id)
+        if not sched.has_unfinished() and step > 30:
+            break
+        batch = sched.schedule()
+        assert sum(s.num_new for s in batch) <= budget
+        assert len({id(s.seq) for s in batch}) == len(batch)
+        assert len(sched.running) <= max_seqs
+        holders = {}
+        for s in sched.running:
+            for b in s.block_table:
+                holders[b] = holders.get(b, 0) + 1
+        for block in blocks.blocks:
+            assert block.ref_count == holders.get(block.id, 0)  # nobody touches another's blocks uncounted
+        for s in batch:
+            assert s.seq.status is Status.RUNNING
+            assert len(s.seq.block_table) * 4 >= s.cached + s.num_new
+            s.seq.num_computed_tokens += s.num_new
+            blocks.cache_full_blocks(s.seq.block_table, s.seq.all_token_ids, s.seq.num_computed_tokens)
+            if s.samples:
+                s.seq.output_token_ids.append(7)
+                if len(s.seq.output_token_ids) >= wanted[s.seq.request_id]:
+                    sched.finish(s.seq)
+                    done.add(s.seq.request_id)
+        # first come, first served: the waiting queue stays in arrival order
+        queue = [s.arrival_index for s in sched.waiting]
+        assert queue == sorted(queue)
+    assert not sched.has_unfinished(), "every request finishes: no deadlock"
+    assert all(b.ref_count == 0 for b in blocks.blocks)
+    assert blocks.num_free == num_blocks
