@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +12,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from gguf_factory import write_tiny_gguf  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def probe_cache(tmp_path_factory) -> Path:
+    """Measured roofs for every test (and the CLI subprocesses it starts): a quick probe of this machine,
+    cached where rooftop looks, so that attribution never spends a full probe's seconds inside the suite."""
+    from rooftop.roofline.probe import cache_path, run_probe
+
+    os.environ["ROOFTOP_CACHE_DIR"] = str(tmp_path_factory.mktemp("rooftop-cache"))
+    data = run_probe(quick=True).to_dict()
+    data["quick"] = False  # let it answer the full requests the CLI makes
+    cache_path().write_text(json.dumps(data))
+    return cache_path()
 
 
 @pytest.fixture(scope="session")

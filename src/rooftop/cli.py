@@ -15,6 +15,7 @@ from rooftop.engine.metrics import RequestMetrics
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.console import err, user_errors
 from rooftop.errors import RooftopError
+from rooftop.bench import commands as bench_commands
 from rooftop.roofline import commands as roofline_commands
 
 app = typer.Typer(
@@ -80,6 +81,22 @@ def print_report(m: RequestMetrics, finish_reason: str | None) -> None:
     err.print(table)
 
 
+def print_phase_report(llm: LLM, since: float) -> None:
+    """Attribute the steps run since `since` against this machine's measured roofs (probing once if needed)."""
+    from rooftop.roofline.attribution import attribute_phases, attribute_step, engine_precision, gap_sentence
+    from rooftop.roofline.probe import load_or_run_probe
+    from rooftop.roofline.report import phase_table
+
+    records = [r for r in llm.engine.step_records if r.finished_at >= since]
+    with err.status("measuring this machine's roofs (once; cached)..."):
+        hw = load_or_run_probe().to_hardware()
+    p = engine_precision(llm.dtype)
+    steps = [attribute_step(llm.config, p, r.shape, r.seconds, hw) for r in records]
+    phases = attribute_phases(steps, hw, p.compute)
+    err.print(phase_table(phases))
+    err.print(gap_sentence(phases))
+
+
 def stream_to_stdout(llm: LLM, prompt: str, params: SamplingParams) -> tuple[str, RequestMetrics, str | None]:
     output = None
     for chunk in llm.stream(prompt, params):
@@ -103,6 +120,7 @@ def generate(
     seed: SeedOpt = None,
     stop: StopOpt = None,
     raw: Annotated[bool, typer.Option("--raw", help="send the prompt as is, without the chat template")] = False,
+    roofline: Annotated[bool, typer.Option(help="attribute prefill and decode against this machine's measured roofs")] = True,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "cpu",
     max_num_seqs: MaxSeqsOpt = 64,
@@ -126,8 +144,11 @@ def generate(
         if not prompt:
             raise RooftopError("the prompt is empty")
         text = prompt if raw or not llm.tokenizer.chat_template else llm.apply_chat_template([{"role": "user", "content": prompt}])
+        started = time.perf_counter()
         _, metrics, finish_reason = stream_to_stdout(llm, text, params)
         print_report(metrics, finish_reason)
+        if roofline:
+            print_phase_report(llm, started)
 
 
 @app.command()
@@ -196,6 +217,7 @@ def chat(
             print_report(metrics, finish_reason)
 
 
+app.command("bench")(bench_commands.bench)
 app.command("roofline")(roofline_commands.roofline)
 app.command("probe")(roofline_commands.probe)
 app.command("explain")(roofline_commands.explain)

@@ -22,6 +22,7 @@ class Block:
     id: int
     ref_count: int = 0
     hash: BlockHash | None = None  # set once the block is full and its KV is computed
+    tokens: tuple[int, ...] = ()  # what it holds, checked on a hit so a hash collision can never serve wrong K/V
 
 
 class BlockManager:
@@ -56,9 +57,10 @@ class BlockManager:
             return []
         found, parent = [], None
         for start in range(0, len(token_ids) - 1 - (len(token_ids) - 1) % self.block_size, self.block_size):
-            parent = block_hash(parent, tuple(token_ids[start : start + self.block_size]))
+            tokens = tuple(token_ids[start : start + self.block_size])
+            parent = block_hash(parent, tokens)
             block_id = self.cached.get(parent)
-            if block_id is None:
+            if block_id is None or self.blocks[block_id].tokens != tokens:
                 break
             found.append(block_id)
         return found
@@ -97,11 +99,12 @@ class BlockManager:
         parent = None
         for i in range(num_computed // self.block_size):
             block = self.blocks[table[i]]
-            parent = block_hash(parent, tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]))
+            tokens = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            parent = block_hash(parent, tokens)
             if block.hash is None:
                 if parent in self.cached:  # the same content already cached elsewhere: keep the first
                     continue
-                block.hash = parent
+                block.hash, block.tokens = parent, tokens
                 self.cached[parent] = block.id
 
     def free(self, table: list[int]) -> None:
@@ -130,6 +133,6 @@ class BlockManager:
             b, _ = self.evictable.popitem(last=False)
             block = self.blocks[b]
             del self.cached[block.hash]
-            block.hash = None
+            block.hash, block.tokens = None, ()
         self.blocks[b].ref_count = 1
         return b

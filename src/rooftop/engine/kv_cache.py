@@ -50,8 +50,9 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # (B, 1, 1, S) True where a slot is a real token
 
 
-def slots_of(table: list[int], start: int, end: int, block_size: int) -> list[int]:
-    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+def slots_of(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Pool slots of token positions, through a block table (or a batch of padded tables, one per row)."""
+    return table.gather(-1, positions // block_size) * block_size + positions % block_size
 
 
 def build_metadata(
@@ -59,27 +60,32 @@ def build_metadata(
 ) -> AttentionMetadata:
     """Metadata for a step over sequences given as (block table, cached tokens, new tokens), in row order.
 
-    A sequence with one new token and a non-empty cache is a decode; anything else a prefill (chunk).
+    A sequence with one new token and a non-empty cache takes the batched decode path; anything else is a
+    prefill (chunk) attended one sequence at a time.
     """
-    slot_mapping, prefills, decode_rows, decode_slots = [], [], [], []
+    tables = [torch.tensor(table, dtype=torch.long) for table, _, _ in seqs]
+    slot_mapping, prefills, decodes = [], [], []
     row = 0
-    for table, cached, new in seqs:
-        slot_mapping += slots_of(table, cached, cached + new, block_size)
+    for table, (_, cached, new) in zip(tables, seqs):
+        slot_mapping.append(slots_of(table, torch.arange(cached, cached + new), block_size))
         if new == 1 and cached > 0:
-            decode_rows.append(row)
-            decode_slots.append(slots_of(table, 0, cached + 1, block_size))
+            decodes.append((row, table, cached + 1))
         else:
-            slots = torch.tensor(slots_of(table, 0, cached + new, block_size), dtype=torch.long, device=device)
-            prefills.append(PrefillChunk(row, row + new, cached, slots))
+            slots = slots_of(table, torch.arange(cached + new), block_size)
+            prefills.append(PrefillChunk(row, row + new, cached, slots.to(device)))
         row += new
-    meta = AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device), prefills)
-    if decode_rows:
-        width = max(len(s) for s in decode_slots)
-        padded = [s + [0] * (width - len(s)) for s in decode_slots]
-        lengths = torch.tensor([len(s) for s in decode_slots], device=device)
-        meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long, device=device)
-        meta.decode_slots = torch.tensor(padded, dtype=torch.long, device=device)
-        meta.decode_mask = (torch.arange(width, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+    meta = AttentionMetadata(torch.cat(slot_mapping).to(device), prefills)
+    if decodes:
+        width = max(length for _, _, length in decodes)
+        padded = torch.nn.utils.rnn.pad_sequence([t for _, t, _ in decodes], batch_first=True)
+        positions = torch.arange(width).expand(len(decodes), width)
+        lengths = torch.tensor([length for _, _, length in decodes])
+        valid = positions < lengths[:, None]
+        # padding positions read slot 0 and are masked out
+        slots = torch.where(valid, slots_of(padded, positions.clamp(max=padded.shape[1] * block_size - 1), block_size), 0)
+        meta.decode_rows = torch.tensor([r for r, _, _ in decodes], dtype=torch.long, device=device)
+        meta.decode_slots = slots.to(device)
+        meta.decode_mask = valid[:, None, None, :].to(device)
     return meta
 
 

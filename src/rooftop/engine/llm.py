@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from rooftop.config import EngineConfig
-from rooftop.engine.llm_engine import LLMEngine
+from rooftop.engine.llm_engine import LLMEngine, RequestDelta
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.sequence import RequestOutput
 from rooftop.errors import InvalidRequestError
@@ -66,6 +66,7 @@ class LLM:
         self.tokenizer = loaded.tokenizer
         self.engine = LLMEngine(Transformer(loaded.config, loaded.weights, self.dtype, self.device), loaded.tokenizer, engine_config)
         self._request_ids = itertools.count()
+        self._inbox: dict[str, list[RequestDelta]] = {}  # deltas stepped out for a request not being read now
 
     @property
     def max_model_len(self) -> int:
@@ -86,21 +87,20 @@ class LLM:
         if len(params_list) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         arrival = time.perf_counter()
-        ids = []
+        ids: list[str] = []
         try:
             for prompt, p in zip(prompts, params_list):
                 ids.append(f"generate-{next(self._request_ids)}")
                 self.engine.add_request(ids[-1], prompt, p, arrival)
-        except InvalidRequestError:
+            outputs = {}
+            for request_id in ids:
+                for delta in self._deltas(request_id):
+                    if delta.finished:
+                        outputs[request_id] = delta.output
+            return [outputs[i] for i in ids]
+        finally:  # an error (or Ctrl-C) midway frees every request this call started
             for request_id in ids:
                 self.engine.abort(request_id)
-            raise
-        finished: dict[str, RequestOutput] = {}
-        while len(finished) < len(ids):
-            for delta in self.engine.step():
-                if delta.finished:
-                    finished[delta.request_id] = delta.output
-        return [finished[i] for i in ids]
 
     def chat(
         self, messages: Messages | list[Messages], sampling_params: SamplingParams | None = None
@@ -110,18 +110,33 @@ class LLM:
         return self.generate([self.apply_chat_template(c) for c in conversations], sampling_params)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamChunk]:
-        """Generate for one prompt, yielding each piece of text as soon as it is final."""
+        """Generate for one prompt, yielding each piece of text as soon as it is final (the request is queued
+        at once, so a bad prompt raises here, not at the first `next`)."""
         request_id = f"stream-{next(self._request_ids)}"
         self.engine.add_request(request_id, prompt, sampling_params or SamplingParams())
+        return self._stream(request_id)
+
+    def _stream(self, request_id: str) -> Iterator[StreamChunk]:
         try:
-            done = False
-            while not done:
-                for delta in self.engine.step():
-                    if delta.request_id == request_id:
-                        done = delta.finished
-                        yield StreamChunk(delta.text, delta.output)
+            for delta in self._deltas(request_id):
+                yield StreamChunk(delta.text, delta.output)
         finally:  # a consumer that stops early (Ctrl-C, a closed stream) frees the request's blocks
             self.engine.abort(request_id)
+
+    def _deltas(self, request_id: str) -> Iterator[RequestDelta]:
+        """This request's deltas until it finishes, stepping the engine as needed; other requests' deltas are
+        kept for their own consumers, so interleaved streams and generate calls each see all of theirs."""
+        while True:
+            queue = self._inbox.pop(request_id, [])
+            yield from queue
+            if queue and queue[-1].finished:
+                return
+            if request_id in self._inbox:
+                continue
+            if request_id not in self.engine.requests:
+                return
+            for delta in self.engine.step():
+                self._inbox.setdefault(delta.request_id, []).append(delta)
 
     def apply_chat_template(self, messages: Messages) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

@@ -98,7 +98,9 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer),
             eos_token_ids=self.eos_token_ids,
             max_model_len=self.max_model_len,
-            metrics=RequestMetrics(arrival_time=arrival_time or time.perf_counter(), prompt_tokens=len(ids)),
+            metrics=RequestMetrics(
+                arrival_time=time.perf_counter() if arrival_time is None else arrival_time, prompt_tokens=len(ids)
+            ),
             arrival_index=self._arrivals,
             generator=generator,
         )
@@ -125,6 +127,7 @@ class LLMEngine:
         for s in batch:
             if s.seq.metrics.first_scheduled_time is None:
                 s.seq.metrics.first_scheduled_time = started
+        shape = StepShape(tuple(SeqShape(s.num_new, s.cached, s.samples) for s in batch))
         logits, seconds = run_step(self.model, self.pool, batch)
         deltas = []
         for i, s in enumerate(batch):
@@ -139,16 +142,19 @@ class LLMEngine:
             self.blocks.cache_full_blocks(seq.block_table, seq.all_token_ids, seq.num_computed_tokens)
             if i not in logits:
                 continue
-            token = sample(logits[i], seq.params, seq.all_token_ids, seq.generator)
             before = len(seq.output_token_ids)
-            text = seq.append_token(token, time.perf_counter())
+            try:
+                token = sample(logits[i], seq.params, seq.all_token_ids, seq.generator)
+                text = seq.append_token(token, time.perf_counter())
+            except (RuntimeError, ValueError) as e:  # e.g. non-finite logits: this request ends, the others go on
+                seq.finish_reason, text = "error", ""
+                seq.error = str(e)
             deltas.append(
                 RequestDelta(seq.request_id, seq.output_token_ids[before:], text, seq.finish_reason is not None, seq.finish_reason, seq.output())
             )
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
                 self.requests.pop(seq.request_id, None)
-        shape = StepShape(tuple(SeqShape(s.num_new, s.cached, s.samples) for s in batch))
         self.step_records.append(StepRecord(shape, shape.phase, seconds, time.perf_counter()))
         return deltas
 

@@ -44,4 +44,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Below 1e-5 the scaled logits overflow: such temperatures mean greedy, as in vLLM."""
+        return self.temperature < 1e-5

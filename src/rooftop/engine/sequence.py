@@ -23,6 +23,7 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: str | None
     metrics: RequestMetrics
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -35,7 +36,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity, not field-by-field: schedulers look sequences up in lists
 class Sequence:
     """A request inside the engine: its tokens, how many have K/V in the cache, its blocks, its text."""
 
@@ -56,6 +57,7 @@ class Sequence:
     text: str = ""  # decoded output, already cut at a stop string
     streamed: int = 0  # how much of `text` has been handed out as stream deltas
     finish_reason: str | None = None
+    error: str | None = None  # why the request ended with finish_reason "error"
 
     @property
     def num_tokens(self) -> int:
@@ -119,4 +121,5 @@ class Sequence:
             token_ids=list(self.output_token_ids),
             finish_reason=self.finish_reason,
             metrics=self.metrics,
+            error=self.error,
         )

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rooftop.config import RUNNABLE_ARCHITECTURES, ModelConfig, RopeScaling
-from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.errors import ModelLoadError, RooftopError, UnsupportedModelError
 from rooftop.loading.gguf_file import GGUFFile, read_gguf
 from rooftop.loading.model_files import LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
@@ -61,7 +61,9 @@ def config_from_metadata(meta: dict) -> ModelConfig:
         return value
 
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    if hidden < 1 or heads < 1:
+        raise ModelLoadError(f"GGUF metadata: embedding_length {hidden} and head_count {heads} must be positive")
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
     if rope_dims != head_dim:
         raise UnsupportedModelError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
@@ -93,7 +95,10 @@ def config_from_metadata(meta: dict) -> ModelConfig:
 
 def config_from_gguf(gguf_file: GGUFFile) -> ModelConfig:
     """The config, with tied embeddings read off the tensor list (no `output.weight`: lm_head is the embedding)."""
-    config = config_from_metadata(gguf_file.metadata)
+    try:
+        config = config_from_metadata(gguf_file.metadata)
+    except (ValueError, TypeError, ZeroDivisionError, AssertionError) as e:  # values of the wrong type or range
+        raise ModelLoadError(f"GGUF metadata describes no valid model ({type(e).__name__}: {e})") from None
     config.tie_word_embeddings = not any(t.name == "output.weight" for t in gguf_file.tensors)
     return config
 
@@ -114,4 +119,10 @@ def load_gguf(path: Path) -> LoadedModel:
         if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = unpermute_rope(w, config.num_heads if "q_proj" in name else config.num_kv_heads)
         weights[name] = w
-    return LoadedModel(config=config, weights=weights, tokenizer=Tokenizer.from_gguf_metadata(meta), source=str(path))
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(meta)
+    except RooftopError:
+        raise
+    except Exception as e:  # the tokenizers library raises its own exception types on a bad vocabulary or merges
+        raise ModelLoadError(f"{path}: the GGUF tokenizer data is invalid ({type(e).__name__}: {e})") from None
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=str(path))

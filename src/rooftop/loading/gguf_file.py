@@ -97,7 +97,9 @@ def read_gguf(path: Path) -> GGUFFile:
         dims = [cur.scalar("Q") for _ in range(cur.scalar("I"))]
         type_id, offset = cur.scalar("I"), cur.scalar("Q")
         infos.append((name, dims, type_id, offset))
-    alignment = int(metadata.get("general.alignment", 32))
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment < 1:
+        raise ModelLoadError(f"{path}: invalid general.alignment {alignment!r}")
     start = -(-cur.pos // alignment) * alignment
     tensors = []
     for name, dims, type_id, offset in infos:
@@ -106,7 +108,9 @@ def read_gguf(path: Path) -> GGUFFile:
         except ValueError:
             raise UnsupportedModelError(f"{path}: tensor {name} has unknown GGUF type id {type_id}") from None
         block, block_bytes = GGML_QUANT_SIZES[qtype]
-        numel = int(np.prod(dims)) if dims else 1
+        numel = 1
+        for n in dims:  # Python ints: a corrupt dimension cannot overflow into a small size
+            numel *= n
         nbytes = numel // block * block_bytes
         begin = start + offset
         if begin + nbytes > len(buf):

@@ -141,12 +141,15 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
 
 def read_hf_config(path: Path, generation: dict | None = None) -> ModelConfig:
     """A config.json file -> ModelConfig, naming the first required field it lacks."""
+    cfg = _read_json(path)
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     try:
-        return config_from_hf(_read_json(path), generation or {})
+        return config_from_hf(cfg, generation or {})
     except KeyError as e:
         raise ModelLoadError(f"{path}: missing required field(s): {e.args[0]}") from None
-    except (TypeError, ValueError, AssertionError) as e:
-        raise ModelLoadError(f"{path}: inconsistent values ({e})") from None
+    except (TypeError, ValueError, AssertionError, ZeroDivisionError, AttributeError) as e:
+        raise ModelLoadError(f"{path}: inconsistent values ({type(e).__name__}: {e})") from None
 
 
 def _weight_files(path: Path) -> list[Path]:

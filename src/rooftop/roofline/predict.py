@@ -151,14 +151,20 @@ class Prediction:
 
 
 
+def _per_seq_bytes(config: ModelConfig, p: Precision, tokens_per_seq: int, tp: int) -> float:
+    """One sequence's KV cache and recurrent state on one device: KV heads split tp ways, or replicated
+    on every device when there are fewer KV heads than devices."""
+    kv_share = max(1, config.num_kv_heads // tp) / config.num_kv_heads
+    return tokens_per_seq * kv_bytes_per_token(config, p) * kv_share + state_bytes_per_sequence(config, p) / tp
+
+
 def memory_needed(config: ModelConfig, p: Precision, batch: int, tokens_per_seq: int, tp: int = 1) -> float:
-    """Bytes per device: weights/tp plus, for every sequence, its KV cache (and recurrent state) /tp."""
-    per_seq = tokens_per_seq * kv_bytes_per_token(config, p) + state_bytes_per_sequence(config, p)
-    return (weight_bytes(config, p) + batch * per_seq) / tp
+    """Bytes per device: weights/tp plus every sequence's KV cache and recurrent state on that device."""
+    return weight_bytes(config, p) / tp + batch * _per_seq_bytes(config, p, tokens_per_seq, tp)
 
 
 def max_batch(config: ModelConfig, p: Precision, hw: Hardware, tokens_per_seq: int, tp: int = 1) -> int:
-    per_seq = (tokens_per_seq * kv_bytes_per_token(config, p) + state_bytes_per_sequence(config, p)) / tp
+    per_seq = _per_seq_bytes(config, p, tokens_per_seq, tp)
     free = hw.memory_bytes - weight_bytes(config, p) / tp
     return max(0, int(free // per_seq)) if per_seq > 0 else 0
 

@@ -80,3 +80,23 @@ def print_prediction(pred: Prediction, console: Console) -> None:
     console.print(op_table(f"prefill step ({pred.batch} x {pred.prompt_len} tokens)", pred.prefill, pred))
     console.print(op_table(f"decode step (batch {pred.batch}, {pred.prompt_len} cached)", pred.decode_first, pred))
     console.print(summary_table(pred))
+
+
+def phase_table(phases: dict) -> Table:
+    """PREFILL | DECODE side by side: the work each phase did, the rates it reached, the prediction."""
+    names = list(phases)
+    table = Table(*([""] + [n.upper() for n in names]), box=None, padding=(0, 2))
+    rows = [
+        ("steps / tokens", lambda p: f"{p.steps} / {p.tokens}"),
+        ("time measured", lambda p: seconds(p.measured_s)),
+        ("time predicted", lambda p: seconds(p.predicted_s)),
+        ("FLOPs", lambda p: si(p.flops, "FLOP")),
+        ("bytes moved", lambda p: si(p.bytes, "B")),
+        ("achieved", lambda p: f"{si(p.achieved_flops_per_s, 'FLOP/s')}, {si(p.achieved_bytes_per_s, 'B/s')}"),
+        ("% of compute roof", lambda p: f"{p.pct_of_compute_roof:.1f}% of {si(p.peak_flops, 'FLOP/s')}"),
+        ("% of bandwidth roof", lambda p: f"{p.pct_of_bandwidth_roof:.1f}% of {si(p.bandwidth, 'B/s')}"),
+        ("bound", lambda p: p.bound),
+    ]
+    for label, cell in rows:
+        table.add_row(label, *(cell(phases[n]) for n in names))
+    return table

@@ -1,0 +1,138 @@
+"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with --pp/--tg, the llama-bench-style quick mode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from rooftop.console import err, user_errors
+from rooftop.errors import InvalidRequestError
+from rooftop.roofline.report import seconds
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InvalidRequestError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise InvalidRequestError(f"{name} must be integers >= 1, got {text!r}")
+    return values
+
+
+def bench(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or HF directory (default: bundled)")] = None,
+    prompt_lens: Annotated[str, typer.Option(help="prompt lengths for the TTFT sweep")] = "16,64,256,1024",
+    batch_sizes: Annotated[str, typer.Option(help="batch sizes for the decode sweep")] = "1,2,4,8,16,32",
+    output_len: Annotated[int, typer.Option(help="tokens generated per sequence in the decode sweep")] = 32,
+    pp: Annotated[Optional[int], typer.Option(help="quick mode: prompt tokens (llama-bench's -p)")] = None,
+    tg: Annotated[Optional[int], typer.Option(help="quick mode: generated tokens (llama-bench's -n)")] = None,
+    reps: Annotated[int, typer.Option(help="measured repetitions (after one warm-up)")] = 3,
+    dtype: Annotated[str, typer.Option(help="auto, float32 or bfloat16")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the results as JSON")] = None,
+    plots: Annotated[Optional[Path], typer.Option(help="write PNG plots into this directory")] = None,
+    html_path: Annotated[Optional[Path], typer.Option("--html", help="write a self-contained HTML report")] = None,
+) -> None:
+    """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions."""
+    from rooftop.bench.measure import machine_info
+    from rooftop.engine.llm import LLM
+    from rooftop.roofline.attribution import engine_precision
+    from rooftop.roofline.probe import load_or_run_probe
+
+    with user_errors():
+        if reps < 1 or output_len < 2:
+            raise InvalidRequestError("--reps must be >= 1 and --output-len >= 2")
+        quick = pp is not None or tg is not None
+        lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
+        with err.status("loading model and this machine's roofs..."):
+            llm = LLM(model=model, dtype=dtype, device=device)
+            probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
+            hw = probe.to_hardware()
+        needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
+        if needed > llm.max_model_len:
+            raise InvalidRequestError(f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}")
+        report = {"machine": machine_info(llm, hw, probe.cpu_model)}
+        console = Console(highlight=False)
+        with Progress(console=err, transient=True) as progress:
+            if quick:
+                from rooftop.bench.quick import quick_bench
+
+                task = progress.add_task("bench", total=reps + 1)
+                summary, phases = quick_bench(
+                    llm, hw, pp or 512, tg or 128, reps, lambda what: progress.update(task, description=what, advance=1)
+                )
+            else:
+                from rooftop.bench.sweep import sweep
+
+                task = progress.add_task("bench", total=len(lens) + len(batches))
+                result = sweep(llm, hw, lens, batches, output_len, reps, lambda what: progress.update(task, description=what, advance=1))
+        if quick:
+            from rooftop.roofline.attribution import gap_sentence
+            from rooftop.roofline.report import phase_table
+
+            _print_quick(console, report["machine"], summary)
+            console.print(phase_table(phases))
+            console.print(gap_sentence(phases))
+            report.update(summary)
+            report.update({name: phase.to_dict() for name, phase in phases.items()})
+            if "decode" in phases:
+                d = phases["decode"]
+                report["decode"].update(measured_tpot_s=summary["tpot_s"], predicted_tpot_s=d.predicted_s / d.steps)
+        else:
+            report.update(ttft=result.ttft, decode=result.decode, steps=[vars(p) for p in result.points])
+            _print_sweep(console, result)
+            written = _write_plots(result, hw, engine_precision(llm.dtype).compute, plots or (html_path.parent if html_path else None))
+            if html_path:
+                from rooftop.bench.html import write_html
+
+                err.print(f"report written to {write_html(report, written, html_path)}")
+        if json_path:
+            json_path.write_text(json.dumps(report, indent=2))
+            err.print(f"results written to {json_path}")
+
+
+def _print_quick(console: Console, machine: dict, s: dict) -> None:
+    table = Table("model", "weights", "threads", "test", "t/s", "TPOT")
+    name = machine["model"]
+    table.add_row(name, machine["weights_format"], str(machine["threads"]), f"pp{s['prompt_tokens']}",
+                  f"{s['prefill_tokens_per_s']:.2f} ± {s['prefill_tokens_per_s_stdev']:.2f}", "")
+    if s["decode_tokens_per_s"]:
+        table.add_row(name, machine["weights_format"], str(machine["threads"]), f"tg{s['output_tokens']}",
+                      f"{s['decode_tokens_per_s']:.2f} ± {s['decode_tokens_per_s_stdev']:.2f}", seconds(s["tpot_s"]))
+    console.print(table)
+
+
+def _print_sweep(console: Console, result) -> None:
+    table = Table("prompt tokens", "TTFT measured", "TTFT predicted", "prefill tok/s", "% of compute roof", title="TTFT")
+    for r in result.ttft:
+        table.add_row(str(r["prompt_tokens"]), seconds(r["measured_ttft_s"]), seconds(r["predicted_ttft_s"]),
+                      f"{r['prefill_tokens_per_s']:.0f}", f"{r['pct_of_compute_roof']:.1f}%")
+    console.print(table)
+    table = Table("batch", "TPOT measured", "TPOT predicted", "tok/s measured", "tok/s predicted", "% of bandwidth roof", title="decode")
+    for r in result.decode:
+        table.add_row(str(r["batch"]), seconds(r["measured_tpot_s"]), seconds(r["predicted_tpot_s"]),
+                      f"{r['measured_tokens_per_s_total']:.1f}", f"{r['predicted_tokens_per_s_total']:.1f}",
+                      f"{r['pct_of_bandwidth_roof']:.1f}%")
+    console.print(table)
+
+
+def _write_plots(result, hw, compute: str, directory: Path | None) -> list[Path]:
+    if directory is None:
+        return []
+    from rooftop.bench.plots import batch_plot, roofline_plot, ttft_plot
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [
+        roofline_plot(result, hw, compute, directory / "roofline.png"),
+        ttft_plot(result, directory / "ttft.png"),
+        batch_plot(result, directory / "batch.png"),
+    ]
+    err.print(f"plots written to {directory}")
+    return written

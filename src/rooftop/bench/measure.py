@@ -1,0 +1,76 @@
+"""Timed runs on the engine: one prefill of S tokens, batches of decodes; warm-up excluded, medians kept."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import torch
+
+import rooftop
+from rooftop.config import EngineConfig
+from rooftop.engine.llm import LLM
+from rooftop.engine.llm_engine import LLMEngine, StepRecord
+from rooftop.engine.sampling_params import SamplingParams
+from rooftop.roofline.attribution import engine_precision
+from rooftop.roofline.hardware import Hardware
+
+FILLER = "The history of the printing press is a long story of ideas, metal and ink. "
+
+
+def synthetic_prompt(llm: LLM, length: int, variant: int) -> list[int]:
+    """`length` token ids of ordinary text; `variant` changes the first token so no two runs share a prefix."""
+    base = llm.tokenizer.encode(FILLER)
+    ids = (base * (length // len(base) + 1))[:length]
+    ids[0] = llm.tokenizer.encode(f"{variant}")[0]
+    return ids
+
+
+def fresh_engine(llm: LLM, max_tokens_per_step: int, max_num_seqs: int = 256) -> LLMEngine:
+    """A new engine over the loaded weights: an empty KV pool, no prefix cache, no chunking of the prompt."""
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_tokens_per_step, 1024), enable_prefix_caching=False)
+    return LLMEngine(llm.model, llm.tokenizer, config)
+
+
+@dataclass
+class Run:
+    records: list[StepRecord]
+    ttft_s: list[float]  # per request
+
+
+def run_batch(llm: LLM, prompts: list[list[int]], output_len: int) -> Run:
+    eng = fresh_engine(llm, sum(len(p) for p in prompts), len(prompts))
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        eng.add_request(str(i), prompt, params)
+    ttfts = []
+    while eng.has_unfinished():
+        ttfts += [d.output.metrics.ttft for d in eng.step() if d.finished]
+    return Run(list(eng.step_records), ttfts)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:
+    """What a number needs beside it to mean anything."""
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu_model or platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(llm.device) if llm.device.type == "cuda" else None,
+        "device": str(llm.device),
+        "torch": torch.__version__,
+        "rooftop": rooftop.__version__,
+        "python": platform.python_version(),
+        "model": llm.config.name or llm.model_path,
+        "model_path": llm.model_path,
+        "dtype": str(llm.dtype).removeprefix("torch."),
+        "weights_format": engine_precision(llm.dtype).weights.name,
+        "roofs": {"name": hw.name, "peak_flops_per_s": hw.peak_flops, "bandwidth_bytes_per_s": hw.memory_bandwidth},
+    }

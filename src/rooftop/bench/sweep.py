@@ -1,0 +1,95 @@
+"""`rooftop bench`: TTFT against prompt length and TPOT / throughput against batch size, measured and predicted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rooftop.bench.measure import median, run_batch, synthetic_prompt
+from rooftop.engine.llm import LLM
+from rooftop.roofline.attribution import attribute_step, engine_precision
+from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.ops import StepShape
+from rooftop.roofline.predict import decode_time
+
+
+@dataclass
+class StepPoint:
+    """One measured step on the roofline chart, with the analyzer's point for the same shape."""
+
+    phase: str
+    label: str
+    intensity: float
+    achieved_flops_per_s: float
+    predicted_flops_per_s: float
+
+
+@dataclass
+class SweepResult:
+    ttft: list[dict] = field(default_factory=list)
+    decode: list[dict] = field(default_factory=list)
+    points: list[StepPoint] = field(default_factory=list)
+
+
+def sweep(
+    llm: LLM,
+    hw: Hardware,
+    prompt_lens: list[int],
+    batch_sizes: list[int],
+    output_len: int,
+    reps: int,
+    on_progress: Callable[[str], None] = lambda _: None,
+) -> SweepResult:
+    p = engine_precision(llm.dtype)
+    result = SweepResult()
+    for S in prompt_lens:
+        on_progress(f"prefill of {S} tokens")
+        ttfts, steps = [], []
+        for rep in range(reps + 1):  # rep 0 warms up
+            run = run_batch(llm, [synthetic_prompt(llm, S, rep)], 1)
+            if rep:
+                ttfts.append(run.ttft_s[0])
+                steps.append(next(r.seconds for r in run.records if r.phase == "prefill"))
+        shape = StepShape.prefill(1, S)
+        att = attribute_step(llm.config, p, shape, median(steps), hw)
+        result.ttft.append({
+            "prompt_tokens": S,
+            "measured_ttft_s": median(ttfts),
+            "measured_prefill_step_s": att.measured_s,
+            "predicted_ttft_s": att.predicted.time_s,
+            "achieved_flops_per_s": att.predicted.flops / att.measured_s,
+            "pct_of_compute_roof": 100 * att.predicted.flops / att.measured_s / hw.peak(p.compute),
+            "prefill_tokens_per_s": S / att.measured_s,
+        })
+        result.points.append(_point("prefill", f"pp{S}", att, hw))
+    context = min(prompt_lens)  # decodes attend to the shortest prompt: the batch, not the context, varies
+    for B in batch_sizes:
+        on_progress(f"decode at batch {B}")
+        step_times = []
+        for rep in range(reps + 1):
+            run = run_batch(llm, [synthetic_prompt(llm, context, 1000 * rep + i) for i in range(B)], output_len)
+            decodes = [r.seconds for r in run.records if r.phase == "decode" and r.shape.num_seqs == B]
+            if rep and decodes:
+                step_times.append(median(decodes))
+        measured = median(step_times)
+        predicted = decode_time(llm.config, p, hw, B, context, output_len) / (output_len - 1)
+        mid = StepShape.decode(B, context + output_len // 2)
+        att = attribute_step(llm.config, p, mid, measured, hw)
+        result.decode.append({
+            "batch": B,
+            "context_tokens": context,
+            "measured_tpot_s": measured,
+            "predicted_tpot_s": predicted,
+            "measured_tokens_per_s_total": B / measured,
+            "predicted_tokens_per_s_total": B / predicted,
+            "achieved_bytes_per_s": att.predicted.bytes / measured,
+            "pct_of_bandwidth_roof": 100 * att.predicted.bytes / measured / hw.memory_bandwidth,
+        })
+        result.points.append(_point("decode", f"b{B}", att, hw))
+    return result
+
+
+def _point(phase: str, label: str, att, hw: Hardware) -> StepPoint:
+    step = att.predicted
+    return StepPoint(phase, label, step.intensity, step.flops / att.measured_s, step.flops / step.time_s)
+

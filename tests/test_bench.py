@@ -1,0 +1,85 @@
+"""Attribution is the analyzer on recorded shapes; the bench's JSON, plots and HTML; the phase report."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rooftop import SamplingParams
+from rooftop.roofline.attribution import attribute_phases, attribute_step, engine_precision
+from rooftop.roofline.predict import time_step
+from rooftop.roofline.probe import load_or_run_probe
+
+
+def rooftop(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "rooftop", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_attribution_of_recorded_steps_is_the_analyzer_exactly(tiny_llm):
+    hw = load_or_run_probe().to_hardware()
+    before = len(tiny_llm.engine.step_records)
+    tiny_llm.generate(["hello there", "a second prompt"], SamplingParams(max_tokens=5, temperature=0))
+    records = list(tiny_llm.engine.step_records)[before:]
+    p = engine_precision(tiny_llm.dtype)
+    steps = [attribute_step(tiny_llm.config, p, r.shape, r.seconds, hw) for r in records]
+    for step, record in zip(steps, records):
+        assert step.predicted == time_step(tiny_llm.config, p, record.shape, hw)
+        assert step.measured_s == record.seconds
+    phases = attribute_phases(steps, hw, p.compute)
+    assert set(phases) == {"prefill", "decode"}
+    assert phases["decode"].flops == sum(s.predicted.flops for s in steps if s.shape.phase == "decode")
+    assert phases["prefill"].tokens == sum(len(tiny_llm.tokenizer.encode(t)) for t in ("hello there", "a second prompt"))
+    assert phases["decode"].achieved_bytes_per_s == phases["decode"].bytes / phases["decode"].measured_s
+
+
+def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
+    r = rooftop("bench", "-m", str(tiny_gguf), "--prompt-lens", "4,16", "--batch-sizes", "1,2", "--output-len", "4",
+                "--reps", "1", "--json", str(tmp_path / "b.json"), "--plots", str(tmp_path), "--html", str(tmp_path / "b.html"))
+    assert r.returncode == 0, r.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert [row["prompt_tokens"] for row in data["ttft"]] == [4, 16]
+    assert [row["batch"] for row in data["decode"]] == [1, 2]
+    for row in data["ttft"]:
+        assert row["measured_ttft_s"] > 0 and row["predicted_ttft_s"] > 0
+    for row in data["decode"]:
+        assert row["measured_tpot_s"] > 0 and row["predicted_tpot_s"] > 0 and 0 < row["pct_of_bandwidth_roof"] < 110
+    for key in ("cpu", "cores", "threads", "torch", "rooftop", "dtype", "weights_format", "date"):
+        assert key in data["machine"]
+    for name in ("roofline.png", "ttft.png", "batch.png"):
+        png = (tmp_path / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    page = (tmp_path / "b.html").read_text()
+    assert page.count("data:image/png;base64,") == 3
+    assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
+
+
+def test_bad_sweep_lists(tiny_gguf):
+    r = rooftop("bench", "-m", str(tiny_gguf), "--batch-sizes", "1,x")
+    assert r.returncode == 1 and "--batch-sizes must be comma-separated integers" in r.stderr
+
+
+@pytest.mark.slow
+def test_quick_mode_on_the_bundled_model(tmp_path):
+    r = rooftop("bench", "--pp", "32", "--tg", "8", "--reps", "2", "--json", str(tmp_path / "q.json"))
+    assert r.returncode == 0, r.stderr
+    for text in ("pp32", "tg8", "PREFILL", "DECODE", "% of bandwidth roof", "decode reached"):
+        assert text in r.stdout, text
+    data = json.loads((tmp_path / "q.json").read_text())
+    assert data["prefill_tokens_per_s"] > 0 and data["decode_tokens_per_s"] > 0 and data["tpot_s"] > 0
+    for phase in ("prefill", "decode"):
+        d = data[phase]
+        for key in ("achieved_flops_per_s", "achieved_bytes_per_s", "pct_of_compute_roof", "pct_of_bandwidth_roof", "flops", "bytes", "predicted_s", "measured_s"):
+            assert d[key] > 0, (phase, key)
+        assert d["pct_of_compute_roof"] < 110 and d["pct_of_bandwidth_roof"] < 110
+    assert data["decode"]["measured_tpot_s"] > 0 and data["decode"]["predicted_tpot_s"] > 0
+    assert data["decode"]["bound"] == "memory"
+
+
+@pytest.mark.slow
+def test_generate_ends_with_the_phase_report():
+    r = rooftop("generate", "What is the weather in Lagos?", "-n", "12", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    for text in ("PREFILL", "DECODE", "FLOPs", "bytes moved", "achieved", "% of compute roof", "% of bandwidth roof",
+                 "bound", "time predicted", "decode reached", "% of memory bandwidth: predicted"):
+        assert text in r.stderr, text
