@@ -70,6 +70,14 @@ def test_prompt_longer_than_context(tiny_llm):
         eng.add_request("long", "y" * 70, PARAMS)
 
 
+def test_prefill_chunks_that_sample_nothing_need_no_logits(tiny_llm):
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(max_num_batched_tokens=4))
+    eng.add_request("a", "abcdefghij", PARAMS)  # 10 prompt tokens: chunks of 4, 4, 2
+    drain(eng)
+    chunks = [r.shape.seqs[0] for r in list(eng.step_records)[:3]]
+    assert [(s.new, s.cached, s.needs_logits) for s in chunks] == [(4, 0, False), (4, 4, False), (2, 8, True)]
+
+
 def test_step_records_carry_the_step_shape(eng):
     eng.add_request("a", "abcdefgh", PARAMS)  # 8 prompt tokens
     drain(eng)
@@ -112,3 +120,44 @@ def test_max_num_seqs_limits_the_batch(tiny_llm):
         eng.add_request(str(i), f"p{i}", PARAMS)
     drain(eng)
     assert max(r.shape.num_seqs for r in eng.step_records) == 2
+
+
+def test_interleaved_streams_and_generate_each_get_all_their_tokens(tiny_llm):
+    params = SamplingParams(max_tokens=4, temperature=0)
+    stream = tiny_llm.stream("hello", params)
+    first = next(stream)
+    other = tiny_llm.generate(["xyz"], SamplingParams(max_tokens=8, temperature=0))[0]
+    rest = list(stream)
+    assert len(other.token_ids) == 8 and other.finish_reason == "length"
+    assert len([first, *rest]) == 4 and rest[-1].output.finished
+    assert "".join(c.delta for c in [first, *rest]) == rest[-1].output.text
+    a, b = tiny_llm.stream("aaa", params), tiny_llm.stream("bbb", params)
+    pairs = list(zip(a, b))
+    assert [len(x.output.token_ids) for x, _ in pairs] == [1, 2, 3, 4]
+    assert not tiny_llm.engine.requests and tiny_llm.engine.blocks.num_free == tiny_llm.engine.blocks.num_blocks
+
+
+def test_a_stream_closed_early_frees_its_blocks(tiny_llm):
+    stream = tiny_llm.stream("hello", SamplingParams(max_tokens=20, temperature=0))
+    next(stream)
+    assert tiny_llm.engine.requests
+    stream.close()
+    assert not tiny_llm.engine.requests and tiny_llm.engine.blocks.num_free == tiny_llm.engine.blocks.num_blocks
+
+
+def test_bad_prompt_raises_when_the_stream_is_created(tiny_llm):
+    with pytest.raises(InvalidRequestError, match="the prompt is empty"):
+        tiny_llm.stream("", PARAMS)
+
+
+def test_a_tiny_temperature_is_greedy(tiny_llm):
+    greedy = tiny_llm.generate("hi", SamplingParams(max_tokens=4, temperature=0))[0]
+    tiny = tiny_llm.generate("hi", SamplingParams(max_tokens=4, temperature=1e-45))[0]
+    assert tiny.token_ids == greedy.token_ids and tiny.finish_reason == "length"
+
+
+def test_sampling_steps_are_recorded_as_needing_logits(eng):
+    eng.add_request("a", "abcdefgh", PARAMS)
+    drain(eng)
+    assert all(s.needs_logits for r in eng.step_records for s in r.shape.seqs)
+    assert all(r.shape.logits_rows == 1 for r in eng.step_records)

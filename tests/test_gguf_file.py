@@ -60,3 +60,17 @@ def test_unknown_version(tiny_gguf, tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(UnsupportedModelError, match="GGUF version 7"):
         read_gguf(path)
+
+
+def test_zero_alignment_is_refused(tmp_path):
+    import gguf
+
+    path = tmp_path / "align.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("general.alignment", 0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="invalid general.alignment 0"):
+        read_gguf(path)

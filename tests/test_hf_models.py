@@ -214,3 +214,18 @@ def test_missing_tokenizer_json(built, tmp_path):
     path = copy_model(built["llama-tied"].path, tmp_path / "m", skip="tokenizer.json")
     with pytest.raises(ModelLoadError, match="tokenizer.json"):
         load_model(path)
+
+
+def test_config_json_that_is_not_an_object(tmp_path):
+    (tmp_path / "config.json").write_text("[1, 2, 3]")
+    with pytest.raises(ModelLoadError, match="expected a JSON object, got list"):
+        load_model(tmp_path)
+
+
+def test_config_with_zero_heads(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, '
+        '"num_hidden_layers": 1, "num_attention_heads": 0}'
+    )
+    with pytest.raises(ModelLoadError, match="inconsistent values"):
+        load_model(tmp_path)

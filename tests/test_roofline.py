@@ -196,3 +196,22 @@ def test_crossovers_agree_with_the_ridge_point(model, hw_name, context):
             assert time_step(c, BF16, StepShape.decode(b - 1, context), hw).intensity < ridge
     else:  # never compute-bound: per-sequence KV reads keep the intensity under the ridge at any batch
         assert time_step(c, BF16, StepShape.decode(1 << 22, context), hw).intensity < ridge
+
+
+def test_tensor_parallel_beyond_the_kv_heads_replicates_the_kv_cache():
+    c = find_preset("llama-3.1-70b")  # 8 KV heads
+    from rooftop.roofline.predict import memory_needed
+
+    kv = 1000 * kv_bytes_per_token(c, BF16)
+    weights = weight_bytes(c, BF16)
+    assert memory_needed(c, BF16, 1, 1000, tp=8) == pytest.approx(weights / 8 + kv / 8)
+    assert memory_needed(c, BF16, 1, 1000, tp=16) == pytest.approx(weights / 16 + kv / 8)  # one KV head per device
+
+
+def test_a_step_that_samples_nothing_reads_no_lm_head():
+    c = find_preset("qwen3-8b")
+    from rooftop.roofline.ops import SeqShape
+
+    chunk = StepShape((SeqShape(512, 0, needs_logits=False),))
+    assert "lm_head" not in [o.name for o in step_ops(c, BF16, chunk)]
+    assert "lm_head" in [o.name for o in step_ops(c, BF16, StepShape.prefill(1, 512))]

@@ -79,3 +79,12 @@ def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_cac
     assert not sched.has_unfinished(), "every request finishes: no deadlock"
     assert all(b.ref_count == 0 for b in blocks.blocks)
     assert blocks.num_free == num_blocks
+
+
+def test_a_hash_hit_with_other_tokens_is_not_served():
+    blocks = BlockManager(8, 4)
+    table, cached = blocks.allocate([1, 2, 3, 4, 5])
+    blocks.cache_full_blocks(table, [1, 2, 3, 4, 5], 5)
+    assert blocks.cached_prefix([1, 2, 3, 4, 9]) == [table[0]]
+    blocks.blocks[table[0]].tokens = (9, 9, 9, 9)  # as if another prefix had collided on this hash
+    assert blocks.cached_prefix([1, 2, 3, 4, 9]) == []
