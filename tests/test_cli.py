@@ -5,18 +5,28 @@ import sys
 
 import gguf
 import pytest
-
 from gguf_factory import write_tiny_gguf
+from typer.testing import CliRunner
+
+from rooftop.cli import app
 
 
 def rooftop(*args, stdin=None, timeout=300):
+    """The real command in its own process: exit codes, stdout/stderr and the absence of tracebacks as a user sees them."""
     return subprocess.run(
         [sys.executable, "-m", "rooftop", *args], input=stdin, capture_output=True, text=True, timeout=timeout
     )
 
 
+def rooftop_in_process(*args):
+    """The same command in this process (no interpreter start-up): for the many one-line error cases."""
+    result = CliRunner(env={"COLUMNS": "250"}).invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
 def assert_user_error(result, *words):
-    assert result.returncode != 0
+    assert result.returncode == 1
     assert "Traceback" not in result.stderr + result.stdout
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error:"), result.stderr
@@ -80,15 +90,15 @@ def test_chat_reports_a_too_long_turn_and_goes_on(tiny_gguf):
     ],
 )
 def test_invalid_sampling_options(tiny_gguf, args, words):
-    assert_user_error(rooftop("generate", "hi", "--model", str(tiny_gguf), *args), *words)
+    assert_user_error(rooftop_in_process("generate", "hi", "--model", str(tiny_gguf), *args), *words)
 
 
 def test_empty_prompt(tiny_gguf):
-    assert_user_error(rooftop("generate", "", "--model", str(tiny_gguf)), "empty")
+    assert_user_error(rooftop_in_process("generate", "", "--model", str(tiny_gguf)), "empty")
 
 
 def test_prompt_longer_than_context(tiny_gguf):
-    assert_user_error(rooftop("generate", "x" * 100, "--raw", "--model", str(tiny_gguf)), "100 tokens", "64")
+    assert_user_error(rooftop_in_process("generate", "x" * 100, "--raw", "--model", str(tiny_gguf)), "100 tokens", "64")
 
 
 def test_missing_model_path(tmp_path):
@@ -98,35 +108,35 @@ def test_missing_model_path(tmp_path):
 def test_not_a_gguf_file(tmp_path):
     path = tmp_path / "junk.gguf"
     path.write_bytes(b"this is not a model" * 100)
-    assert_user_error(rooftop("generate", "hi", "--model", str(path)), "not a valid GGUF")
+    assert_user_error(rooftop_in_process("generate", "hi", "--model", str(path)), "not a valid GGUF")
 
 
 def test_truncated_gguf(tiny_gguf, tmp_path):
     path = tmp_path / "cut.gguf"
     path.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])
-    assert_user_error(rooftop("generate", "hi", "--model", str(path)), str(path))
+    assert_user_error(rooftop_in_process("generate", "hi", "--model", str(path)), str(path))
 
 
 def test_unsupported_architecture(tmp_path):
     path = tmp_path / "gpt2.gguf"
     write_tiny_gguf(path, arch="gpt2")
-    assert_user_error(rooftop("generate", "hi", "--model", str(path)), "'gpt2'", "not supported")
+    assert_user_error(rooftop_in_process("generate", "hi", "--model", str(path)), "'gpt2'", "not supported")
 
 
 def test_unsupported_tensor_type(tmp_path):
     path = tmp_path / "q4k.gguf"
     write_tiny_gguf(path, qtype=gguf.GGMLQuantizationType.Q4_K)
-    assert_user_error(rooftop("generate", "hi", "--model", str(path)), "Q4_K", "not supported")
+    assert_user_error(rooftop_in_process("generate", "hi", "--model", str(path)), "Q4_K", "not supported")
 
 
 def test_unsupported_tokenizer(tmp_path):
     path = tmp_path / "spm.gguf"
     write_tiny_gguf(path, tokenizer_model="llama")
-    assert_user_error(rooftop("generate", "hi", "--model", str(path)), "tokenizer model 'llama'")
+    assert_user_error(rooftop_in_process("generate", "hi", "--model", str(path)), "tokenizer model 'llama'")
 
 
 def test_hf_directory_without_config(tmp_path):
-    assert_user_error(rooftop("generate", "hi", "--model", str(tmp_path)), "config.json")
+    assert_user_error(rooftop_in_process("generate", "hi", "--model", str(tmp_path)), "config.json")
 
 
 def test_help_lists_the_commands():
