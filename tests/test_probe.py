@@ -126,8 +126,10 @@ def test_to_hardware_carries_the_roofs(result):
     assert hardware.memory_bandwidth == result.read_bandwidth
     assert hardware.memory_bytes == result.memory_bytes
     assert "int8" not in hardware.peak_flops  # the weight-only kernels compute in bf16
-    if result.int8_weight_only_flops is not None:
-        assert "GFLOP/s" in hardware.notes["int8_weight_only"]
+    if result.int8_weight_only_flops is not None:  # the int8 weight format's measured compute roof
+        assert hardware.peak("int8_weight_only") == result.int8_weight_only_flops
+    if result.int4_weight_only_flops is not None:
+        assert hardware.peak("int4_weight_only") == result.int4_weight_only_flops
     assert hardware.name.startswith("this machine (") and f"{result.torch_threads} threads" in hardware.name
     assert hardware.source == f"rooftop probe {result.date}"
 

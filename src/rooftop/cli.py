@@ -27,6 +27,7 @@ ModelOpt = Annotated[
 ]
 DtypeOpt = Annotated[str, typer.Option(help="auto, float32 or bfloat16 (auto: float32 on CPU)")]
 DeviceOpt = Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ...")]
+WeightsOpt = Annotated[str, typer.Option(help="float (weights in --dtype) or int8 (weight-only, per-row scales)")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="most tokens to generate")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 is greedy")]
 TopPOpt = Annotated[float, typer.Option(help="nucleus sampling mass, (0, 1]")]
@@ -43,14 +44,15 @@ BlockSizeOpt = Annotated[int, typer.Option(help="engine: tokens per KV block")]
 PrefixOpt = Annotated[bool, typer.Option(help="engine: reuse the KV blocks of prompt prefixes seen before")]
 
 
-def load(model: str | None, dtype: str, device: str, **engine_options) -> LLM:
+def load(model: str | None, dtype: str, device: str, weights: str, **engine_options) -> LLM:
     t0 = time.perf_counter()
     with err.status("loading model..."):
-        llm = LLM(model=model, dtype=dtype, device=device, **engine_options)
+        llm = LLM(model=model, dtype=dtype, device=device, weights=weights, **engine_options)
     c = llm.config
     err.print(
         f"[dim]{escape(c.name or c.architecture)} ({c.architecture}, {c.num_layers} layers, d={c.hidden_size}) from "
         f"{escape(llm.model_path)}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}, "
+        f"weights {llm.precision.weights.name}, "
         f"loaded in {time.perf_counter() - t0:.1f} s[/]"
     )
     pool = llm.engine.pool
@@ -83,14 +85,14 @@ def print_report(m: RequestMetrics, finish_reason: str | None) -> None:
 
 def print_phase_report(llm: LLM, since: float) -> None:
     """Attribute the steps run since `since` against this machine's measured roofs (probing once if needed)."""
-    from rooftop.roofline.attribution import attribute_phases, attribute_step, engine_precision, gap_sentence
+    from rooftop.roofline.attribution import attribute_phases, attribute_step, gap_sentence
     from rooftop.roofline.probe import load_or_run_probe
     from rooftop.roofline.report import phase_table
 
     records = [r for r in llm.engine.step_records if r.finished_at >= since]
     with err.status("measuring this machine's roofs (once; cached)..."):
         hw = load_or_run_probe().to_hardware()
-    p = engine_precision(llm.dtype)
+    p = llm.precision
     steps = [attribute_step(llm.config, p, r.shape, r.seconds, hw) for r in records]
     phases = attribute_phases(steps, hw, p.compute)
     err.print(phase_table(phases))
@@ -123,6 +125,7 @@ def generate(
     roofline: Annotated[bool, typer.Option(help="attribute prefill and decode against this machine's measured roofs")] = True,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "cpu",
+    weights: WeightsOpt = "float",
     max_num_seqs: MaxSeqsOpt = 64,
     max_num_batched_tokens: MaxBatchedOpt = 1024,
     kv_cache_bytes: KvBytesOpt = None,
@@ -137,7 +140,7 @@ def generate(
             repetition_penalty=repetition_penalty, seed=seed, stop=stop or [],
         )
         llm = load(
-            model, dtype, device, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            model, dtype, device, weights, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_bytes=kv_cache_bytes, num_kv_blocks=num_kv_blocks, block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
         )
@@ -165,6 +168,7 @@ def chat(
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "cpu",
     stats: Annotated[bool, typer.Option(help="print TTFT/TPOT after each answer")] = False,
+    weights: WeightsOpt = "float",
     max_num_seqs: MaxSeqsOpt = 64,
     max_num_batched_tokens: MaxBatchedOpt = 1024,
     kv_cache_bytes: KvBytesOpt = None,
@@ -179,7 +183,7 @@ def chat(
             repetition_penalty=repetition_penalty, seed=seed,
         )
         llm = load(
-            model, dtype, device, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            model, dtype, device, weights, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             kv_cache_bytes=kv_cache_bytes, num_kv_blocks=num_kv_blocks, block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
         )

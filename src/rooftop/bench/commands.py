@@ -36,6 +36,7 @@ def bench(
     reps: Annotated[int, typer.Option(help="measured repetitions (after one warm-up)")] = 3,
     dtype: Annotated[str, typer.Option(help="auto, float32 or bfloat16")] = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    weights: Annotated[str, typer.Option(help="float or int8 (weight-only)")] = "float",
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the results as JSON")] = None,
     plots: Annotated[Optional[Path], typer.Option(help="write PNG plots into this directory")] = None,
     html_path: Annotated[Optional[Path], typer.Option("--html", help="write a self-contained HTML report")] = None,
@@ -43,7 +44,6 @@ def bench(
     """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions."""
     from rooftop.bench.measure import machine_info
     from rooftop.engine.llm import LLM
-    from rooftop.roofline.attribution import engine_precision
     from rooftop.roofline.probe import load_or_run_probe
 
     with user_errors():
@@ -52,7 +52,7 @@ def bench(
         quick = pp is not None or tg is not None
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         with err.status("loading model and this machine's roofs..."):
-            llm = LLM(model=model, dtype=dtype, device=device)
+            llm = LLM(model=model, dtype=dtype, device=device, weights=weights)
             probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
             hw = probe.to_hardware()
         needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
@@ -88,7 +88,7 @@ def bench(
         else:
             report.update(ttft=result.ttft, decode=result.decode, steps=[vars(p) for p in result.points])
             _print_sweep(console, result)
-            written = _write_plots(result, hw, engine_precision(llm.dtype).compute, plots or (html_path.parent if html_path else None))
+            written = _write_plots(result, hw, llm.precision.compute, plots or (html_path.parent if html_path else None))
             if html_path:
                 from rooftop.bench.html import write_html
 

@@ -15,7 +15,6 @@ from rooftop.config import EngineConfig
 from rooftop.engine.llm import LLM
 from rooftop.engine.llm_engine import LLMEngine, StepRecord
 from rooftop.engine.sampling_params import SamplingParams
-from rooftop.roofline.attribution import engine_precision
 from rooftop.roofline.hardware import Hardware
 
 FILLER = "The history of the printing press is a long story of ideas, metal and ink. "
@@ -71,6 +70,6 @@ def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:
         "model": llm.config.name or llm.model_path,
         "model_path": llm.model_path,
         "dtype": str(llm.dtype).removeprefix("torch."),
-        "weights_format": engine_precision(llm.dtype).weights.name,
+        "weights_format": llm.precision.weights.name,
         "roofs": {"name": hw.name, "peak_flops_per_s": hw.peak_flops, "bandwidth_bytes_per_s": hw.memory_bandwidth},
     }

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from rooftop.bench.measure import run_batch, synthetic_prompt
 from rooftop.engine.llm import LLM
-from rooftop.roofline.attribution import PhaseAttribution, attribute_phases, attribute_step, engine_precision
+from rooftop.roofline.attribution import PhaseAttribution, attribute_phases, attribute_step
 from rooftop.roofline.hardware import Hardware
 
 
@@ -15,7 +15,7 @@ def quick_bench(
     llm: LLM, hw: Hardware, pp: int, tg: int, reps: int, on_progress: Callable[[str], None] = lambda _: None
 ) -> tuple[dict, dict[str, PhaseAttribution]]:
     """Run `reps` single-sequence generations (after one warm-up); return medians and the phase attribution."""
-    p = engine_precision(llm.dtype)
+    p = llm.precision
     prefill_s, decode_steps, attributions = [], [], []
     for rep in range(reps + 1):
         on_progress(f"repetition {rep}/{reps}" if rep else "warm-up")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from rooftop.bench.measure import median, run_batch, synthetic_prompt
 from rooftop.engine.llm import LLM
-from rooftop.roofline.attribution import attribute_step, engine_precision
+from rooftop.roofline.attribution import attribute_step
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
 from rooftop.roofline.predict import decode_time
@@ -40,7 +40,7 @@ def sweep(
     reps: int,
     on_progress: Callable[[str], None] = lambda _: None,
 ) -> SweepResult:
-    p = engine_precision(llm.dtype)
+    p = llm.precision
     result = SweepResult()
     for S in prompt_lens:
         on_progress(f"prefill of {S} tokens")

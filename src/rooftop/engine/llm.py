@@ -17,6 +17,8 @@ from rooftop.engine.sequence import RequestOutput
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_model
 from rooftop.models.transformer import Transformer
+from rooftop.roofline.attribution import engine_precision
+from rooftop.roofline.precision import Precision
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,7 +48,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 class LLM:
     """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`.
 
-    Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
+    `weights`: "float" (in `dtype`) or "int8" (weight-only, one scale per output row: a quarter of float32's
+    bytes per decode step). Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
     block_size, enable_prefix_caching, max_model_len.
     """
 
@@ -55,6 +58,7 @@ class LLM:
         model: str | Path | None = None,
         dtype: str | torch.dtype = "auto",
         device: str | torch.device = "cpu",
+        weights: str = "float",
         **engine_options,
     ):
         engine_config = EngineConfig(**engine_options)
@@ -64,7 +68,9 @@ class LLM:
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        self.engine = LLMEngine(Transformer(loaded.config, loaded.weights, self.dtype, self.device), loaded.tokenizer, engine_config)
+        model = Transformer(loaded.config, loaded.weights, self.dtype, self.device, weights)
+        del loaded  # float copies of quantized weights are not kept
+        self.engine = LLMEngine(model, self.tokenizer, engine_config)
         self._request_ids = itertools.count()
         self._inbox: dict[str, list[RequestDelta]] = {}  # deltas stepped out for a request not being read now
 
@@ -75,6 +81,11 @@ class LLM:
     @property
     def model(self) -> Transformer:
         return self.engine.model
+
+    @property
+    def precision(self) -> Precision:
+        """What the engine's steps read and compute in, for the roofline attribution."""
+        return engine_precision(self.dtype, self.model.weight_format)
 
     def generate(
         self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None

@@ -13,23 +13,25 @@ import torch.nn.functional as F
 
 from rooftop.config import ModelConfig, check_runnable
 from rooftop.engine.kv_cache import AttentionMetadata, KVCache, KVPool
-from rooftop.errors import ModelLoadError
+from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.models.attention import paged_attention
+from rooftop.quant.linear import WEIGHT_FORMATS, FloatLinear, Int8Linear, make_linear
 from rooftop.models.rope import apply_rope, cos_sin_table
+
+
+Linear = FloatLinear | Int8Linear
 
 
 @dataclass
 class Layer:
     attn_norm: torch.Tensor
-    qkv: torch.Tensor  # (q_size + 2 * kv_size, hidden)
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Linear  # hidden -> q_size + 2 * kv_size (with Qwen2's biases)
+    o: Linear
     q_norm: torch.Tensor | None  # Qwen3 only, (head_dim,)
     k_norm: torch.Tensor | None
     mlp_norm: torch.Tensor
-    gate_up: torch.Tensor  # (2 * intermediate, hidden)
-    down: torch.Tensor
+    gate_up: Linear  # hidden -> 2 * intermediate
+    down: Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -41,10 +43,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class Transformer:
     """Weights on one device in one dtype, and the forward pass over them."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        weight_format: str = "float",
+    ):
         c = config
         check_runnable(c)
+        if weight_format not in WEIGHT_FORMATS:
+            raise InvalidRequestError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {weight_format!r}")
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        self.weight_format = weight_format
 
         def take(name: str, shape: tuple[int, ...] | None, required: bool = True) -> torch.Tensor | None:
             w = weights.get(name)
@@ -62,7 +74,8 @@ class Transformer:
         d, qs, kvs, ff = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
         self.embed = take("model.embed_tokens.weight", (c.vocab_size, d))
         self.norm = take("model.norm.weight", (d,))
-        self.lm_head = self.embed if c.tie_word_embeddings else take("lm_head.weight", (c.vocab_size, d))
+        head = self.embed if c.tie_word_embeddings else take("lm_head.weight", (c.vocab_size, d))
+        self.lm_head = make_linear(head, None, weight_format)
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
@@ -70,15 +83,17 @@ class Transformer:
             self.layers.append(
                 Layer(
                     attn_norm=take(p + "input_layernorm.weight", (d,)),
-                    qkv=cat(take(a + "q_proj.weight", (qs, d)), take(a + "k_proj.weight", (kvs, d)), take(a + "v_proj.weight", (kvs, d))),
-                    qkv_bias=cat(*(take(a + f"{n}_proj.bias", None, False) for n in "qkv")),
-                    o=take(a + "o_proj.weight", (d, qs)),
-                    o_bias=take(a + "o_proj.bias", (d,), False),
+                    qkv=make_linear(
+                        cat(take(a + "q_proj.weight", (qs, d)), take(a + "k_proj.weight", (kvs, d)), take(a + "v_proj.weight", (kvs, d))),
+                        cat(*(take(a + f"{n}_proj.bias", None, False) for n in "qkv")),
+                        weight_format,
+                    ),
+                    o=make_linear(take(a + "o_proj.weight", (d, qs)), take(a + "o_proj.bias", (d,), False), weight_format),
                     q_norm=take(a + "q_norm.weight", (c.head_dim,), c.qk_norm),
                     k_norm=take(a + "k_norm.weight", (c.head_dim,), c.qk_norm),
                     mlp_norm=take(p + "post_attention_layernorm.weight", (d,)),
-                    gate_up=cat(take(p + "mlp.gate_proj.weight", (ff, d)), take(p + "mlp.up_proj.weight", (ff, d))),
-                    down=take(p + "mlp.down_proj.weight", (d, ff)),
+                    gate_up=make_linear(cat(take(p + "mlp.gate_proj.weight", (ff, d)), take(p + "mlp.up_proj.weight", (ff, d))), None, weight_format),
+                    down=make_linear(take(p + "mlp.down_proj.weight", (d, ff)), None, weight_format),
                 )
             )
         self.cos, self.sin = cos_sin_table(c, c.max_position_embeddings, dtype, self.device)
@@ -96,7 +111,7 @@ class Transformer:
         x = F.embedding(input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(h)
             q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
             q = q.view(T, c.num_heads, c.head_dim)
             k = k.view(T, c.num_kv_heads, c.head_dim)
@@ -105,13 +120,13 @@ class Transformer:
                 q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             attn = paged_attention(q, k, v, pool.k[i], pool.v[i], meta)
-            x = x + F.linear(attn.reshape(T, c.q_size), layer.o, layer.o_bias)
+            x = x + layer.o(attn.reshape(T, c.q_size))
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, c.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (T, vocab) for the given hidden states (only the positions that need sampling)."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 

@@ -4,25 +4,29 @@ on its StepShape), and the measured time says what FLOP/s and bytes/s the run ac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from rooftop.config import ModelConfig
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
-from rooftop.roofline.precision import Precision, precision
+from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, precision
 from rooftop.roofline.predict import StepTime, time_step
 from rooftop.roofline.report import seconds
 
-# the engine's compute dtype -> the weight format it reads (weights are held in that dtype today)
+# the engine's compute dtype -> the float format of its activations, KV cache and float weights
 ENGINE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def engine_precision(dtype: torch.dtype) -> Precision:
-    """What the engine's steps read and compute in: weights, KV cache and activations all in `dtype`."""
+def engine_precision(dtype: torch.dtype, weight_format: str = "float") -> Precision:
+    """What the engine's steps read and compute in: activations and KV cache in `dtype`; weights in `dtype`
+    or, for "int8", int8 with one scale per row (computed by the weight-only kernel)."""
     fmt = ENGINE_FORMATS[dtype]
-    return precision(fmt, fmt)
+    base = precision(fmt, fmt)
+    if weight_format == "float":
+        return base
+    return replace(base, weights=WEIGHT_FORMATS[weight_format])
 
 
 @dataclass(frozen=True)

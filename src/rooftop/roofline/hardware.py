@@ -24,10 +24,11 @@ class Hardware:
     notes: dict[str, str] = field(default_factory=dict)
 
     def peak(self, compute: str) -> float:
-        """Peak of `compute`; a device without fp8 units runs fp8 weights at its bf16 rate."""
+        """Peak of `compute`. Weight-only int8/int4 kernels multiply in bf16: the bf16 peak unless this device's
+        kernels were measured (the probe); a device without fp8 units runs fp8 weights at its bf16 rate."""
         if compute in self.peak_flops:
             return self.peak_flops[compute]
-        if compute == "fp8" and "bf16" in self.peak_flops:
+        if (compute == "fp8" or compute.endswith("_weight_only")) and "bf16" in self.peak_flops:
             return self.peak_flops["bf16"]
         raise InvalidRequestError(f"{self.name} has no {compute} peak (it has {', '.join(self.peak_flops)})")
 

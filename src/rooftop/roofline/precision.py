@@ -13,7 +13,7 @@ class WeightFormat:
 
     name: str
     bits: int
-    compute: str  # the peak that does the math: int4/int8 weight-only kernels dequantize and compute in bf16
+    compute: str  # the peak that does the math: weight-only kernels dequantize and multiply in bf16 (Hardware.peak)
     group: int = 0
     overhead_bits: int = 0
 
@@ -33,11 +33,11 @@ WEIGHT_FORMATS = {
         WeightFormat("bf16", 16, "bf16"),
         WeightFormat("fp16", 16, "bf16"),
         WeightFormat("fp8", 8, "fp8", group=0, overhead_bits=32),  # per-channel fp32 scale
-        WeightFormat("int8", 8, "bf16", group=0, overhead_bits=16),  # per-channel bf16 scale
-        WeightFormat("int4", 4, "bf16", group=128, overhead_bits=32),  # bf16 scale + bf16 zero per 128
-        WeightFormat("q8_0", 8, "bf16", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 8.5 bits
-        WeightFormat("q4_0", 4, "bf16", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 4.5 bits
-        WeightFormat("q4_1", 4, "bf16", group=32, overhead_bits=32),  # GGUF: fp16 d and m per 32 -> 5 bits
+        WeightFormat("int8", 8, "int8_weight_only", group=0, overhead_bits=16),  # per-channel bf16 scale
+        WeightFormat("int4", 4, "int4_weight_only", group=128, overhead_bits=32),  # bf16 scale + zero per 128
+        WeightFormat("q8_0", 8, "int8_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 8.5 bits
+        WeightFormat("q4_0", 4, "int4_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 4.5 bits
+        WeightFormat("q4_1", 4, "int4_weight_only", group=32, overhead_bits=32),  # GGUF: fp16 d, m per 32 -> 5 bits
     )
 }
 

@@ -81,17 +81,17 @@ class ProbeResult:
         """A `Hardware` with the measured roofs; decode streams weights, so the memory roof is the read bandwidth."""
         threads = f", {self.torch_threads} threads" if self.device == "cpu" else ""
         notes = dict(self.notes)
-        # The weight-only kernels dequantize and multiply in bf16: their rates are notes, never an "int8" peak.
-        for key, value, unit in (
-            ("int8_weight_only", self.int8_weight_only_flops, "GFLOP/s"),
-            ("int4_weight_only", self.int4_weight_only_flops, "GFLOP/s"),
-            ("copy_bandwidth", self.copy_bandwidth, "GB/s"),
-        ):
+        # The weight-only kernels dequantize and multiply in bf16: their measured rates are the compute roofs of
+        # the int8/int4 weight formats ("*_weight_only"), never an "int8" (integer tensor core) peak.
+        peaks = {"fp32": self.fp32_flops, "bf16": self.bf16_flops}
+        for key, value in (("int8_weight_only", self.int8_weight_only_flops), ("int4_weight_only", self.int4_weight_only_flops)):
             if value is not None:
-                notes[key] = "; ".join(filter(None, (f"{value / GIGA:.1f} {unit}", self.notes.get(key))))
+                peaks[key] = value
+        if self.copy_bandwidth is not None:
+            notes["copy_bandwidth"] = f"{self.copy_bandwidth / GIGA:.1f} GB/s"
         return Hardware(
             name=f"this machine ({self.device_name}{threads})",
-            peak_flops={"fp32": self.fp32_flops, "bf16": self.bf16_flops},
+            peak_flops=peaks,
             memory_bandwidth=self.read_bandwidth,
             memory_bytes=self.memory_bytes,
             source=f"rooftop probe {self.date}",
