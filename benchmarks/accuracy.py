@@ -44,7 +44,8 @@ def main() -> None:
     ref_logits = [all_logits(reference, s) for s in sequences]
     print("| format | top-1 agreement (teacher-forced) | max abs logit error | mean abs logit error / logit std | greedy tokens identical to float32 |")
     print("|---|---|---|---|---|")
-    for name, options in (("float32", {"dtype": "float32"}), ("bfloat16", {"dtype": "bfloat16"}), ("int8", {"weights": "int8"})):
+    formats = {"float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16"}, "int8": {"weights": "int8"}, "int4": {"weights": "int4"}}
+    for name, options in formats.items():
         llm = reference if name == "float32" else LLM(**options)
         agree, total, max_err, rel = 0, 0, 0.0, []
         for ids, ref, out in zip(sequences, ref_logits, ref_outputs):

@@ -32,7 +32,7 @@ def test_int8_linear_matches_the_float_matmul():
 def test_unknown_weight_format(tiny_gguf):
     from rooftop import LLM
 
-    with pytest.raises(InvalidRequestError, match="weight format must be one of float, int8; got 'int3'"):
+    with pytest.raises(InvalidRequestError, match="weight format must be one of float, int8, int4; got 'int3'"):
         LLM(model=tiny_gguf, weights="int3")
 
 
@@ -67,3 +67,53 @@ def test_int8_bundled_model_agrees_with_float32(bundled_llm):
     assert float((a - b).abs().mean() / b.std()) < 0.08
     own = int8.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
     assert own.token_ids[:12] == ref.token_ids[:12]  # the first divergence measured is at token 28
+
+
+def test_gguf_q4_blocks_become_int4_exactly():
+    """Q4_1's d·q + m is (q - 8)·d + (m + 8d): the same values, before the kernel rounds s and z to bfloat16."""
+    import gguf
+    import numpy as np
+
+    from rooftop.loading.gguf import int4_weight
+    from rooftop.loading.gguf_file import TensorInfo
+
+    data = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
+    for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_0):
+        raw = gguf.quants.quantize(data, qtype)
+        w = int4_weight(TensorInfo("t", (16, 64), qtype, raw.reshape(-1)))
+        expected = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+        torch.testing.assert_close(w.dequantize(), expected, atol=1e-6, rtol=1e-6)
+        assert w.q.dtype == torch.uint8 and int(w.q.max()) <= 15
+
+
+def test_int4_linear_matches_its_dequantized_matmul():
+    import gguf
+    import numpy as np
+
+    from rooftop.loading.gguf import int4_weight
+    from rooftop.loading.gguf_file import TensorInfo
+    from rooftop.quant.linear import Int4Linear
+
+    raw = gguf.quants.quantize(np.random.default_rng(1).normal(size=(96, 128)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
+    w = int4_weight(TensorInfo("t", (96, 128), gguf.GGMLQuantizationType.Q4_1, raw.reshape(-1)))
+    lin = Int4Linear.from_weight(w, None)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(2))
+    ref = x @ w.dequantize().t()
+    assert float((lin(x) - ref).norm() / ref.norm()) < 0.01  # bfloat16 activations, scales and zeros
+    assert lin.nbytes == 96 * 64 + (128 // 32) * 96 * 2 * 2
+
+
+@pytest.mark.slow
+def test_int4_from_the_bundled_gguf_keeps_its_4_bits_and_agrees(bundled_llm):
+    """Measured with benchmarks/accuracy.py: 99.1% teacher-forced top-1 agreement with float32."""
+    from rooftop import LLM
+    from rooftop.quant.linear import Int4Linear
+
+    llm = LLM(weights="int4")
+    layer = llm.model.layers[0]
+    assert all(isinstance(lin, Int4Linear) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert isinstance(llm.model.lm_head, Int8Linear)  # the file holds it (the tied embedding) as Q8_0
+    prompt = bundled_llm.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}])
+    ref = bundled_llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
+    own = llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
+    assert own.token_ids == ref.token_ids

@@ -27,7 +27,7 @@ ModelOpt = Annotated[
 ]
 DtypeOpt = Annotated[str, typer.Option(help="auto, float32 or bfloat16 (auto: float32 on CPU)")]
 DeviceOpt = Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ...")]
-WeightsOpt = Annotated[str, typer.Option(help="float (weights in --dtype) or int8 (weight-only, per-row scales)")]
+WeightsOpt = Annotated[str, typer.Option(help="float (weights in --dtype), int8 (weight-only, per-row scales) or int4 (per-32 scale and zero; GGUF Q4 as is)")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="most tokens to generate")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 is greedy")]
 TopPOpt = Annotated[float, typer.Option(help="nucleus sampling mass, (0, 1]")]

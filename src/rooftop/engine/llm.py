@@ -48,8 +48,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 class LLM:
     """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`.
 
-    `weights`: "float" (in `dtype`) or "int8" (weight-only, one scale per output row: a quarter of float32's
-    bytes per decode step). Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
+    `weights`: "float" (in `dtype`), "int8" (weight-only, one scale per output row: a quarter of float32's
+    bytes per decode step) or "int4" (group-32 scale and zero; a GGUF's Q4_0/Q4_1 weights load as they are). Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
     block_size, enable_prefix_caching, max_model_len.
     """
 
@@ -64,7 +64,7 @@ class LLM:
         engine_config = EngineConfig(**engine_options)
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        loaded = load_model(model)
+        loaded = load_model(model, keep_int4=weights == "int4")
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer

@@ -8,10 +8,13 @@ import torch
 
 from rooftop.config import RUNNABLE_ARCHITECTURES, ModelConfig, RopeScaling
 from rooftop.errors import ModelLoadError, RooftopError, UnsupportedModelError
-from rooftop.loading.gguf_file import GGUFFile, read_gguf
+from gguf import GGMLQuantizationType as QType
+
+from rooftop.loading.gguf_file import GGUFFile, TensorInfo, read_gguf
 from rooftop.loading.model_files import LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
-from rooftop.quant.gguf_blocks import dequantize
+from rooftop.quant.gguf_blocks import dequantize, q4_0_parts, q4_1_parts
+from rooftop.quant.linear import Int4Weight
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -103,8 +106,22 @@ def config_from_gguf(gguf_file: GGUFFile) -> ModelConfig:
     return config
 
 
-def load_gguf(path: Path) -> LoadedModel:
-    """Read a GGUF file into float32 weights (HF names and layout), its config and its tokenizer."""
+def int4_weight(t: TensorInfo) -> Int4Weight:
+    """A Q4_0 / Q4_1 tensor as 4-bit integers with per-32 scales and zeros, never widened to floats."""
+    rows, cols = t.shape
+    if t.qtype == QType.Q4_1:
+        d, m, q = q4_1_parts(t.data, t.numel)
+        zero = m + 8 * d  # d·q + m == (q - 8)·d + (m + 8d)
+    else:
+        d, q = q4_0_parts(t.data, t.numel)
+        zero = torch.zeros_like(d)
+    groups = cols // 32
+    return Int4Weight(q.reshape(rows, cols), d.reshape(rows, groups), zero.reshape(rows, groups))
+
+
+def load_gguf(path: Path, keep_int4: bool = False) -> LoadedModel:
+    """Read a GGUF file into weights under HF names and layout (float32, or with `keep_int4` the Q4_0/Q4_1
+    linears as Int4Weight), its config and its tokenizer."""
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
     config = config_from_gguf(gguf_file)
@@ -115,9 +132,16 @@ def load_gguf(path: Path) -> LoadedModel:
             if t.name == "rope_freqs.weight":  # Llama-3 rope scaling, stored as per-pair frequency divisors
                 config.rope_freq_factors = dequantize(t.data, t.qtype, t.shape, t.name).tolist()
             continue
-        w = dequantize(t.data, t.qtype, t.shape, t.name)
+        if keep_int4 and t.qtype in (QType.Q4_0, QType.Q4_1) and len(t.shape) == 2:
+            w = int4_weight(t)
+        else:
+            w = dequantize(t.data, t.qtype, t.shape, t.name)
         if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            w = unpermute_rope(w, config.num_heads if "q_proj" in name else config.num_kv_heads)
+            heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+            if isinstance(w, Int4Weight):  # the same row order, applied to integers, scales and zeros alike
+                w = w.rows(unpermute_rope(torch.arange(w.shape[0])[:, None], heads)[:, 0])
+            else:
+                w = unpermute_rope(w, heads)
         weights[name] = w
     try:
         tokenizer = Tokenizer.from_gguf_metadata(meta)

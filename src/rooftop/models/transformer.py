@@ -13,13 +13,13 @@ import torch.nn.functional as F
 
 from rooftop.config import ModelConfig, check_runnable
 from rooftop.engine.kv_cache import AttentionMetadata, KVCache, KVPool
-from rooftop.errors import InvalidRequestError, ModelLoadError
+from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.models.attention import paged_attention
-from rooftop.quant.linear import WEIGHT_FORMATS, FloatLinear, Int8Linear, make_linear
+from rooftop.quant.linear import WEIGHT_FORMATS, FloatLinear, Int4Linear, Int4Weight, Int8Linear, Weight, make_linear
 from rooftop.models.rope import apply_rope, cos_sin_table
 
 
-Linear = FloatLinear | Int8Linear
+Linear = FloatLinear | Int8Linear | Int4Linear
 
 
 @dataclass
@@ -56,9 +56,11 @@ class Transformer:
         if weight_format not in WEIGHT_FORMATS:
             raise InvalidRequestError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {weight_format!r}")
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        if weight_format == "int4" and self.device.type != "cpu":
+            raise UnsupportedModelError("int4 weights run on PyTorch's CPU kernels only for now; use int8 or float")
         self.weight_format = weight_format
 
-        def take(name: str, shape: tuple[int, ...] | None, required: bool = True) -> torch.Tensor | None:
+        def take(name: str, shape: tuple[int, ...] | None, required: bool = True) -> Weight | None:
             w = weights.get(name)
             if w is None:
                 if required:
@@ -66,13 +68,25 @@ class Transformer:
                 return None
             if shape is not None and tuple(w.shape) != shape:
                 raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
+            if isinstance(w, Int4Weight):  # kept 4-bit by the loader: used as is by int4 linears only
+                if weight_format == "int4":
+                    return w
+                w = w.dequantize()
             return w.to(device=self.device, dtype=dtype).contiguous()
 
         def cat(*tensors):
-            return None if any(t is None for t in tensors) else torch.cat(tensors, dim=0).contiguous()
+            if any(t is None for t in tensors):
+                return None
+            if all(isinstance(t, Int4Weight) for t in tensors):
+                return Int4Weight.cat(list(tensors))
+            if any(isinstance(t, Int4Weight) for t in tensors):  # mixed formats in one fused matrix: widen all
+                tensors = [t.dequantize().to(device=self.device, dtype=dtype) if isinstance(t, Int4Weight) else t for t in tensors]
+            return torch.cat(tensors, dim=0).contiguous()
 
         d, qs, kvs, ff = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
         self.embed = take("model.embed_tokens.weight", (c.vocab_size, d))
+        if isinstance(self.embed, Int4Weight):  # a lookup table, not a linear: rows are read as floats
+            self.embed = self.embed.dequantize().to(device=self.device, dtype=dtype)
         self.norm = take("model.norm.weight", (d,))
         head = self.embed if c.tie_word_embeddings else take("lm_head.weight", (c.vocab_size, d))
         self.lm_head = make_linear(head, None, weight_format)

@@ -20,13 +20,13 @@ ENGINE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: 
 
 
 def engine_precision(dtype: torch.dtype, weight_format: str = "float") -> Precision:
-    """What the engine's steps read and compute in: activations and KV cache in `dtype`; weights in `dtype`
-    or, for "int8", int8 with one scale per row (computed by the weight-only kernel)."""
+    """What the engine's steps read and compute in: activations and KV cache in `dtype`; weights in `dtype`,
+    or int8 (one scale per row) / int4 (scale and zero per 32, as GGUF Q4_1) run by the weight-only kernels."""
     fmt = ENGINE_FORMATS[dtype]
     base = precision(fmt, fmt)
     if weight_format == "float":
         return base
-    return replace(base, weights=WEIGHT_FORMATS[weight_format])
+    return replace(base, weights=WEIGHT_FORMATS["int4-g32" if weight_format == "int4" else weight_format])
 
 
 @dataclass(frozen=True)
