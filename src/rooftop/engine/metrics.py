@@ -24,10 +24,6 @@ class RequestMetrics:
         return len(self.token_times)
 
     @property
-    def first_token_time(self) -> float | None:
-        return self.token_times[0] if self.token_times else None
-
-    @property
     def queue_time(self) -> float | None:
         return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 

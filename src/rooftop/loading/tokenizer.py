@@ -78,9 +78,6 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
-        return [self.backend.id_to_token(i) for i in ids]
-
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages`, rendered like transformers' `apply_chat_template`."""
         if not self.chat_template:
