@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -49,10 +48,6 @@ def run_batch(llm: LLM, prompts: list[list[int]], output_len: int) -> Run:
     while eng.has_unfinished():
         ttfts += [d.output.metrics.ttft for d in eng.step() if d.finished]
     return Run(list(eng.step_records), ttfts)
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:

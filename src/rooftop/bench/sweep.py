@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rooftop.bench.measure import median, run_batch, synthetic_prompt
+from statistics import median
+
+from rooftop.bench.measure import run_batch, synthetic_prompt
 from rooftop.engine.llm import LLM
-from rooftop.roofline.attribution import attribute_step
+from rooftop.roofline.attribution import attribute_phases, attribute_step
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
 from rooftop.roofline.predict import decode_time
@@ -50,15 +52,15 @@ def sweep(
             if rep:
                 ttfts.append(run.ttft_s[0])
                 steps.append(next(r.seconds for r in run.records if r.phase == "prefill"))
-        shape = StepShape.prefill(1, S)
-        att = attribute_step(llm.config, p, shape, median(steps), hw)
+        att = attribute_step(llm.config, p, StepShape.prefill(1, S), median(steps), hw)
+        phase = attribute_phases([att], hw, p.compute)["prefill"]
         result.ttft.append({
             "prompt_tokens": S,
             "measured_ttft_s": median(ttfts),
             "measured_prefill_step_s": att.measured_s,
             "predicted_ttft_s": att.predicted.time_s,
-            "achieved_flops_per_s": att.predicted.flops / att.measured_s,
-            "pct_of_compute_roof": 100 * att.predicted.flops / att.measured_s / hw.peak(p.compute),
+            "achieved_flops_per_s": phase.achieved_flops_per_s,
+            "pct_of_compute_roof": phase.pct_of_compute_roof,
             "prefill_tokens_per_s": S / att.measured_s,
         })
         result.points.append(_point("prefill", f"pp{S}", att, hw))
@@ -75,6 +77,7 @@ def sweep(
         predicted = decode_time(llm.config, p, hw, B, context, output_len) / (output_len - 1)
         mid = StepShape.decode(B, context + output_len // 2)
         att = attribute_step(llm.config, p, mid, measured, hw)
+        phase = attribute_phases([att], hw, p.compute)["decode"]
         result.decode.append({
             "batch": B,
             "context_tokens": context,
@@ -82,8 +85,8 @@ def sweep(
             "predicted_tpot_s": predicted,
             "measured_tokens_per_s_total": B / measured,
             "predicted_tokens_per_s_total": B / predicted,
-            "achieved_bytes_per_s": att.predicted.bytes / measured,
-            "pct_of_bandwidth_roof": 100 * att.predicted.bytes / measured / hw.memory_bandwidth,
+            "achieved_bytes_per_s": phase.achieved_bytes_per_s,
+            "pct_of_bandwidth_roof": phase.pct_of_bandwidth_roof,
         })
         result.points.append(_point("decode", f"b{B}", att, hw))
     return result

@@ -99,13 +99,15 @@ class BlockManager:
         parent = None
         for i in range(num_computed // self.block_size):
             block = self.blocks[table[i]]
+            if block.hash is not None:  # named in an earlier step: its hash carries the chain on
+                parent = block.hash
+                continue
             tokens = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
             parent = block_hash(parent, tokens)
-            if block.hash is None:
-                if parent in self.cached:  # the same content already cached elsewhere: keep the first
-                    continue
-                block.hash, block.tokens = parent, tokens
-                self.cached[parent] = block.id
+            if parent in self.cached:  # the same content already cached elsewhere: keep the first
+                continue
+            block.hash, block.tokens = parent, tokens
+            self.cached[parent] = block.id
 
     def free(self, table: list[int]) -> None:
         """Drop a sequence's references; blocks with no references become free (or evictable if cached)."""

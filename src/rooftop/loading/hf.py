@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ from rooftop.config import (
     check_runnable,
 )
 from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.loading import read_json
 from rooftop.loading.model_files import LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
 
@@ -30,13 +30,6 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5ForCausalLM": "qwen3_5",
 }
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
 
 
 def _ids(value) -> list[int]:
@@ -141,7 +134,7 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
 
 def read_hf_config(path: Path, generation: dict | None = None) -> ModelConfig:
     """A config.json file -> ModelConfig, naming the first required field it lacks."""
-    cfg = _read_json(path)
+    cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     try:
@@ -155,7 +148,7 @@ def read_hf_config(path: Path, generation: dict | None = None) -> ModelConfig:
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
         missing = [s for s in shards if not (path / s).is_file()]
         if missing or not shards:
             raise ModelLoadError(f"{path}: shards listed in {index.name} are missing: {missing or 'none listed'}")
@@ -170,7 +163,7 @@ def load_hf_dir(path: Path) -> LoadedModel:
     """Load an HF directory into float32 weights, the config and the tokenizer."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model directory?)")
-    generation = _read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
+    generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
     config = read_hf_config(path / "config.json", generation)
     check_runnable(config)  # before reading gigabytes of weights the engine could not use
     weights: dict[str, torch.Tensor] = {}

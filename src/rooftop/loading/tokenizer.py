@@ -13,6 +13,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
+from rooftop.loading import read_json
 
 # How llama.cpp splits text before BPE, by the GGUF's `tokenizer.ggml.pre`; the regexes are llama.cpp's.
 _LLAMA3_SPLIT = (
@@ -143,7 +144,7 @@ class Tokenizer:
             backend = HFTokenizer.from_file(str(tok_file))
         except Exception as e:
             raise ModelLoadError(f"{tok_file}: not a valid tokenizer.json ({e})") from None
-        cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+        cfg = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
         template = cfg.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
@@ -158,13 +159,6 @@ class Tokenizer:
 
 def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
 
 
 @functools.lru_cache(maxsize=16)
