@@ -31,7 +31,7 @@ def probe_cache(tmp_path_factory) -> Path:
 def bundled_llm():
     from rooftop import LLM
 
-    return LLM(dtype="float32")
+    return LLM(dtype="float32", weights="float")  # the reference: the file's values widened exactly
 
 
 @pytest.fixture(scope="session")

@@ -114,7 +114,7 @@ def test_out_of_range_token_ids_are_refused(bundled_llm):
 def test_bfloat16_runs_and_mostly_agrees(bundled_llm):
     from rooftop import LLM
 
-    llm = LLM(dtype="bfloat16")
+    llm = LLM(dtype="bfloat16", weights="float")
     assert llm.model.embed.dtype == torch.bfloat16
     ids = bundled_llm.tokenizer.encode(bundled_llm.apply_chat_template([{"role": "user", "content": "Hi!"}]))
     ours = llm.generate([ids], SamplingParams(max_tokens=4, temperature=0))[0].token_ids

@@ -1,4 +1,5 @@
-"""int8 weight-only linears: quantization round trip, the kernel against a float matmul, the model end to end."""
+"""Weight formats: GGUF groups kept as they are, int8/int4 quantization round trips, each kernel against a float
+matmul, lazy loading, the default format, and the bundled model end to end."""
 
 import pytest
 import torch
@@ -74,13 +75,13 @@ def test_gguf_q4_blocks_become_int4_exactly():
     import gguf
     import numpy as np
 
-    from rooftop.loading.gguf import int4_weight
+    from rooftop.loading.gguf import group_weight
     from rooftop.loading.gguf_file import TensorInfo
 
     data = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
     for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_0):
         raw = gguf.quants.quantize(data, qtype)
-        w = int4_weight(TensorInfo("t", (16, 64), qtype, raw.reshape(-1)))
+        w = group_weight(TensorInfo("t", (16, 64), qtype, raw.reshape(-1)))
         expected = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
         torch.testing.assert_close(w.dequantize(), expected, atol=1e-6, rtol=1e-6)
         assert w.q.dtype == torch.uint8 and int(w.q.max()) <= 15
@@ -90,12 +91,12 @@ def test_int4_linear_matches_its_dequantized_matmul():
     import gguf
     import numpy as np
 
-    from rooftop.loading.gguf import int4_weight
+    from rooftop.loading.gguf import group_weight
     from rooftop.loading.gguf_file import TensorInfo
     from rooftop.quant.linear import Int4Linear
 
     raw = gguf.quants.quantize(np.random.default_rng(1).normal(size=(96, 128)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
-    w = int4_weight(TensorInfo("t", (96, 128), gguf.GGMLQuantizationType.Q4_1, raw.reshape(-1)))
+    w = group_weight(TensorInfo("t", (96, 128), gguf.GGMLQuantizationType.Q4_1, raw.reshape(-1)))
     lin = Int4Linear.from_weight(w, None)
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(2))
     ref = x @ w.dequantize().t()
@@ -108,12 +109,89 @@ def test_int4_from_the_bundled_gguf_keeps_its_4_bits_and_agrees(bundled_llm):
     """Measured with benchmarks/accuracy.py: 99.1% teacher-forced top-1 agreement with float32."""
     from rooftop import LLM
     from rooftop.quant.linear import Int4Linear
+    from rooftop.quant.weights import Int8GroupWeight
 
     llm = LLM(weights="int4")
     layer = llm.model.layers[0]
     assert all(isinstance(lin, Int4Linear) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
     assert isinstance(llm.model.lm_head, Int8Linear)  # the file holds it (the tied embedding) as Q8_0
+    assert isinstance(llm.model.embed, Int8GroupWeight)  # looked up from the file's own 8-bit groups
+    assert LLM().model.weight_format == "int4"  # the default for the bundled Q4_1 file
     prompt = bundled_llm.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}])
     ref = bundled_llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
     own = llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
     assert own.token_ids == ref.token_ids
+
+
+def test_gguf_q8_0_stays_8_bit_exactly():
+    import gguf
+    import numpy as np
+
+    from rooftop.loading.gguf import group_weight
+    from rooftop.loading.gguf_file import TensorInfo
+    from rooftop.quant.weights import Int8GroupWeight
+
+    data = np.random.default_rng(3).normal(size=(8, 96)).astype(np.float32)
+    raw = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+    w = group_weight(TensorInfo("t", (8, 96), gguf.GGMLQuantizationType.Q8_0, raw.reshape(-1)))
+    assert isinstance(w, Int8GroupWeight) and w.q.dtype == torch.int8 and w.scale.shape == (8, 3)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0))
+    torch.testing.assert_close(w.dequantize(), expected, atol=0, rtol=0)
+    rows = torch.tensor([5, 0, 5])
+    torch.testing.assert_close(w.lookup(rows), expected[rows], atol=0, rtol=0)  # the embedding's row lookup
+
+
+def test_int4_quantization_round_trip_is_within_half_a_step():
+    from rooftop.quant.weights import quantize_int4
+
+    w = torch.randn(16, 128, generator=torch.Generator().manual_seed(4)) * torch.linspace(0.01, 2, 16)[:, None]
+    q = quantize_int4(w)
+    assert q.q.dtype == torch.uint8 and int(q.q.max()) <= 15 and q.scale.shape == (16, 4)
+    step = q.scale.repeat_interleave(32, dim=1)
+    assert (q.dequantize() - w).abs().le(step * 0.5 + 1e-5).all()
+
+
+def test_int4_on_float_weights_quantizes_the_blocks_and_keeps_the_lm_head_at_8_bits(tiny_gguf):
+    """Float weights asked to run as int4 become group-32 int4 at load: the kernel applied to the identity gives
+    back exactly the quantized matrix (up to its bfloat16 scales and zeros)."""
+    from rooftop import LLM
+    from rooftop.loading.model_files import load_model
+    from rooftop.quant.linear import Int4Linear
+    from rooftop.quant.weights import quantize_int4
+
+    llm = LLM(model=tiny_gguf, weights="int4")
+    layer = llm.model.layers[0]
+    assert all(isinstance(lin, Int4Linear) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert isinstance(llm.model.lm_head, Int8Linear)
+    w = load_model(tiny_gguf).weights["model.layers.0.mlp.down_proj.weight"]
+    expected = quantize_int4(w).dequantize()
+    got = layer.down(torch.eye(w.shape[1])).t()
+    assert float((got - expected).abs().max()) < 0.01 * float(expected.abs().max())
+    out = llm.generate([list(range(3, 20))], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+
+
+def test_the_default_format_follows_the_file(tmp_path, tiny_gguf):
+    """auto: float for float weights, int4 for Q4 blocks, int8 for Q8_0."""
+    import gguf
+    from gguf_factory import write_tiny_gguf
+
+    from rooftop import LLM
+    from rooftop.quant.linear import Int4Linear
+
+    assert LLM(model=tiny_gguf).model.weight_format == "float"
+    for qtype, fmt, kind in (("Q4_1", "int4", Int4Linear), ("Q8_0", "int8", Int8Linear)):
+        path = tmp_path / f"{qtype}.gguf"
+        write_tiny_gguf(path, qtype=gguf.GGMLQuantizationType[qtype])
+        llm = LLM(model=path)
+        assert llm.model.weight_format == fmt and isinstance(llm.model.layers[1].down, kind)
+        assert llm.precision.weights.name == ("int4-g32" if fmt == "int4" else "int8")
+
+
+def test_loading_reads_tensors_only_when_the_model_asks(tiny_gguf):
+    from rooftop.loading.model_files import LazyWeights, load_model
+
+    loaded = load_model(tiny_gguf)
+    assert isinstance(loaded.weights, LazyWeights) and "model.norm.weight" in loaded.weights
+    first, second = loaded.weights["model.norm.weight"], loaded.weights["model.norm.weight"]
+    assert first is not second and torch.equal(first, second)  # decoded afresh: nothing is held by the loader

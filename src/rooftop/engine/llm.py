@@ -45,11 +45,21 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
+def resolve_weight_format(weights: str, native: str, device: torch.device) -> str:
+    """"auto" is the format closest to what the file holds (int4 for a Q4 GGUF, int8 for Q8_0, float for
+    float weights) where the kernels for it exist (PyTorch's weight-only int4/int8 kernels: CPU), else float."""
+    if weights != "auto":
+        return weights
+    return native if device.type == "cpu" else "float"
+
+
 class LLM:
     """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`.
 
-    `weights`: "float" (in `dtype`), "int8" (weight-only, one scale per output row: a quarter of float32's
-    bytes per decode step) or "int4" (group-32 scale and zero; a GGUF's Q4_0/Q4_1 weights load as they are). Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
+    `weights`: "auto" (the format closest to the file: int4 for the bundled Q4_1 GGUF), "float" (in `dtype`),
+    "int8" (weight-only, one scale per output row: a quarter of float32's bytes per decode step) or "int4"
+    (group-32 scale and zero; a GGUF's Q4_0/Q4_1 weights load as they are, the lm_head at 8 bits).
+    Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
     block_size, enable_prefix_caching, max_model_len.
     """
 
@@ -58,18 +68,18 @@ class LLM:
         model: str | Path | None = None,
         dtype: str | torch.dtype = "auto",
         device: str | torch.device = "cpu",
-        weights: str = "float",
+        weights: str = "auto",
         **engine_options,
     ):
         engine_config = EngineConfig(**engine_options)
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        loaded = load_model(model, keep_int4=weights == "int4")
+        loaded = load_model(model)
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        model = Transformer(loaded.config, loaded.weights, self.dtype, self.device, weights)
-        del loaded  # float copies of quantized weights are not kept
+        fmt = resolve_weight_format(weights, loaded.native_format, self.device)
+        model = Transformer(loaded.config, loaded.weights, self.dtype, self.device, fmt)
         self.engine = LLMEngine(model, self.tokenizer, engine_config)
         self._request_ids = itertools.count()
         self._inbox: dict[str, list[RequestDelta]] = {}  # deltas stepped out for a request not being read now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -11,10 +12,12 @@ from rooftop.errors import ModelLoadError, RooftopError, UnsupportedModelError
 from gguf import GGMLQuantizationType as QType
 
 from rooftop.loading.gguf_file import GGUFFile, TensorInfo, read_gguf
-from rooftop.loading.model_files import LoadedModel
+from rooftop.loading.model_files import LazyWeights, LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
-from rooftop.quant.gguf_blocks import dequantize, q4_0_parts, q4_1_parts
-from rooftop.quant.linear import Int4Weight
+from rooftop.quant.gguf_blocks import dequantize, q4_0_parts, q4_1_parts, q8_0_parts
+from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight
+
+GROUP_TYPES = (QType.Q4_0, QType.Q4_1, QType.Q8_0)
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -106,47 +109,65 @@ def config_from_gguf(gguf_file: GGUFFile) -> ModelConfig:
     return config
 
 
-def int4_weight(t: TensorInfo) -> Int4Weight:
-    """A Q4_0 / Q4_1 tensor as 4-bit integers with per-32 scales and zeros, never widened to floats."""
+def group_weight(t: TensorInfo) -> Int4Weight | Int8GroupWeight:
+    """A Q4_0 / Q4_1 / Q8_0 matrix as its integers with per-32 scales (and zeros), never widened to floats."""
     rows, cols = t.shape
+    groups = cols // 32
+    if t.qtype == QType.Q8_0:
+        d, q = q8_0_parts(t.data, t.numel)
+        return Int8GroupWeight(q.reshape(rows, cols), d.reshape(rows, groups))
     if t.qtype == QType.Q4_1:
         d, m, q = q4_1_parts(t.data, t.numel)
         zero = m + 8 * d  # d·q + m == (q - 8)·d + (m + 8d)
     else:
         d, q = q4_0_parts(t.data, t.numel)
         zero = torch.zeros_like(d)
-    groups = cols // 32
     return Int4Weight(q.reshape(rows, cols), d.reshape(rows, groups), zero.reshape(rows, groups))
 
 
-def load_gguf(path: Path, keep_int4: bool = False) -> LoadedModel:
-    """Read a GGUF file into weights under HF names and layout (float32, or with `keep_int4` the Q4_0/Q4_1
-    linears as Int4Weight), its config and its tokenizer."""
+def read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
+    """One tensor under its HF layout: quantized matrices as their groups, everything else as float32."""
+    if t.qtype in GROUP_TYPES and len(t.shape) == 2:
+        w = group_weight(t)
+    else:
+        w = dequantize(t.data, t.qtype, t.shape, t.name)
+    if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+        if isinstance(w, torch.Tensor):
+            w = unpermute_rope(w, heads)
+        else:  # the same row order, applied to integers, scales and zeros alike
+            w = w.rows(unpermute_rope(torch.arange(w.shape[0])[:, None], heads)[:, 0])
+    return w
+
+
+def native_format(tensors: list[TensorInfo]) -> str:
+    """The engine's weight format closest to what the file's transformer blocks hold (most of their elements)."""
+    held: dict[QType, int] = {}
+    for t in tensors:
+        if t.name.startswith("blk.") and len(t.shape) == 2:
+            held[t.qtype] = held.get(t.qtype, 0) + t.numel
+    most = max(held, key=held.get, default=QType.F32)
+    return {QType.Q4_0: "int4", QType.Q4_1: "int4", QType.Q8_0: "int8"}.get(most, "float")
+
+
+def load_gguf(path: Path) -> LoadedModel:
+    """Read a GGUF file's config and tokenizer now, and its tensors (under HF names and layout) when the model
+    asks for each: Q4_0/Q4_1/Q8_0 matrices come as their integer groups, the rest as float32."""
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
     config = config_from_gguf(gguf_file)
-    weights: dict[str, torch.Tensor] = {}
+    readers = {}
     for t in gguf_file.tensors:
         name = hf_name(t.name)
         if name is None:
             if t.name == "rope_freqs.weight":  # Llama-3 rope scaling, stored as per-pair frequency divisors
                 config.rope_freq_factors = dequantize(t.data, t.qtype, t.shape, t.name).tolist()
             continue
-        if keep_int4 and t.qtype in (QType.Q4_0, QType.Q4_1) and len(t.shape) == 2:
-            w = int4_weight(t)
-        else:
-            w = dequantize(t.data, t.qtype, t.shape, t.name)
-        if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = config.num_heads if "q_proj" in name else config.num_kv_heads
-            if isinstance(w, Int4Weight):  # the same row order, applied to integers, scales and zeros alike
-                w = w.rows(unpermute_rope(torch.arange(w.shape[0])[:, None], heads)[:, 0])
-            else:
-                w = unpermute_rope(w, heads)
-        weights[name] = w
+        readers[name] = partial(read_tensor, t, config, name)
     try:
         tokenizer = Tokenizer.from_gguf_metadata(meta)
     except RooftopError:
         raise
     except Exception as e:  # the tokenizers library raises its own exception types on a bad vocabulary or merges
         raise ModelLoadError(f"{path}: the GGUF tokenizer data is invalid ({type(e).__name__}: {e})") from None
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=str(path))
+    return LoadedModel(config, LazyWeights(readers), tokenizer, str(path), native_format(gguf_file.tensors))

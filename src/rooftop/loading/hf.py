@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from functools import partial
+
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from rooftop.config import (
     FULL_ATTENTION,
@@ -17,7 +19,7 @@ from rooftop.config import (
 )
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading import read_json
-from rooftop.loading.model_files import LoadedModel
+from rooftop.loading.model_files import LazyWeights, LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
 
 ARCHITECTURES = {
@@ -159,22 +161,28 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
+def _read(f: Path, name: str) -> torch.Tensor:
+    with safe_open(f, framework="pt") as opened:
+        return opened.get_tensor(name).float()
+
+
 def load_hf_dir(path: Path) -> LoadedModel:
-    """Load an HF directory into float32 weights, the config and the tokenizer."""
+    """Load an HF directory's config and tokenizer; its tensors are read (as float32) when the model asks."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model directory?)")
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
     config = read_hf_config(path / "config.json", generation)
     check_runnable(config)  # before reading gigabytes of weights the engine could not use
-    weights: dict[str, torch.Tensor] = {}
+    readers = {}
     for f in _weight_files(path):
         try:
-            weights.update({k: v.float() for k, v in load_file(f).items()})
+            with safe_open(f, framework="pt") as opened:
+                readers.update({name: partial(_read, f, name) for name in opened.keys()})
         except Exception as e:  # safetensors raises its own error types on a bad header or short file
             raise ModelLoadError(f"{f}: unreadable safetensors file ({e})") from None
-    if "lm_head.weight" not in weights:
+    if "lm_head.weight" not in readers:
         config.tie_word_embeddings = True
     tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
     if not config.eos_token_ids:
         config.eos_token_ids = tokenizer.eos_token_ids
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=str(path))
+    return LoadedModel(config=config, weights=LazyWeights(readers), tokenizer=tokenizer, source=str(path))

@@ -6,6 +6,7 @@ for all of them; only attention is per sequence, through the paged KV cache. Q/K
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +16,8 @@ from rooftop.config import ModelConfig, check_runnable
 from rooftop.engine.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.models.attention import paged_attention
-from rooftop.quant.linear import WEIGHT_FORMATS, FloatLinear, Int4Linear, Int4Weight, Int8Linear, Weight, make_linear
+from rooftop.quant.linear import WEIGHT_FORMATS, FloatLinear, Int4Linear, Int8Linear, make_linear
+from rooftop.quant.weights import Weight, to_float
 from rooftop.models.rope import apply_rope, cos_sin_table
 
 
@@ -46,7 +48,7 @@ class Transformer:
     def __init__(
         self,
         config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        weights: Mapping[str, Weight],
         dtype: torch.dtype,
         device: torch.device,
         weight_format: str = "float",
@@ -61,6 +63,7 @@ class Transformer:
         self.weight_format = weight_format
 
         def take(name: str, shape: tuple[int, ...] | None, required: bool = True) -> Weight | None:
+            """A weight in the file's form: float tensors in the model's dtype, 4/8-bit groups as they are."""
             w = weights.get(name)
             if w is None:
                 if required:
@@ -68,28 +71,24 @@ class Transformer:
                 return None
             if shape is not None and tuple(w.shape) != shape:
                 raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
-            if isinstance(w, Int4Weight):  # kept 4-bit by the loader: used as is by int4 linears only
-                if weight_format == "int4":
-                    return w
-                w = w.dequantize()
-            return w.to(device=self.device, dtype=dtype).contiguous()
+            if not isinstance(w, torch.Tensor) and (weight_format == "float" or self.device.type != "cpu"):
+                w = w.dequantize()  # integer groups are read by the CPU kernels only
+            return w.to(device=self.device, dtype=dtype).contiguous() if isinstance(w, torch.Tensor) else w
 
-        def cat(*tensors):
-            if any(t is None for t in tensors):
+        def cat(*parts: Weight | None) -> Weight | None:
+            """Fused projections: one matrix from several, kept in their common form when they share one."""
+            if any(t is None for t in parts):
                 return None
-            if all(isinstance(t, Int4Weight) for t in tensors):
-                return Int4Weight.cat(list(tensors))
-            if any(isinstance(t, Int4Weight) for t in tensors):  # mixed formats in one fused matrix: widen all
-                tensors = [t.dequantize().to(device=self.device, dtype=dtype) if isinstance(t, Int4Weight) else t for t in tensors]
-            return torch.cat(tensors, dim=0).contiguous()
+            kind = type(parts[0])
+            if kind is not torch.Tensor and all(type(t) is kind for t in parts):
+                return kind.cat(list(parts))
+            return torch.cat([to_float(t).to(device=self.device, dtype=dtype) for t in parts], dim=0).contiguous()
 
         d, qs, kvs, ff = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
-        self.embed = take("model.embed_tokens.weight", (c.vocab_size, d))
-        if isinstance(self.embed, Int4Weight):  # a lookup table, not a linear: rows are read as floats
-            self.embed = self.embed.dequantize().to(device=self.device, dtype=dtype)
+        self.embed = take("model.embed_tokens.weight", (c.vocab_size, d))  # a lookup table, in the file's form
         self.norm = take("model.norm.weight", (d,))
         head = self.embed if c.tie_word_embeddings else take("lm_head.weight", (c.vocab_size, d))
-        self.lm_head = make_linear(head, None, weight_format)
+        self.lm_head = make_linear(head, None, weight_format, lm_head=True)
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
@@ -122,7 +121,7 @@ class Transformer:
         c = self.config
         T = input_ids.shape[0]
         cos, sin = self.cos[positions], self.sin[positions]
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             qkv = layer.qkv(h)
@@ -139,6 +138,11 @@ class Transformer:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed, torch.Tensor):
+            return F.embedding(input_ids, self.embed)
+        return self.embed.lookup(input_ids).to(self.dtype)  # only the rows of these tokens are widened
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (T, vocab) for the given hidden states (only the positions that need sampling)."""

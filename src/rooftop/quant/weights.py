@@ -1,0 +1,95 @@
+"""Weights as a file holds them: 4-bit and 8-bit integers with one scale (and zero) per group of 32 weights.
+
+GGUF Q4_0/Q4_1 load as `Int4Weight` and Q8_0 as `Int8GroupWeight`, never widened to float32 as a whole model;
+a linear layer or the embedding then takes the form it runs in (see quant/linear.py), one tensor at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROUP = 32
+
+
+def expand_groups(t: torch.Tensor) -> torch.Tensor:
+    """(..., K / 32) per-group values -> (..., K), each repeated over its 32 weights."""
+    return t.repeat_interleave(GROUP, dim=-1)
+
+
+@dataclass
+class Int4Weight:
+    """w[n, k] = (q[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32]: the CPU int4 kernel's convention."""
+
+    q: torch.Tensor  # (N, K) uint8, values 0..15
+    scale: torch.Tensor  # (N, K / 32) float32
+    zero: torch.Tensor  # (N, K / 32) float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.lookup(slice(None))
+
+    def lookup(self, rows: torch.Tensor | slice) -> torch.Tensor:
+        """Float32 values of some rows (an embedding lookup reads only the rows it needs)."""
+        return (self.q[rows].float() - 8) * expand_groups(self.scale[rows]) + expand_groups(self.zero[rows])
+
+    def rows(self, order: torch.Tensor) -> Int4Weight:
+        return Int4Weight(self.q[order], self.scale[order], self.zero[order])
+
+    @staticmethod
+    def cat(weights: list[Int4Weight]) -> Int4Weight:
+        return Int4Weight(*(torch.cat([getattr(w, f) for w in weights]) for f in ("q", "scale", "zero")))
+
+
+@dataclass
+class Int8GroupWeight:
+    """w[n, k] = q[n, k] * scale[n, k // 32]: GGUF's Q8_0, kept at 8 bits."""
+
+    q: torch.Tensor  # (N, K) int8
+    scale: torch.Tensor  # (N, K / 32) float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.lookup(slice(None))
+
+    def lookup(self, rows: torch.Tensor | slice) -> torch.Tensor:
+        return self.q[rows].float() * expand_groups(self.scale[rows])
+
+    def rows(self, order: torch.Tensor) -> Int8GroupWeight:
+        return Int8GroupWeight(self.q[order], self.scale[order])
+
+    @staticmethod
+    def cat(weights: list[Int8GroupWeight]) -> Int8GroupWeight:
+        return Int8GroupWeight(*(torch.cat([getattr(w, f) for w in weights]) for f in ("q", "scale")))
+
+
+GroupWeight = Int4Weight | Int8GroupWeight
+Weight = torch.Tensor | GroupWeight
+
+
+def to_float(w: Weight) -> torch.Tensor:
+    return w if isinstance(w, torch.Tensor) else w.dequantize()
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-row int8: scale = max|w| / 127 per row (rounded to bfloat16, the kernel's type)."""
+    scales = (weight.float().abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(torch.bfloat16)
+    q = torch.round(weight.float() / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def quantize_int4(weight: torch.Tensor) -> Int4Weight:
+    """Asymmetric group-32 int4 (min/max per group, as GGUF's Q4_1): w ≈ q·s + min = (q - 8)·s + (min + 8s)."""
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    return Int4Weight(q.reshape(n, k), scale, low + 8 * scale)
