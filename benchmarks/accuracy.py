@@ -37,14 +37,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     greedy = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
-    reference = LLM(dtype="float32")
+    reference = LLM(dtype="float32", weights="float")
     prompts = [reference.apply_chat_template(m) for m in PROMPTS]
     ref_outputs = reference.generate(prompts, greedy)
     sequences = [o.prompt_token_ids + o.token_ids for o in ref_outputs]
     ref_logits = [all_logits(reference, s) for s in sequences]
     print("| format | top-1 agreement (teacher-forced) | max abs logit error | mean abs logit error / logit std | greedy tokens identical to float32 |")
     print("|---|---|---|---|---|")
-    formats = {"float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16"}, "int8": {"weights": "int8"}, "int4": {"weights": "int4"}}
+    formats = {"float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16", "weights": "float"}, "int8": {"weights": "int8"}, "int4": {"weights": "int4"}}
     for name, options in formats.items():
         llm = reference if name == "float32" else LLM(**options)
         agree, total, max_err, rel = 0, 0, 0.0, []

@@ -195,3 +195,25 @@ def test_loading_reads_tensors_only_when_the_model_asks(tiny_gguf):
     assert isinstance(loaded.weights, LazyWeights) and "model.norm.weight" in loaded.weights
     first, second = loaded.weights["model.norm.weight"], loaded.weights["model.norm.weight"]
     assert first is not second and torch.equal(first, second)  # decoded afresh: nothing is held by the loader
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_prefill_rows_widen_to_float32_with_the_same_result(fmt):
+    """Many rows run as float32 sgemm on weights widened from the packed integers; the result matches the
+    weight-only kernel (both see the same bfloat16-rounded scales) and the widened matrix is the quantized one."""
+    from rooftop.quant.linear import WIDEN_ROWS, Int4Linear, int4_block_rows
+    from rooftop.quant.weights import quantize_int4
+
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(192, 256, generator=gen)
+    lin = make_linear(w, None, fmt)
+    if fmt == "int4":
+        assert isinstance(lin, Int4Linear) and int4_block_rows() is not None
+        q = quantize_int4(w)
+        reference = (q.q.float() - 8) * q.scale.bfloat16().float().repeat_interleave(32, 1)
+        reference += (q.zero.bfloat16().float()).repeat_interleave(32, 1)
+        torch.testing.assert_close(lin.dequantize(), reference, atol=1e-5, rtol=1e-5)
+    x = torch.randn(WIDEN_ROWS, 256, generator=gen)
+    widened = lin(x)
+    per_row = torch.cat([lin(row[None]) for row in x[:4]])  # below the threshold: the kernel
+    assert float((widened[:4] - per_row).norm() / per_row.norm()) < 0.01  # the kernel's bfloat16 activations

@@ -218,3 +218,24 @@ def test_a_step_that_samples_nothing_reads_no_lm_head():
     chunk = StepShape((SeqShape(512, 0, needs_logits=False),))
     assert "lm_head" not in [o.name for o in step_ops(c, BF16, chunk)]
     assert "lm_head" in [o.name for o in step_ops(c, BF16, StepShape.prefill(1, 512))]
+
+
+def test_engine_steps_that_widen_quantized_weights_are_attributed_at_the_float_peak():
+    """rooftop's CPU linears widen int4/int8 weights to float32 sgemm from WIDEN_ROWS tokens on (prefill); decode
+    steps stay on the weight-only kernels: the attribution must use the peak each step really ran at."""
+    import torch
+
+    from rooftop.quant.linear import WIDEN_ROWS
+    from rooftop.roofline.attribution import attribute_phases, attribute_step, engine_precision
+    from rooftop.roofline.hardware import Hardware
+
+    p = engine_precision(torch.float32, "int4")
+    assert p.at(1).compute == "int4_weight_only" and p.at(WIDEN_ROWS - 1).compute == "int4_weight_only"
+    assert p.at(WIDEN_ROWS).compute == "fp32" and p.at(WIDEN_ROWS).weights.bits == 4  # still reads 4-bit weights
+    assert engine_precision(torch.float32, "float").at(10_000) == engine_precision(torch.float32, "float")
+    hw = Hardware("t", peak_flops={"fp32": 70e9, "bf16": 2e9, "int4_weight_only": 30e9}, memory_bandwidth=20e9, memory_bytes=1e9)
+    config = find_preset("smollm2-135m")
+    prefill = attribute_step(config, p, StepShape.prefill(1, 512), 1.0, hw)
+    decode = attribute_step(config, p, StepShape.decode(1, 512), 0.01, hw)
+    phases = attribute_phases([prefill, decode], hw)
+    assert phases["prefill"].peak_flops == pytest.approx(70e9) and phases["decode"].peak_flops == pytest.approx(30e9)

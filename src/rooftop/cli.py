@@ -27,7 +27,13 @@ ModelOpt = Annotated[
 ]
 DtypeOpt = Annotated[str, typer.Option(help="auto, float32 or bfloat16 (auto: float32 on CPU)")]
 DeviceOpt = Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ...")]
-WeightsOpt = Annotated[str, typer.Option(help="float (weights in --dtype), int8 (weight-only, per-row scales) or int4 (per-32 scale and zero; GGUF Q4 as is)")]
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        help="auto (closest to the file: int4 for a Q4 GGUF), float (in --dtype), int8 (weight-only, per-row "
+        "scales) or int4 (per-32 scale and zero; GGUF Q4 as is)"
+    ),
+]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="most tokens to generate")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 is greedy")]
 TopPOpt = Annotated[float, typer.Option(help="nucleus sampling mass, (0, 1]")]
@@ -94,7 +100,7 @@ def print_phase_report(llm: LLM, since: float) -> None:
         hw = load_or_run_probe().to_hardware()
     p = llm.precision
     steps = [attribute_step(llm.config, p, r.shape, r.seconds, hw) for r in records]
-    phases = attribute_phases(steps, hw, p.compute)
+    phases = attribute_phases(steps, hw)
     err.print(phase_table(phases))
     err.print(gap_sentence(phases))
 
@@ -125,7 +131,7 @@ def generate(
     roofline: Annotated[bool, typer.Option(help="attribute prefill and decode against this machine's measured roofs")] = True,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "cpu",
-    weights: WeightsOpt = "float",
+    weights: WeightsOpt = "auto",
     max_num_seqs: MaxSeqsOpt = 64,
     max_num_batched_tokens: MaxBatchedOpt = 1024,
     kv_cache_bytes: KvBytesOpt = None,
@@ -168,7 +174,7 @@ def chat(
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "cpu",
     stats: Annotated[bool, typer.Option(help="print TTFT/TPOT after each answer")] = False,
-    weights: WeightsOpt = "float",
+    weights: WeightsOpt = "auto",
     max_num_seqs: MaxSeqsOpt = 64,
     max_num_batched_tokens: MaxBatchedOpt = 1024,
     kv_cache_bytes: KvBytesOpt = None,

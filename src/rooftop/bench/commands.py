@@ -36,7 +36,7 @@ def bench(
     reps: Annotated[int, typer.Option(help="measured repetitions (after one warm-up)")] = 3,
     dtype: Annotated[str, typer.Option(help="auto, float32 or bfloat16")] = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
-    weights: Annotated[str, typer.Option(help="float, int8 or int4 (weight-only)")] = "float",
+    weights: Annotated[str, typer.Option(help="auto (closest to the file), float, int8 or int4 (weight-only)")] = "auto",
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the results as JSON")] = None,
     plots: Annotated[Optional[Path], typer.Option(help="write PNG plots into this directory")] = None,
     html_path: Annotated[Optional[Path], typer.Option("--html", help="write a self-contained HTML report")] = None,

@@ -37,4 +37,4 @@ def quick_bench(
         "decode_tokens_per_s_stdev": statistics.stdev(decode_tps) if len(decode_tps) > 1 else 0.0,
         "tpot_s": tpot,
     }
-    return summary, attribute_phases(attributions, hw, p.compute)
+    return summary, attribute_phases(attributions, hw)

@@ -53,7 +53,7 @@ def sweep(
                 ttfts.append(run.ttft_s[0])
                 steps.append(next(r.seconds for r in run.records if r.phase == "prefill"))
         att = attribute_step(llm.config, p, StepShape.prefill(1, S), median(steps), hw)
-        phase = attribute_phases([att], hw, p.compute)["prefill"]
+        phase = attribute_phases([att], hw)["prefill"]
         result.ttft.append({
             "prompt_tokens": S,
             "measured_ttft_s": median(ttfts),
@@ -77,7 +77,7 @@ def sweep(
         predicted = decode_time(llm.config, p, hw, B, context, output_len) / (output_len - 1)
         mid = StepShape.decode(B, context + output_len // 2)
         att = attribute_step(llm.config, p, mid, measured, hw)
-        phase = attribute_phases([att], hw, p.compute)["decode"]
+        phase = attribute_phases([att], hw)["decode"]
         result.decode.append({
             "batch": B,
             "context_tokens": context,

@@ -47,7 +47,7 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     decode_rows: torch.Tensor | None = None  # (B,) rows of the step's tokens that are single-token decodes
     decode_slots: torch.Tensor | None = None  # (B, S) pool slots of each decode sequence, padded
-    decode_mask: torch.Tensor | None = None  # (B, 1, 1, S) True where a slot is a real token
+    decode_mask: torch.Tensor | None = None  # (B, 1, 1, S) True where a slot is a real token; None: all are
 
 
 def slots_of(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -77,15 +77,17 @@ def build_metadata(
     meta = AttentionMetadata(torch.cat(slot_mapping).to(device), prefills)
     if decodes:
         width = max(length for _, _, length in decodes)
-        padded = torch.nn.utils.rnn.pad_sequence([t for _, t, _ in decodes], batch_first=True)
+        blocks = max(len(t) for _, t, _ in decodes)
+        padded = torch.tensor([t.tolist() + [0] * (blocks - len(t)) for _, t, _ in decodes])
         positions = torch.arange(width).expand(len(decodes), width)
         lengths = torch.tensor([length for _, _, length in decodes])
         valid = positions < lengths[:, None]
         # padding positions read slot 0 and are masked out
-        slots = torch.where(valid, slots_of(padded, positions.clamp(max=padded.shape[1] * block_size - 1), block_size), 0)
+        slots = torch.where(valid, slots_of(padded, positions.clamp(max=blocks * block_size - 1), block_size), 0)
         meta.decode_rows = torch.tensor([r for r, _, _ in decodes], dtype=torch.long, device=device)
         meta.decode_slots = slots.to(device)
-        meta.decode_mask = valid[:, None, None, :].to(device)
+        if any(length < width for _, _, length in decodes):  # no mask at all when no sequence is padded
+            meta.decode_mask = valid[:, None, None, :].to(device)
     return meta
 
 

@@ -39,8 +39,9 @@ def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out.transpose(0, 1)
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One query per sequence over its (padded) cache. q: (B, heads, hd); keys: (B, S, kv_heads, hd); mask: (B, 1, 1, S)."""
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """One query per sequence over its (padded) cache. q: (B, heads, hd); keys: (B, S, kv_heads, hd); mask: (B, 1, 1, S)
+    or None when no sequence is padded."""
     out = F.scaled_dot_product_attention(
         q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
     )

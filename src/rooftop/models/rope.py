@@ -34,15 +34,16 @@ def inv_frequencies(config: ModelConfig) -> torch.Tensor:
 def cos_sin_table(
     config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin for positions 0..max_positions-1, each (max_positions, head_dim): float32 math, then `dtype`."""
+    """cos and signed sin for positions 0..max_positions-1, each (max_positions, head_dim): float32 math, then
+    `dtype`. The sin table's first half is negated, so that rotating halves needs no negation per step."""
     positions = torch.arange(max_positions, dtype=torch.float32)
     freqs = torch.outer(positions, inv_frequencies(config))
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+    cos = torch.cat([freqs, freqs], dim=-1).cos()
+    signed_sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)
+    return cos.to(device, dtype), signed_sin.to(device, dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (T, heads, head_dim); cos/sin: (T, head_dim) already gathered at the tokens' positions."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: (T, heads, head_dim); cos/signed_sin: (T, 1, head_dim) gathered at the tokens' positions.
+    Hugging Face's x·cos + rotate_half(x)·sin, where rotate_half(x) = (-x2, x1) = roll(x, half)·(-1, 1)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)

@@ -29,17 +29,17 @@ class Layer:
     attn_norm: torch.Tensor
     qkv: Linear  # hidden -> q_size + 2 * kv_size (with Qwen2's biases)
     o: Linear
-    q_norm: torch.Tensor | None  # Qwen3 only, (head_dim,)
-    k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # Qwen3 only: q_norm for each q head, then k_norm for each k head, (heads + kv_heads, head_dim)
     mlp_norm: torch.Tensor
     gate_up: Linear  # hidden -> 2 * intermediate
     down: Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalized in float32 and cast back before the weight, as transformers does."""
+    """Normalized in float32 and cast back before the weight, as transformers does (few ops: decode runs 61)."""
     xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    inv_rms = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+    return weight * (xf * inv_rms).to(x.dtype)
 
 
 class Transformer:
@@ -84,6 +84,11 @@ class Transformer:
                 return kind.cat(list(parts))
             return torch.cat([to_float(t).to(device=self.device, dtype=dtype) for t in parts], dim=0).contiguous()
 
+        def per_head_norm(q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> torch.Tensor | None:
+            if q_norm is None:
+                return None
+            return torch.cat([q_norm.expand(c.num_heads, -1), k_norm.expand(c.num_kv_heads, -1)]).contiguous()
+
         d, qs, kvs, ff = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
         self.embed = take("model.embed_tokens.weight", (c.vocab_size, d))  # a lookup table, in the file's form
         self.norm = take("model.norm.weight", (d,))
@@ -102,8 +107,7 @@ class Transformer:
                         weight_format,
                     ),
                     o=make_linear(take(a + "o_proj.weight", (d, qs)), take(a + "o_proj.bias", (d,), False), weight_format),
-                    q_norm=take(a + "q_norm.weight", (c.head_dim,), c.qk_norm),
-                    k_norm=take(a + "k_norm.weight", (c.head_dim,), c.qk_norm),
+                    qk_norm=per_head_norm(take(a + "q_norm.weight", (c.head_dim,), c.qk_norm), take(a + "k_norm.weight", (c.head_dim,), c.qk_norm)),
                     mlp_norm=take(p + "post_attention_layernorm.weight", (d,)),
                     gate_up=make_linear(cat(take(p + "mlp.gate_proj.weight", (ff, d)), take(p + "mlp.up_proj.weight", (ff, d))), None, weight_format),
                     down=make_linear(take(p + "mlp.down_proj.weight", (d, ff)), None, weight_format),
@@ -120,18 +124,17 @@ class Transformer:
         """Hidden states (T, hidden) of the step's T tokens (all sequences, flat); their K/V go into `pool`."""
         c = self.config
         T = input_ids.shape[0]
-        cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = self.cos[positions, None], self.sin[positions, None]  # (T, 1, head_dim)
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             qkv = layer.qkv(h)
-            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            q = q.view(T, c.num_heads, c.head_dim)
-            k = k.view(T, c.num_kv_heads, c.head_dim)
+            qk, v = qkv.split([c.q_size + c.kv_size, c.kv_size], dim=-1)
+            qk = qk.view(T, c.num_heads + c.num_kv_heads, c.head_dim)  # q's heads then k's: one norm, one RoPE
+            if layer.qk_norm is not None:
+                qk = rms_norm(qk, layer.qk_norm, c.rms_norm_eps)
+            q, k = apply_rope(qk, cos, sin).split([c.num_heads, c.num_kv_heads], dim=1)
             v = v.view(T, c.num_kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                q, k = rms_norm(q, layer.q_norm, c.rms_norm_eps), rms_norm(k, layer.k_norm, c.rms_norm_eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             attn = paged_attention(q, k, v, pool.k[i], pool.v[i], meta)
             x = x + layer.o(attn.reshape(T, c.q_size))
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)

@@ -9,6 +9,7 @@ GGUF Q4_1 blocks (x = d·q + m) load as s = d, z = m + 8d and Q4_0 (x = d·(q - 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,29 @@ import torch.nn.functional as F
 from rooftop.quant.weights import GROUP, Int4Weight, Weight, quantize_int4, quantize_int8, to_float
 
 WEIGHT_FORMATS = ("float", "int8", "int4")
+# Prefill is matrix-matrix work: from this many rows on, widening the weights to float32 one linear at a time and
+# running MKL's sgemm beats the weight-only kernels, which compute in emulated bfloat16 on CPUs without it
+# (measured on the bundled model, docs/PERFORMANCE.md). Decode steps (one row per sequence) stay quantized.
+WIDEN_ROWS = 96
+
+
+def unpack_int4(packed: torch.Tensor, n: int, k: int, block_rows: int) -> torch.Tensor:
+    """The CPU kernel's layout: per block of `block_rows` output rows and per input column, block_rows / 2
+    bytes whose low nibbles are the block's first half of rows and high nibbles its second half."""
+    b = packed.reshape(n // block_rows, k, block_rows // 2)
+    return torch.cat([b & 15, b >> 4], dim=-1).transpose(1, 2).reshape(n, k)
+
+
+@functools.cache
+def int4_block_rows() -> int | None:
+    """Rows per block of `_convert_weight_to_int4pack_for_cpu`'s layout on this build (it depends on the CPU's
+    vector width), found by packing a known matrix; None if the layout is not one we can read."""
+    q = torch.randint(0, 16, (128, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    for rows in (16, 32, 64, 128):
+        if torch.equal(unpack_int4(packed, 128, 64, rows).int(), q):
+            return rows
+    return None
 
 
 @dataclass
@@ -39,10 +63,15 @@ class Int8Linear:
     bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        y = torch._weight_int8pack_mm(flat, self.qweight, self.scales).to(x.dtype)
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] >= WIDEN_ROWS:
+            return F.linear(x, self.dequantize().to(x.dtype), self.bias)
+        y = torch._weight_int8pack_mm(flat.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
         y = y.reshape(*x.shape[:-1], self.qweight.shape[0])
         return y if self.bias is None else y + self.bias
+
+    def dequantize(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]
 
     @property
     def nbytes(self) -> int:
@@ -57,10 +86,20 @@ class Int4Linear:
     bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros).to(x.dtype)
-        y = y.reshape(*x.shape[:-1], self.out_features)
+        flat = x.reshape(-1, x.shape[-1])
+        rows = int4_block_rows()
+        if flat.shape[0] >= WIDEN_ROWS and rows is not None and self.out_features % rows == 0:
+            return F.linear(x, self.dequantize().to(x.dtype), self.bias)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def dequantize(self) -> torch.Tensor:
+        """Float32 (N, K) straight from the kernel's packed nibbles (no second copy of the weights is kept)."""
+        n, k = self.out_features, self.packed.shape[1] * 2
+        q = unpack_int4(self.packed, n, k, int4_block_rows()).view(n, k // GROUP, GROUP)
+        scale, zero = (t.t().float().contiguous()[..., None] for t in self.scales_zeros.unbind(-1))  # (N, K / 32, 1)
+        return torch.addcmul(zero - 8 * scale, q.float(), scale).view(n, k)  # (q - 8)·s + z in one pass
 
     @property
     def nbytes(self) -> int:

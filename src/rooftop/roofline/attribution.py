@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rooftop.config import ModelConfig
+from rooftop.quant.linear import WIDEN_ROWS
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
 from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, precision
@@ -21,12 +22,14 @@ ENGINE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: 
 
 def engine_precision(dtype: torch.dtype, weight_format: str = "float") -> Precision:
     """What the engine's steps read and compute in: activations and KV cache in `dtype`; weights in `dtype`,
-    or int8 (one scale per row) / int4 (scale and zero per 32, as GGUF Q4_1) run by the weight-only kernels."""
+    or int8 (one scale per row) / int4 (scale and zero per 32, as GGUF Q4_1) run by the weight-only kernels, except
+    in steps of WIDEN_ROWS tokens or more, whose linears widen the weights and run float matmuls."""
     fmt = ENGINE_FORMATS[dtype]
     base = precision(fmt, fmt)
     if weight_format == "float":
         return base
-    return replace(base, weights=WEIGHT_FORMATS["int4-g32" if weight_format == "int4" else weight_format])
+    weights = WEIGHT_FORMATS["int4-g32" if weight_format == "int4" else weight_format]
+    return replace(base, weights=weights, widen_rows=WIDEN_ROWS)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class StepAttribution:
 
 
 def attribute_step(config: ModelConfig, p: Precision, shape: StepShape, seconds: float, hw: Hardware) -> StepAttribution:
-    return StepAttribution(shape, seconds, time_step(config, p, shape, hw))
+    return StepAttribution(shape, seconds, time_step(config, p.at(shape.tokens), shape, hw))
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,14 @@ class PhaseAttribution:
             "flops": self.flops, "bytes": self.bytes, "achieved_flops_per_s": self.achieved_flops_per_s,
             "achieved_bytes_per_s": self.achieved_bytes_per_s, "pct_of_compute_roof": self.pct_of_compute_roof,
             "pct_of_bandwidth_roof": self.pct_of_bandwidth_roof, "bound": self.bound,
+            "pct_of_bound_roof": self.pct_of_bound_roof,
             "roof_flops_per_s": self.peak_flops, "roof_bytes_per_s": self.bandwidth,
         }
 
 
-def attribute_phases(steps: list[StepAttribution], hw: Hardware, compute: str) -> dict[str, PhaseAttribution]:
-    """Group steps by phase ("prefill", "decode", "mixed") and sum them."""
+def attribute_phases(steps: list[StepAttribution], hw: Hardware) -> dict[str, PhaseAttribution]:
+    """Group steps by phase ("prefill", "decode", "mixed") and sum them. A phase's compute roof is the peak its
+    steps' math ran at (FLOP-weighted: Σ FLOPs / Σ FLOPs-at-peak time), since kernels can differ by step size."""
     phases: dict[str, PhaseAttribution] = {}
     for phase in ("prefill", "decode", "mixed"):
         chosen = [s for s in steps if s.shape.phase == phase]
@@ -107,7 +112,7 @@ def attribute_phases(steps: list[StepAttribution], hw: Hardware, compute: str) -
             bytes=sum(s.predicted.bytes for s in chosen),
             compute_time_s=sum(s.predicted.compute_time_s for s in chosen),
             memory_time_s=sum(s.predicted.memory_time_s for s in chosen),
-            peak_flops=hw.peak(compute),
+            peak_flops=sum(s.predicted.flops for s in chosen) / sum(s.predicted.compute_time_s for s in chosen),
             bandwidth=hw.memory_bandwidth,
         )
     return phases

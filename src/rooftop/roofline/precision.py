@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rooftop.errors import InvalidRequestError
 
@@ -53,10 +53,18 @@ class Precision:
     kv_bytes: int
     activation_bytes: int
     state_bytes: int = 4  # linear-attention recurrent state, kept in fp32 by the reference kernels
+    widen_rows: int | None = None  # steps of this many tokens or more widen quantized weights to float matmuls
 
     @property
     def compute(self) -> str:
         return self.weights.compute
+
+    def at(self, tokens: int) -> Precision:
+        """The precision a step of `tokens` tokens computes in: an engine that widens quantized weights for large
+        steps (rooftop's prefill on CPU) does that math at its activations' float peak."""
+        if self.widen_rows is None or tokens < self.widen_rows or self.compute in ("fp32", "bf16"):
+            return self
+        return replace(self, weights=replace(self.weights, compute="fp32" if self.activation_bytes == 4 else "bf16"))
 
     @property
     def embedding_bytes_per_value(self) -> float:

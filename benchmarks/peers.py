@@ -1,0 +1,181 @@
+"""rooftop against llama.cpp and transformers on the same GGUF: prefill tok/s (pp), decode TPOT (tg), peak memory.
+
+    .venv/bin/python benchmarks/peers.py [--reps 3] [--pp 512] [--tg 128] [--threads 2] [--markdown FILE]
+
+Each measurement runs in its own process (so peak RSS is that engine's alone), engines alternate within every
+repetition, and the table shows medians. Like llama-bench, pp times a prefill of `pp` random tokens into an
+empty cache and tg the decode of `tg` tokens after a one-token prompt, greedy. llama.cpp comes from the optional
+`bench` extra (`pip install -e .[bench]`: llama-cpp-python, compiled from source for this CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+ENGINES = ("rooftop-float32", "rooftop-int8", "rooftop-int4", "llama.cpp", "transformers")
+
+
+def prompt_ids(n: int, vocab: int) -> list[int]:
+    import numpy as np
+
+    return np.random.default_rng(0).integers(100, vocab - 100, size=n).tolist()
+
+
+def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float]:
+    from rooftop import LLM, SamplingParams
+
+    llm = LLM(weights=fmt, max_num_batched_tokens=max(pp, 1024), num_kv_blocks=(pp + tg) // 16 + 8)
+    ids = prompt_ids(pp, llm.config.vocab_size)
+    once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    llm.generate([ids[:16]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))  # warm-up
+    prefill = llm.generate([ids], once)[0].metrics.prefill_time
+    decode = llm.generate([ids[:1]], SamplingParams(max_tokens=tg, temperature=0, ignore_eos=True))[0].metrics
+    return pp / prefill, decode.tpot
+
+
+def run_llama_cpp(pp: int, tg: int, threads: int) -> tuple[float, float]:
+    from llama_cpp import Llama
+
+    from rooftop.loading.bundled import bundled_model_path
+
+    llm = Llama(
+        str(bundled_model_path()), n_ctx=pp + tg + 16, n_batch=pp, n_ubatch=pp, n_threads=threads,
+        n_threads_batch=threads, verbose=False,
+    )
+    ids = prompt_ids(pp, llm.n_vocab())
+    llm.eval(ids[:16])  # warm-up
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill = time.perf_counter() - t0
+    llm.reset()
+    llm.eval(ids[:1])
+    token = int(llm.scores[llm.n_tokens - 1].argmax())
+    t0 = time.perf_counter()
+    for _ in range(tg - 1):
+        llm.eval([token])
+        token = int(llm.scores[llm.n_tokens - 1].argmax())
+    return pp / prefill, (time.perf_counter() - t0) / (tg - 1)
+
+
+def run_transformers(pp: int, tg: int) -> tuple[float, float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rooftop.loading.bundled import bundled_model_path
+
+    path = bundled_model_path()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids(pp, model.config.vocab_size)])
+    with torch.inference_mode():
+        model(ids[:, :16])  # warm-up
+        t0 = time.perf_counter()
+        model(ids)
+        prefill = time.perf_counter() - t0
+        out = model(ids[:, :1], use_cache=True)
+        past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        t0 = time.perf_counter()
+        for _ in range(tg - 1):
+            out = model(token, past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        return pp / prefill, (time.perf_counter() - t0) / (tg - 1)
+
+
+def worker(engine: str, pp: int, tg: int, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    if engine.startswith("rooftop-"):
+        fmt = engine.removeprefix("rooftop-")
+        pp_rate, tpot = run_rooftop("float" if fmt == "float32" else fmt, pp, tg)
+    elif engine == "llama.cpp":
+        pp_rate, tpot = run_llama_cpp(pp, tg, threads)
+    else:
+        pp_rate, tpot = run_transformers(pp, tg)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"engine": engine, "pp_tok_s": pp_rate, "tpot_ms": tpot * 1e3, "peak_rss_mib": peak}
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name, module in (("transformers", "transformers"), ("llama-cpp-python", "llama_cpp")):
+        try:
+            out[name] = __import__(module).__version__
+        except ImportError:
+            out[name] = "not installed"
+    return out
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def markdown(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
+    v = versions()
+    lines = [
+        f"`{' '.join(sys.argv)}` — {date.today()}, {cpu_name()}, {args.threads} threads, "
+        + ", ".join(f"{k} {val}" for k, val in v.items()),
+        "",
+        f"| engine | prefill pp{args.pp} (tok/s) | decode tg{args.tg} TPOT (ms) | peak RSS (MiB) | runs |",
+        "|---|---|---|---|---|",
+    ]
+    for engine, runs in rows.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in ("pp_tok_s", "tpot_ms", "peak_rss_mib")}
+        lines.append(
+            f"| {engine} | {med['pp_tok_s']:.1f} | {med['tpot_ms']:.2f} | {med['peak_rss_mib']:.0f} | {len(runs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--pp", type=int, default=512)
+    parser.add_argument("--tg", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument("--json", type=Path, help="every run's numbers")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.pp, args.tg, args.threads)))
+        return
+    engines = args.engines.split(",")
+    rows: dict[str, list[dict]] = {e: [] for e in engines}
+    for rep in range(args.reps):
+        for engine in engines[rep % len(engines):] + engines[: rep % len(engines)]:  # rotate who goes first
+            cmd = [sys.executable, __file__, "--worker", engine, "--pp", str(args.pp), "--tg", str(args.tg),
+                   "--threads", str(args.threads)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{engine}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+                continue
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            rows[engine].append(result)
+            print(f"rep {rep + 1} {engine}: pp {result['pp_tok_s']:.1f} tok/s, TPOT {result['tpot_ms']:.2f} ms, "
+                  f"peak {result['peak_rss_mib']:.0f} MiB", flush=True)
+    table = markdown({e: r for e, r in rows.items() if r}, args)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
