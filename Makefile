@@ -24,5 +24,8 @@ setup: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/rooftop generate "$(PROMPT)"
 
+# The dashboard test drives Debian's chromium headless; without apt it fails saying what to install.
 test: $(VENV)/.installed-test
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+		|| echo "warning: could not install chromium; tests/test_serve_dashboard.py will fail"
 	$(PY) -m pytest

@@ -161,3 +161,40 @@ def test_sampling_steps_are_recorded_as_needing_logits(eng):
     drain(eng)
     assert all(s.needs_logits for r in eng.step_records for s in r.shape.seqs)
     assert all(r.shape.logits_rows == 1 for r in eng.step_records)
+
+
+def test_logprobs_are_recorded_per_output_token(eng):
+    eng.add_request("a", "hello there", SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=3))
+    eng.add_request("b", "no logprobs", PARAMS)
+    deltas = drain(eng)
+    mine = [d for d in deltas if d.request_id == "a"]
+    entries = [e for d in mine for e in d.new_logprobs]
+    assert [e.token_id for e in entries] == mine[-1].output.token_ids
+    assert mine[-1].output.logprobs == entries
+    for e in entries:  # greedy: the chosen token is the most likely one
+        assert len(e.top) == 3 and e.top[0] == (e.token_id, e.logprob) and e.logprob <= 0
+    assert all(not d.new_logprobs for d in deltas if d.request_id == "b")
+
+
+def test_prefix_cache_hit_tokens_are_counted_per_request(eng):
+    prompt = "a shared prompt of some length"  # 30 byte tokens: 7 full blocks of 4
+    eng.add_request("first", prompt, PARAMS)
+    first = drain(eng)[-1].output.metrics
+    eng.add_request("second", prompt, PARAMS)
+    second = drain(eng)[-1].output.metrics
+    assert first.prefix_cache_hit_tokens == 0
+    assert second.prefix_cache_hit_tokens == 28
+
+
+def test_decode_metadata_masks_only_when_some_sequence_is_padded():
+    """Batched decode pads shorter caches; with no padding the attention runs unmasked (the fast path)."""
+    import torch
+
+    from rooftop.engine.kv_cache import build_metadata
+
+    same = build_metadata([([0, 1], 20, 1), ([2, 3], 20, 1)], 16, torch.device("cpu"))
+    assert same.decode_mask is None and same.decode_slots.shape == (2, 21)
+    assert same.decode_slots[1].tolist() == list(range(32, 48)) + list(range(48, 53))
+    mixed = build_metadata([([0, 1], 20, 1), ([2], 5, 1)], 16, torch.device("cpu"))
+    assert mixed.decode_mask.shape == (2, 1, 1, 21) and int(mixed.decode_mask[1].sum()) == 6
+    assert mixed.decode_slots[1, :6].tolist() == list(range(32, 38)) and mixed.decode_slots[1, 6:].eq(0).all()

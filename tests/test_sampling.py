@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from rooftop import InvalidRequestError, SamplingParams
-from rooftop.engine.sampler import apply_repetition_penalty, filter_logits, sample
+from rooftop.engine.sampler import (
+    apply_presence_frequency_penalties,
+    apply_repetition_penalty,
+    filter_logits,
+    sample,
+    token_logprob,
+)
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log()
@@ -96,3 +102,40 @@ def test_repetition_penalty_changes_greedy_choice():
     params = SamplingParams(temperature=0, repetition_penalty=1.5)
     assert sample(logits, params, [0], None) == 1
     assert sample(logits, SamplingParams(temperature=0), [0], None) == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"presence_penalty": 2.5}, r"presence_penalty must be in \[-2, 2\]"),
+        ({"frequency_penalty": -3.0}, r"frequency_penalty must be in \[-2, 2\]"),
+        ({"logprobs": 21}, r"logprobs must be an integer in \[0, 20\]"),
+        ({"logprobs": -1}, r"logprobs must be an integer in \[0, 20\]"),
+    ],
+)
+def test_invalid_penalties_and_logprobs_raise(kwargs, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_presence_and_frequency_penalties_count_generated_tokens():
+    out = apply_presence_frequency_penalties(torch.tensor([1.0, 1.0, 1.0]), [0, 0, 1], presence=0.5, frequency=0.25)
+    assert out.tolist() == [0.0, 0.25, 1.0]
+
+
+def test_presence_penalty_changes_greedy_choice_and_spares_the_prompt():
+    logits = torch.tensor([1.0, 0.9, -math.inf])
+    params = SamplingParams(temperature=0, presence_penalty=0.5)
+    assert sample(logits, params, [0], None) == 0  # 0 was only in the prompt
+    assert sample(logits, params, [0], None, output_ids=[0]) == 1
+
+
+def test_token_logprob_is_the_log_softmax_with_the_top_k_best_first():
+    logits = torch.tensor([2.0, 0.5, 3.0, -1.0])
+    entry = token_logprob(logits, 1, 2)
+    expected = logits.log_softmax(-1)
+    assert entry.token_id == 1 and entry.logprob == pytest.approx(float(expected[1]))
+    assert [i for i, _ in entry.top] == [2, 0]
+    assert entry.top[0][1] == pytest.approx(float(expected[2]))
+    assert token_logprob(logits, 1, 0).top == []
+    assert len(token_logprob(logits, 1, 20).top) == 4  # never more than the vocabulary

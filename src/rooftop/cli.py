@@ -17,6 +17,7 @@ from rooftop.console import err, user_errors
 from rooftop.errors import RooftopError
 from rooftop.bench import commands as bench_commands
 from rooftop.roofline import commands as roofline_commands
+from rooftop.serve import commands as serve_commands
 
 app = typer.Typer(
     help="LLM inference with prefill and decode made explicit.", no_args_is_help=True, pretty_exceptions_enable=False
@@ -231,3 +232,4 @@ app.command("bench")(bench_commands.bench)
 app.command("roofline")(roofline_commands.roofline)
 app.command("probe")(roofline_commands.probe)
 app.command("explain")(roofline_commands.explain)
+app.command("serve")(serve_commands.serve)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,7 +14,7 @@ from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.engine.kv_cache import KVPool
 from rooftop.engine.metrics import RequestMetrics
 from rooftop.engine.runner import is_decode, run_step
-from rooftop.engine.sampler import sample
+from rooftop.engine.sampler import TokenLogprob, sample, token_logprob
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.scheduler import Scheduler
 from rooftop.engine.sequence import RequestOutput, Sequence
@@ -46,6 +46,7 @@ class RequestDelta:
     finished: bool
     finish_reason: str | None
     output: RequestOutput  # the whole request so far
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)  # of new_token_ids, when params.logprobs is set
 
 
 class LLMEngine:
@@ -127,6 +128,7 @@ class LLMEngine:
         for s in batch:
             if s.seq.metrics.first_scheduled_time is None:
                 s.seq.metrics.first_scheduled_time = started
+                s.seq.metrics.prefix_cache_hit_tokens = s.cached  # admitted with its cached prefix computed
         shape = StepShape(tuple(SeqShape(s.num_new, s.cached, s.samples) for s in batch))
         logits, seconds = run_step(self.model, self.pool, batch)
         deltas = []
@@ -144,13 +146,18 @@ class LLMEngine:
                 continue
             before = len(seq.output_token_ids)
             try:
-                token = sample(logits[i], seq.params, seq.all_token_ids, seq.generator)
+                token = sample(logits[i], seq.params, seq.all_token_ids, seq.generator, seq.output_token_ids)
+                if seq.params.logprobs is not None:
+                    seq.logprobs.append(token_logprob(logits[i], token, seq.params.logprobs))
                 text = seq.append_token(token, time.perf_counter())
             except (RuntimeError, ValueError) as e:  # e.g. non-finite logits: this request ends, the others go on
                 seq.finish_reason, text = "error", ""
                 seq.error = str(e)
             deltas.append(
-                RequestDelta(seq.request_id, seq.output_token_ids[before:], text, seq.finish_reason is not None, seq.finish_reason, seq.output())
+                RequestDelta(
+                    seq.request_id, seq.output_token_ids[before:], text, seq.finish_reason is not None,
+                    seq.finish_reason, seq.output(), seq.logprobs[before:],
+                )
             )
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)

@@ -11,6 +11,7 @@ class RequestMetrics:
 
     arrival_time: float
     prompt_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0  # prompt tokens whose K/V were found in the prefix cache
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was ready
     finished_time: float | None = None

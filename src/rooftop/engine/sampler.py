@@ -1,6 +1,9 @@
-"""Next-token choice from float32 logits: repetition penalty, temperature, top-k, top-p, min-p, then a draw."""
+"""Next-token choice from float32 logits: penalties, temperature, top-k, top-p, min-p, then a draw; logprobs."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -12,6 +15,16 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     picked = logits[seen]
     logits = logits.clone()
     logits[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def apply_presence_frequency_penalties(
+    logits: torch.Tensor, output_ids: Sequence[int], presence: float, frequency: float
+) -> torch.Tensor:
+    """OpenAI's: each token already generated loses `presence` once plus `frequency` per time it was generated."""
+    ids, counts = torch.tensor(list(output_ids), device=logits.device).unique(return_counts=True)
+    logits = logits.clone()
+    logits[ids] -= presence + frequency * counts.to(logits.dtype)
     return logits
 
 
@@ -33,11 +46,37 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, seen: list[int], generator: torch.Generator | None) -> int:
-    """One token id from (vocab,) logits; `seen` are the prompt and output ids so far (for the penalty)."""
+def sample(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen: list[int],
+    generator: torch.Generator | None,
+    output_ids: Sequence[int] = (),
+) -> int:
+    """One token id from (vocab,) logits; `seen` are the prompt and output ids so far (for the repetition penalty),
+    `output_ids` the generated ones (for the presence and frequency penalties)."""
     if params.repetition_penalty != 1.0 and seen:
         logits = apply_repetition_penalty(logits, torch.tensor(sorted(set(seen)), device=logits.device), params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and output_ids:
+        logits = apply_presence_frequency_penalties(logits, output_ids, params.presence_penalty, params.frequency_penalty)
     if params.greedy:
         return int(torch.argmax(logits))
     probs = filter_logits(logits, params).softmax(-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass
+class TokenLogprob:
+    """One output token's log-probability and the `k` most likely tokens at its position, best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprob(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
+    """From the model's distribution at this position (before penalties, temperature and filters), as vLLM reports."""
+    logprobs = logits.float().log_softmax(-1)
+    top = torch.topk(logprobs, min(k, logprobs.numel())) if k else None
+    alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
+    return TokenLogprob(token_id, float(logprobs[token_id]), alternatives)

@@ -9,6 +9,7 @@ import torch
 
 from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.sampler import TokenLogprob
 from rooftop.engine.sampling_params import SamplingParams
 
 
@@ -24,6 +25,7 @@ class RequestOutput:
     finish_reason: str | None
     metrics: RequestMetrics
     error: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
 
     @property
     def finished(self) -> bool:
@@ -58,6 +60,7 @@ class Sequence:
     streamed: int = 0  # how much of `text` has been handed out as stream deltas
     finish_reason: str | None = None
     error: str | None = None  # why the request ended with finish_reason "error"
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -122,4 +125,5 @@ class Sequence:
             finish_reason=self.finish_reason,
             metrics=self.metrics,
             error=self.error,
+            logprobs=list(self.logprobs),
         )

@@ -1,0 +1,140 @@
+"""create_app: the FastAPI app of `rooftop serve` (OpenAI routes, /health, /metrics, /tokenize, /detokenize, the
+dashboard) and its error handlers, which answer every failure with OpenAI-style JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+from starlette.responses import FileResponse, JSONResponse, Response
+
+from rooftop.engine.llm import LLM
+from rooftop.errors import InvalidRequestError
+from rooftop.serve import openai_routes
+from rooftop.serve.config import ServeConfig
+from rooftop.serve.errors import ApiError, error_response, parse_body, read_body
+from rooftop.serve.metrics import create_metrics
+from rooftop.serve.openai_routes import authorized, server
+from rooftop.serve.protocol import DetokenizeRequest, TokenizeRequest
+from rooftop.serve.state import ServerState
+
+log = logging.getLogger("rooftop.serve")
+DASHBOARD = Path(__file__).parent / "dashboard"
+DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+COUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")  # bad requests there count in rooftop_requests_total
+
+
+def create_app(config: ServeConfig, llm: LLM | None = None, on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+    """The app; it loads `config.model` on a background thread at startup unless `llm` is given (tests, embedding)."""
+    state = ServerState(config, create_metrics())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        threading.Thread(target=state.load, args=(llm, on_load_error), name="rooftop-load", daemon=True).start()
+        yield
+        await asyncio.to_thread(state.stop)  # aborts what is still running, frees the engine thread
+
+    app = FastAPI(title="rooftop", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    app.include_router(openai_routes.router)
+    app.include_router(_other_routes())
+    _add_error_handlers(app)
+    return app
+
+
+def _other_routes() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health(request: Request) -> Response:
+        state = server(request)
+        if state.ready is None or state.ready.engine_loop.stopped:
+            status = "failed" if state.load_error else "stopping" if state.ready else "loading"
+            return JSONResponse({"status": status}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @router.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(server(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @router.post("/tokenize", dependencies=[Depends(authorized)])
+    async def tokenize(request: Request) -> dict:
+        state = server(request)
+        ready = state.require_ready()
+        body = parse_body(await read_body(request, state.config.max_body_bytes), TokenizeRequest)
+        state.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "send either prompt or messages")
+        tokenizer = ready.llm.tokenizer
+        if body.messages is not None:
+            messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+        else:
+            text = body.prompt
+        ids = await asyncio.to_thread(tokenizer.encode, text, body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": ready.llm.max_model_len, "tokens": ids}
+
+    @router.post("/detokenize", dependencies=[Depends(authorized)])
+    async def detokenize(request: Request) -> dict:
+        state = server(request)
+        ready = state.require_ready()
+        body = parse_body(await read_body(request, state.config.max_body_bytes), DetokenizeRequest)
+        state.check_model(body.model)
+        vocab = ready.llm.config.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
+        return {"prompt": ready.llm.tokenizer.decode(body.tokens)}
+
+    @router.get("/")
+    async def dashboard() -> Response:
+        return FileResponse(DASHBOARD / "index.html", media_type="text/html")
+
+    @router.get("/dashboard/state")
+    async def dashboard_state(request: Request) -> dict:
+        state = server(request)
+        if state.ready is None:
+            return {"ready": False, "load_error": state.load_error}
+        return {"ready": True, "model": state.ready.model_name, **state.ready.monitor.snapshot()}
+
+    @router.get("/dashboard/{name}")
+    async def dashboard_file(name: str) -> Response:
+        if name not in DASHBOARD_FILES:
+            raise ApiError(404, f"no dashboard file {name!r}")
+        return FileResponse(DASHBOARD / name, media_type=DASHBOARD_FILES[name])
+
+    return router
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    def counted(request: Request, status: int) -> None:
+        if request.url.path in COUNTED_PATHS and 400 <= status < 500:
+            outcome = "rejected" if status == 429 else "invalid"
+            server(request).metrics.requests.labels(outcome=outcome).inc()
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> Response:
+        counted(request, e.status)
+        return e.response()
+
+    @app.exception_handler(InvalidRequestError)
+    async def invalid_request(request: Request, e: InvalidRequestError) -> Response:
+        counted(request, 400)
+        return error_response(400, str(e))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> Response:
+        message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
+        return error_response(e.status_code, message)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return error_response(500, f"internal error: {type(e).__name__}: {e}")

@@ -1,0 +1,39 @@
+"""ServeConfig: what `rooftop serve` runs (model, engine options), where it listens, and the limits it enforces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rooftop.errors import InvalidRequestError
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class ServeConfig:
+    """`host` None binds to 127.0.0.1 without an API key and to every interface with one."""
+
+    model: str | None = None  # GGUF file or HF directory; None is the bundled model
+    host: str | None = None
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None  # default: --model as given, or the bundled model's name
+    max_waiting_requests: int = 256  # requests waiting for a free slot; beyond it, new ones get 429
+    max_body_bytes: int = 2 << 20
+    shutdown_timeout_s: float = 30.0  # on SIGINT/SIGTERM, in-flight requests get this long to finish
+    dtype: str = "auto"
+    device: str = "cpu"
+    weights: str = "auto"
+    engine_options: dict = field(default_factory=dict)  # EngineConfig's fields: max_num_seqs, kv_cache_bytes, ...
+
+    def __post_init__(self) -> None:
+        if self.host is None:
+            self.host = "0.0.0.0" if self.api_key else LOOPBACK
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise InvalidRequestError(f"port must be in [0, 65535], got {self.port!r}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise InvalidRequestError("the API key is empty")
+        if not isinstance(self.max_waiting_requests, int) or self.max_waiting_requests < 1:
+            raise InvalidRequestError(f"max_waiting_requests must be an integer >= 1, got {self.max_waiting_requests!r}")
+        if self.max_body_bytes < 1 or self.shutdown_timeout_s < 0:
+            raise InvalidRequestError("max_body_bytes must be >= 1 and shutdown_timeout_s >= 0")

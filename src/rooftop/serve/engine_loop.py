@@ -1,0 +1,219 @@
+"""The engine thread: the only caller of LLMEngine. HTTP handlers send it commands through a thread-safe queue and
+read each request's deltas from an asyncio queue, so the event loop never waits on model compute."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from rooftop.engine.llm_engine import LLMEngine, RequestDelta
+from rooftop.engine.sampling_params import SamplingParams
+from rooftop.errors import RooftopError
+from rooftop.serve.monitor import Monitor
+
+log = logging.getLogger("rooftop.serve")
+
+
+class QueueFullError(RooftopError):
+    """Too many requests are already waiting: the client should retry later (HTTP 429)."""
+
+
+class EngineStoppedError(RooftopError):
+    """The server is shutting down before the request finished (HTTP 503)."""
+
+
+class EngineFailedError(EngineStoppedError):
+    """An engine step raised: the requests in flight fail (HTTP 500); the server goes on with new ones."""
+
+
+class ClientGoneError(RooftopError):
+    """The request was closed (its client disconnected) before it finished."""
+
+
+@dataclass
+class RequestStream:
+    """One request's deltas as they arrive; closing it early aborts the request and frees its KV blocks."""
+
+    request_id: str
+    engine_loop: EngineLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    finished: bool = False
+    closed: bool = False
+
+    async def deltas(self) -> AsyncIterator[RequestDelta]:
+        while not self.finished:
+            item = await self.queue.get()
+            if isinstance(item, Exception):
+                self.finished = True
+                raise item
+            self.finished = item.finished
+            yield item
+
+    def close(self) -> None:
+        """Abort the request unless it finished; any reader waiting on it gets ClientGoneError. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.finished:
+            self.engine_loop.abort(self.request_id)
+            self.queue.put_nowait(ClientGoneError(f"request {self.request_id} was closed before it finished"))
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    arrival: float
+    loop: asyncio.AbstractEventLoop
+    stream: RequestStream
+    accepted: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class EngineLoop:
+    """Runs `LLMEngine.step` on its own thread while any request is unfinished; sleeps on the command queue otherwise."""
+
+    def __init__(self, engine: LLMEngine, monitor: Monitor, max_waiting: int):
+        self.engine, self.monitor, self.max_waiting = engine, monitor, max_waiting
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.streams: dict[str, _Add] = {}  # owned by the engine thread
+        self.thread = threading.Thread(target=self._run, name="rooftop-engine", daemon=True)
+        self.stopped = False
+        self._stopping = threading.Lock()  # no request is queued behind the stop command, to wait forever
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort whatever is still running and end the thread."""
+        with self._stopping:
+            self.stopped = True
+            self.commands.put(_STOP)
+        self.thread.join(timeout)
+
+    async def add(self, request_id: str, prompt: list[int], params: SamplingParams, arrival: float) -> RequestStream:
+        """Queue a request; raises InvalidRequestError / PromptTooLongError / QueueFullError before any token."""
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(request_id, self)
+        accepted = loop.create_future()
+        with self._stopping:
+            if self.stopped:
+                raise EngineStoppedError("the server is shutting down")
+            self.commands.put(_Add(request_id, prompt, params, arrival, loop, stream, accepted))
+        try:
+            await accepted
+        except asyncio.CancelledError:  # the handler was cancelled while the engine thread took the request
+            self.abort(request_id)
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self.commands.put(_Abort(request_id))
+
+    def _run(self) -> None:
+        while True:
+            command = self._next_command() if self.engine.has_unfinished() else self.commands.get()  # idle: sleep
+            try:
+                while command is not None:
+                    if command is _STOP:
+                        self._fail_all(EngineStoppedError("the server shut down before this request finished"), "abort")
+                        return
+                    self._apply(command)
+                    command = self._next_command()
+                if self.engine.has_unfinished():
+                    self._step()
+                self.monitor.on_state(self.engine)
+            except Exception as e:  # a bug, not bad input: fail the requests in flight, keep serving new ones
+                log.exception("the engine loop failed")
+                self._fail_all(EngineFailedError(f"the engine failed: {e}"), "error")
+
+    def _next_command(self):
+        try:
+            return self.commands.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            if self.streams.pop(command.request_id, None) is not None:
+                self._abort(command.request_id, "abort")
+            return
+        error = None
+        try:
+            if self._queued() >= self.max_waiting:
+                raise QueueFullError(
+                    f"the server is busy: {self._queued()} requests are already waiting for a slot "
+                    f"(max_waiting_requests {self.max_waiting}); retry later"
+                )
+            self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival)
+            self.streams[command.request_id] = command
+        except Exception as e:  # bad input (RooftopError) or a bug: either way this handler must hear of it
+            error = e
+        command.loop.call_soon_threadsafe(_settle, command.accepted, error)
+
+    def _queued(self) -> int:
+        """Waiting requests that the next step cannot admit even if blocks allow."""
+        scheduler = self.engine.scheduler
+        free_slots = max(0, self.engine.config.max_num_seqs - len(scheduler.running))
+        return max(0, len(scheduler.waiting) - free_slots)
+
+    def _abort(self, request_id: str, outcome: str) -> None:
+        seq = self.engine.requests.get(request_id)
+        if seq is not None:
+            self.monitor.on_abort(seq.output(), outcome)
+        self.engine.abort(request_id)
+
+    def _step(self) -> None:
+        deltas = self.engine.step()
+        self.monitor.on_step(self.engine, deltas)
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for delta in deltas:
+            command = self.streams.get(delta.request_id)
+            if command is None:
+                continue
+            if delta.finished:
+                del self.streams[delta.request_id]
+            by_loop.setdefault(command.loop, []).append((command.stream.queue, delta))
+        for loop, items in by_loop.items():
+            _deliver(loop, items)
+
+    def _fail_all(self, error: Exception, outcome: str) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for request_id, command in list(self.streams.items()):
+            self._abort(request_id, outcome)
+            by_loop.setdefault(command.loop, []).append((command.stream.queue, error))
+        self.streams.clear()
+        for loop, items in by_loop.items():
+            _deliver(loop, items)
+
+
+def _settle(future: asyncio.Future, error: Exception | None) -> None:
+    if future.done():  # the handler stopped waiting
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, items: list) -> None:
+    def put_all() -> None:
+        for q, item in items:
+            q.put_nowait(item)
+
+    try:
+        loop.call_soon_threadsafe(put_all)
+    except RuntimeError:  # that event loop is closed: nobody is listening any more
+        pass

@@ -1,0 +1,90 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the right status, never a traceback."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable_error",
+}
+Body = TypeVar("Body", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """An error response: its status, a message that names the problem, and the offending field if any."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, self.param)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"), "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 past `limit` bytes (declared or actually sent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is {int(declared)} bytes; the limit is {limit}")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the request body is over the limit of {limit} bytes")
+    except ClientDisconnect:
+        raise ApiError(400, "the client disconnected while sending the body") from None
+    return bytes(body)
+
+
+def parse_body(body: bytes, model: type[Body]) -> Body:
+    """The body as `model`, or a 400 naming the first field that is wrong."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise ApiError(400, *_describe(e.errors()[0])) from None
+
+
+def _describe(error: dict) -> tuple[str, str | None]:
+    """(message, param) of one pydantic error, e.g. ("temperature: Input should be a valid number, got 'hot'", "temperature")."""
+    if error["type"] == "json_invalid":
+        return f"the body is not valid JSON: {error['msg'].removeprefix('Invalid JSON: ')}", None
+    path = _path(error["loc"])
+    if not path:
+        return f"the body must be a JSON object: {error['msg']}", None
+    if error["type"] == "missing":
+        return f"{path} is required", path
+    got = repr(error.get("input"))
+    got = got if len(got) <= 40 else got[:37] + "..."
+    return f"{path}: {error['msg']}, got {got}", path
+
+
+def _path(loc: tuple) -> str:
+    """("messages", 0, "content", "str") -> "messages[0].content": union-member tags are dropped."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.isidentifier() and part not in ("str", "int", "float", "bool", "list", "dict"):
+            path += f".{part}" if path else part
+    return path

@@ -1,0 +1,178 @@
+"""Monitor: the engine thread reports each step and request to it; it feeds the Prometheus metrics, attributes every
+step against this machine's roofs, and keeps the recent history the dashboard draws."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from rooftop.config import ModelConfig
+from rooftop.engine.llm_engine import LLMEngine, RequestDelta, StepRecord
+from rooftop.engine.sequence import RequestOutput
+from rooftop.roofline.attribution import attribute_step
+from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.precision import Precision
+from rooftop.serve.metrics import PHASES, ServerMetrics
+
+STEPS_KEPT = 300  # the dashboard's timeline and roofline points
+STEPS_PER_RATE = 32  # achieved FLOP/s and GB/s: over this many most recent steps of a phase
+LATENCY_WINDOW_S = 300.0  # TTFT / TPOT percentiles over the last five minutes
+THROUGHPUT_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    finished_at: float  # time.perf_counter()
+    seconds: float
+    phase: str
+    batch: int  # sequences in the step
+    tokens: int  # tokens computed
+    sampled: int  # tokens generated
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class FinishedPoint:
+    finished_at: float
+    ttft: float | None
+    tpot: float | None
+
+
+class Monitor:
+    """Written by the engine thread, read by HTTP handlers (`snapshot`): the history sits behind a lock."""
+
+    def __init__(self, metrics: ServerMetrics, config: ModelConfig, precision: Precision, hardware: Hardware):
+        self.metrics, self.config, self.precision, self.hardware = metrics, config, precision, hardware
+        self.lock = threading.Lock()
+        self.steps: deque[StepPoint] = deque(maxlen=STEPS_KEPT)
+        self.finished: deque[FinishedPoint] = deque(maxlen=10_000)
+        self.state = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0}
+        self.outcomes = {outcome: 0 for outcome in ("stop", "length", "abort", "error")}
+        self._last_record: StepRecord | None = None
+        self._prefix_seen = (0, 0)
+        # quantized weights: decode runs the weight-only kernels, large (prefill) steps widen them to float matmuls
+        computes = sorted({precision.compute, precision.at(1 << 30).compute})
+        self.peaks = {compute: hardware.peak(compute) for compute in computes}
+        for compute, peak in self.peaks.items():
+            metrics.roof_flops.labels(compute=compute).set(peak)
+        metrics.roof_bytes.set(hardware.memory_bandwidth)
+
+    def on_step(self, engine: LLMEngine, deltas: list[RequestDelta]) -> None:
+        record = engine.step_records[-1] if engine.step_records else None
+        if record is not None and record is not self._last_record:
+            self._last_record = record
+            self._record_step(record, len(deltas))
+        m = self.metrics
+        for d in deltas:
+            rm = d.output.metrics
+            new, total = len(d.new_token_ids), rm.output_tokens
+            m.generation_tokens.inc(new)
+            if total and total == new:  # the request's first token: its prefill is done
+                m.prompt_tokens.inc(rm.prompt_tokens)
+                m.ttft.observe(rm.ttft)
+                if rm.queue_time is not None:
+                    m.queue_time.observe(rm.queue_time)
+            times = rm.token_times
+            for j in range(max(1, total - new), total):
+                m.itl.observe(times[j] - times[j - 1])
+            if d.finished:
+                self._record_finish(d.output, d.finish_reason)
+
+    def on_abort(self, output: RequestOutput, outcome: str) -> None:
+        self._record_finish(output, outcome)
+
+    def on_state(self, engine: LLMEngine) -> None:
+        scheduler, blocks = engine.scheduler, engine.blocks
+        used = blocks.num_blocks - blocks.num_free
+        m = self.metrics
+        m.running.set(len(scheduler.running))
+        m.waiting.set(len(scheduler.waiting))
+        m.kv_cache_usage.set(used / blocks.num_blocks)
+        queries, hits = blocks.prefix_queries, blocks.prefix_hits
+        m.prefix_cache_queries.inc(queries - self._prefix_seen[0])
+        m.prefix_cache_hits.inc(hits - self._prefix_seen[1])
+        self._prefix_seen = (queries, hits)
+        with self.lock:
+            self.state = {
+                "running": len(scheduler.running), "waiting": len(scheduler.waiting),
+                "kv_blocks_used": used, "kv_blocks_total": blocks.num_blocks,
+            }
+
+    def _record_step(self, record: StepRecord, sampled: int) -> None:
+        a = attribute_step(self.config, self.precision, record.shape, record.seconds, self.hardware)
+        point = StepPoint(
+            record.finished_at, record.seconds, record.phase, record.shape.num_seqs, record.shape.tokens, sampled,
+            a.predicted.flops, a.predicted.bytes,
+        )
+        with self.lock:
+            self.steps.append(point)
+            recent = [s for s in self.steps if s.phase == record.phase][-STEPS_PER_RATE:]
+        seconds = sum(s.seconds for s in recent)
+        self.metrics.steps.labels(phase=record.phase).inc()
+        if seconds > 0:
+            self.metrics.achieved_flops.labels(phase=record.phase).set(sum(s.flops for s in recent) / seconds)
+            self.metrics.achieved_bytes.labels(phase=record.phase).set(sum(s.bytes for s in recent) / seconds)
+
+    def _record_finish(self, output: RequestOutput, outcome: str) -> None:
+        m, rm = self.metrics, output.metrics
+        m.requests.labels(outcome=outcome).inc()
+        if rm.e2e is not None:
+            m.e2e.observe(rm.e2e)
+        if rm.tpot is not None:
+            m.tpot.observe(rm.tpot)
+        with self.lock:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            if outcome in ("stop", "length"):
+                self.finished.append(FinishedPoint(time.perf_counter(), rm.ttft, rm.tpot))
+
+    def snapshot(self) -> dict:
+        """What the dashboard shows, as JSON-ready numbers (seconds in ms, times as ages)."""
+        now = time.perf_counter()
+        with self.lock:
+            steps, finished = list(self.steps), [f for f in self.finished if now - f.finished_at <= LATENCY_WINDOW_S]
+            state, outcomes = dict(self.state), dict(self.outcomes)
+        recent = [s for s in steps if now - s.finished_at <= THROUGHPUT_WINDOW_S]
+        hw = self.hardware
+        return {
+            **state,
+            "kv_cache_usage": state["kv_blocks_used"] / state["kv_blocks_total"] if state["kv_blocks_total"] else 0.0,
+            "requests": outcomes,
+            "latency_window_s": LATENCY_WINDOW_S,
+            "ttft_ms": _percentiles([f.ttft for f in finished]),
+            "tpot_ms": _percentiles([f.tpot for f in finished]),
+            "generation_tokens_per_s": sum(s.sampled for s in recent) / THROUGHPUT_WINDOW_S,
+            "steps": [
+                {"age_s": now - s.finished_at, "ms": s.seconds * 1e3, "phase": s.phase, "batch": s.batch, "tokens": s.tokens}
+                for s in steps
+            ],
+            "roofline": {
+                "hardware": hw.name,
+                "peaks": [{"compute": c, "flops_per_s": peak} for c, peak in self.peaks.items()],
+                "bandwidth_bytes_per_s": hw.memory_bandwidth,
+                "points": [
+                    {"intensity": s.flops / s.bytes, "flops_per_s": s.flops / s.seconds, "phase": s.phase, "batch": s.batch}
+                    for s in steps
+                    if s.bytes > 0 and s.seconds > 0
+                ],
+                "achieved": {p: self._achieved(steps, p) for p in PHASES if any(s.phase == p for s in steps)},
+            },
+        }
+
+    @staticmethod
+    def _achieved(steps: list[StepPoint], phase: str) -> dict:
+        recent = [s for s in steps if s.phase == phase][-STEPS_PER_RATE:]
+        seconds = sum(s.seconds for s in recent) or float("inf")
+        return {"flops_per_s": sum(s.flops for s in recent) / seconds, "bytes_per_s": sum(s.bytes for s in recent) / seconds}
+
+
+def _percentiles(values: list[float | None]) -> dict | None:
+    """p50 / p90 / p99 / mean in milliseconds, or None without data."""
+    values = sorted(v * 1e3 for v in values if v is not None)
+    if not values:
+        return None
+    q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
+    return {"p50": q[49], "p90": q[89], "p99": q[98], "mean": statistics.fmean(values), "count": len(values)}

@@ -1,0 +1,162 @@
+"""POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models. Handlers only parse, tokenize,
+enqueue and relay deltas; a client that goes away has its request aborted and its KV blocks freed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from rooftop.engine.sampling_params import SamplingParams
+from rooftop.errors import InvalidRequestError, PromptTooLongError
+from rooftop.serve.engine_loop import ClientGoneError, EngineFailedError, EngineStoppedError, QueueFullError, RequestStream
+from rooftop.serve.errors import ApiError, error_body, parse_body, read_body
+from rooftop.serve.protocol import ChatCompletionRequest, CompletionRequest
+from rooftop.serve.responses import Responses, sse, timings
+from rooftop.serve.state import Ready, ServerState
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it
+
+
+def server(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def authorized(request: Request) -> None:
+    server(request).check_api_key(request.headers.get("authorization"))
+
+
+router = APIRouter(dependencies=[Depends(authorized)])
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    ready = server(request).require_ready()
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": ready.model_name, "object": "model", "created": int(time.time()), "owned_by": "rooftop",
+                "root": ready.llm.model_path, "parent": None, "max_model_len": ready.llm.max_model_len,
+            }
+        ],
+    }
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    arrival = time.perf_counter()
+    state = server(request)
+    ready = state.require_ready()
+    body = parse_body(await read_body(request, state.config.max_body_bytes), ChatCompletionRequest)
+    state.check_model(body.model)
+    try:
+        text = ready.llm.apply_chat_template(body.chat_messages())
+    except InvalidRequestError as e:
+        raise ApiError(400, str(e), "messages") from None
+    ids = await asyncio.to_thread(ready.llm.tokenizer.encode, text)
+    params = body.to_sampling_params(default_max_tokens=room(ready, len(ids)))
+    out = Responses("chat", f"chatcmpl-{uuid.uuid4().hex}", ready.model_name, ready.llm.tokenizer, body.include_usage)
+    return await respond(request, ready, out, ids, params, arrival, body.stream, "messages")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    arrival = time.perf_counter()
+    state = server(request)
+    ready = state.require_ready()
+    body = parse_body(await read_body(request, state.config.max_body_bytes), CompletionRequest)
+    state.check_model(body.model)
+    prompt = body.single_prompt()
+    ids = await asyncio.to_thread(ready.llm.tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
+    params = body.to_sampling_params(default_max_tokens=min(16, room(ready, len(ids))))  # OpenAI's default: 16
+    out = Responses("text", f"cmpl-{uuid.uuid4().hex}", ready.model_name, ready.llm.tokenizer, body.include_usage)
+    return await respond(request, ready, out, ids, params, arrival, body.stream, "prompt")
+
+
+def room(ready: Ready, prompt_tokens: int) -> int:
+    """The default max_tokens: whatever the context and the KV pool leave after the prompt (at least 1)."""
+    engine = ready.llm.engine
+    return max(1, min(engine.max_model_len, engine.pool_tokens) - prompt_tokens)
+
+
+async def respond(
+    request: Request, ready: Ready, out: Responses, ids: list[int], params: SamplingParams, arrival: float,
+    stream: bool, prompt_param: str,
+) -> Response:
+    try:
+        rs = await ready.engine_loop.add(out.id, ids, params, arrival)
+    except PromptTooLongError as e:
+        raise ApiError(400, str(e), prompt_param) from None
+    except QueueFullError as e:
+        raise ApiError(429, str(e)) from None
+    except EngineStoppedError as e:
+        raise ApiError(503, str(e)) from None
+    with_logprobs = params.logprobs is not None
+    if stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events(request, rs, out, with_logprobs), media_type="text/event-stream", headers=headers)
+    return await complete(request, rs, out, with_logprobs)
+
+
+async def complete(request: Request, rs: RequestStream, out: Responses, with_logprobs: bool) -> Response:
+    """The non-streamed response, once the request has finished."""
+    watcher = asyncio.create_task(close_on_disconnect(request, rs))
+    logprobs = []
+    try:
+        async for delta in rs.deltas():
+            logprobs += delta.new_logprobs
+            output = delta.output
+    except ClientGoneError:
+        return Response(status_code=CLIENT_CLOSED)
+    except EngineFailedError as e:
+        raise ApiError(500, str(e)) from None
+    except EngineStoppedError as e:
+        raise ApiError(503, str(e)) from None
+    finally:
+        watcher.cancel()
+        rs.close()
+    if output.finish_reason == "error":
+        raise ApiError(500, f"generation failed: {output.error}")
+    return JSONResponse(out.full(output, logprobs if with_logprobs else None))
+
+
+async def events(request: Request, rs: RequestStream, out: Responses, with_logprobs: bool) -> AsyncIterator[str]:
+    """The SSE stream: a role chunk (chat), one chunk per step that adds text, a final chunk with finish_reason and
+    timings, the usage chunk if asked for, then [DONE]. An error mid-stream becomes an error event."""
+    watcher = asyncio.create_task(close_on_disconnect(request, rs))
+    try:
+        if out.kind == "chat":
+            yield sse(out.chunk("", None, role=True))
+        async for d in rs.deltas():
+            logprobs = d.new_logprobs if with_logprobs else None
+            if not d.finished:
+                if d.text or logprobs:
+                    yield sse(out.chunk(d.text, logprobs))
+                continue
+            if d.finish_reason == "error":
+                yield sse(error_body(500, f"generation failed: {d.output.error}"))
+                break
+            yield sse(out.chunk(d.text or None, logprobs, d.finish_reason) | {"timings": timings(d.output.metrics)})
+            if out.include_usage:
+                yield sse(out.usage_chunk(d.output))
+        yield sse("[DONE]")
+    except ClientGoneError:
+        return
+    except EngineStoppedError as e:  # also EngineFailedError
+        yield sse(error_body(500 if isinstance(e, EngineFailedError) else 503, str(e)))
+        yield sse("[DONE]")
+    finally:
+        watcher.cancel()
+        rs.close()
+
+
+async def close_on_disconnect(request: Request, rs: RequestStream) -> None:
+    """Abort the request as soon as its client disconnects, even while it is still waiting for its first token."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    rs.close()

@@ -1,0 +1,86 @@
+"""ServerState: what the handlers share. The model loads on a background thread so /health can say 503 meanwhile."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rooftop.engine.llm import LLM
+from rooftop.errors import RooftopError
+from rooftop.roofline.probe import load_or_run_probe
+from rooftop.serve.config import ServeConfig
+from rooftop.serve.engine_loop import EngineLoop
+from rooftop.serve.errors import ApiError
+from rooftop.serve.metrics import ServerMetrics
+from rooftop.serve.monitor import Monitor
+
+log = logging.getLogger("rooftop.serve")
+
+
+@dataclass
+class Ready:
+    """The loaded model and the thread that runs it."""
+
+    llm: LLM
+    monitor: Monitor
+    engine_loop: EngineLoop
+    model_name: str
+
+
+@dataclass
+class ServerState:
+    config: ServeConfig
+    metrics: ServerMetrics
+    ready: Ready | None = None
+    load_error: str | None = None
+
+    def load(self, llm: LLM | None = None, on_error: Callable[[str], None] | None = None) -> None:
+        """Load the model (unless given), read this machine's roofs (probing once, cached) and start the engine thread."""
+        c = self.config
+        try:
+            if llm is None:
+                log.info("loading %s", c.model or "the bundled model")
+                llm = LLM(model=c.model, dtype=c.dtype, device=c.device, weights=c.weights, **c.engine_options)
+            log.info("reading this machine's roofs (measured once, ~15 s, then cached)")
+            hardware = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device)).to_hardware()
+        except Exception as e:  # a bad model path and a broken file alike end the server with one line
+            self.load_error = str(e) if isinstance(e, RooftopError) else f"{type(e).__name__}: {e}"
+            log.error("cannot serve: %s", self.load_error)
+            if on_error is not None:
+                on_error(self.load_error)
+            return
+        monitor = Monitor(self.metrics, llm.config, llm.precision, hardware)
+        engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests)
+        engine_loop.start()
+        name = c.served_model_name or c.model or Path(llm.model_path).stem
+        self.ready = Ready(llm, monitor, engine_loop, name)
+        log.info("serving %s on http://%s:%d (dashboard at /)", name, c.host, c.port)
+
+    def require_ready(self) -> Ready:
+        if self.ready is None:
+            if self.load_error is not None:
+                raise ApiError(503, f"the model failed to load: {self.load_error}")
+            raise ApiError(503, "the model is still loading; retry when GET /health returns 200")
+        if self.ready.engine_loop.stopped:
+            raise ApiError(503, "the server is shutting down")
+        return self.ready
+
+    def check_model(self, name: str | None) -> None:
+        """Requests name the served model (or omit it); any other name is a 404, as in OpenAI and vLLM."""
+        served = self.require_ready().model_name
+        if name is not None and name != served:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {served!r}", "model")
+
+    def check_api_key(self, authorization: str | None) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        if not hmac.compare_digest((authorization or "").encode(), f"Bearer {key}".encode()):
+            raise ApiError(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'")
+
+    def stop(self) -> None:
+        if self.ready is not None:
+            self.ready.engine_loop.stop()

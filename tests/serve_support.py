@@ -1,0 +1,62 @@
+"""Fixtures and helpers of the server tests: a tiny model with a long context, a real server on a loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gguf_factory import write_tiny_gguf
+
+KV_BYTES = 64 << 20
+
+
+@pytest.fixture(scope="session")
+def long_gguf(tmp_path_factory) -> Path:
+    """The tiny random Llama with a 2048-token context, so one request can run long enough to be interrupted."""
+    path = tmp_path_factory.mktemp("serve") / "tiny-long.gguf"
+    write_tiny_gguf(path, context_length=2048)
+    return path
+
+
+@contextlib.contextmanager
+def running_server(model: Path, engine: dict | None = None, llm=None, **config) -> Iterator[str]:
+    """A real server for `model` (or an already loaded `llm`) on a free loopback port; yields its base URL."""
+    from rooftop import LLM
+    from rooftop.serve.app import create_app
+    from rooftop.serve.config import ServeConfig
+    from rooftop.serve.server import serve_in_thread
+
+    llm = llm or LLM(model=model, kv_cache_bytes=KV_BYTES, **(engine or {}))
+    app = create_app(ServeConfig(**config), llm)
+    with serve_in_thread(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def server(long_gguf) -> Iterator[str]:
+    """The shared server of a test module: the tiny model, a 256-token context, at most 64 requests in a step."""
+    with running_server(long_gguf, {"max_model_len": 256}, max_body_bytes=64 << 10) as url:
+        yield url
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Every sample of GET /metrics, parsed by prometheus-client: {'name{label="v"}': value}."""
+    text = httpx.get(f"{url}/metrics").text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[str]:
+    """The data of each server-sent event."""
+    for line in lines:
+        if line.startswith("data: "):
+            yield line.removeprefix("data: ")

@@ -1,0 +1,254 @@
+"""rooftop serve through real HTTP on a loopback port: the openai client, streaming, concurrency, metrics,
+disconnects, backpressure and the API key (the tiny random model: the text is noise, the plumbing is not)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from serve_support import long_gguf, metrics, running_server, server, sse_events  # noqa: F401 (fixtures)
+
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+def client(url: str, **kwargs) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0, **kwargs)
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_health_and_models(server):
+    assert httpx.get(f"{server}/health").status_code == 200
+    models = client(server).models.list().data
+    assert [m.id for m in models] == ["tiny-long"] and models[0].max_model_len == 256
+
+
+def test_chat_streamed_equals_not_streamed_with_usage(server):
+    c = client(server)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hi there"}]
+    full = c.chat.completions.create(model="tiny-long", messages=messages, max_tokens=12, **GREEDY)
+    assert full.object == "chat.completion" and full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12
+    prompt_tokens = httpx.post(f"{server}/tokenize", json={"messages": messages}).json()["count"]
+    assert full.usage.prompt_tokens == prompt_tokens
+    assert full.usage.total_tokens == prompt_tokens + 12
+    chunks = list(
+        c.chat.completions.create(
+            model="tiny-long", messages=messages, max_completion_tokens=12, stream=True,
+            stream_options={"include_usage": True}, **GREEDY,
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == full.choices[0].message.content
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens) == (prompt_tokens, 12)
+    assert usage.prompt_tokens_details.cached_tokens == 32  # the same prompt again: two full blocks were cached
+
+
+def test_completions_streamed_equals_not_streamed_with_usage(server):
+    c = client(server)
+    full = c.completions.create(model="tiny-long", prompt="Once upon a time", max_tokens=10, **GREEDY)
+    assert full.usage.prompt_tokens == len("Once upon a time") and full.usage.completion_tokens == 10
+    chunks = list(c.completions.create(model="tiny-long", prompt="Once upon a time", max_tokens=10, stream=True, **GREEDY))
+    assert "".join(ch.choices[0].text for ch in chunks) == full.choices[0].text
+    by_ids = c.completions.create(model="tiny-long", prompt=[ord(ch) + 3 for ch in "Once upon a time"], max_tokens=10, **GREEDY)
+    assert by_ids.choices[0].text == full.choices[0].text  # byte vocabulary: id = byte + 3 specials
+
+
+def test_sse_is_framed_exactly_as_openai(server):
+    body = {"prompt": "abc", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    text = httpx.post(f"{server}/v1/completions", json=body).text
+    events = text.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and all(e.startswith("data: ") for e in events[:-1])
+    last = json.loads(events[-3].removeprefix("data: "))
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3
+    final = json.loads(events[-4].removeprefix("data: "))
+    assert final["choices"][0]["finish_reason"] == "length" and final["timings"]["output_tokens"] == 3
+
+
+def test_timings_and_prefix_cache_hits(server):
+    c = client(server)
+    prompt = "A long shared prefix that fills several KV blocks of sixteen tokens each. "
+    first = c.completions.create(model="tiny-long", prompt=prompt, max_tokens=4, **GREEDY)
+    second = c.completions.create(model="tiny-long", prompt=prompt, max_tokens=4, **GREEDY)
+    t = second.model_extra["timings"]
+    assert set(t) >= {"queue_ms", "ttft_ms", "tpot_ms", "prefill_ms", "decode_ms", "prompt_tokens", "output_tokens", "cached_tokens"}
+    assert t["prompt_tokens"] == len(prompt) and t["output_tokens"] == 4
+    assert 0 <= t["queue_ms"] <= t["ttft_ms"] <= t["e2e_ms"] and t["tpot_ms"] > 0 and t["prefill_ms"] > 0
+    assert first.model_extra["timings"]["cached_tokens"] == 0
+    assert t["cached_tokens"] == second.usage.prompt_tokens_details.cached_tokens == len(prompt) // 16 * 16
+
+
+def test_sampling_fields_reach_the_engine(server):
+    c = client(server)
+
+    def text(**fields) -> tuple[str, str]:
+        choice = c.completions.create(model="tiny-long", prompt="Sample me", max_tokens=24, **fields).choices[0]
+        return choice.text, choice.finish_reason
+
+    seeded = text(temperature=1.0, seed=7, top_p=0.9, extra_body={"top_k": 50, "min_p": 0.01})
+    assert text(temperature=1.0, seed=7, top_p=0.9, extra_body={"top_k": 50, "min_p": 0.01}) == seeded
+    greedy, _ = text(temperature=0, extra_body={"ignore_eos": True})
+    assert text(temperature=0, frequency_penalty=2.0, presence_penalty=1.0, extra_body={"ignore_eos": True})[0] != greedy
+    assert text(temperature=0, extra_body={"ignore_eos": True, "repetition_penalty": 1.5})[0] != greedy
+    stop = greedy[5:7]
+    assert text(temperature=0, stop=[stop], extra_body={"ignore_eos": True}) == (greedy[: greedy.index(stop)], "stop")
+
+
+def test_logprobs(server):
+    c = client(server)
+    chat = c.chat.completions.create(
+        model="tiny-long", messages=[{"role": "user", "content": "hi"}], max_tokens=4, logprobs=True, top_logprobs=3, **GREEDY
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(e.top_logprobs) == 3 for e in content)
+    assert all(e.top_logprobs[0].token == e.token and e.logprob <= 0 for e in content)  # greedy picks the top
+    text = c.completions.create(model="tiny-long", prompt="hi", max_tokens=4, logprobs=2, **GREEDY)
+    lp = text.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == text.choices[0].text  # one byte per token, all printable here or not: same decode
+
+
+def test_32_concurrent_streams_each_equal_alone(server):
+    prompts = [f"Request {i}: {'ab' * (i % 7)}" for i in range(32)]
+    lengths = [4 + i % 5 for i in range(32)]
+    c = client(server)
+    alone = [
+        c.completions.create(model="tiny-long", prompt=p, max_tokens=n, **GREEDY).choices[0].text
+        for p, n in zip(prompts, lengths)
+    ]
+
+    async def streamed(ac: openai.AsyncOpenAI, prompt: str, n: int) -> tuple[str, str]:
+        stream = await ac.completions.create(model="tiny-long", prompt=prompt, max_tokens=n, stream=True, **GREEDY)
+        parts, reason = [], None
+        async for chunk in stream:
+            parts.append(chunk.choices[0].text)
+            reason = chunk.choices[0].finish_reason or reason
+        return "".join(parts), reason
+
+    async def all_at_once() -> list[tuple[str, str]]:
+        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0) as ac:
+            return await asyncio.gather(*(streamed(ac, p, n) for p, n in zip(prompts, lengths)))
+
+    before = metrics(server)
+    results = asyncio.run(all_at_once())
+    assert [text for text, _ in results] == alone
+    assert [reason for _, reason in results] == ["length"] * 32
+    after = metrics(server)
+    assert after['rooftop_requests_total{outcome="length"}'] - before['rooftop_requests_total{outcome="length"}'] == 32
+
+
+def test_metrics_parse_and_move_as_requests_complete(server):
+    before = metrics(server)
+    out = client(server).completions.create(model="tiny-long", prompt="count me", max_tokens=5, **GREEDY)
+    after = metrics(server)
+
+    def moved(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert moved('rooftop_requests_total{outcome="length"}') == 1
+    assert moved("rooftop_generation_tokens_total") == 5
+    assert moved("rooftop_prompt_tokens_total") == out.usage.prompt_tokens
+    for histogram in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+        assert moved(f"rooftop_{histogram}_seconds_count") == 1
+    assert moved("rooftop_inter_token_latency_seconds_count") == 4
+    assert moved("rooftop_time_per_output_token_seconds_count") == 1
+    assert moved('rooftop_steps_total{phase="decode"}') >= 4
+    assert moved("rooftop_prefix_cache_queries_total") == out.usage.prompt_tokens
+    assert after['rooftop_achieved_flops_per_second{phase="decode"}'] > 0
+    assert after['rooftop_achieved_bytes_per_second{phase="prefill"}'] > 0
+    assert after["rooftop_roof_bytes_per_second"] > 0 and after['rooftop_roof_flops_per_second{compute="fp32"}'] > 0
+    assert after["rooftop_num_requests_running"] == after["rooftop_num_requests_waiting"] == 0
+    assert after["rooftop_kv_cache_usage_perc"] == 0
+    assert "rooftop_prefix_cache_hits_total" in after
+
+
+def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(server):
+    before = metrics(server)
+    body = {"prompt": "go on and on", "max_tokens": 240, "stream": True, "temperature": 0, "ignore_eos": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=30) as response:
+        events = sse_events(response.iter_lines())
+        next(events), next(events)
+        during = metrics(server)
+        assert during["rooftop_num_requests_running"] == 1 and during["rooftop_kv_cache_usage_perc"] > 0
+    wait_for(lambda: metrics(server)['rooftop_requests_total{outcome="abort"}'] == before['rooftop_requests_total{outcome="abort"}'] + 1)
+    after = metrics(server)
+    assert after["rooftop_num_requests_running"] == 0 and after["rooftop_kv_cache_usage_perc"] == 0
+    assert after["rooftop_generation_tokens_total"] - before["rooftop_generation_tokens_total"] < 240
+
+
+def test_a_non_streamed_request_whose_client_leaves_is_aborted(server):
+    before = metrics(server)['rooftop_requests_total{outcome="abort"}']
+    body = {"prompt": "wait for me", "max_tokens": 240, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.2))
+    wait_for(lambda: metrics(server)['rooftop_requests_total{outcome="abort"}'] == before + 1)
+    assert metrics(server)["rooftop_kv_cache_usage_perc"] == 0
+
+
+def test_tokenize_and_detokenize(server):
+    ids = httpx.post(f"{server}/tokenize", json={"prompt": "hello"}).json()
+    assert ids == {"count": 5, "max_model_len": 256, "tokens": [ord(ch) + 3 for ch in "hello"]}
+    assert httpx.post(f"{server}/detokenize", json={"tokens": ids["tokens"]}).json() == {"prompt": "hello"}
+
+
+def test_api_key(long_gguf):
+    with running_server(long_gguf, {"max_model_len": 128}, api_key="sekret") as url:
+        with pytest.raises(openai.AuthenticationError, match="invalid or missing API key"):
+            client(url, api_key="wrong").models.list()
+        response = httpx.post(f"{url}/v1/completions", json={"prompt": "hi"})
+        assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
+        assert client(url, api_key="sekret").completions.create(model="tiny-long", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+        assert httpx.get(f"{url}/health").status_code == 200  # health and metrics stay open to probes
+        assert httpx.get(f"{url}/metrics").status_code == 200
+
+
+def test_a_full_waiting_queue_answers_429_and_the_server_goes_on(long_gguf):
+    body = {"prompt": "a long one", "max_tokens": 1900, "stream": True, "temperature": 0, "ignore_eos": True}
+    with running_server(long_gguf, {"max_num_seqs": 1}, max_waiting_requests=1) as url:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as running:
+            events = sse_events(running.iter_lines())  # kept: a dropped iterator closes the connection
+            next(events)  # it runs: the one slot is taken
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as waiting:
+                assert waiting.status_code == 200  # accepted: it waits for the slot
+                refused = httpx.post(f"{url}/v1/completions", json={"prompt": "me too", "max_tokens": 2})
+                assert refused.status_code == 429
+                assert "requests are already waiting" in refused.json()["error"]["message"]
+        assert metrics(url)['rooftop_requests_total{outcome="rejected"}'] == 1
+        wait_for(lambda: metrics(url)["rooftop_num_requests_running"] == 0)
+        ok = httpx.post(f"{url}/v1/completions", json={"prompt": "and now", "max_tokens": 2}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_an_engine_failure_fails_the_requests_in_flight_and_the_server_goes_on(long_gguf):
+    from rooftop import LLM
+
+    llm = LLM(model=long_gguf, kv_cache_bytes=64 << 20, max_model_len=128)
+    step, calls = llm.engine.step, []
+
+    def failing_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("simulated kernel crash")
+        return step()
+
+    llm.engine.step = failing_once
+    with running_server(None, llm=llm) as url:
+        failed = httpx.post(f"{url}/v1/completions", json={"prompt": "boom", "max_tokens": 2}, timeout=30)
+        assert failed.status_code == 500 and "simulated kernel crash" in failed.json()["error"]["message"]
+        ok = httpx.post(f"{url}/v1/completions", json={"prompt": "again", "max_tokens": 2}, timeout=30)
+        assert ok.status_code == 200
+        assert metrics(url)['rooftop_requests_total{outcome="error"}'] == 1
+        assert llm.engine.blocks.num_free == llm.engine.blocks.num_blocks

@@ -1,0 +1,97 @@
+"""Bad input to rooftop serve: each gets its 4xx and an OpenAI-style error body, and the server goes on serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from serve_support import long_gguf, metrics, server  # noqa: F401 (fixtures)
+
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields) -> dict:
+    return {"messages": HI, "max_tokens": 2, **fields}
+
+
+CASES = [
+    # (name, path, body as JSON or raw bytes, status, words the message must hold)
+    ("malformed JSON", CHAT, b'{"messages": [', 400, "not valid JSON"),
+    ("not an object", CHAT, b"[1, 2]", 400, "must be a JSON object"),
+    ("empty body", CHAT, b"", 400, "not valid JSON"),
+    ("unknown model", CHAT, chat(model="gpt-5"), 404, "'gpt-5' does not exist"),
+    ("missing messages", CHAT, {"max_tokens": 2}, 400, "messages is required"),
+    ("missing prompt", TEXT, {"max_tokens": 2}, 400, "prompt is required"),
+    ("no messages", CHAT, chat(messages=[]), 400, "at least one message"),
+    ("empty prompt", TEXT, {"prompt": ""}, 400, "prompt is empty"),
+    ("messages not a list", CHAT, chat(messages="hi"), 400, "messages: Input should be a valid array"),
+    ("temperature a string", CHAT, chat(temperature="hot"), 400, "temperature: Input should be a valid number"),
+    ("max_tokens a string", CHAT, chat(max_tokens="5"), 400, "max_tokens: Input should be a valid integer"),
+    ("stream a string", CHAT, chat(stream="yes"), 400, "stream: Input should be a valid boolean"),
+    ("content a number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    ("NaN temperature", CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, "finite number"),
+    ("negative temperature", CHAT, chat(temperature=-1), 400, "temperature must be >= 0"),
+    ("top_p 0", CHAT, chat(top_p=0), 400, "top_p must be in (0, 1]"),
+    ("top_p above 1", TEXT, {"prompt": "hi", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+    ("max_tokens 0", TEXT, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens must be an integer >= 1"),
+    ("max_completion_tokens 0", CHAT, chat(max_completion_tokens=0), 400, "max_tokens must be an integer >= 1"),
+    ("top_k below -1", CHAT, chat(top_k=-2), 400, "top_k must be an integer >= 0"),
+    ("min_p above 1", CHAT, chat(min_p=2), 400, "min_p must be in [0, 1]"),
+    ("presence_penalty 3", CHAT, chat(presence_penalty=3), 400, "presence_penalty must be in [-2, 2]"),
+    ("repetition_penalty 0", CHAT, chat(repetition_penalty=0), 400, "repetition_penalty must be > 0"),
+    ("top_logprobs 50", CHAT, chat(logprobs=True, top_logprobs=50), 400, "top_logprobs must be in [0, 20]"),
+    ("top_logprobs alone", CHAT, chat(top_logprobs=2), 400, "top_logprobs needs logprobs"),
+    ("logprobs 21", TEXT, {"prompt": "hi", "logprobs": 21}, 400, "logprobs must be an integer in [0, 20]"),
+    ("empty stop string", CHAT, chat(stop=[""]), 400, "stop strings must be non-empty"),
+    ("n 2", CHAT, chat(n=2), 400, "n must be 1"),
+    ("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0].role"),
+    ("image part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, "only text parts"),
+    ("chat prompt too long", CHAT, chat(messages=[{"role": "user", "content": "x" * 300}]), 400, "the context holds 256"),
+    ("prompt too long", TEXT, {"prompt": "x" * 256}, 400, "the prompt has 256 tokens; the context holds 256"),
+    ("token id out of range", TEXT, {"prompt": [1, 99999]}, 400, "out of range"),
+    ("a batch of prompts", TEXT, {"prompt": ["a", "b"]}, 400, "one prompt"),
+    ("echo", TEXT, {"prompt": "a", "echo": True}, 400, "echo is not supported"),
+    ("oversized body", TEXT, {"prompt": "x" * (70 << 10)}, 413, "the limit is 65536"),
+]
+
+
+@pytest.mark.parametrize("name, path, body, status, words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_its_status_and_an_error_body(server, name, path, body, status, words):
+    send = {"content": body} if isinstance(body, bytes) else {"json": body}
+    response = httpx.post(f"{server}{path}", **send, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert words in error["message"]
+    assert error["code"] == status and set(error) == {"message", "type", "param", "code"}
+    ok = httpx.post(f"{server}{TEXT}", json={"prompt": "still there?", "max_tokens": 2}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_chunked_body_over_the_limit_is_refused(server):
+    def chunks():
+        for _ in range(80):
+            yield b"x" * 1024
+
+    response = httpx.post(f"{server}{TEXT}", content=chunks(), timeout=30)  # no Content-Length: sent chunked
+    assert response.status_code == 413 and "over the limit" in response.json()["error"]["message"]
+
+
+def test_unknown_routes_and_methods_answer_json(server):
+    missing = httpx.get(f"{server}/v1/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == "no route GET /v1/nothing"
+    wrong = httpx.get(f"{server}{CHAT}")
+    assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_bad_requests_are_counted_as_invalid(server):
+    before = metrics(server)['rooftop_requests_total{outcome="invalid"}']
+    httpx.post(f"{server}{CHAT}", json=chat(temperature=-1))
+    assert metrics(server)['rooftop_requests_total{outcome="invalid"}'] == before + 1
+
+
+def test_tokenize_needs_a_prompt_or_messages(server):
+    response = httpx.post(f"{server}/tokenize", json={})
+    assert response.status_code == 400 and "either prompt or messages" in response.json()["error"]["message"]
+    response = httpx.post(f"{server}/detokenize", json={"tokens": [-1]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tokens"
