@@ -228,7 +228,7 @@ def chat(
             print_report(metrics, finish_reason)
 
 
-app.command("bench")(bench_commands.bench)
+app.add_typer(bench_commands.app, name="bench")
 app.command("roofline")(roofline_commands.roofline)
 app.command("probe")(roofline_commands.probe)
 app.command("explain")(roofline_commands.explain)

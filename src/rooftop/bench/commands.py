@@ -1,4 +1,5 @@
-"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with --pp/--tg, the llama-bench-style quick mode."""
+"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with --pp/--tg, the llama-bench-style quick mode;
+its subcommands `serve` and `report` load and report on any OpenAI-compatible server."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rooftop.bench.serve import commands as serve_commands
 from rooftop.console import err, user_errors
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.report import seconds
@@ -27,6 +29,7 @@ def _ints(text: str, name: str) -> list[int]:
 
 
 def bench(
+    ctx: typer.Context,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or HF directory (default: bundled)")] = None,
     prompt_lens: Annotated[str, typer.Option(help="prompt lengths for the TTFT sweep")] = "16,64,256,1024",
     batch_sizes: Annotated[str, typer.Option(help="batch sizes for the decode sweep")] = "1,2,4,8,16,32",
@@ -41,7 +44,10 @@ def bench(
     plots: Annotated[Optional[Path], typer.Option(help="write PNG plots into this directory")] = None,
     html_path: Annotated[Optional[Path], typer.Option("--html", help="write a self-contained HTML report")] = None,
 ) -> None:
-    """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions."""
+    """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions.
+    `rooftop bench serve` loads a running OpenAI-compatible server instead."""
+    if ctx.invoked_subcommand is not None:
+        return
     from rooftop.bench.measure import machine_info
     from rooftop.engine.llm import LLM
     from rooftop.roofline.probe import load_or_run_probe
@@ -136,3 +142,10 @@ def _write_plots(result, hw, compute: str, directory: Path | None) -> list[Path]
     ]
     err.print(f"plots written to {directory}")
     return written
+
+
+app = typer.Typer(pretty_exceptions_enable=False)
+app.callback(invoke_without_command=True)(bench)
+extra_goodput_values = {"allow_extra_args": True}  # vLLM's `--goodput ttft:500 tpot:50`
+app.command("serve", context_settings=extra_goodput_values)(serve_commands.serve)
+app.command("report", context_settings=extra_goodput_values)(serve_commands.report)
