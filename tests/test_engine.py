@@ -187,7 +187,7 @@ def test_prefix_cache_hit_tokens_are_counted_per_request(eng):
 
 
 def test_decode_metadata_masks_only_when_some_sequence_is_padded():
-    """Batched decode pads shorter caches; with no padding the attention runs unmasked (the fast path)."""
+    """Batched decode pads shorter caches and masks the padding; with none to mask, no mask is built."""
     import torch
 
     from rooftop.engine.kv_cache import build_metadata

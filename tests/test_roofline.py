@@ -238,4 +238,7 @@ def test_engine_steps_that_widen_quantized_weights_are_attributed_at_the_float_p
     prefill = attribute_step(config, p, StepShape.prefill(1, 512), 1.0, hw)
     decode = attribute_step(config, p, StepShape.decode(1, 512), 0.01, hw)
     phases = attribute_phases([prefill, decode], hw)
-    assert phases["prefill"].peak_flops == pytest.approx(70e9) and phases["decode"].peak_flops == pytest.approx(30e9)
+    assert phases["prefill"].peak_flops == pytest.approx(70e9)  # widened linears and the float16 head: fp32 math
+    # decode: the block linears on the int4 kernel's peak, the lm_head (fp16 weights, fp32 math) on fp32's
+    assert 30e9 < phases["decode"].peak_flops < 40e9
+    assert phases["decode"].peak_flops == pytest.approx(decode.predicted.flops / decode.predicted.compute_time_s)

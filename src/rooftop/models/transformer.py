@@ -16,12 +16,9 @@ from rooftop.config import ModelConfig, check_runnable
 from rooftop.engine.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.models.attention import paged_attention
-from rooftop.quant.linear import WEIGHT_FORMATS, FloatLinear, Int4Linear, Int8Linear, make_linear
+from rooftop.quant.linear import WEIGHT_FORMATS, Linear, make_linear
 from rooftop.quant.weights import Weight, to_float
 from rooftop.models.rope import apply_rope, cos_sin_table
-
-
-Linear = FloatLinear | Int8Linear | Int4Linear
 
 
 @dataclass

@@ -56,6 +56,33 @@ class FloatLinear:
         return self.weight.nbytes
 
 
+@functools.cache
+def fbgemm_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+@dataclass
+class Fp16Linear:
+    """float16 weights, float32 activations and outputs (fbgemm's `linear_dynamic_fp16`): the lm_head of the
+    quantized formats. The weight-only kernels return bfloat16, and bfloat16 logits step by 1/8 at the bundled
+    model's typical 16-32: near-ties flip (measured: "What is the capital of France?" answered "L'Étoile, ..."
+    instead of "The capital of France is Paris."). This head also ran faster than int8's here (3.7 vs 4.6 ms)."""
+
+    packed: torch.Tensor  # fbgemm's packed float16 matrix (opaque)
+    out_features: int
+    nbytes: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float()
+        y = torch.ops.quantized.linear_dynamic_fp16(flat, self.packed)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, bias: torch.Tensor | None) -> Fp16Linear:
+        packed = torch.ops.quantized.linear_prepack_fp16(w.float().contiguous(), None if bias is None else bias.float())
+        return cls(packed, w.shape[0], w.numel() * 2)
+
+
 @dataclass
 class Int8Linear:
     qweight: torch.Tensor  # (N, K) int8
@@ -112,13 +139,18 @@ class Int4Linear:
         return cls(packed, scales_zeros, w.q.shape[0], bias)
 
 
-def make_linear(weight: Weight, bias: torch.Tensor | None, fmt: str, lm_head: bool = False) -> FloatLinear | Int8Linear | Int4Linear:
+Linear = FloatLinear | Int8Linear | Int4Linear | Fp16Linear
+
+
+def make_linear(weight: Weight, bias: torch.Tensor | None, fmt: str, lm_head: bool = False) -> Linear:
     """A linear in `fmt` from a weight in any form (float, or a file's 4-bit / 8-bit groups), one tensor at a time.
 
-    int4 keeps a GGUF's Q4 weights as they are and quantizes any other block linear to group-32 int4; the
-    lm_head runs at 8 bits in int4 mode (measured on the bundled model: a 4-bit lm_head drops top-1 agreement
-    with float32 from 99% to 89%).
+    int4 keeps a GGUF's Q4 weights as they are and quantizes any other block linear to group-32 int4. The
+    lm_head of int8 and int4 is float16 with float32 logits where fbgemm exists (x86), else int8 (measured on
+    the bundled model: a 4-bit lm_head drops top-1 agreement with float32 from 99% to 89%).
     """
+    if lm_head and fmt in ("int8", "int4") and fbgemm_available():
+        return Fp16Linear.from_weight(to_float(weight), bias)
     if fmt == "int4" and not lm_head:
         int4 = weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight))
         return Int4Linear.from_weight(int4, bias)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rooftop.config import ModelConfig
-from rooftop.quant.linear import WIDEN_ROWS
+from rooftop.quant.linear import WIDEN_ROWS, fbgemm_available
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
 from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, precision
@@ -23,13 +23,15 @@ ENGINE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: 
 def engine_precision(dtype: torch.dtype, weight_format: str = "float") -> Precision:
     """What the engine's steps read and compute in: activations and KV cache in `dtype`; weights in `dtype`,
     or int8 (one scale per row) / int4 (scale and zero per 32, as GGUF Q4_1) run by the weight-only kernels, except
-    in steps of WIDEN_ROWS tokens or more, whose linears widen the weights and run float matmuls."""
+    in steps of WIDEN_ROWS tokens or more, whose linears widen the weights and run float matmuls; their lm_head
+    is float16 computed in float32 (fbgemm) where that exists."""
     fmt = ENGINE_FORMATS[dtype]
     base = precision(fmt, fmt)
     if weight_format == "float":
         return base
     weights = WEIGHT_FORMATS["int4-g32" if weight_format == "int4" else weight_format]
-    return replace(base, weights=weights, widen_rows=WIDEN_ROWS)
+    head = WEIGHT_FORMATS["fp16-fp32"] if fbgemm_available() else weights  # see quant.linear.make_linear
+    return replace(base, weights=weights, widen_rows=WIDEN_ROWS, lm_head=head)
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def step_ops(config: ModelConfig, p: Precision, shape: StepShape, tp: int = 1) -
     ops.extend(_mlp_ops(c, T, p, tp))
     ops.append(_elementwise("residual_add", T * d, 2, 1, 1, p, 2 * n_layers))
     if shape.logits_rows:  # a step of prompt chunks that sample nothing skips the lm_head
-        ops.append(_linear("lm_head", shape.logits_rows, d, c.vocab_size / tp, p))
+        ops.append(_linear("lm_head", shape.logits_rows, d, c.vocab_size / tp, p.head()))
     if tp > 1:  # two ring all-reduces of the hidden states per layer: each device sends and receives 2(tp-1)/tp of them
         per_layer = 2 * (tp - 1) / tp * T * d * ab
         ops.append(Op("all_reduce", 0.0, 0.0, 0.0, p.compute, comm_bytes=2 * n_layers * per_layer))

@@ -32,6 +32,7 @@ WEIGHT_FORMATS = {
         WeightFormat("fp32", 32, "fp32"),
         WeightFormat("bf16", 16, "bf16"),
         WeightFormat("fp16", 16, "bf16"),
+        WeightFormat("fp16-fp32", 16, "fp32"),  # float16 storage, float32 math (fbgemm): rooftop's quantized lm_head
         WeightFormat("fp8", 8, "fp8", group=0, overhead_bits=32),  # per-channel fp32 scale
         WeightFormat("int8", 8, "int8_weight_only", group=0, overhead_bits=16),  # per-channel bf16 scale
         WeightFormat("int4", 4, "int4_weight_only", group=128, overhead_bits=32),  # bf16 scale + zero per 128
@@ -54,10 +55,15 @@ class Precision:
     activation_bytes: int
     state_bytes: int = 4  # linear-attention recurrent state, kept in fp32 by the reference kernels
     widen_rows: int | None = None  # steps of this many tokens or more widen quantized weights to float matmuls
+    lm_head: WeightFormat | None = None  # when the lm_head is held in another format than the other linears
 
     @property
     def compute(self) -> str:
         return self.weights.compute
+
+    def head(self) -> Precision:
+        """The precision of the lm_head."""
+        return self if self.lm_head is None else replace(self, weights=self.lm_head, lm_head=None)
 
     def at(self, tokens: int) -> Precision:
         """The precision a step of `tokens` tokens computes in: an engine that widens quantized weights for large
