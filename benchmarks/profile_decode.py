@@ -1,6 +1,6 @@
 """Where a decode step's time goes: torch.profiler over 20 decode steps of the bundled model at batch 1.
 
-    .venv/bin/python benchmarks/profile_decode.py [--weights float|int8] [--rows 15]
+    .venv/bin/python benchmarks/profile_decode.py [--weights auto|float|int8|int4] [--rows 15]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rooftop import LLM, SamplingParams
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--weights", default="float")
+    parser.add_argument("--weights", default="auto")
     parser.add_argument("--rows", type=int, default=15)
     args = parser.parse_args()
     llm = LLM(weights=args.weights)
