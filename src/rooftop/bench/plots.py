@@ -34,7 +34,7 @@ def roofline_plot(result: SweepResult, hw: Hardware, compute: str, path: Path) -
            title=f"Measured steps on {hw.name}")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="lower right", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def ttft_plot(result: SweepResult, path: Path) -> Path:
@@ -45,7 +45,7 @@ def ttft_plot(result: SweepResult, path: Path) -> Path:
     ax.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="TTFT (ms)", title="TTFT against prompt length")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def batch_plot(result: SweepResult, path: Path) -> Path:
@@ -60,10 +60,10 @@ def batch_plot(result: SweepResult, path: Path) -> Path:
     for ax in (left, right):
         ax.grid(True, which="both", alpha=0.25)
         ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rooftop.config import LINEAR_ATTENTION, ModelConfig
+from rooftop.config import ModelConfig
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.precision import Precision

@@ -19,9 +19,9 @@ from rooftop.engine.llm import LLM
 from rooftop.errors import InvalidRequestError
 from rooftop.serve import openai_routes
 from rooftop.serve.config import ServeConfig
-from rooftop.serve.errors import ApiError, error_response, parse_body, read_body
+from rooftop.serve.errors import ApiError, error_response
 from rooftop.serve.metrics import create_metrics
-from rooftop.serve.openai_routes import authorized, server
+from rooftop.serve.openai_routes import accept, authorized, server
 from rooftop.serve.protocol import DetokenizeRequest, TokenizeRequest
 from rooftop.serve.state import ServerState
 
@@ -66,10 +66,7 @@ def _other_routes() -> APIRouter:
 
     @router.post("/tokenize", dependencies=[Depends(authorized)])
     async def tokenize(request: Request) -> dict:
-        state = server(request)
-        ready = state.require_ready()
-        body = parse_body(await read_body(request, state.config.max_body_bytes), TokenizeRequest)
-        state.check_model(body.model)
+        ready, body = await accept(request, TokenizeRequest)
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "send either prompt or messages")
         tokenizer = ready.llm.tokenizer
@@ -83,10 +80,7 @@ def _other_routes() -> APIRouter:
 
     @router.post("/detokenize", dependencies=[Depends(authorized)])
     async def detokenize(request: Request) -> dict:
-        state = server(request)
-        ready = state.require_ready()
-        body = parse_body(await read_body(request, state.config.max_body_bytes), DetokenizeRequest)
-        state.check_model(body.model)
+        ready, body = await accept(request, DetokenizeRequest)
         vocab = ready.llm.config.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:

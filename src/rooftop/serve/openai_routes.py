@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.serve.engine_loop import ClientGoneError, EngineFailedError, EngineStoppedError, QueueFullError, RequestStream
-from rooftop.serve.errors import ApiError, error_body, parse_body, read_body
+from rooftop.serve.errors import ApiError, Body, error_body, parse_body, read_body
 from rooftop.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rooftop.serve.responses import Responses, sse, timings
 from rooftop.serve.state import Ready, ServerState
@@ -24,6 +24,15 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it
 
 def server(request: Request) -> ServerState:
     return request.app.state.server
+
+
+async def accept(request: Request, model: type[Body]) -> tuple[Ready, Body]:
+    """What every POST handler starts with: the model loaded, the body read and parsed, its model name known."""
+    state = server(request)
+    ready = state.require_ready()
+    body = parse_body(await read_body(request, state.config.max_body_bytes), model)
+    state.check_model(body.model)
+    return ready, body
 
 
 def authorized(request: Request) -> None:
@@ -50,10 +59,7 @@ async def models(request: Request) -> dict:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     arrival = time.perf_counter()
-    state = server(request)
-    ready = state.require_ready()
-    body = parse_body(await read_body(request, state.config.max_body_bytes), ChatCompletionRequest)
-    state.check_model(body.model)
+    ready, body = await accept(request, ChatCompletionRequest)
     try:
         text = ready.llm.apply_chat_template(body.chat_messages())
     except InvalidRequestError as e:
@@ -67,10 +73,7 @@ async def chat_completions(request: Request) -> Response:
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     arrival = time.perf_counter()
-    state = server(request)
-    ready = state.require_ready()
-    body = parse_body(await read_body(request, state.config.max_body_bytes), CompletionRequest)
-    state.check_model(body.model)
+    ready, body = await accept(request, CompletionRequest)
     prompt = body.single_prompt()
     ids = await asyncio.to_thread(ready.llm.tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
     params = body.to_sampling_params(default_max_tokens=min(16, room(ready, len(ids))))  # OpenAI's default: 16

@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from rooftop.bench.plots import save_figure  # noqa: E402
 from rooftop.bench.serve.metrics import RequestRecord, output_tokens_per_second  # noqa: E402
 
 
@@ -29,7 +30,7 @@ def concurrency_plot(levels: list[int], summaries: list[dict], path: Path) -> Pa
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.grid(True, alpha=0.25)
         ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def latency_plot(records: list[RequestRecord], path: Path) -> Path:
@@ -53,11 +54,5 @@ def latency_plot(records: list[RequestRecord], path: Path) -> Path:
     for ax in (cdf, timeline):
         ax.grid(True, which="both", alpha=0.25)
     cdf.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
