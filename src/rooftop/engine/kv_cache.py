@@ -63,13 +63,13 @@ def build_metadata(
     A sequence with one new token and a non-empty cache takes the batched decode path; anything else is a
     prefill (chunk) attended one sequence at a time.
     """
-    tables = [torch.tensor(table, dtype=torch.long) for table, _, _ in seqs]
     slot_mapping, prefills, decodes = [], [], []
     row = 0
-    for table, (_, cached, new) in zip(tables, seqs):
+    for block_table, cached, new in seqs:
+        table = torch.tensor(block_table, dtype=torch.long)
         slot_mapping.append(slots_of(table, torch.arange(cached, cached + new), block_size))
         if new == 1 and cached > 0:
-            decodes.append((row, table, cached + 1))
+            decodes.append((row, list(block_table), cached + 1))
         else:
             slots = slots_of(table, torch.arange(cached + new), block_size)
             prefills.append(PrefillChunk(row, row + new, cached, slots.to(device)))
@@ -78,7 +78,7 @@ def build_metadata(
     if decodes:
         width = max(length for _, _, length in decodes)
         blocks = max(len(t) for _, t, _ in decodes)
-        padded = torch.tensor([t.tolist() + [0] * (blocks - len(t)) for _, t, _ in decodes])
+        padded = torch.tensor([t + [0] * (blocks - len(t)) for _, t, _ in decodes])
         positions = torch.arange(width).expand(len(decodes), width)
         lengths = torch.tensor([length for _, _, length in decodes])
         valid = positions < lengths[:, None]

@@ -6,7 +6,7 @@ a linear layer or the embedding then takes the form it runs in (see quant/linear
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -18,56 +18,48 @@ def expand_groups(t: torch.Tensor) -> torch.Tensor:
     return t.repeat_interleave(GROUP, dim=-1)
 
 
+class _Groups:
+    """What both grouped formats share: row selection and concatenation apply to every field alike."""
+
+    q: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.lookup(slice(None))
+
+    def rows(self, order: torch.Tensor):
+        return type(self)(*(getattr(self, f.name)[order] for f in fields(self)))
+
+    @classmethod
+    def cat(cls, weights: list):
+        return cls(*(torch.cat([getattr(w, f.name) for w in weights]) for f in fields(cls)))
+
+
 @dataclass
-class Int4Weight:
+class Int4Weight(_Groups):
     """w[n, k] = (q[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32]: the CPU int4 kernel's convention."""
 
     q: torch.Tensor  # (N, K) uint8, values 0..15
     scale: torch.Tensor  # (N, K / 32) float32
     zero: torch.Tensor  # (N, K / 32) float32
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)
-
-    def dequantize(self) -> torch.Tensor:
-        return self.lookup(slice(None))
-
     def lookup(self, rows: torch.Tensor | slice) -> torch.Tensor:
         """Float32 values of some rows (an embedding lookup reads only the rows it needs)."""
         return (self.q[rows].float() - 8) * expand_groups(self.scale[rows]) + expand_groups(self.zero[rows])
 
-    def rows(self, order: torch.Tensor) -> Int4Weight:
-        return Int4Weight(self.q[order], self.scale[order], self.zero[order])
-
-    @staticmethod
-    def cat(weights: list[Int4Weight]) -> Int4Weight:
-        return Int4Weight(*(torch.cat([getattr(w, f) for w in weights]) for f in ("q", "scale", "zero")))
-
 
 @dataclass
-class Int8GroupWeight:
+class Int8GroupWeight(_Groups):
     """w[n, k] = q[n, k] * scale[n, k // 32]: GGUF's Q8_0, kept at 8 bits."""
 
     q: torch.Tensor  # (N, K) int8
     scale: torch.Tensor  # (N, K / 32) float32
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)
-
-    def dequantize(self) -> torch.Tensor:
-        return self.lookup(slice(None))
-
     def lookup(self, rows: torch.Tensor | slice) -> torch.Tensor:
         return self.q[rows].float() * expand_groups(self.scale[rows])
-
-    def rows(self, order: torch.Tensor) -> Int8GroupWeight:
-        return Int8GroupWeight(self.q[order], self.scale[order])
-
-    @staticmethod
-    def cat(weights: list[Int8GroupWeight]) -> Int8GroupWeight:
-        return Int8GroupWeight(*(torch.cat([getattr(w, f) for w in weights]) for f in ("q", "scale")))
 
 
 GroupWeight = Int4Weight | Int8GroupWeight
