@@ -46,11 +46,13 @@ class _Plan:
 
 
 _PLANS = {
-    "cpu": _Plan((256, 512, 1024, 2048, 4096), (16, 64, 256), 4096, 4096, 512 * MIB, 1024 * MIB, 5, 1.0, 0.02),
+    # weight-only kernels: the row counts rooftop runs them at on CPU (larger steps widen to float32 sgemm, and
+    # the kernels' rate is not monotone in M: 32 rows can beat both 16 and 64)
+    "cpu": _Plan((256, 512, 1024, 2048, 4096), (16, 32, 64), 4096, 4096, 512 * MIB, 1024 * MIB, 5, 1.0, 0.02),
     "cuda": _Plan((1024, 2048, 4096, 8192), (16, 64, 256), 4096, 4096, 1024 * MIB, 2048 * MIB, 7, 1.0, 0.02),
 }
 # Quick sizes stay large enough that a fixed per-call cost (milliseconds on an oversubscribed VM) does not dominate.
-_QUICK = _Plan((256, 512), (16,), 512, 512, 32 * MIB, 64 * MIB, 3, 0.15, 0.005)
+_QUICK = _Plan((256, 512), (16, 32, 64), 1024, 1024, 32 * MIB, 64 * MIB, 3, 0.15, 0.005)
 
 
 @dataclass
