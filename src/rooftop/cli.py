@@ -53,7 +53,7 @@ PrefixOpt = Annotated[bool, typer.Option(help="engine: reuse the KV blocks of pr
 
 def load(model: str | None, dtype: str, device: str, weights: str, **engine_options) -> LLM:
     t0 = time.perf_counter()
-    with err.status("loading model..."):
+    with err.status("loading model (a machine's first run also builds rooftop's CPU kernels: about a minute)..."):
         llm = LLM(model=model, dtype=dtype, device=device, weights=weights, **engine_options)
     c = llm.config
     err.print(

@@ -21,6 +21,7 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)  # views, made once: decode reads them per layer
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -48,6 +49,7 @@ class AttentionMetadata:
     decode_rows: torch.Tensor | None = None  # (B,) rows of the step's tokens that are single-token decodes
     decode_slots: torch.Tensor | None = None  # (B, S) pool slots of each decode sequence, padded
     decode_mask: torch.Tensor | None = None  # (B, 1, 1, S) True where a slot is a real token; None: all are
+    decode_lengths: torch.Tensor | None = None  # (B,) tokens in each decode sequence's cache, the new one included
 
 
 def slots_of(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -86,6 +88,7 @@ def build_metadata(
         slots = torch.where(valid, slots_of(padded, positions.clamp(max=blocks * block_size - 1), block_size), 0)
         meta.decode_rows = torch.tensor([r for r, _, _ in decodes], dtype=torch.long, device=device)
         meta.decode_slots = slots.to(device)
+        meta.decode_lengths = lengths.to(device)
         if any(length < width for _, _, length in decodes):  # no mask at all when no sequence is padded
             meta.decode_mask = valid[:, None, None, :].to(device)
     return meta

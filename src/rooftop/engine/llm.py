@@ -95,7 +95,7 @@ class LLM:
     @property
     def precision(self) -> Precision:
         """What the engine's steps read and compute in, for the roofline attribution."""
-        return engine_precision(self.dtype, self.model.weight_format)
+        return engine_precision(self.dtype, self.model.weight_format, self.model.cpu_kernels)
 
     def generate(
         self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None

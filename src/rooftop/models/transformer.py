@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from rooftop.config import ModelConfig, check_runnable
 from rooftop.engine.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
-from rooftop.models.attention import paged_attention
+from rooftop.kernels import cpu
+from rooftop.models.attention import decode_attention_kernel, paged_attention
 from rooftop.quant.linear import WEIGHT_FORMATS, Linear, make_linear
 from rooftop.quant.weights import Weight, to_float
 from rooftop.models.rope import apply_rope, cos_sin_table
@@ -58,6 +59,7 @@ class Transformer:
         if weight_format == "int4" and self.device.type != "cpu":
             raise UnsupportedModelError("int4 weights run on PyTorch's CPU kernels only for now; use int8 or float")
         self.weight_format = weight_format
+        self.cpu_kernels = self.device.type == "cpu" and cpu.ops() is not None  # what make_linear then builds
 
         def take(name: str, shape: tuple[int, ...] | None, required: bool = True) -> Weight | None:
             """A weight in the file's form: float tensors in the model's dtype, 4/8-bit groups as they are."""
@@ -120,24 +122,50 @@ class Transformer:
     def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states (T, hidden) of the step's T tokens (all sequences, flat); their K/V go into `pool`."""
         c = self.config
-        T = input_ids.shape[0]
-        cos, sin = self.cos[positions, None], self.sin[positions, None]  # (T, 1, head_dim)
         x = self.embed_tokens(input_ids)
+        kernels = cpu.usable(x)  # float32 on the CPU: rooftop's kernels for the small ops too
+        norm = rms_norm if kernels is None else kernels.rms_norm
+        rope_tables = None if kernels else (self.cos[positions, None], self.sin[positions, None])  # (T, 1, head_dim)
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+            h = norm(x, layer.attn_norm, c.rms_norm_eps)
             qkv = layer.qkv(h)
-            qk, v = qkv.split([c.q_size + c.kv_size, c.kv_size], dim=-1)
-            qk = qk.view(T, c.num_heads + c.num_kv_heads, c.head_dim)  # q's heads then k's: one norm, one RoPE
-            if layer.qk_norm is not None:
-                qk = rms_norm(qk, layer.qk_norm, c.rms_norm_eps)
-            q, k = apply_rope(qk, cos, sin).split([c.num_heads, c.num_kv_heads], dim=1)
-            v = v.view(T, c.num_kv_heads, c.head_dim)
-            attn = paged_attention(q, k, v, pool.k[i], pool.v[i], meta)
-            x = x + layer.o(attn.reshape(T, c.q_size))
-            h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
-        return rms_norm(x, self.norm, c.rms_norm_eps)
+            if kernels is not None:
+                attn = self.attention_with_kernels(kernels, i, qkv, layer.qk_norm, positions, pool, meta)
+            else:
+                attn = self.attention(i, qkv, layer.qk_norm, rope_tables, pool, meta)
+            x = layer.o(attn, residual=x)
+            h = norm(x, layer.mlp_norm, c.rms_norm_eps)
+            gate_up = layer.gate_up(h)
+            if kernels is not None:
+                act = kernels.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = F.silu(gate) * up
+            x = layer.down(act, residual=x)
+        return norm(x, self.norm, c.rms_norm_eps)
+
+    def attention(self, i, qkv, qk_norm, rope_tables, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
+        """Q/K norm (Qwen3), RoPE and paged attention in PyTorch ops: (T, q_size + 2 * kv_size) -> (T, q_size)."""
+        c = self.config
+        T = qkv.shape[0]
+        qk, v = qkv.split([c.q_size + c.kv_size, c.kv_size], dim=-1)
+        qk = qk.view(T, c.num_heads + c.num_kv_heads, c.head_dim)  # q's heads then k's: one norm, one RoPE
+        if qk_norm is not None:
+            qk = rms_norm(qk, qk_norm, c.rms_norm_eps)
+        q, k = apply_rope(qk, *rope_tables).split([c.num_heads, c.num_kv_heads], dim=1)
+        attn = paged_attention(q, k, v.view(T, c.num_kv_heads, c.head_dim), pool.k[i], pool.v[i], meta)
+        return attn.reshape(T, c.q_size)
+
+    def attention_with_kernels(self, kernels, i, qkv, qk_norm, positions, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
+        """The same with rooftop's CPU kernels: norm and RoPE in place on q and k, and decode steps attend straight
+        from the pool (prefill chunks still take PyTorch's scaled_dot_product_attention)."""
+        c = self.config
+        T = qkv.shape[0]
+        kernels.rope_(qkv, c.num_heads + c.num_kv_heads, c.head_dim, positions, self.cos, self.sin, qk_norm, c.rms_norm_eps)
+        if not meta.prefills:
+            return decode_attention_kernel(kernels, qkv, pool.k_layers[i], pool.v_layers[i], meta, c)
+        q, k, v = qkv.view(T, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
+        return paged_attention(q, k, v, pool.k[i], pool.v[i], meta).reshape(T, c.q_size)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, torch.Tensor):

@@ -77,6 +77,15 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales
 
 
+def quantize_int8_groups(weight: torch.Tensor) -> Int8GroupWeight:
+    """Symmetric group-32 int8, as GGUF's Q8_0: scale = max|w| / 127 per group of 32."""
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // GROUP, GROUP)
+    scale = (groups.abs().amax(-1) / 127.0).clamp(min=1e-12)
+    q = torch.round(groups / scale[..., None]).clamp(-127, 127).to(torch.int8)
+    return Int8GroupWeight(q.reshape(n, k), scale)
+
+
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:
     """Asymmetric group-32 int4 (min/max per group, as GGUF's Q4_1): w ≈ q·s + min = (q - 8)·s + (min + 8s)."""
     n, k = weight.shape

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from rooftop.errors import InvalidRequestError
+from rooftop.kernels import cpu as cpu_kernels
 from rooftop.roofline.hardware import GIGA, Hardware
 
 # The descriptions passed to `on_step`, in order, one per measurement; a progress bar's total is their count.
@@ -26,7 +27,7 @@ STEPS = (
     "copy bandwidth",
     "read bandwidth",
 )
-INT4_GROUP_SIZE = 32
+INT4_GROUP_SIZE = 32  # the engine's groups, for int4 and (with rooftop's kernels) int8
 MIB = 1 << 20
 
 
@@ -67,6 +68,7 @@ class ProbeResult:
     torch_threads: int
     torch_version: str
     cuda_device: str | None
+    weight_only_kernels: str  # whose int8/int4 kernels were timed: "rooftop" (kernels/cpu.cpp) or "pytorch"
     memory_bytes: int
     fp32_flops: float
     bf16_flops: float
@@ -240,6 +242,7 @@ def _identity(device: str) -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "cuda_device": cuda_device,
+        "weight_only_kernels": "rooftop" if device == "cpu" and cpu_kernels.ops() is not None else "pytorch",
     }
 
 
@@ -322,36 +325,30 @@ def _matmul_flops(dtype: torch.dtype, device: str, plan: _Plan) -> tuple[float, 
 
 
 def _weight_only_flops(kind: str, device: str, plan: _Plan) -> tuple[float | None, str]:
+    """The int8/int4 linears exactly as the engine builds and calls them (rooftop's kernels where they exist, else
+    PyTorch's weight-only ops), on float32 activations at the row counts decode runs them at."""
     if device != "cpu":
         return None, "skipped: the int8/int4 weight-only kernels measured here are CPU kernels"
+    from rooftop.quant.linear import make_linear
+
     k, n = plan.weight_only_k, plan.weight_only_n
     try:
-        if kind == "int8":
-            weight = torch.randint(-128, 128, (n, k), dtype=torch.int8)
-            scales = torch.rand(n, dtype=torch.bfloat16)
-
-            def call(x):
-                return torch._weight_int8pack_mm(x, weight, scales)
-        else:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                torch.randint(0, 16, (n, k), dtype=torch.int32), 2
-            )
-            scales_and_zeros = torch.rand(k // INT4_GROUP_SIZE, n, 2, dtype=torch.bfloat16)
-
-            def call(x):
-                return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, INT4_GROUP_SIZE, scales_and_zeros)
+        linear = make_linear(torch.randn(n, k, generator=torch.Generator().manual_seed(0)), None, kind)
 
         def measure(m: int) -> float:
-            x = torch.randn(m, k, dtype=torch.bfloat16)
-            return _median_seconds(lambda: call(x), device, plan)
+            x = torch.randn(m, k)
+            return _median_seconds(lambda: linear(x), device, plan)
 
         flops, m = _best_on_ladder(plan.weight_only_rows, lambda m: 2.0 * m * k * n, measure, plan.cap_s)
     except (AttributeError, RuntimeError, NotImplementedError) as error:
         # Builds differ: the op may be absent (AttributeError) or refuse this CPU or dtype (RuntimeError).
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return None, f"unavailable in torch {torch.__version__}: {reason}"
-    group = f", group size {INT4_GROUP_SIZE}" if kind == "int4" else ""
-    return flops, f"bf16 activations, M={m} K={k} N={n}{group}; computes in bf16, so not an {kind} compute peak"
+    how = {
+        "Q4Linear": "rooftop's kernel: int4 groups x int8 activations, integer dots",
+        "Q8Linear": "rooftop's kernel: int8 groups x int8 activations, integer dots",
+    }.get(type(linear).__name__, "PyTorch's weight-only op: bf16 activations, computes in bf16")
+    return flops, f"{type(linear).__name__}, M={m} K={k} N={n}, group size {INT4_GROUP_SIZE} ({how})"
 
 
 def _copy_bandwidth(device: str, plan: _Plan) -> float:

@@ -1,0 +1,489 @@
+// rooftop's CPU kernels: the decode step's work in few calls, on float32 activations.
+//
+// Decode reads every weight once per token, so its time is the weight bytes and the overhead around them.
+// The linears here read 4-bit (Q4_1-style) or 8-bit (Q8_0-style) weight groups and dot them with the
+// activations quantized to int8 per group of 32, as llama.cpp does: AVX2's maddubs multiplies 32 byte pairs
+// per instruction, so the nibbles are never widened to floats. The small ops around them (RMSNorm, RoPE,
+// SiLU-mul, attention over the paged cache) are one call each instead of a handful of PyTorch ops.
+// Compiled on first use by rooftop/kernels/cpu.py with -march=native; without AVX2 a plain loop runs.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t GROUP = 32;
+constexpr int64_t ROWS_AT_ONCE = 4;  // activation rows dotted with each weight row as it is read
+
+// Activation rows quantized per group of 32: x ~= d * q, with s = d * sum(q) for the min term of Q4_1 weights.
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+};
+
+QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t groups = k / GROUP;
+  QuantizedRows out{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups), std::vector<float>(rows * groups)};
+  for (int64_t g = 0; g < rows * groups; ++g) {
+    const float* v = x + g * GROUP;
+    float amax = 0.f;
+    for (int64_t i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+    int sum = 0;
+    for (int64_t i = 0; i < GROUP; ++i) {
+      const int q = static_cast<int>(std::nearbyint(v[i] * inv));
+      out.q[g * GROUP + i] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out.d[g] = d;
+    out.s[g] = d * static_cast<float>(sum);
+  }
+  return out;
+}
+
+#ifdef __AVX2__
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 32 bytes of nibbles -> two groups of 32 unsigned bytes: the low nibbles and the high nibbles.
+inline void unpack_pair(const uint8_t* p, __m256i& low, __m256i& high) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i mask = _mm256_set1_epi8(15);
+  low = _mm256_and_si256(b, mask);
+  high = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+}
+
+// Sum of 32 unsigned x signed byte products, as 8 float lanes.
+inline __m256 dot_u8_s8(__m256i u, __m256i s) {
+  const __m256i pairs = _mm256_maddubs_epi16(u, s);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// e^x as 2^n * 2^f (n = round(x log2 e), |f| <= 1/2) with 2^f's Taylor series to degree 6: relative error
+// ~1e-7, float32's own. libm's scalar expf made SiLU-mul cost 15 µs per layer of the bundled model.
+inline __m256 exp_ps(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(-87.f));
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504f));
+  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(t, n);
+  const float c[] = {1.54035304e-4f, 1.33335581e-3f, 9.61812911e-3f, 5.55041087e-2f, 2.40226507e-1f, 6.93147181e-1f, 1.f};
+  __m256 p = _mm256_set1_ps(c[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c[i]));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+#endif
+
+// One output row of Q4 weights dotted with R activation rows. Groups are stored in pairs, 32 bytes whose low
+// nibbles are group 2p and high nibbles group 2p + 1, so one load and two masks unpack 64 weights. Each
+// template instance keeps its R x 2 accumulators in registers (one per group of the pair, so consecutive FMAs
+// do not wait on each other); the min term sum_g m[g] * s[g] is a separate short dot.
+struct Q4Weights {
+  const uint8_t* q;  // (N, ceil(G / 2), 32) nibbles of group pairs
+  const float* dm;   // (N, 2, G): the scales d, then the mins m, of each row
+  const QuantizedRows* a;
+  int64_t groups;
+
+  template <int R>
+  void dot(int64_t n, int64_t r0, float* acc) const {
+    const int64_t pairs = (groups + 1) / 2;
+    const uint8_t* wq = q + n * pairs * 32;
+    const float *d = dm + n * 2 * groups, *m = d + groups;
+    const int8_t* xq = a->q.data() + r0 * groups * GROUP;
+    const float *xd = a->d.data() + r0 * groups, *xs = a->s.data() + r0 * groups;
+#ifdef __AVX2__
+    __m256 even[R], odd[R];
+    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t g = 2 * p;
+      __m256i w0, w1;
+      unpack_pair(wq + p * 32, w0, w1);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        even[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[g] * xd[ag]), dot_u8_s8(w0, load32(xq + ag * GROUP)), even[r]);
+      }
+      if (g + 1 == groups) break;  // an odd group count leaves the last high nibbles empty
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g + 1;
+        odd[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[g + 1] * xd[ag]), dot_u8_s8(w1, load32(xq + ag * GROUP)), odd[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) acc[r] = hsum(_mm256_add_ps(even[r], odd[r]));
+#else
+    for (int r = 0; r < R; ++r) {
+      acc[r] = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* b = wq + (g / 2) * 32;
+        const int shift = (g % 2) * 4;
+        const int8_t* xa = xq + (r * groups + g) * GROUP;
+        int sum = 0;
+        for (int i = 0; i < GROUP; ++i) sum += ((b[i] >> shift) & 15) * xa[i];
+        acc[r] += d[g] * xd[r * groups + g] * sum;
+      }
+    }
+#endif
+    for (int r = 0; r < R; ++r) {
+      float mins = 0.f;
+#pragma omp simd reduction(+ : mins)
+      for (int64_t g = 0; g < groups; ++g) mins += m[g] * xs[r * groups + g];
+      acc[r] += mins;
+    }
+  }
+};
+
+// One output row of Q8_0 weights dotted with R activation rows (maddubs takes unsigned x signed bytes, so
+// |w| goes in as unsigned and w's sign moves onto x, as llama.cpp does).
+struct Q8Weights {
+  const int8_t* q;  // (N, K)
+  const float* d;   // (N, G)
+  const QuantizedRows* a;
+  int64_t groups;
+
+  template <int R>
+  void dot(int64_t n, int64_t r0, float* acc) const {
+    const int8_t* w = q + n * groups * GROUP;
+    const float* dw = d + n * groups;
+    const int8_t* xq = a->q.data() + r0 * groups * GROUP;
+    const float* xd = a->d.data() + r0 * groups;
+#ifdef __AVX2__
+    __m256 even[R], odd[R];
+    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+    auto step = [&](int64_t g, __m256* v) {
+      const __m256i wv = load32(w + g * GROUP);
+      const __m256i w_abs = _mm256_sign_epi8(wv, wv);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        v[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw[g] * xd[ag]), dot_u8_s8(w_abs, _mm256_sign_epi8(load32(xq + ag * GROUP), wv)), v[r]);
+      }
+    };
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) {
+      step(g, even);
+      step(g + 1, odd);
+    }
+    if (g < groups) step(g, even);
+    for (int r = 0; r < R; ++r) acc[r] = hsum(_mm256_add_ps(even[r], odd[r]));
+#else
+    for (int r = 0; r < R; ++r) {
+      acc[r] = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        int sum = 0;
+        for (int i = 0; i < GROUP; ++i) sum += w[g * GROUP + i] * xq[(r * groups + g) * GROUP + i];
+        acc[r] += dw[g] * xd[r * groups + g] * sum;
+      }
+    }
+#endif
+  }
+};
+
+// out[r, n] = sum_k w[n, k] x[r, k] (+ bias[n]) (+ residual[r, n]) for every row r and n in [n0, n1);
+// each weight row is read once per ROWS_AT_ONCE activation rows.
+template <typename Weights>
+void linear_rows(const Weights& w, int64_t rows, int64_t n0, int64_t n1, const float* bias, const float* residual,
+                 float* out, int64_t n_total) {
+  float acc[ROWS_AT_ONCE];
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS_AT_ONCE) {
+      const int64_t r_count = std::min(ROWS_AT_ONCE, rows - r0);
+      switch (r_count) {
+        case 4: w.template dot<4>(n, r0, acc); break;
+        case 3: w.template dot<3>(n, r0, acc); break;
+        case 2: w.template dot<2>(n, r0, acc); break;
+        default: w.template dot<1>(n, r0, acc);
+      }
+      for (int64_t r = 0; r < r_count; ++r) {
+        const float y = acc[r] + (bias ? bias[n] : 0.f);
+        const int64_t at = (r0 + r) * n_total + n;
+        out[at] = residual ? y + residual[at] : y;
+      }
+    }
+  }
+}
+
+void check_linear_inputs(const at::Tensor& x, const c10::optional<at::Tensor>& bias,
+                         const c10::optional<at::Tensor>& residual, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 (rows, K)");
+  TORCH_CHECK(x.size(1) % GROUP == 0, "K must be a multiple of 32");
+  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous()), "bias must be float32 (N,)");
+  TORCH_CHECK(!residual || (residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
+                            residual->size(0) == x.size(0) && residual->size(1) == n),
+              "residual must be contiguous float32 (rows, N)");
+}
+
+template <typename Weights>
+at::Tensor run_linear(Weights w, const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
+                      const c10::optional<at::Tensor>& residual) {
+  const int64_t rows = x.size(0), k = x.size(1);
+  const QuantizedRows a = quantize_rows(x.data_ptr<float>(), rows, k);
+  w.a = &a;
+  auto out = at::empty({rows, n}, x.options());
+  const float* b = bias ? bias->data_ptr<float>() : nullptr;
+  const float* res = residual ? residual->data_ptr<float>() : nullptr;
+  float* o = out.data_ptr<float>();
+  // chunks of output rows per thread; a small matrix stays on one thread
+  const int64_t grain = std::max<int64_t>(16, (1 << 16) / k);
+  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { linear_rows(w, rows, n0, n1, b, res, o, n); });
+  return out;
+}
+
+}  // namespace
+
+// x (rows, K) float32; qs (N, ceil(K/64), 32) uint8 nibbles of group pairs; dm (N, 2, K/32) float32 scales d and
+// mins m: w = d*q + m.
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm,
+                     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+  const int64_t k = x.size(1), n = qs.size(0), groups = k / GROUP;
+  check_linear_inputs(x, bias, residual, n);
+  TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * ((groups + 1) / 2) * 32,
+              "qs must be uint8 (N, ceil(K/64), 32)");
+  TORCH_CHECK(dm.scalar_type() == at::kFloat && dm.is_contiguous() && dm.numel() == n * groups * 2, "dm must be float32 (N, 2, K/32)");
+  return run_linear(Q4Weights{qs.data_ptr<uint8_t>(), dm.data_ptr<float>(), nullptr, groups}, x, n, bias, residual);
+}
+
+// x (rows, K) float32; q (N, K) int8; d (N, K/32) float32: w = d*q (GGUF's Q8_0).
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
+                     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+  const int64_t k = x.size(1), n = q.size(0), groups = k / GROUP;
+  check_linear_inputs(x, bias, residual, n);
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.is_contiguous() && q.numel() == n * k, "q must be int8 (N, K)");
+  TORCH_CHECK(d.scalar_type() == at::kFloat && d.is_contiguous() && d.numel() == n * groups, "d must be float32 (N, K/32)");
+  return run_linear(Q8Weights{q.data_ptr<int8_t>(), d.data_ptr<float>(), nullptr, groups}, x, n, bias, residual);
+}
+
+// Float32 (N, K) from Q4 groups: the weights a prefill step widens to run as one sgemm.
+at::Tensor q4_dequantize(const at::Tensor& qs, const at::Tensor& dm) {
+  TORCH_CHECK(dm.scalar_type() == at::kFloat && dm.is_contiguous() && dm.dim() == 3 && dm.size(1) == 2, "dm must be float32 (N, 2, K/32)");
+  const int64_t n = dm.size(0), groups = dm.size(2), pairs = (groups + 1) / 2;
+  TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * pairs * 32, "qs must be uint8 (N, ceil(K/64), 32)");
+  auto out = at::empty({n, groups * GROUP}, dm.options());
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const float* dmp = dm.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t row = n0; row < n1; ++row) {
+      const float *d = dmp + row * 2 * groups, *m = d + groups;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* b = q + (row * pairs + g / 2) * 32;
+        const int shift = (g % 2) * 4;
+        float* y = o + (row * groups + g) * GROUP;
+        for (int i = 0; i < GROUP; ++i) y[i] = d[g] * ((b[i] >> shift) & 15) + m[g];
+      }
+    }
+  });
+  return out;
+}
+
+// weight * x / rms(x) per row, float32 (T, D).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 (T, D)");
+  const int64_t t = x.size(0), dim = x.size(1);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.numel() == dim && weight.is_contiguous(), "weight must be float32 (D,)");
+  auto out = at::empty_like(x);
+  const float* in = x.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, t, std::max<int64_t>(1, 16384 / dim), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* v = in + r * dim;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < dim; ++i) ss += v[i] * v[i];
+      const float inv = 1.f / std::sqrt(ss / dim + static_cast<float>(eps));
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) o[r * dim + i] = w[i] * (v[i] * inv);
+    }
+  });
+  return out;
+}
+
+// In place on the first `heads` heads of each row of qkv (T, ...): an optional per-head RMSNorm (Qwen3's q/k
+// norm, weights (heads, D)), then rotate-half RoPE: x*cos + roll(x, D/2)*signed_sin at the row's position.
+void rope_(at::Tensor& qkv, int64_t heads, int64_t head_dim, const at::Tensor& positions, const at::Tensor& cos,
+           const at::Tensor& signed_sin, const c10::optional<at::Tensor>& norm, double eps) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32 (T, W)");
+  TORCH_CHECK(heads * head_dim <= qkv.size(1) && head_dim % 2 == 0, "heads * head_dim exceeds the row");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == qkv.size(0), "positions must be int64 (T,)");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && signed_sin.is_contiguous() && cos.size(1) == head_dim,
+              "cos/sin tables must be float32 (positions, head_dim)");
+  TORCH_CHECK(!norm || (norm->scalar_type() == at::kFloat && norm->is_contiguous() && norm->numel() == heads * head_dim),
+              "norm must be float32 (heads, head_dim)");
+  const int64_t t = qkv.size(0), width = qkv.size(1), half = head_dim / 2, table = cos.size(0);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t r = 0; r < t; ++r) TORCH_CHECK(pos[r] >= 0 && pos[r] < table, "position ", pos[r], " is past the RoPE table");
+  float* data = qkv.data_ptr<float>();
+  const float* c = cos.data_ptr<float>();
+  const float* s = signed_sin.data_ptr<float>();
+  const float* nw = norm ? norm->data_ptr<float>() : nullptr;
+  at::parallel_for(0, t * heads, std::max<int64_t>(1, 8192 / head_dim), [&](int64_t i0, int64_t i1) {
+    std::vector<float> x(head_dim);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / heads, h = i % heads;
+      float* v = data + r * width + h * head_dim;
+      std::memcpy(x.data(), v, head_dim * sizeof(float));
+      if (nw) {
+        float ss = 0.f;
+        for (int64_t j = 0; j < head_dim; ++j) ss += x[j] * x[j];
+        const float inv = 1.f / std::sqrt(ss / head_dim + static_cast<float>(eps));
+        for (int64_t j = 0; j < head_dim; ++j) x[j] = nw[h * head_dim + j] * (x[j] * inv);
+      }
+      const float* cp = c + pos[r] * head_dim;
+      const float* sp = s + pos[r] * head_dim;
+      for (int64_t j = 0; j < head_dim; ++j) v[j] = x[j] * cp[j] + x[(j + half) % head_dim] * sp[j];
+    }
+  });
+}
+
+// silu(gate) * up for gate_up (T, 2F) -> (T, F).
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "gate_up must be contiguous float32 (T, 2F)");
+  const int64_t t = gate_up.size(0), f = gate_up.size(1) / 2;
+  auto out = at::empty({t, f}, gate_up.options());
+  const float* in = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, t, std::max<int64_t>(1, 4096 / f), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* g = in + r * 2 * f;
+      float* y = o + r * f;
+      int64_t i = 0;
+#ifdef __AVX2__
+      for (; i + 8 <= f; i += 8) {
+        const __m256 gate = _mm256_loadu_ps(g + i);
+        const __m256 sig = _mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.f), exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), gate))));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(sig, _mm256_loadu_ps(g + f + i)));
+      }
+#endif
+      for (; i < f; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * g[f + i];
+    }
+  });
+  return out;
+}
+
+namespace {
+
+float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float sum = 0.f;
+#ifdef __AVX2__
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  sum = hsum(acc);
+#endif
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// y += w * x
+void axpy(float w, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+#ifdef __AVX2__
+  const __m256 vw = _mm256_set1_ps(w);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += w * x[i];
+}
+
+// p[0..n) -> softmax(p), in place.
+void softmax_(float* p, int64_t n) {
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, p[i]);
+  float total = 0.f;
+  int64_t i = 0;
+#ifdef __AVX2__
+  __m256 sums = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p + i), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(p + i, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  total = hsum(sums);
+#endif
+  for (; i < n; ++i) total += (p[i] = std::exp(p[i] - top));
+  const float inv = 1.f / total;
+  for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+}
+
+}  // namespace
+
+// Decode attention straight from the paged pool. qkv (B, (H + 2*KVH)*D) holds each sequence's new q, k, v
+// (RoPE applied); k and v are written to their slots, then each query head attends over its sequence's
+// `lengths[b]` slots (slots (B, S), padded), with KV head h / (H / KVH). Returns (B, H*D).
+at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
+                            const at::Tensor& slots, const at::Tensor& lengths, int64_t heads, int64_t kv_heads, double scale) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32 (B, W)");
+  TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
+                  v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.size(1) == kv_heads,
+              "pools must be contiguous float32 (slots, kv_heads, head_dim)");
+  TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+  const int64_t b_count = qkv.size(0), dim = k_pool.size(2), s_max = slots.size(1), pool_slots = k_pool.size(0);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 * kv_heads) * head_dim");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && slots.scalar_type() == at::kLong &&
+                  slots.is_contiguous() && slots.size(0) == b_count && lengths.scalar_type() == at::kLong && lengths.numel() == b_count,
+              "slot_mapping (B,), slots (B, S) and lengths (B,) must be int64");
+  const float* in = qkv.data_ptr<float>();
+  float* kp = k_pool.data_ptr<float>();
+  float* vp = v_pool.data_ptr<float>();
+  const int64_t* write = slot_mapping.data_ptr<int64_t>();
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  const int64_t width = qkv.size(1), kv_width = kv_heads * dim, group = heads / kv_heads;
+  for (int64_t b = 0; b < b_count; ++b) {
+    TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
+    std::memcpy(kp + write[b] * kv_width, in + b * width + heads * dim, kv_width * sizeof(float));
+    std::memcpy(vp + write[b] * kv_width, in + b * width + (heads + kv_heads) * dim, kv_width * sizeof(float));
+    for (int64_t s = 0; s < len[b]; ++s) TORCH_CHECK(sl[b * s_max + s] >= 0 && sl[b * s_max + s] < pool_slots, "slot out of range");
+  }
+  auto out = at::empty({b_count, heads * dim}, qkv.options());
+  float* o = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  // one task per (sequence, KV head): each K and V row is read once for the query heads that share it; one
+  // thread while the caches are short, since a parallel region costs more than a few heads' work
+  at::parallel_for(0, b_count * kv_heads, std::max<int64_t>(1, (1 << 15) / (s_max * dim * group)), [&](int64_t t0, int64_t t1) {
+    std::vector<float> p(group * s_max);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / kv_heads, kvh = t % kv_heads, n = len[b];
+      const int64_t* seq = sl + b * s_max;
+      const float* q = in + b * width + kvh * group * dim;  // the group's query heads are consecutive
+      for (int64_t s = 0; s < n; ++s) {
+        const float* kr = kp + seq[s] * kv_width + kvh * dim;
+        for (int64_t h = 0; h < group; ++h) p[h * n + s] = dot(q + h * dim, kr, dim) * sc;
+      }
+      for (int64_t h = 0; h < group; ++h) softmax_(p.data() + h * n, n);
+      float* y = o + b * heads * dim + kvh * group * dim;
+      std::fill(y, y + group * dim, 0.f);
+      for (int64_t s = 0; s < n; ++s) {
+        const float* vr = vp + seq[s] * kv_width + kvh * dim;
+        for (int64_t h = 0; h < group; ++h) axpy(p[h * n + s], vr, y + h * dim, dim);
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("q4_linear", &q4_linear, "x @ Q4 weights^T (+bias) (+residual)", py::arg("x"), py::arg("qs"), py::arg("dm"),
+        py::arg("bias") = py::none(), py::arg("residual") = py::none());
+  m.def("q8_linear", &q8_linear, "x @ Q8_0 weights^T (+bias) (+residual)", py::arg("x"), py::arg("q"), py::arg("d"),
+        py::arg("bias") = py::none(), py::arg("residual") = py::none());
+  m.def("q4_dequantize", &q4_dequantize, "Q4 groups -> float32 (N, K)");
+  m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
+  m.def("rope_", &rope_, "optional per-head RMSNorm, then RoPE, in place", py::arg("qkv"), py::arg("heads"),
+        py::arg("head_dim"), py::arg("positions"), py::arg("cos"), py::arg("signed_sin"), py::arg("norm") = py::none(),
+        py::arg("eps") = 1e-6);
+  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("decode_attention", &decode_attention, "decode attention over the paged KV pool");
+}

@@ -1,0 +1,60 @@
+"""rooftop's CPU kernels (cpu.cpp), compiled for this machine on first use and cached by PyTorch.
+
+A decode step of the bundled model is ~300 small operations around ~100 MB of 4-bit weights; PyTorch's eager
+ops cost ~5-10 µs each from Python and its int4 kernel computes in emulated bfloat16, so the step was bound by
+neither the bytes nor the arithmetic but by everything around them (docs/PERFORMANCE.md). These kernels dot
+quantized weights with int8-quantized activations (as llama.cpp does) and do each small op in one call.
+
+`ops()` is None where they cannot be built (no C++ compiler) or with ROOFTOP_CPU_KERNELS=0; rooftop then runs
+PyTorch's own ops, slower but the same model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu.cpp")
+
+
+def enabled() -> bool:
+    return os.environ.get("ROOFTOP_CPU_KERNELS", "1") != "0"
+
+
+@functools.cache
+def ops() -> ModuleType | None:
+    """The compiled module (built once per machine and torch version, ~45 s on 2 cores), or None."""
+    if not enabled():
+        return None
+    from torch.utils import cpp_extension
+
+    if shutil.which("ninja") is None:  # PyTorch builds with ninja; the pip package's binary is not on PATH by itself
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    # -march=native: the build is for this CPU; the name keeps builds for different vector widths apart.
+    name = f"rooftop_cpu_{torch.backends.cpu.get_cpu_capability().lower()}"
+    try:
+        return cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except (OSError, RuntimeError, ImportError) as error:  # no compiler or ninja, or a failed build
+        print(f"rooftop: CPU kernels unavailable ({str(error).splitlines()[0]}); using PyTorch's ops", file=sys.stderr)
+        return None
+
+
+def usable(x: torch.Tensor) -> ModuleType | None:
+    """The kernels if they can take `x` (float32 on the CPU), else None."""
+    return ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None

@@ -1,0 +1,156 @@
+"""rooftop's CPU kernels (kernels/cpu.cpp) against PyTorch references: the quantized linears exactly (given the
+same int8 activations) and against the float matmul, the small ops, decode attention over a scattered paged pool,
+bad inputs, and the whole model with and without them."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rooftop.kernels import cpu
+from rooftop.quant.linear import Q4Linear, Q8Linear
+from rooftop.quant.weights import expand_groups, quantize_int4, quantize_int8_groups
+
+kernels = cpu.ops()
+pytestmark = pytest.mark.skipif(kernels is None, reason="rooftop's CPU kernels did not build on this machine")
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the kernels dot the weights with: x rounded to int8 per group of 32 (scale max|x| / 127)."""
+    groups = x.reshape(x.shape[0], -1, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(groups / torch.where(scale > 0, scale, 1)) * scale).reshape(x.shape)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("k", [64, 96, 576])  # 96: an odd number of groups leaves the last pair half empty
+def test_q4_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows, k):
+    gen = torch.Generator().manual_seed(rows * k)
+    w, bias = torch.randn(40, k, generator=gen), torch.randn(40, generator=gen)
+    x, residual = torch.randn(rows, k, generator=gen), torch.randn(rows, 40, generator=gen)
+    lin = Q4Linear.from_weight(quantize_int4(w), bias)
+    dense = lin.dequantize()
+    torch.testing.assert_close(dense, quantize_int4(w).dequantize(), atol=1e-5, rtol=1e-5)
+    exact = (quantized_activations(x).double() @ dense.double().t() + bias.double() + residual.double()).float()
+    torch.testing.assert_close(lin(x, residual=residual), exact, atol=1e-4, rtol=1e-4)
+    ref = F.linear(x, w, bias)
+    assert float((lin(x) - ref).norm() / ref.norm()) < 0.12  # 4-bit weights: the rounding is the error
+
+
+@pytest.mark.parametrize("rows", [1, 4, 7])
+def test_q8_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(72, 160, generator=gen), torch.randn(rows, 160, generator=gen) * 3
+    lin = Q8Linear.from_weight(w, None)
+    dense = lin.q.float() * expand_groups(lin.d)
+    torch.testing.assert_close(dense, quantize_int8_groups(w).dequantize())
+    exact = (quantized_activations(x).double() @ dense.double().t()).float()
+    torch.testing.assert_close(lin(x), exact, atol=1e-4, rtol=1e-4)
+    ref = x @ w.t()
+    assert float((lin(x) - ref).norm() / ref.norm()) < 0.01  # 8 bits on both sides
+
+
+def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_many_rows():
+    from rooftop.quant.linear import WIDEN_ROWS
+
+    gen = torch.Generator().manual_seed(7)
+    lin = Q4Linear.from_weight(quantize_int4(torch.randn(64, 128, generator=gen)), None)
+    x = torch.randn(2, 3, 128, generator=gen)
+    torch.testing.assert_close(lin(x), lin(x.reshape(6, 128)).reshape(2, 3, 64))
+    assert lin(x.bfloat16()).dtype == torch.bfloat16
+    many = torch.randn(WIDEN_ROWS, 128, generator=gen)
+    torch.testing.assert_close(lin(many), many @ lin.dequantize().t())  # float32 sgemm on the widened weights
+
+
+def test_bad_kernel_inputs_are_refused_with_the_reason():
+    w = Q8Linear.from_weight(torch.randn(8, 64), None)
+    with pytest.raises(RuntimeError, match="K must be a multiple of 32"):
+        kernels.q8_linear(torch.randn(1, 48), w.q[:, :48].contiguous(), w.d[:, :1].contiguous(), None, None)
+    with pytest.raises(RuntimeError, match="x must be contiguous float32"):
+        kernels.q8_linear(torch.randn(1, 64).double(), w.q, w.d, None, None)
+    with pytest.raises(RuntimeError, match="residual must be contiguous float32"):
+        kernels.q8_linear(torch.randn(2, 64), w.q, w.d, None, torch.randn(1, 8))
+
+
+def test_rms_norm_and_silu_mul_match_pytorch():
+    from rooftop.models.transformer import rms_norm
+
+    gen = torch.Generator().manual_seed(8)
+    x, w = torch.randn(5, 576, generator=gen) * 3, torch.randn(576, generator=gen)
+    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5))
+    gate_up = torch.randn(3, 2 * 1539, generator=gen) * 6  # not a multiple of 8: the vector loop's tail
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_rope_in_place_matches_pytorch(with_norm):
+    from rooftop.models.rope import apply_rope
+    from rooftop.models.transformer import rms_norm
+
+    gen = torch.Generator().manual_seed(9)
+    heads, kv_heads, dim = 4, 2, 16
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
+    cos, sin = torch.randn(50, dim, generator=gen), torch.randn(50, dim, generator=gen)
+    positions = torch.tensor([7, 0, 49])
+    norm = torch.randn(heads + kv_heads, dim, generator=gen) if with_norm else None
+    qk = qkv[:, : (heads + kv_heads) * dim].reshape(3, heads + kv_heads, dim)
+    if norm is not None:
+        qk = rms_norm(qk, norm, 1e-6)
+    expected = apply_rope(qk, cos[positions, None], sin[positions, None]).reshape(3, -1)
+    got = qkv.clone()
+    kernels.rope_(got, heads + kv_heads, dim, positions, cos, sin, norm, 1e-6)
+    torch.testing.assert_close(got[:, : (heads + kv_heads) * dim], expected)
+    torch.testing.assert_close(got[:, (heads + kv_heads) * dim :], qkv[:, (heads + kv_heads) * dim :])  # v untouched
+    with pytest.raises(RuntimeError, match="position 50 is past the RoPE table"):
+        kernels.rope_(got, heads, dim, torch.tensor([1, 2, 50]), cos, sin, None, 1e-6)
+
+
+def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
+    """Three sequences of different lengths in scattered blocks, grouped-query heads: the kernel writes each new
+    K/V to its slot and attends like the gather + scaled_dot_product_attention path."""
+    from rooftop.config import ModelConfig
+    from rooftop.engine.kv_cache import KVPool, build_metadata
+    from rooftop.models.attention import paged_attention
+
+    gen = torch.Generator().manual_seed(10)
+    heads, kv_heads, dim, block = 6, 2, 32, 4
+    config = ModelConfig(architecture="llama", vocab_size=8, hidden_size=heads * dim, intermediate_size=8, num_layers=1,
+                         num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, max_position_embeddings=64)
+    pools = [KVPool(config, 16, block, torch.float32, torch.device("cpu")) for _ in range(2)]
+    for pool in pools:
+        torch.manual_seed(11)
+        pool.k.normal_()
+        pool.v.normal_()
+    seqs = [([9, 2, 14], 9, 1), ([5], 2, 1), ([0, 11, 3, 7], 13, 1)]  # (block table, cached, new)
+    meta = build_metadata(seqs, block, torch.device("cpu"))
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
+    got = kernels.decode_attention(qkv, pools[0].k[0], pools[0].v[0], meta.slot_mapping, meta.decode_slots,
+                                   meta.decode_lengths, heads, kv_heads, dim**-0.5)
+    q, k, v = qkv.view(3, -1, dim).split([heads, kv_heads, kv_heads], dim=1)
+    expected = paged_attention(q, k, v, pools[1].k[0], pools[1].v[0], meta).reshape(3, -1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pools[0].k, pools[1].k)  # the same slots written
+    torch.testing.assert_close(pools[0].v, pools[1].v)
+
+
+def test_the_loader_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("ROOFTOP_CPU_KERNELS", "0")
+    assert cpu.ops.__wrapped__() is None
+    monkeypatch.setenv("ROOFTOP_CPU_KERNELS", "1")
+    assert cpu.ops.__wrapped__() is not None  # built already: loading it again is quick
+
+
+@pytest.mark.slow
+def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kernels(bundled_llm, monkeypatch):
+    """Float weights, so only the small ops differ (RMSNorm, RoPE, SiLU-mul, decode attention): prefill then 8
+    decode steps, kernels against PyTorch ops."""
+    prompt = bundled_llm.apply_chat_template([{"role": "user", "content": "Name three rivers."}])
+    from rooftop import SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3)
+    with_kernels = bundled_llm.generate(prompt, params)[0]
+    monkeypatch.setattr(cpu, "ops", lambda: None)
+    without = bundled_llm.generate(prompt, params)[0]
+    assert with_kernels.token_ids == without.token_ids
+    for a, b in zip(with_kernels.logprobs, without.logprobs):
+        assert abs(a.logprob - b.logprob) < 1e-3
