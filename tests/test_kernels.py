@@ -124,8 +124,8 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
     seqs = [([9, 2, 14], 9, 1), ([5], 2, 1), ([0, 11, 3, 7], 13, 1)]  # (block table, cached, new)
     meta = build_metadata(seqs, block, torch.device("cpu"))
     qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
-    got = kernels.decode_attention(qkv, pools[0].k[0], pools[0].v[0], meta.slot_mapping, meta.decode_slots,
-                                   meta.decode_lengths, heads, kv_heads, dim**-0.5)
+    got = kernels.decode_attention(qkv, pools[0].k[0], pools[0].v[0], meta.slot_mapping, meta.decode_tables,
+                                   meta.decode_lengths, block, heads, kv_heads, dim**-0.5)
     q, k, v = qkv.view(3, -1, dim).split([heads, kv_heads, kv_heads], dim=1)
     expected = paged_attention(q, k, v, pools[1].k[0], pools[1].v[0], meta).reshape(3, -1)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

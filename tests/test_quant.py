@@ -54,8 +54,8 @@ def test_int8_model_keeps_no_float_copy_of_its_linears(tiny_gguf):
     layer = llm.model.layers[0]
     for lin in (layer.qkv, layer.o, layer.gate_up, layer.down, llm.model.lm_head):
         assert isinstance(lin, Q8Linear) and lin.q.dtype == torch.int8
-    assert llm.precision.weights.name == "q8_0-f32" and llm.precision.activation_bytes == 4
-    assert llm.precision.head().weights.name == "q8_0-f32"
+    assert llm.precision.weights.name == "q8_0" and llm.precision.activation_bytes == 4
+    assert llm.precision.head().weights.name == "q8_0"
 
 
 def test_int8_model_without_rooftops_kernels(tiny_gguf, pytorch_kernels):
@@ -129,7 +129,7 @@ def test_int4_linear_matches_its_dequantized_matmul():
         q4 = Q4Linear.from_weight(w, None)
         torch.testing.assert_close(q4.dequantize(), w.dequantize(), atol=1e-6, rtol=1e-5)
         assert float((q4(x) - ref).norm() / ref.norm()) < 0.01
-        assert q4.nbytes == 96 * 64 + (128 // 32) * 96 * 2 * 4
+        assert q4.nbytes == 96 * 64 + (128 // 32) * 96 * 2 * 2
 
 
 @pytest.mark.slow
@@ -210,8 +210,8 @@ def test_the_default_format_follows_the_file(tmp_path, tiny_gguf):
     assert LLM(model=tiny_gguf).model.weight_format == "float"
     kernels = cpu.ops() is not None
     for qtype, fmt, kind, name in (
-        ("Q4_1", "int4", Q4Linear if kernels else Int4Linear, "q4_1-f32" if kernels else "int4-g32"),
-        ("Q8_0", "int8", Q8Linear if kernels else Int8Linear, "q8_0-f32" if kernels else "int8"),
+        ("Q4_1", "int4", Q4Linear if kernels else Int4Linear, "q4_1" if kernels else "int4-g32"),
+        ("Q8_0", "int8", Q8Linear if kernels else Int8Linear, "q8_0" if kernels else "int8"),
     ):
         path = tmp_path / f"{qtype}.gguf"
         write_tiny_gguf(path, qtype=gguf.GGMLQuantizationType[qtype])
@@ -274,7 +274,7 @@ def test_the_lm_head_of_quantized_formats_gives_float32_logits(kernels, monkeypa
             assert isinstance(head, Fp16Linear) and head.nbytes == 256 * 64 * 2
             torch.testing.assert_close(out, x @ w.half().float().t(), atol=1e-3, rtol=1e-4)
         else:
-            assert isinstance(head, Q8Linear) and head.nbytes == 256 * 64 + 256 * 2 * 4
+            assert isinstance(head, Q8Linear) and head.nbytes == 256 * 64 + 256 * 2 * 2
             ref = x @ w.t()
             assert float((out - ref).norm() / ref.norm()) < 0.01
 
@@ -282,16 +282,17 @@ def test_the_lm_head_of_quantized_formats_gives_float32_logits(kernels, monkeypa
 @pytest.mark.slow
 def test_a_near_tie_stays_a_near_tie_in_the_default_format():
     """"What is the capital of France?": float32 on the file's own values starts "The" (Paris), 0.08 ahead of "L"
-    ("L'Étoile, ..."). The quantized formats must keep both within a small margin of each other: rooftop's int4
-    kernels (int8 activations, as llama.cpp's) measured "L" 0.28 ahead, and llama.cpp 0.3.36 on the same file also
-    answers "L'Étoile, la Marseillaise," (docs/PERFORMANCE.md). A bfloat16 lm_head once made it a hard tie."""
+    ("L'Étoile, ..."). With int8-quantized activations (rooftop's kernels, as llama.cpp's) the first token's
+    logits move by ~0.1-0.3, so the quantized formats may pick either; they must keep "The" among the three best
+    and within 0.4 of the best (measured: int4 "L" 0.20 ahead, int8 "The" first). llama.cpp 0.3.36 on the same
+    file answers "L'Étoile, la Marseillaise," (docs/PERFORMANCE.md). A bfloat16 lm_head once made it a hard tie."""
     from rooftop import LLM
 
-    the, l_apostrophe = 504, 60
-    params = SamplingParams(max_tokens=8, temperature=0, logprobs=2)
+    the = 504
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=3)
     reference = LLM(weights="float")
     prompt = reference.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     assert reference.generate(prompt, params)[0].text.startswith("The capital of France is Paris")
     for llm in (LLM(), LLM(weights="int8")):
         first = dict(llm.generate(prompt, params)[0].logprobs[0].top)
-        assert set(first) == {the, l_apostrophe} and abs(first[the] - first[l_apostrophe]) < 0.4
+        assert the in first and max(first.values()) - first[the] < 0.4

@@ -6,6 +6,7 @@ pool; attention gathers a sequence's slots back into order, so it sees exactly w
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,15 +47,32 @@ class PrefillChunk:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
     prefills: list[PrefillChunk]
+    block_size: int = 16
     decode_rows: torch.Tensor | None = None  # (B,) rows of the step's tokens that are single-token decodes
-    decode_slots: torch.Tensor | None = None  # (B, S) pool slots of each decode sequence, padded
-    decode_mask: torch.Tensor | None = None  # (B, 1, 1, S) True where a slot is a real token; None: all are
+    decode_tables: torch.Tensor | None = None  # (B, blocks) block tables of the decode sequences, padded with 0
     decode_lengths: torch.Tensor | None = None  # (B,) tokens in each decode sequence's cache, the new one included
 
+    @functools.cached_property
+    def decode_slots(self) -> torch.Tensor:
+        """(B, S) pool slots of each decode sequence's tokens, S the longest; padding reads slot 0 (masked out)."""
+        width = int(self.decode_lengths.max())
+        slots = table_slots(self.decode_tables, self.block_size)[:, :width]
+        return (slots if self.decode_mask is None else slots.masked_fill(~self.decode_mask[:, 0, 0, :], 0)).contiguous()
 
-def slots_of(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Pool slots of token positions, through a block table (or a batch of padded tables, one per row)."""
-    return table.gather(-1, positions // block_size) * block_size + positions % block_size
+    @functools.cached_property
+    def decode_mask(self) -> torch.Tensor | None:
+        """(B, 1, 1, S) True where a slot is a real token; None when no sequence is padded."""
+        width = int(self.decode_lengths.max())
+        if bool((self.decode_lengths == width).all()):
+            return None
+        valid = torch.arange(width, device=self.decode_lengths.device) < self.decode_lengths[:, None]
+        return valid[:, None, None, :]
+
+
+def table_slots(table: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Every pool slot of block tables (..., blocks), position order: (..., blocks * block_size)."""
+    slots = table[..., None] * block_size + torch.arange(block_size)
+    return slots.flatten(-2)
 
 
 def build_metadata(
@@ -63,34 +81,26 @@ def build_metadata(
     """Metadata for a step over sequences given as (block table, cached tokens, new tokens), in row order.
 
     A sequence with one new token and a non-empty cache takes the batched decode path; anything else is a
-    prefill (chunk) attended one sequence at a time.
+    prefill (chunk) attended one sequence at a time. Four small tensors for a decode step whatever the batch and
+    context (it runs on every step, whose whole budget is ~12 ms); the padded slot lists and mask that PyTorch's
+    attention needs are derived from them only if that path asks.
     """
     slot_mapping, prefills, decodes = [], [], []
     row = 0
     for block_table, cached, new in seqs:
-        table = torch.tensor(block_table, dtype=torch.long)
-        slot_mapping.append(slots_of(table, torch.arange(cached, cached + new), block_size))
+        slot_mapping += [block_table[p // block_size] * block_size + p % block_size for p in range(cached, cached + new)]
         if new == 1 and cached > 0:
-            decodes.append((row, list(block_table), cached + 1))
+            decodes.append((row, block_table, cached + 1))
         else:
-            slots = slots_of(table, torch.arange(cached + new), block_size)
-            prefills.append(PrefillChunk(row, row + new, cached, slots.to(device)))
+            slots = table_slots(torch.tensor(block_table[: -(-(cached + new) // block_size)]), block_size)
+            prefills.append(PrefillChunk(row, row + new, cached, slots[: cached + new].to(device)))
         row += new
-    meta = AttentionMetadata(torch.cat(slot_mapping).to(device), prefills)
+    meta = AttentionMetadata(torch.tensor(slot_mapping, device=device), prefills, block_size)
     if decodes:
-        width = max(length for _, _, length in decodes)
-        blocks = max(len(t) for _, t, _ in decodes)
-        padded = torch.tensor([t + [0] * (blocks - len(t)) for _, t, _ in decodes])
-        positions = torch.arange(width).expand(len(decodes), width)
-        lengths = torch.tensor([length for _, _, length in decodes])
-        valid = positions < lengths[:, None]
-        # padding positions read slot 0 and are masked out
-        slots = torch.where(valid, slots_of(padded, positions.clamp(max=blocks * block_size - 1), block_size), 0)
+        blocks = -(-max(length for _, _, length in decodes) // block_size)
         meta.decode_rows = torch.tensor([r for r, _, _ in decodes], dtype=torch.long, device=device)
-        meta.decode_slots = slots.to(device)
-        meta.decode_lengths = lengths.to(device)
-        if any(length < width for _, _, length in decodes):  # no mask at all when no sequence is padded
-            meta.decode_mask = valid[:, None, None, :].to(device)
+        meta.decode_tables = torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for _, t, _ in decodes], device=device)
+        meta.decode_lengths = torch.tensor([length for _, _, length in decodes], device=device)
     return meta
 
 

@@ -5,7 +5,7 @@
 // activations quantized to int8 per group of 32, as llama.cpp does: AVX2's maddubs multiplies 32 byte pairs
 // per instruction, so the nibbles are never widened to floats. The small ops around them (RMSNorm, RoPE,
 // SiLU-mul, attention over the paged cache) are one call each instead of a handful of PyTorch ops.
-// Compiled on first use by rooftop/kernels/cpu.py with -march=native; without AVX2 a plain loop runs.
+// Compiled on first use by rooftop/kernels/cpu.py with -march=native; without AVX2 and F16C plain loops run.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -49,7 +49,7 @@ QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
   return out;
 }
 
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__)
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -65,13 +65,11 @@ inline void unpack_pair(const uint8_t* p, __m256i& low, __m256i& high) {
   high = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
 }
 
-// Sum of 32 unsigned x signed byte products, as 8 float lanes.
-inline __m256 dot_u8_s8(__m256i u, __m256i s) {
-  const __m256i pairs = _mm256_maddubs_epi16(u, s);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-
 inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Four and eight float16 scales as float32 (F16C): the scales stay at the file's 16 bits, a fifth of Q4's bytes.
+inline __m128 half4(const at::Half* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 half8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // e^x as 2^n * 2^f (n = round(x log2 e), |f| <= 1/2) with 2^f's Taylor series to degree 6: relative error
 // ~1e-7, float32's own. libm's scalar expf made SiLU-mul cost 15 µs per layer of the bundled model.
@@ -88,13 +86,26 @@ inline __m256 exp_ps(__m256 x) {
 }
 #endif
 
-// One output row of Q4 weights dotted with R activation rows. Groups are stored in pairs, 32 bytes whose low
-// nibbles are group 2p and high nibbles group 2p + 1, so one load and two masks unpack 64 weights. Each
-// template instance keeps its R x 2 accumulators in registers (one per group of the pair, so consecutive FMAs
-// do not wait on each other); the min term sum_g m[g] * s[g] is a separate short dot.
+#if defined(__AVX2__) && defined(__F16C__)
+// Dot products of 32 unsigned x signed bytes, as 8 int32 lanes.
+inline __m256i dot_i32(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+
+// Four groups' int32 lanes reduced to [g0 g1 g2 g3 | g0 g1 g2 g3] (each half holds half of each group's sum),
+// converted once and multiplied by the four groups' scales in one FMA, instead of a conversion, a scalar scale
+// product and an FMA per group: the multiply ports, not the bytes, bound these kernels on 2 AVX2 cores.
+inline __m256 fma4(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m128 scales, __m256 acc) {
+  const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set_m128(scales, scales), acc);
+}
+#endif
+
+// One output row of Q4 weights dotted with R activation rows (R a template constant, so the accumulators live
+// in registers). Groups are stored in pairs, 32 bytes whose low nibbles are group 2p and high nibbles group
+// 2p + 1, so one load and two masks unpack 64 weights; groups go four at a time (fma4), the last 0-3 singly.
+// The min term sum_g m[g] * s[g] is a separate short dot.
 struct Q4Weights {
   const uint8_t* q;  // (N, ceil(G / 2), 32) nibbles of group pairs
-  const float* dm;   // (N, 2, G): the scales d, then the mins m, of each row
+  const at::Half* dm;  // (N, 2, G): the scales d, then the mins m, of each row
   const QuantizedRows* a;
   int64_t groups;
 
@@ -102,27 +113,41 @@ struct Q4Weights {
   void dot(int64_t n, int64_t r0, float* acc) const {
     const int64_t pairs = (groups + 1) / 2;
     const uint8_t* wq = q + n * pairs * 32;
-    const float *d = dm + n * 2 * groups, *m = d + groups;
+    const at::Half *d = dm + n * 2 * groups, *m = d + groups;
     const int8_t* xq = a->q.data() + r0 * groups * GROUP;
     const float *xd = a->d.data() + r0 * groups, *xs = a->s.data() + r0 * groups;
-#ifdef __AVX2__
-    __m256 even[R], odd[R];
-    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
-      const int64_t g = 2 * p;
-      __m256i w0, w1;
-      unpack_pair(wq + p * 32, w0, w1);
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 4 <= groups; g += 4) {
+      __m256i w0, w1, w2, w3;
+      unpack_pair(wq + g * 16, w0, w1);
+      unpack_pair(wq + g * 16 + 32, w2, w3);
+      const __m128 dw = half4(d + g);
       for (int r = 0; r < R; ++r) {
         const int64_t ag = r * groups + g;
-        even[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[g] * xd[ag]), dot_u8_s8(w0, load32(xq + ag * GROUP)), even[r]);
-      }
-      if (g + 1 == groups) break;  // an odd group count leaves the last high nibbles empty
-      for (int r = 0; r < R; ++r) {
-        const int64_t ag = r * groups + g + 1;
-        odd[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[g + 1] * xd[ag]), dot_u8_s8(w1, load32(xq + ag * GROUP)), odd[r]);
+        const int8_t* x = xq + ag * GROUP;
+        sum[r] = fma4(dot_i32(w0, load32(x)), dot_i32(w1, load32(x + 32)), dot_i32(w2, load32(x + 64)),
+                      dot_i32(w3, load32(x + 96)), _mm_mul_ps(dw, _mm_loadu_ps(xd + ag)), sum[r]);
       }
     }
-    for (int r = 0; r < R; ++r) acc[r] = hsum(_mm256_add_ps(even[r], odd[r]));
+    for (; g < groups; ++g) {
+      __m256i low, high;
+      unpack_pair(wq + (g / 2) * 32, low, high);
+      const __m256i w = g % 2 ? high : low;
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        sum[r] = _mm256_fmadd_ps(_mm256_set1_ps(float(d[g]) * xd[ag]), _mm256_cvtepi32_ps(dot_i32(w, load32(xq + ag * GROUP))), sum[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      __m256 mins = _mm256_setzero_ps();
+      int64_t j = 0;
+      for (; j + 8 <= groups; j += 8) mins = _mm256_fmadd_ps(half8(m + j), _mm256_loadu_ps(xs + r * groups + j), mins);
+      acc[r] = hsum(_mm256_add_ps(sum[r], mins));
+      for (; j < groups; ++j) acc[r] += float(m[j]) * xs[r * groups + j];
+    }
 #else
     for (int r = 0; r < R; ++r) {
       acc[r] = 0.f;
@@ -132,58 +157,60 @@ struct Q4Weights {
         const int8_t* xa = xq + (r * groups + g) * GROUP;
         int sum = 0;
         for (int i = 0; i < GROUP; ++i) sum += ((b[i] >> shift) & 15) * xa[i];
-        acc[r] += d[g] * xd[r * groups + g] * sum;
+        acc[r] += float(d[g]) * xd[r * groups + g] * sum + float(m[g]) * xs[r * groups + g];
       }
     }
 #endif
-    for (int r = 0; r < R; ++r) {
-      float mins = 0.f;
-#pragma omp simd reduction(+ : mins)
-      for (int64_t g = 0; g < groups; ++g) mins += m[g] * xs[r * groups + g];
-      acc[r] += mins;
-    }
   }
 };
 
-// One output row of Q8_0 weights dotted with R activation rows (maddubs takes unsigned x signed bytes, so
-// |w| goes in as unsigned and w's sign moves onto x, as llama.cpp does).
+// One output row of Q8_0 weights dotted with R activation rows, four groups at a time like Q4Weights. maddubs
+// takes unsigned x signed bytes, so |w| goes in as unsigned and w's sign moves onto x, as llama.cpp does.
 struct Q8Weights {
   const int8_t* q;  // (N, K)
-  const float* d;   // (N, G)
+  const at::Half* d;  // (N, G)
   const QuantizedRows* a;
   int64_t groups;
 
   template <int R>
   void dot(int64_t n, int64_t r0, float* acc) const {
     const int8_t* w = q + n * groups * GROUP;
-    const float* dw = d + n * groups;
+    const at::Half* dw = d + n * groups;
     const int8_t* xq = a->q.data() + r0 * groups * GROUP;
     const float* xd = a->d.data() + r0 * groups;
-#ifdef __AVX2__
-    __m256 even[R], odd[R];
-    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
-    auto step = [&](int64_t g, __m256* v) {
-      const __m256i wv = load32(w + g * GROUP);
-      const __m256i w_abs = _mm256_sign_epi8(wv, wv);
-      for (int r = 0; r < R; ++r) {
-        const int64_t ag = r * groups + g;
-        v[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw[g] * xd[ag]), dot_u8_s8(w_abs, _mm256_sign_epi8(load32(xq + ag * GROUP), wv)), v[r]);
-      }
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
+    auto signed_dot = [](__m256i wv, const int8_t* x) {
+      return dot_i32(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(load32(x), wv));
     };
     int64_t g = 0;
-    for (; g + 2 <= groups; g += 2) {
-      step(g, even);
-      step(g + 1, odd);
+    for (; g + 4 <= groups; g += 4) {
+      const __m256i w0 = load32(w + g * GROUP), w1 = load32(w + g * GROUP + 32);
+      const __m256i w2 = load32(w + g * GROUP + 64), w3 = load32(w + g * GROUP + 96);
+      const __m128 scales = half4(dw + g);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        const int8_t* x = xq + ag * GROUP;
+        sum[r] = fma4(signed_dot(w0, x), signed_dot(w1, x + 32), signed_dot(w2, x + 64), signed_dot(w3, x + 96),
+                      _mm_mul_ps(scales, _mm_loadu_ps(xd + ag)), sum[r]);
+      }
     }
-    if (g < groups) step(g, even);
-    for (int r = 0; r < R; ++r) acc[r] = hsum(_mm256_add_ps(even[r], odd[r]));
+    for (; g < groups; ++g) {
+      const __m256i wv = load32(w + g * GROUP);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        sum[r] = _mm256_fmadd_ps(_mm256_set1_ps(float(dw[g]) * xd[ag]), _mm256_cvtepi32_ps(signed_dot(wv, xq + ag * GROUP)), sum[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) acc[r] = hsum(sum[r]);
 #else
     for (int r = 0; r < R; ++r) {
       acc[r] = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
         int sum = 0;
         for (int i = 0; i < GROUP; ++i) sum += w[g * GROUP + i] * xq[(r * groups + g) * GROUP + i];
-        acc[r] += dw[g] * xd[r * groups + g] * sum;
+        acc[r] += float(dw[g]) * xd[r * groups + g] * sum;
       }
     }
 #endif
@@ -242,45 +269,46 @@ at::Tensor run_linear(Weights w, const at::Tensor& x, int64_t n, const c10::opti
 
 }  // namespace
 
-// x (rows, K) float32; qs (N, ceil(K/64), 32) uint8 nibbles of group pairs; dm (N, 2, K/32) float32 scales d and
-// mins m: w = d*q + m.
+// x (rows, K) float32; qs (N, ceil(K/64), 32) uint8 nibbles of group pairs; dm (N, 2, K/32) float16 scales d and
+// mins m: w = d*q + m (GGUF's Q4_1).
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm,
                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
   const int64_t k = x.size(1), n = qs.size(0), groups = k / GROUP;
   check_linear_inputs(x, bias, residual, n);
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * ((groups + 1) / 2) * 32,
               "qs must be uint8 (N, ceil(K/64), 32)");
-  TORCH_CHECK(dm.scalar_type() == at::kFloat && dm.is_contiguous() && dm.numel() == n * groups * 2, "dm must be float32 (N, 2, K/32)");
-  return run_linear(Q4Weights{qs.data_ptr<uint8_t>(), dm.data_ptr<float>(), nullptr, groups}, x, n, bias, residual);
+  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.numel() == n * groups * 2, "dm must be float16 (N, 2, K/32)");
+  return run_linear(Q4Weights{qs.data_ptr<uint8_t>(), dm.data_ptr<at::Half>(), nullptr, groups}, x, n, bias, residual);
 }
 
-// x (rows, K) float32; q (N, K) int8; d (N, K/32) float32: w = d*q (GGUF's Q8_0).
+// x (rows, K) float32; q (N, K) int8; d (N, K/32) float16: w = d*q (GGUF's Q8_0).
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
   const int64_t k = x.size(1), n = q.size(0), groups = k / GROUP;
   check_linear_inputs(x, bias, residual, n);
   TORCH_CHECK(q.scalar_type() == at::kChar && q.is_contiguous() && q.numel() == n * k, "q must be int8 (N, K)");
-  TORCH_CHECK(d.scalar_type() == at::kFloat && d.is_contiguous() && d.numel() == n * groups, "d must be float32 (N, K/32)");
-  return run_linear(Q8Weights{q.data_ptr<int8_t>(), d.data_ptr<float>(), nullptr, groups}, x, n, bias, residual);
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() == n * groups, "d must be float16 (N, K/32)");
+  return run_linear(Q8Weights{q.data_ptr<int8_t>(), d.data_ptr<at::Half>(), nullptr, groups}, x, n, bias, residual);
 }
 
 // Float32 (N, K) from Q4 groups: the weights a prefill step widens to run as one sgemm.
 at::Tensor q4_dequantize(const at::Tensor& qs, const at::Tensor& dm) {
-  TORCH_CHECK(dm.scalar_type() == at::kFloat && dm.is_contiguous() && dm.dim() == 3 && dm.size(1) == 2, "dm must be float32 (N, 2, K/32)");
+  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.dim() == 3 && dm.size(1) == 2, "dm must be float16 (N, 2, K/32)");
   const int64_t n = dm.size(0), groups = dm.size(2), pairs = (groups + 1) / 2;
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * pairs * 32, "qs must be uint8 (N, ceil(K/64), 32)");
-  auto out = at::empty({n, groups * GROUP}, dm.options());
+  auto out = at::empty({n, groups * GROUP}, dm.options().dtype(at::kFloat));
   const uint8_t* q = qs.data_ptr<uint8_t>();
-  const float* dmp = dm.data_ptr<float>();
+  const at::Half* dmp = dm.data_ptr<at::Half>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t row = n0; row < n1; ++row) {
-      const float *d = dmp + row * 2 * groups, *m = d + groups;
+      const at::Half *d = dmp + row * 2 * groups, *m = d + groups;
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* b = q + (row * pairs + g / 2) * 32;
         const int shift = (g % 2) * 4;
+        const float dg = d[g], mg = m[g];
         float* y = o + (row * groups + g) * GROUP;
-        for (int i = 0; i < GROUP; ++i) y[i] = d[g] * ((b[i] >> shift) & 15) + m[g];
+        for (int i = 0; i < GROUP; ++i) y[i] = dg * ((b[i] >> shift) & 15) + mg;
       }
     }
   });
@@ -360,7 +388,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       const float* g = in + r * 2 * f;
       float* y = o + r * f;
       int64_t i = 0;
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__)
       for (; i + 8 <= f; i += 8) {
         const __m256 gate = _mm256_loadu_ps(g + i);
         const __m256 sig = _mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.f), exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), gate))));
@@ -378,7 +406,7 @@ namespace {
 float dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   float sum = 0.f;
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__)
   __m256 acc = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
   sum = hsum(acc);
@@ -390,7 +418,7 @@ float dot(const float* a, const float* b, int64_t n) {
 // y += w * x
 void axpy(float w, const float* x, float* y, int64_t n) {
   int64_t i = 0;
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__)
   const __m256 vw = _mm256_set1_ps(w);
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 #endif
@@ -403,7 +431,7 @@ void softmax_(float* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) top = std::max(top, p[i]);
   float total = 0.f;
   int64_t i = 0;
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__)
   __m256 sums = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
     const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p + i), _mm256_set1_ps(top)));
@@ -420,32 +448,36 @@ void softmax_(float* p, int64_t n) {
 }  // namespace
 
 // Decode attention straight from the paged pool. qkv (B, (H + 2*KVH)*D) holds each sequence's new q, k, v
-// (RoPE applied); k and v are written to their slots, then each query head attends over its sequence's
-// `lengths[b]` slots (slots (B, S), padded), with KV head h / (H / KVH). Returns (B, H*D).
+// (RoPE applied); k and v are written to their slots, then each query head attends over its sequence's first
+// `lengths[b]` positions, position p at slot tables[b, p / block_size] * block_size + p % block_size, with KV
+// head h / (H / KVH). Returns (B, H*D).
 at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
-                            const at::Tensor& slots, const at::Tensor& lengths, int64_t heads, int64_t kv_heads, double scale) {
+                            const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
+                            int64_t kv_heads, double scale) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32 (B, W)");
   TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
                   v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.size(1) == kv_heads,
               "pools must be contiguous float32 (slots, kv_heads, head_dim)");
   TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
-  const int64_t b_count = qkv.size(0), dim = k_pool.size(2), s_max = slots.size(1), pool_slots = k_pool.size(0);
+  const int64_t b_count = qkv.size(0), dim = k_pool.size(2), pool_slots = k_pool.size(0);
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 * kv_heads) * head_dim");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && slots.scalar_type() == at::kLong &&
-                  slots.is_contiguous() && slots.size(0) == b_count && lengths.scalar_type() == at::kLong && lengths.numel() == b_count,
-              "slot_mapping (B,), slots (B, S) and lengths (B,) must be int64");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && tables.scalar_type() == at::kLong &&
+                  tables.dim() == 2 && tables.is_contiguous() && tables.size(0) == b_count && lengths.scalar_type() == at::kLong &&
+                  lengths.numel() == b_count && block_size > 0,
+              "slot_mapping (B,), tables (B, blocks) and lengths (B,) must be int64");
+  const int64_t blocks = tables.size(1), s_max = blocks * block_size;
   const float* in = qkv.data_ptr<float>();
   float* kp = k_pool.data_ptr<float>();
   float* vp = v_pool.data_ptr<float>();
   const int64_t* write = slot_mapping.data_ptr<int64_t>();
-  const int64_t* sl = slots.data_ptr<int64_t>();
+  const int64_t* tb = tables.data_ptr<int64_t>();
   const int64_t* len = lengths.data_ptr<int64_t>();
   const int64_t width = qkv.size(1), kv_width = kv_heads * dim, group = heads / kv_heads;
   for (int64_t b = 0; b < b_count; ++b) {
     TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
     std::memcpy(kp + write[b] * kv_width, in + b * width + heads * dim, kv_width * sizeof(float));
     std::memcpy(vp + write[b] * kv_width, in + b * width + (heads + kv_heads) * dim, kv_width * sizeof(float));
-    for (int64_t s = 0; s < len[b]; ++s) TORCH_CHECK(sl[b * s_max + s] >= 0 && sl[b * s_max + s] < pool_slots, "slot out of range");
+    for (int64_t i = 0; i < blocks; ++i) TORCH_CHECK(tb[b * blocks + i] >= 0 && (tb[b * blocks + i] + 1) * block_size <= pool_slots, "block out of range");
   }
   auto out = at::empty({b_count, heads * dim}, qkv.options());
   float* o = out.data_ptr<float>();
@@ -454,9 +486,10 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
   // thread while the caches are short, since a parallel region costs more than a few heads' work
   at::parallel_for(0, b_count * kv_heads, std::max<int64_t>(1, (1 << 15) / (s_max * dim * group)), [&](int64_t t0, int64_t t1) {
     std::vector<float> p(group * s_max);
+    std::vector<int64_t> seq(s_max);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / kv_heads, kvh = t % kv_heads, n = len[b];
-      const int64_t* seq = sl + b * s_max;
+      for (int64_t s = 0; s < n; ++s) seq[s] = tb[b * blocks + s / block_size] * block_size + s % block_size;
       const float* q = in + b * width + kvh * group * dim;  // the group's query heads are consecutive
       for (int64_t s = 0; s < n; ++s) {
         const float* kr = kp + seq[s] * kv_width + kvh * dim;

@@ -32,7 +32,7 @@ def decode_attention_kernel(kernels, qkv: torch.Tensor, k_pool: torch.Tensor, v_
     place from the pool, with no gather into a padded copy. qkv: (B, q_size + 2 * kv_size) -> (B, q_size)."""
     c = config
     return kernels.decode_attention(
-        qkv, k_pool, v_pool, meta.slot_mapping, meta.decode_slots, meta.decode_lengths,
+        qkv, k_pool, v_pool, meta.slot_mapping, meta.decode_tables, meta.decode_lengths, meta.block_size,
         c.num_heads, c.num_kv_heads, c.head_dim**-0.5,
     )
 

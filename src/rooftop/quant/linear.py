@@ -189,7 +189,7 @@ class Q4Linear(_KernelLinear):
     load unpacks 64 weights (5-8% faster than 16 bytes per group here, measured at the bundled model's shapes)."""
 
     qs: torch.Tensor  # (N, ceil(K / 64), 32) uint8: low nibbles group 2p, high nibbles group 2p + 1
-    dm: torch.Tensor  # (N, 2, K / 32) float32: each row's scales d, then its mins m
+    dm: torch.Tensor  # (N, 2, K / 32) float16 (as in the GGUF): each row's scales d, then its mins m
     bias: torch.Tensor | None = None
 
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -209,7 +209,7 @@ class Q4Linear(_KernelLinear):
         if groups.shape[1] % 2:  # the last pair's high nibbles stay empty
             groups = torch.cat([groups, torch.zeros_like(groups[:, :1])], dim=1)
         qs = (groups[:, 0::2] | (groups[:, 1::2] << 4)).contiguous()
-        dm = torch.stack([w.scale, w.zero - 8 * w.scale], dim=1).float().contiguous()  # (q - 8)·s + z = s·q + (z - 8s)
+        dm = torch.stack([w.scale, w.zero - 8 * w.scale], dim=1).half().contiguous()  # (q - 8)·s + z = s·q + (z - 8s)
         return cls(qs, dm, None if bias is None else bias.float().contiguous())
 
 
@@ -219,14 +219,14 @@ class Q8Linear(_KernelLinear):
     activations, with float32 outputs: the lm_head of the quantized formats and every linear of int8."""
 
     q: torch.Tensor  # (N, K) int8
-    d: torch.Tensor  # (N, K / 32) float32
+    d: torch.Tensor  # (N, K / 32) float16 (as in the GGUF)
     bias: torch.Tensor | None = None
 
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         return cpu.ops().q8_linear(x, self.q, self.d, self.bias, residual)
 
     def dequantize(self) -> torch.Tensor:
-        return self.q.float() * expand_groups(self.d)
+        return self.q.float() * expand_groups(self.d.float())
 
     @property
     def nbytes(self) -> int:
@@ -235,7 +235,7 @@ class Q8Linear(_KernelLinear):
     @classmethod
     def from_weight(cls, w: Weight, bias: torch.Tensor | None) -> Q8Linear:
         groups = w if isinstance(w, Int8GroupWeight) else quantize_int8_groups(to_float(w))
-        return cls(groups.q.contiguous(), groups.scale.float().contiguous(), None if bias is None else bias.float().contiguous())
+        return cls(groups.q.contiguous(), groups.scale.half().contiguous(), None if bias is None else bias.float().contiguous())
 
 
 Linear = FloatLinear | Int8Linear | Int4Linear | Fp16Linear | Q4Linear | Q8Linear

@@ -78,19 +78,21 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_int8_groups(weight: torch.Tensor) -> Int8GroupWeight:
-    """Symmetric group-32 int8, as GGUF's Q8_0: scale = max|w| / 127 per group of 32."""
+    """Symmetric group-32 int8, as GGUF's Q8_0: scale = max|w| / 127 per group of 32, rounded to float16 as the
+    file stores it."""
     n, k = weight.shape
     groups = weight.float().reshape(n, k // GROUP, GROUP)
-    scale = (groups.abs().amax(-1) / 127.0).clamp(min=1e-12)
+    scale = (groups.abs().amax(-1) / 127.0).half().float().clamp(min=2.0**-14)
     q = torch.round(groups / scale[..., None]).clamp(-127, 127).to(torch.int8)
     return Int8GroupWeight(q.reshape(n, k), scale)
 
 
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:
-    """Asymmetric group-32 int4 (min/max per group, as GGUF's Q4_1): w ≈ q·s + min = (q - 8)·s + (min + 8s)."""
+    """Asymmetric group-32 int4 as GGUF's Q4_1 makes it: min/max per group, the scale d and the min rounded to
+    float16 (as the file stores them), then w ≈ q·d + min = (q - 8)·d + (min + 8d)."""
     n, k = weight.shape
     groups = weight.float().reshape(n, k // GROUP, GROUP)
-    low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15).clamp(min=1e-12)
+    low = groups.amin(-1).half().float()
+    scale = ((groups.amax(-1) - low) / 15).half().float().clamp(min=2.0**-14)  # the smallest normal float16
     q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
     return Int4Weight(q.reshape(n, k), scale, low + 8 * scale)

@@ -37,8 +37,6 @@ WEIGHT_FORMATS = {
         WeightFormat("int8", 8, "int8_weight_only", group=0, overhead_bits=16),  # per-channel bf16 scale
         WeightFormat("int4", 4, "int4_weight_only", group=128, overhead_bits=32),  # bf16 scale + zero per 128
         WeightFormat("int4-g32", 4, "int4_weight_only", group=32, overhead_bits=32),  # the engine's int4: per 32
-        WeightFormat("q4_1-f32", 4, "int4_weight_only", group=32, overhead_bits=64),  # rooftop's CPU kernel: fp32 d, m
-        WeightFormat("q8_0-f32", 8, "int8_weight_only", group=32, overhead_bits=32),  # rooftop's CPU kernel: fp32 d
         WeightFormat("q8_0", 8, "int8_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 8.5 bits
         WeightFormat("q4_0", 4, "int4_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 4.5 bits
         WeightFormat("q4_1", 4, "int4_weight_only", group=32, overhead_bits=32),  # GGUF: fp16 d, m per 32 -> 5 bits
