@@ -46,15 +46,17 @@ def gather(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> t
 
 
 def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cached: int) -> torch.Tensor:
-    """n new queries over cached + n keys of one sequence, causal. q: (n, heads, hd); keys: (cached + n, kv_heads, hd)."""
+    """n new queries over cached + n keys of one sequence, causal. q: (n, heads, hd); keys: (cached + n, kv_heads, hd).
+    Batched 4-D inputs: PyTorch's CPU flash kernel takes only those, 3-D ones fall back to a path twice as slow
+    (512 tokens, 9/3 heads: 11 vs 23 ms per layer, measured)."""
     n, S = q.shape[0], keys.shape[0]
-    q, keys, values = q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1)
+    q, keys, values = (t.transpose(0, 1)[None] for t in (q, keys, values))
     if cached == 0:
         out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
     else:  # token i sees keys 0 .. cached + i
         mask = torch.ones(n, S, dtype=torch.bool, device=q.device).tril(diagonal=cached)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
