@@ -403,26 +403,60 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 namespace {
 
-float dot(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  float sum = 0.f;
+// p[s] = scale * (q . the key at rows[s]) for s < n, keys at base + rows[s] * stride. Four keys at a time, so
+// four FMA chains run side by side instead of each dot waiting on its own.
+void scores(const float* q, const float* base, const int64_t* rows, int64_t stride, int64_t n, int64_t dim, float scale,
+            float* p) {
+  int64_t s = 0;
 #if defined(__AVX2__) && defined(__F16C__)
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  sum = hsum(acc);
+  if (dim % 8 == 0) {
+    for (; s + 4 <= n; s += 4) {
+      const float *k0 = base + rows[s] * stride, *k1 = base + rows[s + 1] * stride;
+      const float *k2 = base + rows[s + 2] * stride, *k3 = base + rows[s + 3] * stride;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t j = 0; j < dim; j += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + j);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), a3);
+      }
+      p[s] = hsum(a0) * scale, p[s + 1] = hsum(a1) * scale, p[s + 2] = hsum(a2) * scale, p[s + 3] = hsum(a3) * scale;
+    }
+  }
 #endif
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+  for (; s < n; ++s) {
+    const float* k = base + rows[s] * stride;
+    float sum = 0.f;
+    for (int64_t j = 0; j < dim; ++j) sum += q[j] * k[j];
+    p[s] = sum * scale;
+  }
 }
 
-// y += w * x
-void axpy(float w, const float* x, float* y, int64_t n) {
-  int64_t i = 0;
+// y = sum_s p[s] * (the value at rows[s]), values at base + rows[s] * stride. 32 output floats at a time stay in
+// registers over all n values.
+void weighted_sum(const float* p, const float* base, const int64_t* rows, int64_t stride, int64_t n, int64_t dim, float* y) {
+  int64_t d0 = 0;
 #if defined(__AVX2__) && defined(__F16C__)
-  const __m256 vw = _mm256_set1_ps(w);
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; d0 + 32 <= dim; d0 += 32) {
+    __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    for (int64_t s = 0; s < n; ++s) {
+      const __m256 w = _mm256_set1_ps(p[s]);
+      const float* v = base + rows[s] * stride + d0;
+      y0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), y0);
+      y1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), y1);
+      y2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), y2);
+      y3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), y3);
+    }
+    _mm256_storeu_ps(y + d0, y0), _mm256_storeu_ps(y + d0 + 8, y1);
+    _mm256_storeu_ps(y + d0 + 16, y2), _mm256_storeu_ps(y + d0 + 24, y3);
+  }
 #endif
-  for (; i < n; ++i) y[i] += w * x[i];
+  for (; d0 < dim; ++d0) {
+    float sum = 0.f;
+    for (int64_t s = 0; s < n; ++s) sum += p[s] * base[rows[s] * stride + d0];
+    y[d0] = sum;
+  }
 }
 
 // p[0..n) -> softmax(p), in place.
@@ -482,25 +516,20 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
   auto out = at::empty({b_count, heads * dim}, qkv.options());
   float* o = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  // one task per (sequence, KV head): each K and V row is read once for the query heads that share it; one
+  // one task per (sequence, KV head), whose query heads read the same K and V rows while they are in cache; one
   // thread while the caches are short, since a parallel region costs more than a few heads' work
   at::parallel_for(0, b_count * kv_heads, std::max<int64_t>(1, (1 << 15) / (s_max * dim * group)), [&](int64_t t0, int64_t t1) {
-    std::vector<float> p(group * s_max);
+    std::vector<float> p(s_max);
     std::vector<int64_t> seq(s_max);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / kv_heads, kvh = t % kv_heads, n = len[b];
       for (int64_t s = 0; s < n; ++s) seq[s] = tb[b * blocks + s / block_size] * block_size + s % block_size;
       const float* q = in + b * width + kvh * group * dim;  // the group's query heads are consecutive
-      for (int64_t s = 0; s < n; ++s) {
-        const float* kr = kp + seq[s] * kv_width + kvh * dim;
-        for (int64_t h = 0; h < group; ++h) p[h * n + s] = dot(q + h * dim, kr, dim) * sc;
-      }
-      for (int64_t h = 0; h < group; ++h) softmax_(p.data() + h * n, n);
       float* y = o + b * heads * dim + kvh * group * dim;
-      std::fill(y, y + group * dim, 0.f);
-      for (int64_t s = 0; s < n; ++s) {
-        const float* vr = vp + seq[s] * kv_width + kvh * dim;
-        for (int64_t h = 0; h < group; ++h) axpy(p[h * n + s], vr, y + h * dim, dim);
+      for (int64_t h = 0; h < group; ++h) {
+        scores(q + h * dim, kp + kvh * dim, seq.data(), kv_width, n, dim, sc, p.data());
+        softmax_(p.data(), n);
+        weighted_sum(p.data(), vp + kvh * dim, seq.data(), kv_width, n, dim, y + h * dim);
       }
     }
   });
