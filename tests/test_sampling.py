@@ -74,6 +74,25 @@ def test_draws_stay_inside_the_filtered_support():
     assert draws <= allowed and len(draws) > 1
 
 
+def test_top_p_draws_follow_the_renormalized_nucleus():
+    """The nucleus found among the top candidates and the draw among the kept tokens give the same distribution
+    as sorting the whole vocabulary and drawing over all of it."""
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    params = SamplingParams(top_p=0.8, temperature=1.0)
+    gen = torch.Generator().manual_seed(3)
+    draws = [sample(logits, params, [], gen) for _ in range(4000)]
+    assert set(draws) == {0, 1}  # 0.5 + 0.3 covers 0.8: tokens 2 and 3 are dropped
+    assert abs(draws.count(0) / 4000 - 0.5 / 0.8) < 0.03
+
+
+def test_a_flat_top_p_nucleus_beyond_the_candidates_is_exact():
+    from rooftop.engine.sampler import TOP_P_CANDIDATES
+
+    logits = torch.zeros(4 * TOP_P_CANDIDATES)  # uniform: the nucleus is 90% of the vocabulary
+    kept = support(filter_logits(logits, SamplingParams(top_p=0.9)))
+    assert len(kept) == int(0.9 * len(logits)) + 1 or len(kept) == int(0.9 * len(logits))
+
+
 def test_same_seed_same_draws():
     logits = torch.randn(1000, generator=torch.Generator().manual_seed(2))
     params = SamplingParams(temperature=1.0)

@@ -28,6 +28,9 @@ def apply_presence_frequency_penalties(
     return logits
 
 
+TOP_P_CANDIDATES = 256
+
+
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature-scaled logits with every token outside the top-k / top-p / min-p support set to -inf."""
     logits = logits / params.temperature
@@ -35,11 +38,15 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
+        probs = logits.softmax(-1)
+        # the nucleus is nearly always within the most likely few hundred tokens: rank those (topk), and sort the
+        # whole vocabulary only when they do not cover top_p (sorting 49152 logits took 5 ms, a third of a step)
+        probs_ranked, order = torch.topk(probs, min(TOP_P_CANDIDATES, probs.shape[-1]))
+        if float(probs_ranked.sum()) < params.top_p:
+            probs_ranked, order = torch.sort(probs, descending=True)
         # drop a token when the tokens ranked above it already cover top_p; the first always stays
-        drop = (probs.cumsum(-1) - probs) >= params.top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        keep = order[(probs_ranked.cumsum(-1) - probs_ranked) < params.top_p]
+        logits = torch.full_like(logits, float("-inf")).index_copy_(0, keep, logits[keep])
     if params.min_p > 0.0:
         probs = logits.softmax(-1)
         logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
@@ -61,8 +68,11 @@ def sample(
         logits = apply_presence_frequency_penalties(logits, output_ids, params.presence_penalty, params.frequency_penalty)
     if params.greedy:
         return int(torch.argmax(logits))
-    probs = filter_logits(logits, params).softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    filtered = filter_logits(logits, params)
+    # draw among the tokens the filters kept: a draw over all 49152 (multinomial) took ~2 ms of random numbers
+    support = torch.isfinite(filtered).nonzero().squeeze(1)
+    probs = filtered[support].softmax(-1)
+    return int(support[torch.multinomial(probs, 1, generator=generator)])
 
 
 @dataclass
