@@ -154,3 +154,35 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
     assert with_kernels.token_ids == without.token_ids
     for a, b in zip(with_kernels.logprobs, without.logprobs):
         assert abs(a.logprob - b.logprob) < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"), reason="needs an x86 CPU with AVX2")
+def test_the_portable_loops_match_the_vector_kernels():
+    """Without AVX2 and F16C (an ARM machine, an old x86) cpu.cpp compiles to plain C++ loops: built here for
+    baseline x86-64 (~45 s, cached), every kernel must give what the vector code gives."""
+    portable = cpu.build("rooftop_cpu_portable", "-march=x86-64")
+    gen = torch.Generator().manual_seed(12)
+    w = torch.randn(48, 96, generator=gen)
+    x, residual = torch.randn(5, 96, generator=gen), torch.randn(5, 48, generator=gen)
+    q4 = Q4Linear.from_weight(quantize_int4(w), torch.randn(48, generator=gen))
+    q8 = Q8Linear.from_weight(w, None)
+    for module_call in (
+        lambda k: k.q4_linear(x, q4.qs, q4.dm, q4.bias, residual),
+        lambda k: k.q8_linear(x, q8.q, q8.d, None, None),
+        lambda k: k.q4_dequantize(q4.qs, q4.dm),
+        lambda k: k.rms_norm(x, w[0], 1e-5),
+        lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
+    ):
+        torch.testing.assert_close(module_call(portable), module_call(kernels), atol=1e-4, rtol=1e-4)
+    qkv = torch.randn(2, (4 + 2 * 2) * 16, generator=gen)
+    cos, sin = torch.randn(8, 16, generator=gen), torch.randn(8, 16, generator=gen)
+    rotated = [qkv.clone(), qkv.clone()]
+    for k, out in zip((portable, kernels), rotated):
+        k.rope_(out, 6, 16, torch.tensor([3, 5]), cos, sin, torch.randn(6, 16, generator=torch.Generator().manual_seed(1)), 1e-6)
+    torch.testing.assert_close(rotated[0], rotated[1])
+    pools = [(torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(2)),
+              torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(3))) for _ in range(2)]
+    args = (torch.tensor([21, 40]), torch.tensor([[0, 1], [2, 0]]), torch.tensor([22, 9]), 16, 4, 2, 0.25)
+    attended = [k.decode_attention(qkv, kp, vp, *args) for k, (kp, vp) in zip((portable, kernels), pools)]
+    torch.testing.assert_close(attended[0], attended[1], atol=1e-5, rtol=1e-5)

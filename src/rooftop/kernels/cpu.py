@@ -33,6 +33,18 @@ def ops() -> ModuleType | None:
     """The compiled module (built once per machine and torch version, ~45 s on 2 cores), or None."""
     if not enabled():
         return None
+    # -march=native: the build is for this CPU; the name keeps builds for different vector widths apart.
+    name = f"rooftop_cpu_{torch.backends.cpu.get_cpu_capability().lower()}"
+    try:
+        return build(name, "-march=native")
+    except (OSError, RuntimeError, ImportError) as error:  # no compiler or ninja, or a failed build
+        print(f"rooftop: CPU kernels unavailable ({str(error).splitlines()[0]}); using PyTorch's ops", file=sys.stderr)
+        return None
+
+
+def build(name: str, arch_flag: str) -> ModuleType:
+    """Compile cpu.cpp as module `name` for `arch_flag` (-march=native here; the tests also build the portable
+    loops that machines without AVX2 and F16C run, e.g. with -march=x86-64)."""
     from torch.utils import cpp_extension
 
     if shutil.which("ninja") is None:  # PyTorch builds with ninja; the pip package's binary is not on PATH by itself
@@ -40,19 +52,9 @@ def ops() -> ModuleType | None:
             import ninja
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    # -march=native: the build is for this CPU; the name keeps builds for different vector widths apart.
-    name = f"rooftop_cpu_{torch.backends.cpu.get_cpu_capability().lower()}"
-    try:
-        return cpp_extension.load(
-            name=name,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except (OSError, RuntimeError, ImportError) as error:  # no compiler or ninja, or a failed build
-        print(f"rooftop: CPU kernels unavailable ({str(error).splitlines()[0]}); using PyTorch's ops", file=sys.stderr)
-        return None
+    return cpp_extension.load(
+        name=name, sources=[str(SOURCE)], extra_cflags=["-O3", arch_flag, "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False
+    )
 
 
 def usable(x: torch.Tensor) -> ModuleType | None:
