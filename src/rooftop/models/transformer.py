@@ -153,7 +153,7 @@ class Transformer:
         if qk_norm is not None:
             qk = rms_norm(qk, qk_norm, c.rms_norm_eps)
         q, k = apply_rope(qk, *rope_tables).split([c.num_heads, c.num_kv_heads], dim=1)
-        attn = paged_attention(q, k, v.view(T, c.num_kv_heads, c.head_dim), pool.k[i], pool.v[i], meta)
+        attn = paged_attention(q, k, v.view(T, c.num_kv_heads, c.head_dim), pool.k_layers[i], pool.v_layers[i], meta)
         return attn.reshape(T, c.q_size)
 
     def attention_with_kernels(self, kernels, i, qkv, qk_norm, positions, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
@@ -165,7 +165,7 @@ class Transformer:
         if not meta.prefills:
             return decode_attention_kernel(kernels, qkv, pool.k_layers[i], pool.v_layers[i], meta, c)
         q, k, v = qkv.view(T, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
-        return paged_attention(q, k, v, pool.k[i], pool.v[i], meta).reshape(T, c.q_size)
+        return paged_attention(q, k, v, pool.k_layers[i], pool.v_layers[i], meta).reshape(T, c.q_size)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed, torch.Tensor):
