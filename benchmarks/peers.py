@@ -4,7 +4,8 @@
 
 Each measurement runs in its own process (so peak RSS is that engine's alone), engines alternate within every
 repetition, and the table shows medians. Like llama-bench, pp times a prefill of `pp` random tokens into an
-empty cache and tg the decode of `tg` tokens after a one-token prompt, greedy. llama.cpp comes from the optional
+empty cache and tg the decode of `tg` tokens after a one-token prompt, greedy, each after a warm-up of the same
+size (a first large call pays one-time allocations: rooftop's first 512-token prefill ran 10% slower). llama.cpp comes from the optional
 `bench` extra (`pip install -e .[bench]`: llama-cpp-python, compiled from source for this CPU).
 """
 
@@ -33,10 +34,12 @@ def prompt_ids(n: int, vocab: int) -> list[int]:
 def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float]:
     from rooftop import LLM, SamplingParams
 
-    llm = LLM(weights=fmt, max_num_batched_tokens=max(pp, 1024), num_kv_blocks=(pp + tg) // 16 + 8)
+    llm = LLM(
+        weights=fmt, max_num_batched_tokens=max(pp, 1024), num_kv_blocks=(pp + tg) // 16 + 8, enable_prefix_caching=False
+    )
     ids = prompt_ids(pp, llm.config.vocab_size)
     once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    llm.generate([ids[:16]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))  # warm-up
+    llm.generate([ids], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))  # warm-up at full size
     prefill = llm.generate([ids], once)[0].metrics.prefill_time
     decode = llm.generate([ids[:1]], SamplingParams(max_tokens=tg, temperature=0, ignore_eos=True))[0].metrics
     return pp / prefill, decode.tpot
@@ -52,7 +55,7 @@ def run_llama_cpp(pp: int, tg: int, threads: int) -> tuple[float, float]:
         n_threads_batch=threads, verbose=False,
     )
     ids = prompt_ids(pp, llm.n_vocab())
-    llm.eval(ids[:16])  # warm-up
+    llm.eval(ids)  # warm-up at full size
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(ids)
@@ -77,7 +80,7 @@ def run_transformers(pp: int, tg: int) -> tuple[float, float]:
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     ids = torch.tensor([prompt_ids(pp, model.config.vocab_size)])
     with torch.inference_mode():
-        model(ids[:, :16])  # warm-up
+        model(ids)  # warm-up at full size
         t0 = time.perf_counter()
         model(ids)
         prefill = time.perf_counter() - t0
