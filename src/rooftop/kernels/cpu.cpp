@@ -84,9 +84,7 @@ inline __m256 exp_ps(__m256 x) {
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
 }
-#endif
 
-#if defined(__AVX2__) && defined(__F16C__)
 // Dot products of 32 unsigned x signed bytes, as 8 int32 lanes.
 inline __m256i dot_i32(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
 

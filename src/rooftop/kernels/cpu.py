@@ -1,8 +1,8 @@
 """rooftop's CPU kernels (cpu.cpp), compiled for this machine on first use and cached by PyTorch.
 
-A decode step of the bundled model is ~300 small operations around ~100 MB of 4-bit weights; PyTorch's eager
-ops cost ~5-10 µs each from Python and its int4 kernel computes in emulated bfloat16, so the step was bound by
-neither the bytes nor the arithmetic but by everything around them (docs/PERFORMANCE.md). These kernels dot
+In PyTorch's eager ops a decode step of the bundled model was ~1,800 small operations around ~100 MB of 4-bit
+weights, at ~5-10 µs each from Python, and PyTorch's int4 kernel computes in emulated bfloat16: the step was bound
+by neither the bytes nor the arithmetic but by everything around them (docs/PERFORMANCE.md). These kernels dot
 quantized weights with int8-quantized activations (as llama.cpp does) and do each small op in one call.
 
 `ops()` is None where they cannot be built (no C++ compiler) or with ROOFTOP_CPU_KERNELS=0; rooftop then runs

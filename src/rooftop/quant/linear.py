@@ -67,8 +67,7 @@ class FloatLinear:
     bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
-        return y if residual is None else y.add_(residual)
+        return with_residual(F.linear(x, self.weight, self.bias), residual)
 
     @property
     def nbytes(self) -> int:

@@ -345,10 +345,11 @@ def _weight_only_flops(kind: str, device: str, plan: _Plan) -> tuple[float | Non
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return None, f"unavailable in torch {torch.__version__}: {reason}"
     how = {
-        "Q4Linear": "rooftop's kernel: int4 groups x int8 activations, integer dots",
-        "Q8Linear": "rooftop's kernel: int8 groups x int8 activations, integer dots",
-    }.get(type(linear).__name__, "PyTorch's weight-only op: bf16 activations, computes in bf16")
-    return flops, f"{type(linear).__name__}, M={m} K={k} N={n}, group size {INT4_GROUP_SIZE} ({how})"
+        "Q4Linear": f"rooftop's kernel: int4 groups of {INT4_GROUP_SIZE} x int8 activations, integer dots",
+        "Q8Linear": f"rooftop's kernel: int8 groups of {INT4_GROUP_SIZE} x int8 activations, integer dots",
+        "Int4Linear": f"PyTorch's weight-only op, groups of {INT4_GROUP_SIZE}: bf16 activations, computes in bf16",
+    }.get(type(linear).__name__, "PyTorch's weight-only op, one scale per row: bf16 activations, computes in bf16")
+    return flops, f"{type(linear).__name__}, M={m} K={k} N={n} ({how})"
 
 
 def _copy_bandwidth(device: str, plan: _Plan) -> float:
