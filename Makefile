@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PROMPT ?= What is the weather in Lagos?
 
-.PHONY: demo test setup
+.PHONY: demo test setup lint
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -30,4 +30,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		|| echo "warning: could not install chromium; tests/test_serve_dashboard.py will fail"
+	$(MAKE) lint
 	$(PY) -m pytest
+
+# Style and layering: ruff's formatter and linter (pyproject's [tool.ruff]); import-linter's contracts (.importlinter).
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks

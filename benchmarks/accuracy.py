@@ -47,15 +47,24 @@ def main() -> None:
     prompts = [reference.apply_chat_template(m) for m in PROMPTS]
     ref_outputs = reference.generate(prompts, greedy)
     sequences = [o.prompt_token_ids + o.token_ids for o in ref_outputs]
-    ref_logits = [all_logits(reference, s, len(o.prompt_token_ids)) for s, o in zip(sequences, ref_outputs)]
-    print("| format | top-1 agreement (teacher-forced) | max abs logit error | mean abs logit error / logit std "
-          "| greedy tokens identical to float32 | first differences: token (float32's logit margin there) |")
+    ref_logits = [
+        all_logits(reference, s, len(o.prompt_token_ids)) for s, o in zip(sequences, ref_outputs, strict=False)
+    ]
+    print(
+        "| format | top-1 agreement (teacher-forced) | max abs logit error | mean abs logit error / logit std "
+        "| greedy tokens identical to float32 | first differences: token (float32's logit margin there) |"
+    )
     print("|---|---|---|---|---|---|")
-    formats = {"float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16", "weights": "float"}, "int8": {"weights": "int8"}, "int4": {"weights": "int4"}}
+    formats = {
+        "float32": {"dtype": "float32"},
+        "bfloat16": {"dtype": "bfloat16", "weights": "float"},
+        "int8": {"weights": "int8"},
+        "int4": {"weights": "int4"},
+    }
     for name, options in formats.items():
         llm = reference if name == "float32" else LLM(**options)
         agree, total, max_err, rel = 0, 0, 0.0, []
-        for ids, ref, out in zip(sequences, ref_logits, ref_outputs):
+        for ids, ref, out in zip(sequences, ref_logits, ref_outputs, strict=False):
             logits = all_logits(llm, ids, len(out.prompt_token_ids)).float()
             start = len(out.prompt_token_ids) - 1  # positions that predict the generated tokens
             a, b = logits[start:-1], ref[start:-1]
@@ -64,15 +73,17 @@ def main() -> None:
             max_err = max(max_err, float((a - b).abs().max()))
             rel.append(float((a - b).abs().mean() / b.std()))
         own = llm.generate(prompts, greedy)
-        same = sum(o.token_ids == r.token_ids for o, r in zip(own, ref_outputs))
+        same = sum(o.token_ids == r.token_ids for o, r in zip(own, ref_outputs, strict=False))
         divergences = []  # (token index, float32's logit margin there for its own choice over this format's)
-        for o, r, ref in zip(own, ref_outputs, ref_logits):
-            i = next((i for i, (x, y) in enumerate(zip(o.token_ids, r.token_ids)) if x != y), None)
+        for o, r, ref in zip(own, ref_outputs, ref_logits, strict=False):
+            i = next((i for i, (x, y) in enumerate(zip(o.token_ids, r.token_ids, strict=False)) if x != y), None)
             if i is not None:  # the prefixes agree up to i, so float32's logits there are the reference's own
                 at = ref[len(r.prompt_token_ids) - 1 + i]
                 divergences.append(f"{i} ({float(at[r.token_ids[i]] - at[o.token_ids[i]]):.2f})")
-        print(f"| {name} | {100 * agree / total:.1f}% of {total} | {max_err:.3f} | {statistics.mean(rel):.4f} | "
-              f"{same}/{len(prompts)} | {', '.join(divergences) or '-'} |")
+        print(
+            f"| {name} | {100 * agree / total:.1f}% of {total} | {max_err:.3f} | {statistics.mean(rel):.4f} | "
+            f"{same}/{len(prompts)} | {', '.join(divergences) or '-'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ def decode_sweep(llm: LLM, batches: list[int], reps: int, prompt_len: int, outpu
     for batch in batches:
         step_times = []
         for rep in range(reps + 1):  # the first repetition warms up and is not counted
-            eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_seqs=max(batches), enable_prefix_caching=False))
+            eng = LLMEngine(
+                llm.model, llm.tokenizer, EngineConfig(max_num_seqs=max(batches), enable_prefix_caching=False)
+            )
             prompts = [(base * prompt_len)[: prompt_len - 1] + [100 + i] for i in range(batch)]
             run(eng, prompts, params)
             decode = [r.seconds for r in eng.step_records if r.phase == "decode" and r.shape.num_seqs == batch]
@@ -53,12 +55,22 @@ def decode_sweep(llm: LLM, batches: list[int], reps: int, prompt_len: int, outpu
 
 
 def prefix_cache_ttft(llm: LLM, reps: int, system_tokens: int) -> dict:
-    system = llm.tokenizer.decode(llm.tokenizer.encode("You are a meticulous assistant who answers briefly. " * 40)[:system_tokens])
+    system = llm.tokenizer.decode(
+        llm.tokenizer.encode("You are a meticulous assistant who answers briefly. " * 40)[:system_tokens]
+    )
     params = SamplingParams(max_tokens=1, temperature=0)
     result = {}
     for caching in (False, True):
         eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(enable_prefix_caching=caching))
-        run(eng, [llm.tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": "Hi"}])], params)
+        run(
+            eng,
+            [
+                llm.tokenizer.apply_chat_template(
+                    [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+                )
+            ],
+            params,
+        )
         ttfts = []
         for rep in range(reps):
             prompt = llm.tokenizer.apply_chat_template(
@@ -67,7 +79,10 @@ def prefix_cache_ttft(llm: LLM, reps: int, system_tokens: int) -> dict:
             ttfts.append(run(eng, [prompt], params)[0].metrics.ttft)
         key = "with_prefix_cache" if caching else "without_prefix_cache"
         result[key] = {"ttft_s": statistics.median(ttfts), "prefix_hit_tokens": eng.blocks.prefix_hits}
-        print(f"TTFT {key.replace('_', ' '):22s}: {statistics.median(ttfts) * 1e3:7.1f} ms (hit tokens {eng.blocks.prefix_hits})", flush=True)
+        print(
+            f"TTFT {key.replace('_', ' '):22s}: {statistics.median(ttfts) * 1e3:7.1f} ms (hit tokens {eng.blocks.prefix_hits})",
+            flush=True,
+        )
     return result
 
 
@@ -81,14 +96,19 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     llm = LLM()
-    print(f"rooftop batching benchmark, bundled SmolLM2-135M, {llm.dtype}, {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}, torch {torch.__version__}", flush=True)
+    print(
+        f"rooftop batching benchmark, bundled SmolLM2-135M, {llm.dtype}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}",
+        flush=True,
+    )
     report = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "dtype": str(llm.dtype),
-        "decode": decode_sweep(llm, [int(b) for b in args.batches.split(",")], args.reps, args.prompt_len, args.output_len),
+        "decode": decode_sweep(
+            llm, [int(b) for b in args.batches.split(",")], args.reps, args.prompt_len, args.output_len
+        ),
         "prefix_cache": prefix_cache_ttft(llm, args.reps + 2, args.system_tokens),
     }
     if args.json:

@@ -35,7 +35,10 @@ def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float]:
     from rooftop import LLM, SamplingParams
 
     llm = LLM(
-        weights=fmt, max_num_batched_tokens=max(pp, 1024), num_kv_blocks=(pp + tg) // 16 + 8, enable_prefix_caching=False
+        weights=fmt,
+        max_num_batched_tokens=max(pp, 1024),
+        num_kv_blocks=(pp + tg) // 16 + 8,
+        enable_prefix_caching=False,
     )
     ids = prompt_ids(pp, llm.config.vocab_size)
     once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
@@ -51,8 +54,13 @@ def run_llama_cpp(pp: int, tg: int, threads: int) -> tuple[float, float]:
     from rooftop.loading.bundled import bundled_model_path
 
     llm = Llama(
-        str(bundled_model_path()), n_ctx=pp + tg + 16, n_batch=pp, n_ubatch=pp, n_threads=threads,
-        n_threads_batch=threads, verbose=False,
+        str(bundled_model_path()),
+        n_ctx=pp + tg + 16,
+        n_batch=pp,
+        n_ubatch=pp,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
     )
     ids = prompt_ids(pp, llm.n_vocab())
     llm.eval(ids)  # warm-up at full size
@@ -161,17 +169,30 @@ def main() -> None:
     engines = args.engines.split(",")
     rows: dict[str, list[dict]] = {e: [] for e in engines}
     for rep in range(args.reps):
-        for engine in engines[rep % len(engines):] + engines[: rep % len(engines)]:  # rotate who goes first
-            cmd = [sys.executable, __file__, "--worker", engine, "--pp", str(args.pp), "--tg", str(args.tg),
-                   "--threads", str(args.threads)]
+        for engine in engines[rep % len(engines) :] + engines[: rep % len(engines)]:  # rotate who goes first
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                engine,
+                "--pp",
+                str(args.pp),
+                "--tg",
+                str(args.tg),
+                "--threads",
+                str(args.threads),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{engine}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
                 continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
             rows[engine].append(result)
-            print(f"rep {rep + 1} {engine}: pp {result['pp_tok_s']:.1f} tok/s, TPOT {result['tpot_ms']:.2f} ms, "
-                  f"peak {result['peak_rss_mib']:.0f} MiB", flush=True)
+            print(
+                f"rep {rep + 1} {engine}: pp {result['pp_tok_s']:.1f} tok/s, TPOT {result['tpot_ms']:.2f} ms, "
+                f"peak {result['peak_rss_mib']:.0f} MiB",
+                flush=True,
+            )
     table = markdown({e: r for e, r in rows.items() if r}, args)
     print(table)
     if args.markdown:

@@ -1,6 +1,6 @@
 """Where a decode step's time goes: torch.profiler over 20 decode steps of the bundled model at batch 1.
 
-    .venv/bin/python benchmarks/profile_decode.py [--weights auto|float|int8|int4] [--rows 15]
+.venv/bin/python benchmarks/profile_decode.py [--weights auto|float|int8|int4] [--rows 15]
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from gguf_factory import write_tiny_gguf  # noqa: E402
 
+pytest_plugins = ["serve_support"]  # the server tests' fixtures (long_gguf, server)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def probe_cache(tmp_path_factory) -> Path:

@@ -66,7 +66,9 @@ class ScriptedServer:
         finally:
             writer.close()
 
-    async def _respond(self, method: str, path: str, body: dict, auth: str | None, writer: asyncio.StreamWriter) -> bool:
+    async def _respond(
+        self, method: str, path: str, body: dict, auth: str | None, writer: asyncio.StreamWriter
+    ) -> bool:
         """Answer one request; False when the connection must close."""
         if method == "GET" and path == "/v1/models":
             return await _send_json(writer, 200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -75,7 +77,9 @@ class ScriptedServer:
         self.bodies.append(body)
         self.authorizations.append(auth)
         if body.get("model") != MODEL:
-            return await _send_json(writer, 404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+            return await _send_json(
+                writer, 404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}}
+            )
         chat = path.endswith("chat/completions")
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
         if "FAIL500" in prompt:
@@ -102,11 +106,16 @@ class ScriptedServer:
                 await _event(writer, {"error": {"message": "scripted mid-stream error", "code": 500}})
                 return await _done(writer)
             text = " the" * n
-            await _event(writer, {"choices": [{"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}]})
+            await _event(
+                writer, {"choices": [{"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}]}
+            )
         last = {"delta": {}} if chat else {"text": ""}
         await _event(writer, {"choices": [{"index": 0, **last, "finish_reason": "length"}]})
         if s.usage and (body.get("stream_options") or {}).get("include_usage"):
-            await _event(writer, {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}})
+            await _event(
+                writer,
+                {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}},
+            )
         return await _done(writer)
 
 
@@ -125,6 +134,8 @@ async def _done(writer: asyncio.StreamWriter) -> bool:
 
 async def _send_json(writer: asyncio.StreamWriter, status: int, data: dict) -> bool:
     body = json.dumps(data).encode()
-    writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body))
+    writer.write(
+        b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body)
+    )
     await writer.drain()
     return True

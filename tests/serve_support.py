@@ -8,9 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from gguf_factory import write_tiny_gguf
+from prometheus_client.parser import text_string_to_metric_families
 
 KV_BYTES = 64 << 20
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rooftop import InvalidRequestError, SamplingParams
+from rooftop import SamplingParams
 from rooftop.config import EngineConfig
 from rooftop.engine.llm_engine import LLMEngine
 
@@ -103,7 +103,9 @@ def test_chunked_prefill_keeps_outputs(bundled_llm, alone):
 def test_shared_system_prompt_hits_the_prefix_cache(bundled_llm):
     system = "You are a careful assistant. " * 12  # about 70 tokens: several full blocks
     prompts = [
-        bundled_llm.tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}])
+        bundled_llm.tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        )
         for q in ("Name a fruit.", "Name a colour.", "Name a city.", "Name a river.")
     ]
     expected = [run_all(engine(bundled_llm, enable_prefix_caching=False), [p])[0].token_ids for p in prompts]

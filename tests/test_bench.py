@@ -23,19 +23,38 @@ def test_attribution_of_recorded_steps_is_the_analyzer_exactly(tiny_llm):
     records = list(tiny_llm.engine.step_records)[before:]
     p = engine_precision(tiny_llm.dtype)
     steps = [attribute_step(tiny_llm.config, p, r.shape, r.seconds, hw) for r in records]
-    for step, record in zip(steps, records):
+    for step, record in zip(steps, records, strict=False):
         assert step.predicted == time_step(tiny_llm.config, p, record.shape, hw)
         assert step.measured_s == record.seconds
     phases = attribute_phases(steps, hw)
     assert set(phases) == {"prefill", "decode"}
     assert phases["decode"].flops == sum(s.predicted.flops for s in steps if s.shape.phase == "decode")
-    assert phases["prefill"].tokens == sum(len(tiny_llm.tokenizer.encode(t)) for t in ("hello there", "a second prompt"))
+    assert phases["prefill"].tokens == sum(
+        len(tiny_llm.tokenizer.encode(t)) for t in ("hello there", "a second prompt")
+    )
     assert phases["decode"].achieved_bytes_per_s == phases["decode"].bytes / phases["decode"].measured_s
 
 
 def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
-    r = rooftop("bench", "-m", str(tiny_gguf), "--prompt-lens", "4,16", "--batch-sizes", "1,2", "--output-len", "4",
-                "--reps", "1", "--json", str(tmp_path / "b.json"), "--plots", str(tmp_path), "--html", str(tmp_path / "b.html"))
+    r = rooftop(
+        "bench",
+        "-m",
+        str(tiny_gguf),
+        "--prompt-lens",
+        "4,16",
+        "--batch-sizes",
+        "1,2",
+        "--output-len",
+        "4",
+        "--reps",
+        "1",
+        "--json",
+        str(tmp_path / "b.json"),
+        "--plots",
+        str(tmp_path),
+        "--html",
+        str(tmp_path / "b.html"),
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "b.json").read_text())
     assert [row["prompt_tokens"] for row in data["ttft"]] == [4, 16]
@@ -69,7 +88,16 @@ def test_quick_mode_on_the_bundled_model(tmp_path):
     assert data["prefill_tokens_per_s"] > 0 and data["decode_tokens_per_s"] > 0 and data["tpot_s"] > 0
     for phase in ("prefill", "decode"):
         d = data[phase]
-        for key in ("achieved_flops_per_s", "achieved_bytes_per_s", "pct_of_compute_roof", "pct_of_bandwidth_roof", "flops", "bytes", "predicted_s", "measured_s"):
+        for key in (
+            "achieved_flops_per_s",
+            "achieved_bytes_per_s",
+            "pct_of_compute_roof",
+            "pct_of_bandwidth_roof",
+            "flops",
+            "bytes",
+            "predicted_s",
+            "measured_s",
+        ):
             assert d[key] > 0, (phase, key)
         assert d["pct_of_compute_roof"] < 110 and d["pct_of_bandwidth_roof"] < 110
     assert data["decode"]["measured_tpot_s"] > 0 and data["decode"]["predicted_tpot_s"] > 0
@@ -84,6 +112,17 @@ def test_generate_ends_with_the_phase_report():
     from rooftop.kernels import cpu
 
     weights = "weights q4_1" if cpu.ops() is not None else "weights int4-g32"  # which int4 kernels run it
-    for text in ("PREFILL", "DECODE", "FLOPs", "bytes moved", "achieved", "% of compute roof", "% of bandwidth roof",
-                 "bound", "time predicted", "decode reached", weights):
+    for text in (
+        "PREFILL",
+        "DECODE",
+        "FLOPs",
+        "bytes moved",
+        "achieved",
+        "% of compute roof",
+        "% of bandwidth roof",
+        "bound",
+        "time predicted",
+        "decode reached",
+        weights,
+    ):
         assert text in r.stderr, text

@@ -29,14 +29,44 @@ def server():
 
 
 def test_run_prints_the_table_saves_json_and_plots_and_report_reprints_it(server, tmp_path):
-    r = rooftop("bench", "serve", "--base-url", server.base_url, "--input-len", 16, "--output-len", 4, "--num-prompts", 6,
-                "--max-concurrency", 3, "--goodput", "ttft:1000", "tpot:1000", "--save-result", tmp_path / "r.json",
-                "--plots", tmp_path)
+    r = rooftop(
+        "bench",
+        "serve",
+        "--base-url",
+        server.base_url,
+        "--input-len",
+        16,
+        "--output-len",
+        4,
+        "--num-prompts",
+        6,
+        "--max-concurrency",
+        3,
+        "--goodput",
+        "ttft:1000",
+        "tpot:1000",
+        "--save-result",
+        tmp_path / "r.json",
+        "--plots",
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
-    for row in ("Successful requests", "Failed requests", "Benchmark duration (s)", "Request throughput (req/s)",
-                "Output token throughput (tok/s)", "Peak output token throughput (tok/s)", "Total token throughput (tok/s)",
-                "Request goodput (req/s) [ttft <= 1000 ms, tpot <= 1000 ms]", "TTFT", "TPOT", "ITL", "E2E latency",
-                "client overhead per chunk", MODEL):
+    for row in (
+        "Successful requests",
+        "Failed requests",
+        "Benchmark duration (s)",
+        "Request throughput (req/s)",
+        "Output token throughput (tok/s)",
+        "Peak output token throughput (tok/s)",
+        "Total token throughput (tok/s)",
+        "Request goodput (req/s) [ttft <= 1000 ms, tpot <= 1000 ms]",
+        "TTFT",
+        "TPOT",
+        "ITL",
+        "E2E latency",
+        "client overhead per chunk",
+        MODEL,
+    ):
         assert row in r.stdout, row
     data = json.loads((tmp_path / "r.json").read_text())
     s = data["summary"]
@@ -52,20 +82,40 @@ def test_run_prints_the_table_saves_json_and_plots_and_report_reprints_it(server
     again = rooftop("bench", "report", tmp_path / "r.json")
     assert again.returncode == 0 and again.stdout == r.stdout
     strict = rooftop("bench", "report", tmp_path / "r.json", "--goodput", "ttft:1", "e2el:5000")
-    assert re.search(r"Request goodput \(req/s\) \[ttft <= 1 ms, e2el <= 5000 ms\] +0\.00 ", strict.stdout), strict.stdout
+    assert re.search(r"Request goodput \(req/s\) \[ttft <= 1 ms, e2el <= 5000 ms\] +0\.00 ", strict.stdout), (
+        strict.stdout
+    )
 
 
 def test_api_key_is_sent_as_a_bearer_token(server, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     server.authorizations.clear()
-    r = rooftop("bench", "serve", "--base-url", server.base_url, "--num-prompts", 2, "--input-len", 4, "--output-len", 2)
+    r = rooftop(
+        "bench", "serve", "--base-url", server.base_url, "--num-prompts", 2, "--input-len", 4, "--output-len", 2
+    )
     assert r.returncode == 0, r.stderr
     assert server.authorizations == ["Bearer sk-test"] * 3  # the test request, then the two
 
 
 def test_concurrency_sweep(server, tmp_path):
-    r = rooftop("bench", "serve", "--base-url", server.base_url, "--input-len", 8, "--output-len", 3, "--num-prompts", 4,
-                "--sweep-concurrency", "1,4", "--plots", tmp_path, "--save-result", tmp_path / "s.json")
+    r = rooftop(
+        "bench",
+        "serve",
+        "--base-url",
+        server.base_url,
+        "--input-len",
+        8,
+        "--output-len",
+        3,
+        "--num-prompts",
+        4,
+        "--sweep-concurrency",
+        "1,4",
+        "--plots",
+        tmp_path,
+        "--save-result",
+        tmp_path / "s.json",
+    )
     assert r.returncode == 0, r.stderr
     assert "Concurrency sweep" in r.stdout
     data = json.loads((tmp_path / "s.json").read_text())
@@ -81,13 +131,35 @@ def test_failed_requests_are_reported_and_saved(server, tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("ok a", "ok b", "FAIL500 c", "ok d")))
     tok = load_tokenizer(None)
-    seed = next(s for s in range(10) if "FAIL" not in jsonl_requests(path, tok, 4, 3, s)[0].prompt)  # the test request is the first
-    r = rooftop("bench", "serve", "--base-url", server.base_url, "--dataset", "jsonl", "--dataset-path", path,
-                "--num-prompts", 4, "--output-len", 3, "--seed", seed, "--save-result", tmp_path / "f.json")
+    seed = next(
+        s for s in range(10) if "FAIL" not in jsonl_requests(path, tok, 4, 3, s)[0].prompt
+    )  # the test request is the first
+    r = rooftop(
+        "bench",
+        "serve",
+        "--base-url",
+        server.base_url,
+        "--dataset",
+        "jsonl",
+        "--dataset-path",
+        path,
+        "--num-prompts",
+        4,
+        "--output-len",
+        3,
+        "--seed",
+        seed,
+        "--save-result",
+        tmp_path / "f.json",
+    )
     assert r.returncode == 0, r.stderr
     assert "Failed requests at" not in r.stdout and 'HTTP 500: {"error": {"message": "scripted failure"}}' in r.stdout
     data = json.loads((tmp_path / "f.json").read_text())
-    assert (data["summary"]["completed"], data["summary"]["failed"], data["summary"]["total_output_tokens"]) == (3, 1, 9)
+    assert (data["summary"]["completed"], data["summary"]["failed"], data["summary"]["total_output_tokens"]) == (
+        3,
+        1,
+        9,
+    )
     [failed] = [rec for rec in data["requests"] if rec["error"]]
     assert failed["error"].startswith("HTTP 500") and failed["output_tokens"] is None
 
@@ -130,17 +202,35 @@ def assert_user_error(r, *words):
 
 
 def test_unreachable_server_and_wrong_model(server, tmp_path):
-    down = rooftop("bench", "serve", "--base-url", f"http://127.0.0.1:{closed_port()}/v1", "--num-prompts", 1, "--input-len", 4)
+    down = rooftop(
+        "bench", "serve", "--base-url", f"http://127.0.0.1:{closed_port()}/v1", "--num-prompts", 1, "--input-len", 4
+    )
     assert_user_error(down, "cannot reach", "/v1/models", "ConnectError")
-    wrong = rooftop("bench", "serve", "--base-url", server.base_url, "--model", "nope", "--num-prompts", 1, "--input-len", 4)
+    wrong = rooftop(
+        "bench", "serve", "--base-url", server.base_url, "--model", "nope", "--num-prompts", 1, "--input-len", 4
+    )
     assert_user_error(wrong, "the test request to", "failed: HTTP 404", "does not exist")
-    unwritable = rooftop("bench", "serve", "--base-url", server.base_url, "--num-prompts", 1, "--input-len", 4,
-                         "--output-len", 2, "--save-result", tmp_path / "no" / "such" / "dir.json")
+    unwritable = rooftop(
+        "bench",
+        "serve",
+        "--base-url",
+        server.base_url,
+        "--num-prompts",
+        1,
+        "--input-len",
+        4,
+        "--output-len",
+        2,
+        "--save-result",
+        tmp_path / "no" / "such" / "dir.json",
+    )
     assert_user_error(unwritable, "cannot write", "dir.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"summary": {}}')
     assert_user_error(rooftop("bench", "report", bad), "not a `rooftop bench serve` result")
     assert_user_error(rooftop("bench", "report", tmp_path / "missing.json"), "cannot read")
     (tmp_path / "sg.json").write_text("[{")
-    sharegpt = rooftop("bench", "serve", "--dataset", "sharegpt", "--dataset-path", tmp_path / "sg.json", "--num-prompts", 1)
+    sharegpt = rooftop(
+        "bench", "serve", "--dataset", "sharegpt", "--dataset-path", tmp_path / "sg.json", "--num-prompts", 1
+    )
     assert_user_error(sharegpt, "sg.json: not valid JSON")

@@ -25,7 +25,16 @@ def tok():
     return load_tokenizer(None)
 
 
-def run(server: ScriptedServer, prompts: list[str], tok, max_tokens=5, chat=False, concurrency=None, offsets=None, timeout=10.0):
+def run(
+    server: ScriptedServer,
+    prompts: list[str],
+    tok,
+    max_tokens=5,
+    chat=False,
+    concurrency=None,
+    offsets=None,
+    timeout=10.0,
+):
     target = Target(f"{server.base_url}/{'chat/completions' if chat else 'completions'}", MODEL, chat, True, timeout)
     requests = [SampleRequest(p, 1, max_tokens) for p in prompts]
     asyncio.run(run_load(target, requests[:1], [0.0], 1, tok))  # warm-up: httpx's first-use imports
@@ -64,8 +73,15 @@ def test_request_body_and_ignore_eos(tok):
     with ScriptedServer() as server:
         run(server, ["a prompt"], tok, max_tokens=3)
         body = server.bodies[0]
-    assert body == {"model": MODEL, "prompt": "a prompt", "max_tokens": 3, "temperature": 0.0, "stream": True,
-                    "stream_options": {"include_usage": True}, "ignore_eos": True}
+    assert body == {
+        "model": MODEL,
+        "prompt": "a prompt",
+        "max_tokens": 3,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
 
 
 def test_chat_without_usage_counts_tokens_with_the_tokenizer(tok):
@@ -90,14 +106,14 @@ def test_arrivals_follow_the_schedule(tok):
     offsets = [0.0, 0.05, 0.1, 0.25]
     with ScriptedServer(Script(first_delay=0.01, gap=0.01)) as server:
         out = run(server, ["x"] * 4, tok, max_tokens=2, offsets=offsets)
-    assert all(near(r.send_time_s, t) for r, t in zip(out.records, offsets))
+    assert all(near(r.send_time_s, t) for r, t in zip(out.records, offsets, strict=False))
 
 
 def test_failures_are_counted_with_their_errors_and_leave_the_rest_alone(tok):
     prompts = ["ok 1", "FAIL500", "ok 2", "BREAK", "ok 3", "HANG", "ERRCHUNK", "EMPTY", "ok 4"]
     with ScriptedServer(Script(first_delay=0.05, gap=0.02)) as server:
         out = run(server, prompts, tok, max_tokens=5, timeout=1.0)
-    by_prompt = dict(zip(prompts, out.records))
+    by_prompt = dict(zip(prompts, out.records, strict=False))
     assert by_prompt["FAIL500"].error == 'HTTP 500: {"error": {"message": "scripted failure"}}'
     assert by_prompt["BREAK"].error.startswith("RemoteProtocolError: peer closed connection")
     assert by_prompt["BREAK"].ttft_s is not None and by_prompt["BREAK"].e2el_s is None  # kept for diagnosis only

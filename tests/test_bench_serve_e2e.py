@@ -30,8 +30,12 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def rooftop_server(tiny_gguf):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rooftop", "serve", "--model", str(tiny_gguf), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rooftop", "serve", "--model", str(tiny_gguf), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -73,10 +77,30 @@ def check_run(data: dict, n: int, output_len: int, chat: bool) -> None:
 
 def test_completions_through_the_real_command(rooftop_server, tiny_gguf, tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "rooftop", "bench", "serve", "--base-url", rooftop_server, "--tokenizer", str(tiny_gguf),
-         "--input-len", "8", "--output-len", "6", "--num-prompts", "8", "--max-concurrency", "4",
-         "--save-result", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "rooftop",
+            "bench",
+            "serve",
+            "--base-url",
+            rooftop_server,
+            "--tokenizer",
+            str(tiny_gguf),
+            "--input-len",
+            "8",
+            "--output-len",
+            "6",
+            "--num-prompts",
+            "8",
+            "--max-concurrency",
+            "4",
+            "--save-result",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     assert "Successful requests" in r.stdout and "Traceback" not in r.stderr
@@ -87,10 +111,28 @@ def test_completions_through_the_real_command(rooftop_server, tiny_gguf, tmp_pat
 
 
 def test_chat_at_a_poisson_rate(rooftop_server, tiny_gguf, tmp_path):
-    result = CliRunner().invoke(app, [
-        "bench", "serve", "--base-url", rooftop_server, "--endpoint", "chat", "--tokenizer", str(tiny_gguf),
-        "--input-len", "6", "--output-len", "5", "--num-prompts", "6", "--request-rate", "20",
-        "--save-result", str(tmp_path / "c.json"),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "serve",
+            "--base-url",
+            rooftop_server,
+            "--endpoint",
+            "chat",
+            "--tokenizer",
+            str(tiny_gguf),
+            "--input-len",
+            "6",
+            "--output-len",
+            "5",
+            "--num-prompts",
+            "6",
+            "--request-rate",
+            "20",
+            "--save-result",
+            str(tmp_path / "c.json"),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     check_run(json.loads((tmp_path / "c.json").read_text()), 6, 5, chat=True)

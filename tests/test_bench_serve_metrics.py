@@ -9,17 +9,38 @@ import pytest
 
 from rooftop.bench.serve.arrivals import arrival_offsets
 from rooftop.bench.serve.client import StreamError, StreamReader, Target, api_base
-from rooftop.bench.serve.datasets import SampleRequest, jsonl_requests, load_tokenizer, random_requests, sharegpt_requests
+from rooftop.bench.serve.datasets import (
+    SampleRequest,
+    jsonl_requests,
+    load_tokenizer,
+    random_requests,
+    sharegpt_requests,
+)
 from rooftop.bench.serve.metrics import RequestRecord, parse_goodput, summarize
 from rooftop.errors import InvalidRequestError
 
 
 def records() -> list[RequestRecord]:
     return [
-        RequestRecord(0, prompt_len=10, max_tokens=3, send_time_s=0.0, ttft_s=0.1, itl_s=[0.02, 0.03], e2el_s=0.15, output_tokens=3),
-        RequestRecord(1, prompt_len=20, max_tokens=2, send_time_s=0.1, ttft_s=0.2, itl_s=[0.05], e2el_s=0.25, output_tokens=2),
-        RequestRecord(2, prompt_len=30, max_tokens=1, send_time_s=1.0, ttft_s=0.3, itl_s=[], e2el_s=0.3, output_tokens=1),
-        RequestRecord(3, prompt_len=40, max_tokens=4, send_time_s=1.2, ttft_s=0.05, itl_s=[0.01], error="HTTP 500: boom"),
+        RequestRecord(
+            0,
+            prompt_len=10,
+            max_tokens=3,
+            send_time_s=0.0,
+            ttft_s=0.1,
+            itl_s=[0.02, 0.03],
+            e2el_s=0.15,
+            output_tokens=3,
+        ),
+        RequestRecord(
+            1, prompt_len=20, max_tokens=2, send_time_s=0.1, ttft_s=0.2, itl_s=[0.05], e2el_s=0.25, output_tokens=2
+        ),
+        RequestRecord(
+            2, prompt_len=30, max_tokens=1, send_time_s=1.0, ttft_s=0.3, itl_s=[], e2el_s=0.3, output_tokens=1
+        ),
+        RequestRecord(
+            3, prompt_len=40, max_tokens=4, send_time_s=1.2, ttft_s=0.05, itl_s=[0.01], error="HTTP 500: boom"
+        ),
     ]
 
 
@@ -115,7 +136,10 @@ def test_stream_reader_times_token_chunks_only():
 
 
 def test_stream_reader_completions_without_usage():
-    r = feed_all(StreamReader(RequestRecord(0, 1, 2), 0.0), [(chunk("a", chat=False), 1.0), (chunk("b", "stop", chat=False), 1.5)])
+    r = feed_all(
+        StreamReader(RequestRecord(0, 1, 2), 0.0),
+        [(chunk("a", chat=False), 1.0), (chunk("b", "stop", chat=False), 1.5)],
+    )
     assert (r.ttft_s, r.itl_s, r.e2el_s, r.output_tokens, r.text) == (1.0, [0.5], 1.5, None, "ab")
 
 
@@ -136,8 +160,13 @@ def test_stream_reader_failures(data, message):
 def test_request_bodies_are_vllms():
     t = Target("http://x/v1/completions", "m", chat=False)
     assert t.body(SampleRequest("hi", 1, 7)) == {
-        "model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0.0, "stream": True,
-        "stream_options": {"include_usage": True}, "ignore_eos": True,
+        "model": "m",
+        "prompt": "hi",
+        "max_tokens": 7,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
     }
     chat = Target("u", "m", chat=True, ignore_eos=False).body(SampleRequest("hi", 1, 7))
     assert chat["messages"] == [{"role": "user", "content": "hi"}] and "ignore_eos" not in chat and "prompt" not in chat
@@ -178,7 +207,9 @@ def test_random_prompts_have_the_asked_lengths(tok):
     spread = random_requests(tok, 50, 100, 10, 0.5, seed=0)
     assert all(45 <= r.prompt_len <= 155 and 5 <= r.output_len <= 15 for r in spread)
     assert len({r.prompt_len for r in spread}) > 10
-    assert [r.prompt for r in random_requests(tok, 3, 16, 4, 0.0, 7)] == [r.prompt for r in random_requests(tok, 3, 16, 4, 0.0, 7)]
+    assert [r.prompt for r in random_requests(tok, 3, 16, 4, 0.0, 7)] == [
+        r.prompt for r in random_requests(tok, 3, 16, 4, 0.0, 7)
+    ]
     with pytest.raises(InvalidRequestError, match="range-ratio"):
         random_requests(tok, 1, 10, 10, 1.0, 0)
 
@@ -186,8 +217,15 @@ def test_random_prompts_have_the_asked_lengths(tok):
 def test_sharegpt_prompts(tok, tmp_path):
     long_reply = " ".join(["word"] * 30)
     data = [
-        {"conversations": [{"from": "human", "value": "Tell me about the sea, please."}, {"from": "gpt", "value": long_reply}]},
-        {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": long_reply}]},  # prompt < 4 tokens
+        {
+            "conversations": [
+                {"from": "human", "value": "Tell me about the sea, please."},
+                {"from": "gpt", "value": long_reply},
+            ]
+        },
+        {
+            "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": long_reply}]
+        },  # prompt < 4 tokens
         {"conversations": [{"from": "human", "value": "only one turn in this one"}]},
         {"id": "no conversations"},
     ]
@@ -207,7 +245,10 @@ def test_jsonl_prompts_and_their_errors(tok, tmp_path):
     path.write_text('{"prompt": "one"}\n\n{"prompt": "two", "other": 1}\n')
     got = jsonl_requests(path, tok, 4, 9, seed=0)
     assert sorted({r.prompt for r in got}) == ["one", "two"] and len(got) == 4 and {r.output_len for r in got} == {9}
-    for text, message in (('{"prompt": "a"}\n{"text": "b"}\n', "line 2: needs"), ('{"prompt": "a"}\n{oops\n', "line 2: not valid JSON")):
+    for text, message in (
+        ('{"prompt": "a"}\n{"text": "b"}\n', "line 2: needs"),
+        ('{"prompt": "a"}\n{oops\n', "line 2: not valid JSON"),
+    ):
         path.write_text(text)
         with pytest.raises(InvalidRequestError, match=message):
             jsonl_requests(path, tok, 1, 9, 0)

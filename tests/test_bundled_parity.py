@@ -94,7 +94,14 @@ def test_chat_template_renders_like_transformers(bundled_llm, reference, message
 def test_bundled_model_path_is_the_gguf(bundled_llm):
     assert Path(bundled_llm.model_path).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     c = bundled_llm.config
-    assert (c.architecture, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == ("llama", 30, 576, 9, 3, 64)
+    assert (c.architecture, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == (
+        "llama",
+        30,
+        576,
+        9,
+        3,
+        64,
+    )
     assert c.tie_word_embeddings and c.eos_token_ids == [2]
 
 

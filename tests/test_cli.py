@@ -45,7 +45,9 @@ def test_generate_streams_text_and_reports(tiny_gguf):
 def test_generate_output_matches_the_python_api(tiny_gguf, tiny_llm):
     from rooftop import SamplingParams
 
-    expected = tiny_llm.generate("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", SamplingParams(max_tokens=8, temperature=0))[0].text
+    expected = tiny_llm.generate(
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", SamplingParams(max_tokens=8, temperature=0)
+    )[0].text
     r = rooftop("generate", "hi", "--model", str(tiny_gguf), "-n", "8", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert r.stdout == expected + "\n"

@@ -132,7 +132,7 @@ def test_interleaved_streams_and_generate_each_get_all_their_tokens(tiny_llm):
     assert len([first, *rest]) == 4 and rest[-1].output.finished
     assert "".join(c.delta for c in [first, *rest]) == rest[-1].output.text
     a, b = tiny_llm.stream("aaa", params), tiny_llm.stream("bbb", params)
-    pairs = list(zip(a, b))
+    pairs = list(zip(a, b, strict=False))
     assert [len(x.output.token_ids) for x, _ in pairs] == [1, 2, 3, 4]
     assert not tiny_llm.engine.requests and tiny_llm.engine.blocks.num_free == tiny_llm.engine.blocks.num_blocks
 

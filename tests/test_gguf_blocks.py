@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
-from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
 
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.gguf import unpermute_rope

@@ -14,7 +14,7 @@ def assert_same_as_gguf_reader(path):
     expected = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert ours.metadata == expected
     assert [t.name for t in ours.tensors] == [t.name for t in reader.tensors]
-    for mine, theirs in zip(ours.tensors, reader.tensors):
+    for mine, theirs in zip(ours.tensors, reader.tensors, strict=False):
         assert mine.qtype == theirs.tensor_type
         assert mine.shape == tuple(int(n) for n in reversed(theirs.shape.tolist()))
         assert np.array_equal(mine.data, np.asarray(theirs.data).reshape(-1).view(np.uint8))

@@ -114,8 +114,17 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
 
     gen = torch.Generator().manual_seed(10)
     heads, kv_heads, dim, block = 6, 2, 32, 4
-    config = ModelConfig(architecture="llama", vocab_size=8, hidden_size=heads * dim, intermediate_size=8, num_layers=1,
-                         num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, max_position_embeddings=64)
+    config = ModelConfig(
+        architecture="llama",
+        vocab_size=8,
+        hidden_size=heads * dim,
+        intermediate_size=8,
+        num_layers=1,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=dim,
+        max_position_embeddings=64,
+    )
     pools = [KVPool(config, 16, block, torch.float32, torch.device("cpu")) for _ in range(2)]
     for pool in pools:
         torch.manual_seed(11)
@@ -124,8 +133,18 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
     seqs = [([9, 2, 14], 9, 1), ([5], 2, 1), ([0, 11, 3, 7], 13, 1)]  # (block table, cached, new)
     meta = build_metadata(seqs, block, torch.device("cpu"))
     qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
-    got = kernels.decode_attention(qkv, pools[0].k[0], pools[0].v[0], meta.slot_mapping, meta.decode_tables,
-                                   meta.decode_lengths, block, heads, kv_heads, dim**-0.5)
+    got = kernels.decode_attention(
+        qkv,
+        pools[0].k[0],
+        pools[0].v[0],
+        meta.slot_mapping,
+        meta.decode_tables,
+        meta.decode_lengths,
+        block,
+        heads,
+        kv_heads,
+        dim**-0.5,
+    )
     q, k, v = qkv.view(3, -1, dim).split([heads, kv_heads, kv_heads], dim=1)
     expected = paged_attention(q, k, v, pools[1].k[0], pools[1].v[0], meta).reshape(3, -1)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -152,12 +171,14 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
     monkeypatch.setattr(cpu, "ops", lambda: None)
     without = bundled_llm.generate(prompt, params)[0]
     assert with_kernels.token_ids == without.token_ids
-    for a, b in zip(with_kernels.logprobs, without.logprobs):
+    for a, b in zip(with_kernels.logprobs, without.logprobs, strict=False):
         assert abs(a.logprob - b.logprob) < 1e-3
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"), reason="needs an x86 CPU with AVX2")
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"), reason="needs an x86 CPU with AVX2"
+)
 def test_the_portable_loops_match_the_vector_kernels():
     """Without AVX2 and F16C (an ARM machine, an old x86) cpu.cpp compiles to plain C++ loops: built here for
     baseline x86-64 (~45 s, cached), every kernel must give what the vector code gives."""
@@ -178,11 +199,25 @@ def test_the_portable_loops_match_the_vector_kernels():
     qkv = torch.randn(2, (4 + 2 * 2) * 16, generator=gen)
     cos, sin = torch.randn(8, 16, generator=gen), torch.randn(8, 16, generator=gen)
     rotated = [qkv.clone(), qkv.clone()]
-    for k, out in zip((portable, kernels), rotated):
-        k.rope_(out, 6, 16, torch.tensor([3, 5]), cos, sin, torch.randn(6, 16, generator=torch.Generator().manual_seed(1)), 1e-6)
+    for k, out in zip((portable, kernels), rotated, strict=False):
+        k.rope_(
+            out,
+            6,
+            16,
+            torch.tensor([3, 5]),
+            cos,
+            sin,
+            torch.randn(6, 16, generator=torch.Generator().manual_seed(1)),
+            1e-6,
+        )
     torch.testing.assert_close(rotated[0], rotated[1])
-    pools = [(torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(2)),
-              torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(3))) for _ in range(2)]
+    pools = [
+        (
+            torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(2)),
+            torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(3)),
+        )
+        for _ in range(2)
+    ]
     args = (torch.tensor([21, 40]), torch.tensor([[0, 1], [2, 0]]), torch.tensor([22, 9]), 16, 4, 2, 0.25)
-    attended = [k.decode_attention(qkv, kp, vp, *args) for k, (kp, vp) in zip((portable, kernels), pools)]
+    attended = [k.decode_attention(qkv, kp, vp, *args) for k, (kp, vp) in zip((portable, kernels), pools, strict=False)]
     torch.testing.assert_close(attended[0], attended[1], atol=1e-5, rtol=1e-5)

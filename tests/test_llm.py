@@ -90,7 +90,9 @@ def test_prefill_then_decode_equals_full_recompute(bundled_llm):
         steps = [model.logits(model.forward(torch.tensor(ids[:k]), cache, 0)[-1:])[0]]
         for pos in range(k, len(ids)):
             steps.append(model.logits(model.forward(torch.tensor([ids[pos]]), cache, pos))[0])
-        full = model.logits(model.forward(torch.tensor(ids), KVCache(bundled_llm.config, len(ids), torch.float32, "cpu"), 0))
+        full = model.logits(
+            model.forward(torch.tensor(ids), KVCache(bundled_llm.config, len(ids), torch.float32, "cpu"), 0)
+        )
     for offset, logits in enumerate(steps):
         torch.testing.assert_close(logits, full[k - 1 + offset], atol=1e-3, rtol=1e-4)
 

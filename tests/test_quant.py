@@ -6,7 +6,16 @@ import torch
 
 from rooftop import InvalidRequestError, SamplingParams
 from rooftop.kernels import cpu
-from rooftop.quant.linear import FloatLinear, Fp16Linear, Int4Linear, Int8Linear, Q4Linear, Q8Linear, make_linear, quantize_int8
+from rooftop.quant.linear import (
+    FloatLinear,
+    Fp16Linear,
+    Int4Linear,
+    Int8Linear,
+    Q4Linear,
+    Q8Linear,
+    make_linear,
+    quantize_int8,
+)
 
 needs_kernels = pytest.mark.skipif(cpu.ops() is None, reason="rooftop's CPU kernels did not build on this machine")
 
@@ -86,7 +95,9 @@ def test_int8_bundled_model_agrees_with_float32(bundled_llm):
     logits = {}
     for name, llm in (("float", bundled_llm), ("int8", int8)):
         with torch.inference_mode():
-            logits[name] = llm.model.logits(llm.model.forward(ids, KVCache(llm.config, len(ids), torch.float32, "cpu"), 0))
+            logits[name] = llm.model.logits(
+                llm.model.forward(ids, KVCache(llm.config, len(ids), torch.float32, "cpu"), 0)
+            )
     start = len(ref.prompt_token_ids) - 1
     a, b = logits["int8"][start:-1], logits["float"][start:-1]
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.9
@@ -120,7 +131,9 @@ def test_int4_linear_matches_its_dequantized_matmul():
     from rooftop.loading.gguf import group_weight
     from rooftop.loading.gguf_file import TensorInfo
 
-    raw = gguf.quants.quantize(np.random.default_rng(1).normal(size=(96, 128)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
+    raw = gguf.quants.quantize(
+        np.random.default_rng(1).normal(size=(96, 128)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1
+    )
     w = group_weight(TensorInfo("t", (96, 128), gguf.GGMLQuantizationType.Q4_1, raw.reshape(-1)))
     lin = Int4Linear.from_weight(w, None)
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(2))
@@ -139,13 +152,15 @@ def first_divergence_margin(reference, prompt: str, own: list[int], ref: list[in
     how near a tie the quantized format had to break."""
     from rooftop.engine.kv_cache import KVCache
 
-    i = next((i for i, (a, b) in enumerate(zip(own, ref)) if a != b), None)
+    i = next((i for i, (a, b) in enumerate(zip(own, ref, strict=False)) if a != b), None)
     if i is None:
         return None
     ids = reference.tokenizer.encode(prompt) + ref[:i]
     with torch.inference_mode():
         model = reference.model
-        logits = model.logits(model.forward(torch.tensor(ids), KVCache(reference.config, len(ids), torch.float32, "cpu"), 0))[-1]
+        logits = model.logits(
+            model.forward(torch.tensor(ids), KVCache(reference.config, len(ids), torch.float32, "cpu"), 0)
+        )[-1]
     return float(logits[ref[i]] - logits[own[i]])
 
 
@@ -304,7 +319,7 @@ def test_the_lm_head_of_quantized_formats_gives_float32_logits(kernels, monkeypa
 
 @pytest.mark.slow
 def test_a_near_tie_stays_a_near_tie_in_the_default_format():
-    """"What is the capital of France?": float32 on the file's own values starts "The" (Paris), 0.08 ahead of "L"
+    """ "What is the capital of France?": float32 on the file's own values starts "The" (Paris), 0.08 ahead of "L"
     ("L'Étoile, ..."). With int8-quantized activations (rooftop's kernels, as llama.cpp's) the first token's
     logits move by ~0.1-0.3, so the quantized formats may pick either; they must keep "The" among the three best
     and within 0.4 of the best (measured: int4 "L" 0.20 ahead, int8 "The" first). llama.cpp 0.3.36 on the same

@@ -62,7 +62,9 @@ def test_prefill_flops_are_two_per_parameter_per_token_plus_attention():
     assert step.flops == pytest.approx(linear + attention + lm_head, rel=2e-3)
 
 
-@pytest.mark.parametrize("fmt, bits", [("int4", 4.25), ("q4_0", 4.5), ("q4_1", 5.0), ("q8_0", 8.5), ("int8", 8.0), ("fp8", 8.0)])
+@pytest.mark.parametrize(
+    "fmt, bits", [("int4", 4.25), ("q4_0", 4.5), ("q4_1", 5.0), ("q8_0", 8.5), ("int8", 8.0), ("fp8", 8.0)]
+)
 def test_quantized_weight_bytes_include_their_overhead(fmt, bits):
     c = find_preset("qwen3-8b")
     ratio = weight_bytes(c, precision(fmt)) / weight_bytes(c, BF16)
@@ -101,7 +103,9 @@ def test_memory_and_largest_batch():
 
 
 def test_configuration_that_does_not_fit_says_by_how_much():
-    with pytest.raises(DoesNotFitError, match=r"needs 14\d\.\d GB per device but .* has 24\.0 GB \(1\d\d\.\d GB short\)"):
+    with pytest.raises(
+        DoesNotFitError, match=r"needs 14\d\.\d GB per device but .* has 24\.0 GB \(1\d\d\.\d GB short\)"
+    ):
         analyze(find_preset("llama-3.1-70b"), find_hardware("l4"), BF16, 128, 16)
     with pytest.raises(DoesNotFitError, match=r"batch <= \d+ fits"):
         analyze(find_preset("llama-3.1-8b"), find_hardware("l4"), BF16, 8000, 192, batch=64)
@@ -168,7 +172,9 @@ HARDWARE = st.sampled_from(["h200", "a100", "l4", "mi300x"])
 def test_a_larger_batch_never_lowers_step_time(model, hw_name, batch, context, fmt):
     c, hw, p = find_preset(model), find_hardware(hw_name), precision(fmt)
     for shape in (StepShape.decode, StepShape.prefill):
-        assert time_step(c, p, shape(batch + 1, context), hw).time_s >= time_step(c, p, shape(batch, context), hw).time_s
+        assert (
+            time_step(c, p, shape(batch + 1, context), hw).time_s >= time_step(c, p, shape(batch, context), hw).time_s
+        )
 
 
 @settings(max_examples=40, deadline=None)
@@ -233,7 +239,9 @@ def test_engine_steps_that_widen_quantized_weights_are_attributed_at_the_float_p
     assert p.at(1).compute == "int4_weight_only" and p.at(WIDEN_ROWS - 1).compute == "int4_weight_only"
     assert p.at(WIDEN_ROWS).compute == "fp32" and p.at(WIDEN_ROWS).weights.bits == 4  # still reads 4-bit weights
     assert engine_precision(torch.float32, "float").at(10_000) == engine_precision(torch.float32, "float")
-    hw = Hardware("t", peak_flops={"fp32": 70e9, "bf16": 2e9, "int4_weight_only": 30e9}, memory_bandwidth=20e9, memory_bytes=1e9)
+    hw = Hardware(
+        "t", peak_flops={"fp32": 70e9, "bf16": 2e9, "int4_weight_only": 30e9}, memory_bandwidth=20e9, memory_bytes=1e9
+    )
     config = find_preset("smollm2-135m")
     prefill = attribute_step(config, p, StepShape.prefill(1, 512), 1.0, hw)
     decode = attribute_step(config, p, StepShape.decode(1, 512), 0.01, hw)

@@ -26,18 +26,59 @@ def assert_error(result, *words):
 def test_table_has_both_steps_and_the_summary():
     r = run("roofline", "-m", "dense-27b", "-H", "h200", "-p", "4096", "-n", "64")
     assert r.exit_code == 0, r.output
-    for text in ("prefill step (1 x 4096 tokens)", "decode step", "qkv_proj", "attention", "lm_head", "TTFT", "TPOT",
-                 "largest batch that fits", "prefill compute-bound", "decode compute-bound", "ridge point"):
+    for text in (
+        "prefill step (1 x 4096 tokens)",
+        "decode step",
+        "qkv_proj",
+        "attention",
+        "lm_head",
+        "TTFT",
+        "TPOT",
+        "largest batch that fits",
+        "prefill compute-bound",
+        "decode compute-bound",
+        "ridge point",
+    ):
         assert text in r.output, text
 
 
 def test_json_has_self_describing_keys():
-    r = run("roofline", "-m", "qwen3-8b", "-H", "h100", "-p", "512", "-n", "32", "-b", "4", "--weights", "int4", "--kv", "fp8", "--json")
+    r = run(
+        "roofline",
+        "-m",
+        "qwen3-8b",
+        "-H",
+        "h100",
+        "-p",
+        "512",
+        "-n",
+        "32",
+        "-b",
+        "4",
+        "--weights",
+        "int4",
+        "--kv",
+        "fp8",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
-    for key in ("ttft_s", "tpot_s", "tpot_first_s", "tpot_last_s", "e2e_s", "kv_bytes_per_token", "weight_bytes",
-                "parameters", "memory_needed_bytes", "max_batch", "prefill_compute_bound_from_tokens",
-                "decode_compute_bound_from_batch", "output_tokens_per_s_per_seq", "output_tokens_per_s_total"):
+    for key in (
+        "ttft_s",
+        "tpot_s",
+        "tpot_first_s",
+        "tpot_last_s",
+        "e2e_s",
+        "kv_bytes_per_token",
+        "weight_bytes",
+        "parameters",
+        "memory_needed_bytes",
+        "max_batch",
+        "prefill_compute_bound_from_tokens",
+        "decode_compute_bound_from_batch",
+        "output_tokens_per_s_per_seq",
+        "output_tokens_per_s_total",
+    ):
         assert key in data, key
     assert data["weights_format"] == "int4" and data["kv_bytes_per_value"] == 1 and data["batch"] == 4
     assert data["decode"]["bound"] == "memory" and data["prefill"]["bound"] in ("compute", "memory")
@@ -69,8 +110,14 @@ def test_bundled_gguf_defaults_to_its_own_weight_format():
 
 def test_hf_config_json_and_directory(tmp_path):
     config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
-        "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4, "max_position_embeddings": 2048,
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32000,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     for model in (tmp_path / "config.json", tmp_path):
@@ -80,7 +127,9 @@ def test_hf_config_json_and_directory(tmp_path):
 
 
 def test_custom_hardware_numbers():
-    r = run("roofline", "-m", "qwen3-0.6b", "--peak-tflops", "100", "--bandwidth-tbs", "1", "--memory-gb", "16", "--json")
+    r = run(
+        "roofline", "-m", "qwen3-0.6b", "--peak-tflops", "100", "--bandwidth-tbs", "1", "--memory-gb", "16", "--json"
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
     assert data["ridge_point_flops_per_byte"] == pytest.approx(100)
@@ -88,7 +137,9 @@ def test_custom_hardware_numbers():
 
 
 def test_unknown_preset_suggests_close_names():
-    assert_error(run("roofline", "-m", "qwen3-8", "-H", "h200"), "unknown model preset 'qwen3-8'", "did you mean", "qwen3-8b")
+    assert_error(
+        run("roofline", "-m", "qwen3-8", "-H", "h200"), "unknown model preset 'qwen3-8'", "did you mean", "qwen3-8b"
+    )
 
 
 def test_unknown_hardware_suggests_close_names():
@@ -97,7 +148,12 @@ def test_unknown_hardware_suggests_close_names():
 
 def test_config_missing_fields_are_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 10}))
-    assert_error(run("roofline", "-m", str(tmp_path / "config.json"), "-H", "h200"), "hidden_size", "num_hidden_layers", "num_attention_heads")
+    assert_error(
+        run("roofline", "-m", str(tmp_path / "config.json"), "-H", "h200"),
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+    )
 
 
 @pytest.mark.parametrize("flag", ["--batch", "--prompt", "--output"])

@@ -50,7 +50,9 @@ def test_top_k_keeps_the_k_largest():
     assert support(filter_logits(logits, SamplingParams(top_k=3))) == {1, 3, 4}
 
 
-@pytest.mark.parametrize("top_p, expected", [(0.4, {0}), (0.7, {0, 1}), (0.8, {0, 1}), (0.81, {0, 1, 2}), (1.0, {0, 1, 2, 3})])
+@pytest.mark.parametrize(
+    "top_p, expected", [(0.4, {0}), (0.7, {0, 1}), (0.8, {0, 1}), (0.81, {0, 1, 2}), (1.0, {0, 1, 2, 3})]
+)
 def test_top_p_keeps_the_smallest_set_covering_p(top_p, expected):
     assert support(filter_logits(LOGITS, SamplingParams(top_p=top_p))) == expected
 

@@ -22,8 +22,14 @@ REQUEST = st.tuples(
 def make_seq(i, prompt_len, prefix):
     ids = [1000 + prefix] * 16 + [i] * max(0, prompt_len - 16) if prompt_len > 16 else [1000 + prefix] * prompt_len
     return Sequence(
-        request_id=str(i), prompt=None, prompt_token_ids=ids, params=SamplingParams(max_tokens=12), detokenizer=None,
-        eos_token_ids=[], max_model_len=10_000, metrics=RequestMetrics(0.0),
+        request_id=str(i),
+        prompt=None,
+        prompt_token_ids=ids,
+        params=SamplingParams(max_tokens=12),
+        detokenizer=None,
+        eos_token_ids=[],
+        max_model_len=10_000,
+        metrics=RequestMetrics(0.0),
     )
 
 
@@ -40,15 +46,20 @@ def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_cac
     blocks = BlockManager(num_blocks, 4, prefix_caching)
     sched = Scheduler(config, blocks)
     seqs = [make_seq(i, p, prefix) for i, (p, _, prefix, _, _) in enumerate(requests)]
-    wanted = {s.request_id: out for s, (_, out, _, _, _) in zip(seqs, requests)}
+    wanted = {s.request_id: out for s, (_, out, _, _, _) in zip(seqs, requests, strict=False)}
     done: set[str] = set()
     arrivals = 0
     for step in range(2000):
-        for seq, (_, _, _, arrive, abort) in zip(seqs, requests):
+        for seq, (_, _, _, arrive, abort) in zip(seqs, requests, strict=False):
             if arrive == step:
                 seq.arrival_index, arrivals = arrivals, arrivals + 1  # as LLMEngine.add_request numbers them
                 sched.add(seq)
-            if abort == step and seq.request_id not in done and seq.status is not Status.FINISHED and (seq in sched.running or seq in sched.waiting):
+            if (
+                abort == step
+                and seq.request_id not in done
+                and seq.status is not Status.FINISHED
+                and (seq in sched.running or seq in sched.waiting)
+            ):
                 sched.finish(seq)
                 done.add(seq.request_id)
         if not sched.has_unfinished() and step > 30:

@@ -10,8 +10,7 @@ import time
 import httpx
 import openai
 import pytest
-
-from serve_support import long_gguf, metrics, running_server, server, sse_events  # noqa: F401 (fixtures)
+from serve_support import metrics, running_server, sse_events
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
@@ -44,8 +43,12 @@ def test_chat_streamed_equals_not_streamed_with_usage(server):
     assert full.usage.total_tokens == prompt_tokens + 12
     chunks = list(
         c.chat.completions.create(
-            model="tiny-long", messages=messages, max_completion_tokens=12, stream=True,
-            stream_options={"include_usage": True}, **GREEDY,
+            model="tiny-long",
+            messages=messages,
+            max_completion_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -61,9 +64,13 @@ def test_completions_streamed_equals_not_streamed_with_usage(server):
     c = client(server)
     full = c.completions.create(model="tiny-long", prompt="Once upon a time", max_tokens=10, **GREEDY)
     assert full.usage.prompt_tokens == len("Once upon a time") and full.usage.completion_tokens == 10
-    chunks = list(c.completions.create(model="tiny-long", prompt="Once upon a time", max_tokens=10, stream=True, **GREEDY))
+    chunks = list(
+        c.completions.create(model="tiny-long", prompt="Once upon a time", max_tokens=10, stream=True, **GREEDY)
+    )
     assert "".join(ch.choices[0].text for ch in chunks) == full.choices[0].text
-    by_ids = c.completions.create(model="tiny-long", prompt=[ord(ch) + 3 for ch in "Once upon a time"], max_tokens=10, **GREEDY)
+    by_ids = c.completions.create(
+        model="tiny-long", prompt=[ord(ch) + 3 for ch in "Once upon a time"], max_tokens=10, **GREEDY
+    )
     assert by_ids.choices[0].text == full.choices[0].text  # byte vocabulary: id = byte + 3 specials
 
 
@@ -84,7 +91,16 @@ def test_timings_and_prefix_cache_hits(server):
     first = c.completions.create(model="tiny-long", prompt=prompt, max_tokens=4, **GREEDY)
     second = c.completions.create(model="tiny-long", prompt=prompt, max_tokens=4, **GREEDY)
     t = second.model_extra["timings"]
-    assert set(t) >= {"queue_ms", "ttft_ms", "tpot_ms", "prefill_ms", "decode_ms", "prompt_tokens", "output_tokens", "cached_tokens"}
+    assert set(t) >= {
+        "queue_ms",
+        "ttft_ms",
+        "tpot_ms",
+        "prefill_ms",
+        "decode_ms",
+        "prompt_tokens",
+        "output_tokens",
+        "cached_tokens",
+    }
     assert t["prompt_tokens"] == len(prompt) and t["output_tokens"] == 4
     assert 0 <= t["queue_ms"] <= t["ttft_ms"] <= t["e2e_ms"] and t["tpot_ms"] > 0 and t["prefill_ms"] > 0
     assert first.model_extra["timings"]["cached_tokens"] == 0
@@ -101,7 +117,9 @@ def test_sampling_fields_reach_the_engine(server):
     seeded = text(temperature=1.0, seed=7, top_p=0.9, extra_body={"top_k": 50, "min_p": 0.01})
     assert text(temperature=1.0, seed=7, top_p=0.9, extra_body={"top_k": 50, "min_p": 0.01}) == seeded
     greedy, _ = text(temperature=0, extra_body={"ignore_eos": True})
-    assert text(temperature=0, frequency_penalty=2.0, presence_penalty=1.0, extra_body={"ignore_eos": True})[0] != greedy
+    assert (
+        text(temperature=0, frequency_penalty=2.0, presence_penalty=1.0, extra_body={"ignore_eos": True})[0] != greedy
+    )
     assert text(temperature=0, extra_body={"ignore_eos": True, "repetition_penalty": 1.5})[0] != greedy
     stop = greedy[5:7]
     assert text(temperature=0, stop=[stop], extra_body={"ignore_eos": True}) == (greedy[: greedy.index(stop)], "stop")
@@ -110,7 +128,12 @@ def test_sampling_fields_reach_the_engine(server):
 def test_logprobs(server):
     c = client(server)
     chat = c.chat.completions.create(
-        model="tiny-long", messages=[{"role": "user", "content": "hi"}], max_tokens=4, logprobs=True, top_logprobs=3, **GREEDY
+        model="tiny-long",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=3,
+        **GREEDY,
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == 4 and all(len(e.top_logprobs) == 3 for e in content)
@@ -127,7 +150,7 @@ def test_32_concurrent_streams_each_equal_alone(server):
     c = client(server)
     alone = [
         c.completions.create(model="tiny-long", prompt=p, max_tokens=n, **GREEDY).choices[0].text
-        for p, n in zip(prompts, lengths)
+        for p, n in zip(prompts, lengths, strict=False)
     ]
 
     async def streamed(ac: openai.AsyncOpenAI, prompt: str, n: int) -> tuple[str, str]:
@@ -140,7 +163,7 @@ def test_32_concurrent_streams_each_equal_alone(server):
 
     async def all_at_once() -> list[tuple[str, str]]:
         async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0) as ac:
-            return await asyncio.gather(*(streamed(ac, p, n) for p, n in zip(prompts, lengths)))
+            return await asyncio.gather(*(streamed(ac, p, n) for p, n in zip(prompts, lengths, strict=False)))
 
     before = metrics(server)
     results = asyncio.run(all_at_once())
@@ -183,7 +206,12 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(se
         next(events), next(events)
         during = metrics(server)
         assert during["rooftop_num_requests_running"] == 1 and during["rooftop_kv_cache_usage_perc"] > 0
-    wait_for(lambda: metrics(server)['rooftop_requests_total{outcome="abort"}'] == before['rooftop_requests_total{outcome="abort"}'] + 1)
+    wait_for(
+        lambda: (
+            metrics(server)['rooftop_requests_total{outcome="abort"}']
+            == before['rooftop_requests_total{outcome="abort"}'] + 1
+        )
+    )
     after = metrics(server)
     assert after["rooftop_num_requests_running"] == 0 and after["rooftop_kv_cache_usage_perc"] == 0
     assert after["rooftop_generation_tokens_total"] - before["rooftop_generation_tokens_total"] < 240
@@ -210,7 +238,12 @@ def test_api_key(long_gguf):
             client(url, api_key="wrong").models.list()
         response = httpx.post(f"{url}/v1/completions", json={"prompt": "hi"})
         assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
-        assert client(url, api_key="sekret").completions.create(model="tiny-long", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+        assert (
+            client(url, api_key="sekret")
+            .completions.create(model="tiny-long", prompt="hi", max_tokens=2)
+            .usage.completion_tokens
+            == 2
+        )
         assert httpx.get(f"{url}/health").status_code == 200  # health and metrics stay open to probes
         assert httpx.get(f"{url}/metrics").status_code == 200
 

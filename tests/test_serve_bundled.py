@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import openai
 import pytest
-
 from serve_support import running_server
 
 pytestmark = pytest.mark.slow

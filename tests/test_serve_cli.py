@@ -11,7 +11,6 @@ import threading
 import time
 
 import httpx
-
 from gguf_factory import write_tiny_gguf
 from serve_support import sse_events
 
@@ -56,7 +55,9 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(tmp_path):
     write_tiny_gguf(model, context_length=8192)  # 8000 tokens take far longer than the grace period, anywhere
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start("--model", str(model), "--port", str(port), "--shutdown-timeout", "4", "--kv-cache-bytes", str(64 << 20))
+    process = start(
+        "--model", str(model), "--port", str(port), "--shutdown-timeout", "4", "--kv-cache-bytes", str(64 << 20)
+    )
     try:
         statuses = wait_healthy(url, process)
         assert set(statuses) <= {503, 200}

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from serve_support import long_gguf, running_server  # noqa: F401 (fixture)
+from serve_support import running_server
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 

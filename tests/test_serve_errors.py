@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from serve_support import long_gguf, metrics, server  # noqa: F401 (fixtures)
+from serve_support import metrics
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -30,7 +29,13 @@ CASES = [
     ("max_tokens a string", CHAT, chat(max_tokens="5"), 400, "max_tokens: Input should be a valid integer"),
     ("stream a string", CHAT, chat(stream="yes"), 400, "stream: Input should be a valid boolean"),
     ("content a number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
-    ("NaN temperature", CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, "finite number"),
+    (
+        "NaN temperature",
+        CHAT,
+        b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+        400,
+        "finite number",
+    ),
     ("negative temperature", CHAT, chat(temperature=-1), 400, "temperature must be >= 0"),
     ("top_p 0", CHAT, chat(top_p=0), 400, "top_p must be in (0, 1]"),
     ("top_p above 1", TEXT, {"prompt": "hi", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
@@ -47,7 +52,13 @@ CASES = [
     ("n 2", CHAT, chat(n=2), 400, "n must be 1"),
     ("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0].role"),
     ("image part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, "only text parts"),
-    ("chat prompt too long", CHAT, chat(messages=[{"role": "user", "content": "x" * 300}]), 400, "the context holds 256"),
+    (
+        "chat prompt too long",
+        CHAT,
+        chat(messages=[{"role": "user", "content": "x" * 300}]),
+        400,
+        "the context holds 256",
+    ),
     ("prompt too long", TEXT, {"prompt": "x" * 256}, 400, "the prompt has 256 tokens; the context holds 256"),
     ("token id out of range", TEXT, {"prompt": [1, 99999]}, 400, "out of range"),
     ("a batch of prompts", TEXT, {"prompt": ["a", "b"]}, 400, "one prompt"),

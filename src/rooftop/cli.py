@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from rooftop.bench import commands as bench_commands
+from rooftop.console import err, user_errors
 from rooftop.engine.llm import LLM
 from rooftop.engine.metrics import RequestMetrics
 from rooftop.engine.sampling_params import SamplingParams
-from rooftop.console import err, user_errors
 from rooftop.errors import RooftopError
-from rooftop.bench import commands as bench_commands
 from rooftop.roofline import commands as roofline_commands
 from rooftop.serve import commands as serve_commands
 
@@ -24,7 +24,7 @@ app = typer.Typer(
 )
 
 ModelOpt = Annotated[
-    Optional[str], typer.Option("--model", "-m", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
+    str | None, typer.Option("--model", "-m", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
 ]
 DtypeOpt = Annotated[str, typer.Option(help="auto, float32 or bfloat16 (auto: float32 on CPU)")]
 DeviceOpt = Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ...")]
@@ -41,12 +41,14 @@ TopPOpt = Annotated[float, typer.Option(help="nucleus sampling mass, (0, 1]")]
 TopKOpt = Annotated[int, typer.Option(help="keep the k most likely tokens (0: off)")]
 MinPOpt = Annotated[float, typer.Option(help="drop tokens below min_p x the top probability (0: off)")]
 RepPenaltyOpt = Annotated[float, typer.Option(help="penalize tokens already seen (1: off)")]
-SeedOpt = Annotated[Optional[int], typer.Option(help="same seed, same output")]
-StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="stop before this string (repeatable)")]
+SeedOpt = Annotated[int | None, typer.Option(help="same seed, same output")]
+StopOpt = Annotated[list[str] | None, typer.Option("--stop", help="stop before this string (repeatable)")]
 MaxSeqsOpt = Annotated[int, typer.Option(help="engine: most sequences in one step")]
 MaxBatchedOpt = Annotated[int, typer.Option(help="engine: most tokens in one step (longer prompts are chunked)")]
-KvBytesOpt = Annotated[Optional[int], typer.Option(help="engine: KV cache pool size in bytes (default 1 GiB)")]
-KvBlocksOpt = Annotated[Optional[int], typer.Option(help="engine: KV cache pool size in blocks (overrides --kv-cache-bytes)")]
+KvBytesOpt = Annotated[int | None, typer.Option(help="engine: KV cache pool size in bytes (default 1 GiB)")]
+KvBlocksOpt = Annotated[
+    int | None, typer.Option(help="engine: KV cache pool size in blocks (overrides --kv-cache-bytes)")
+]
 BlockSizeOpt = Annotated[int, typer.Option(help="engine: tokens per KV block")]
 PrefixOpt = Annotated[bool, typer.Option(help="engine: reuse the KV blocks of prompt prefixes seen before")]
 
@@ -84,8 +86,10 @@ def print_report(m: RequestMetrics, finish_reason: str | None) -> None:
     table.add_row("TTFT", ms(m.ttft), "TPOT", ms(m.tpot))
     table.add_row("prefill", rate(m.prefill_tokens_per_s), "decode", rate(m.decode_tokens_per_s))
     table.add_row(
-        "prefill time", f"{ms(m.prefill_time)} / {m.prefill_tokens} tok",
-        "decode time", f"{ms(m.decode_time)} / {m.decode_steps} steps",
+        "prefill time",
+        f"{ms(m.prefill_time)} / {m.prefill_tokens} tok",
+        "decode time",
+        f"{ms(m.decode_time)} / {m.decode_steps} steps",
     )
     err.print(table)
 
@@ -129,7 +133,9 @@ def generate(
     seed: SeedOpt = None,
     stop: StopOpt = None,
     raw: Annotated[bool, typer.Option("--raw", help="send the prompt as is, without the chat template")] = False,
-    roofline: Annotated[bool, typer.Option(help="attribute prefill and decode against this machine's measured roofs")] = True,
+    roofline: Annotated[
+        bool, typer.Option(help="attribute prefill and decode against this machine's measured roofs")
+    ] = True,
     dtype: DtypeOpt = "auto",
     device: DeviceOpt = "cpu",
     weights: WeightsOpt = "auto",
@@ -143,17 +149,34 @@ def generate(
     """Stream the model's answer to PROMPT, then report TTFT, TPOT and the speed of prefill and decode."""
     with user_errors():
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            repetition_penalty=repetition_penalty, seed=seed, stop=stop or [],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+            stop=stop or [],
         )
         llm = load(
-            model, dtype, device, weights, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            kv_cache_bytes=kv_cache_bytes, num_kv_blocks=num_kv_blocks, block_size=block_size,
+            model,
+            dtype,
+            device,
+            weights,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_bytes=kv_cache_bytes,
+            num_kv_blocks=num_kv_blocks,
+            block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
         )
         if not prompt:
             raise RooftopError("the prompt is empty")
-        text = prompt if raw or not llm.tokenizer.chat_template else llm.apply_chat_template([{"role": "user", "content": prompt}])
+        text = (
+            prompt
+            if raw or not llm.tokenizer.chat_template
+            else llm.apply_chat_template([{"role": "user", "content": prompt}])
+        )
         started = time.perf_counter()
         _, metrics, finish_reason = stream_to_stdout(llm, text, params)
         print_report(metrics, finish_reason)
@@ -164,7 +187,7 @@ def generate(
 @app.command()
 def chat(
     model: ModelOpt = None,
-    system: Annotated[Optional[str], typer.Option(help="system prompt")] = None,
+    system: Annotated[str | None, typer.Option(help="system prompt")] = None,
     max_tokens: MaxTokensOpt = 512,
     temperature: TemperatureOpt = 0.2,
     top_p: TopPOpt = 0.9,
@@ -186,12 +209,24 @@ def chat(
     """Multi-turn chat with the model's chat template. /reset forgets the conversation; Ctrl-D or /exit ends."""
     with user_errors():
         params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            repetition_penalty=repetition_penalty, seed=seed,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
         )
         llm = load(
-            model, dtype, device, weights, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            kv_cache_bytes=kv_cache_bytes, num_kv_blocks=num_kv_blocks, block_size=block_size,
+            model,
+            dtype,
+            device,
+            weights,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_bytes=kv_cache_bytes,
+            num_kv_blocks=num_kv_blocks,
+            block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
         )
         if not llm.tokenizer.chat_template:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -30,19 +30,23 @@ def _ints(text: str, name: str) -> list[int]:
 
 def bench(
     ctx: typer.Context,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="GGUF file or HF directory (default: bundled)")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="GGUF file or HF directory (default: bundled)")
+    ] = None,
     prompt_lens: Annotated[str, typer.Option(help="prompt lengths for the TTFT sweep")] = "16,64,256,1024",
     batch_sizes: Annotated[str, typer.Option(help="batch sizes for the decode sweep")] = "1,2,4,8,16,32",
     output_len: Annotated[int, typer.Option(help="tokens generated per sequence in the decode sweep")] = 32,
-    pp: Annotated[Optional[int], typer.Option(help="quick mode: prompt tokens (llama-bench's -p)")] = None,
-    tg: Annotated[Optional[int], typer.Option(help="quick mode: generated tokens (llama-bench's -n)")] = None,
+    pp: Annotated[int | None, typer.Option(help="quick mode: prompt tokens (llama-bench's -p)")] = None,
+    tg: Annotated[int | None, typer.Option(help="quick mode: generated tokens (llama-bench's -n)")] = None,
     reps: Annotated[int, typer.Option(help="measured repetitions (after one warm-up)")] = 3,
     dtype: Annotated[str, typer.Option(help="auto, float32 or bfloat16")] = "auto",
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
-    weights: Annotated[str, typer.Option(help="auto (closest to the file), float, int8 or int4 (weight-only)")] = "auto",
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="write the results as JSON")] = None,
-    plots: Annotated[Optional[Path], typer.Option(help="write PNG plots into this directory")] = None,
-    html_path: Annotated[Optional[Path], typer.Option("--html", help="write a self-contained HTML report")] = None,
+    weights: Annotated[
+        str, typer.Option(help="auto (closest to the file), float, int8 or int4 (weight-only)")
+    ] = "auto",
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
+    plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
+    html_path: Annotated[Path | None, typer.Option("--html", help="write a self-contained HTML report")] = None,
 ) -> None:
     """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions.
     `rooftop bench serve` loads a running OpenAI-compatible server instead."""
@@ -63,7 +67,9 @@ def bench(
             hw = probe.to_hardware()
         needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
         if needed > llm.max_model_len:
-            raise InvalidRequestError(f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}")
+            raise InvalidRequestError(
+                f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}"
+            )
         report = {"machine": machine_info(llm, hw, probe.cpu_model)}
         console = Console(highlight=False)
         with Progress(console=err, transient=True) as progress:
@@ -78,7 +84,15 @@ def bench(
                 from rooftop.bench.sweep import sweep
 
                 task = progress.add_task("bench", total=len(lens) + len(batches))
-                result = sweep(llm, hw, lens, batches, output_len, reps, lambda what: progress.update(task, description=what, advance=1))
+                result = sweep(
+                    llm,
+                    hw,
+                    lens,
+                    batches,
+                    output_len,
+                    reps,
+                    lambda what: progress.update(task, description=what, advance=1),
+                )
         if quick:
             from rooftop.roofline.attribution import gap_sentence
             from rooftop.roofline.report import phase_table
@@ -94,7 +108,9 @@ def bench(
         else:
             report.update(ttft=result.ttft, decode=result.decode, steps=[vars(p) for p in result.points])
             _print_sweep(console, result)
-            written = _write_plots(result, hw, llm.precision.compute, plots or (html_path.parent if html_path else None))
+            written = _write_plots(
+                result, hw, llm.precision.compute, plots or (html_path.parent if html_path else None)
+            )
             if html_path:
                 from rooftop.bench.html import write_html
 
@@ -107,25 +123,57 @@ def bench(
 def _print_quick(console: Console, machine: dict, s: dict) -> None:
     table = Table("model", "weights", "threads", "test", "t/s", "TPOT")
     name = machine["model"]
-    table.add_row(name, machine["weights_format"], str(machine["threads"]), f"pp{s['prompt_tokens']}",
-                  f"{s['prefill_tokens_per_s']:.2f} ± {s['prefill_tokens_per_s_stdev']:.2f}", "")
+    table.add_row(
+        name,
+        machine["weights_format"],
+        str(machine["threads"]),
+        f"pp{s['prompt_tokens']}",
+        f"{s['prefill_tokens_per_s']:.2f} ± {s['prefill_tokens_per_s_stdev']:.2f}",
+        "",
+    )
     if s["decode_tokens_per_s"]:
-        table.add_row(name, machine["weights_format"], str(machine["threads"]), f"tg{s['output_tokens']}",
-                      f"{s['decode_tokens_per_s']:.2f} ± {s['decode_tokens_per_s_stdev']:.2f}", seconds(s["tpot_s"]))
+        table.add_row(
+            name,
+            machine["weights_format"],
+            str(machine["threads"]),
+            f"tg{s['output_tokens']}",
+            f"{s['decode_tokens_per_s']:.2f} ± {s['decode_tokens_per_s_stdev']:.2f}",
+            seconds(s["tpot_s"]),
+        )
     console.print(table)
 
 
 def _print_sweep(console: Console, result) -> None:
-    table = Table("prompt tokens", "TTFT measured", "TTFT predicted", "prefill tok/s", "% of compute roof", title="TTFT")
+    table = Table(
+        "prompt tokens", "TTFT measured", "TTFT predicted", "prefill tok/s", "% of compute roof", title="TTFT"
+    )
     for r in result.ttft:
-        table.add_row(str(r["prompt_tokens"]), seconds(r["measured_ttft_s"]), seconds(r["predicted_ttft_s"]),
-                      f"{r['prefill_tokens_per_s']:.0f}", f"{r['pct_of_compute_roof']:.1f}%")
+        table.add_row(
+            str(r["prompt_tokens"]),
+            seconds(r["measured_ttft_s"]),
+            seconds(r["predicted_ttft_s"]),
+            f"{r['prefill_tokens_per_s']:.0f}",
+            f"{r['pct_of_compute_roof']:.1f}%",
+        )
     console.print(table)
-    table = Table("batch", "TPOT measured", "TPOT predicted", "tok/s measured", "tok/s predicted", "% of bandwidth roof", title="decode")
+    table = Table(
+        "batch",
+        "TPOT measured",
+        "TPOT predicted",
+        "tok/s measured",
+        "tok/s predicted",
+        "% of bandwidth roof",
+        title="decode",
+    )
     for r in result.decode:
-        table.add_row(str(r["batch"]), seconds(r["measured_tpot_s"]), seconds(r["predicted_tpot_s"]),
-                      f"{r['measured_tokens_per_s_total']:.1f}", f"{r['predicted_tokens_per_s_total']:.1f}",
-                      f"{r['pct_of_bandwidth_roof']:.1f}%")
+        table.add_row(
+            str(r["batch"]),
+            seconds(r["measured_tpot_s"]),
+            seconds(r["predicted_tpot_s"]),
+            f"{r['measured_tokens_per_s_total']:.1f}",
+            f"{r['predicted_tokens_per_s_total']:.1f}",
+            f"{r['pct_of_bandwidth_roof']:.1f}%",
+        )
     console.print(table)
 
 

@@ -17,7 +17,11 @@ def _table(rows: list[dict]) -> str:
         return ""
     head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
     body = "".join(
-        "<tr>" + "".join(f"<td>{v:.4g}</td>" if isinstance(v, float) else f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>"
+        "<tr>"
+        + "".join(
+            f"<td>{v:.4g}</td>" if isinstance(v, float) else f"<td>{html.escape(str(v))}</td>" for v in r.values()
+        )
+        + "</tr>"
         for r in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -26,7 +30,9 @@ def _table(rows: list[dict]) -> str:
 def write_html(report: dict, plots: list[Path], path: Path) -> Path:
     machine = report["machine"]
     info = "".join(
-        f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>" for k, v in machine.items() if not isinstance(v, dict)
+        f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>"
+        for k, v in machine.items()
+        if not isinstance(v, dict)
     )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>rooftop bench</title>

@@ -29,7 +29,9 @@ def synthetic_prompt(llm: LLM, length: int, variant: int) -> list[int]:
 
 def fresh_engine(llm: LLM, max_tokens_per_step: int, max_num_seqs: int = 256) -> LLMEngine:
     """A new engine over the loaded weights: an empty KV pool, no prefix cache, no chunking of the prompt."""
-    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_tokens_per_step, 1024), enable_prefix_caching=False)
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_tokens_per_step, 1024), enable_prefix_caching=False
+    )
     return LLMEngine(llm.model, llm.tokenizer, config)
 
 

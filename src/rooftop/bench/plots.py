@@ -22,16 +22,46 @@ def roofline_plot(result: SweepResult, hw: Hardware, compute: str, path: Path) -
     lo, hi = min(xs_all) / 4, max(xs_all) * 4
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     fig, ax = plt.subplots(figsize=(9, 6))
-    ax.plot(xs, [min(peak, x * bw) for x in xs], color="black", linewidth=2, label=f"this machine's {compute} roof (measured)")
+    ax.plot(
+        xs,
+        [min(peak, x * bw) for x in xs],
+        color="black",
+        linewidth=2,
+        label=f"this machine's {compute} roof (measured)",
+    )
     for phase, color in COLORS.items():
         pts = [p for p in result.points if p.phase == phase]
-        ax.scatter([p.intensity for p in pts], [p.achieved_flops_per_s for p in pts], color=color, label=f"{phase} measured", zorder=3)
-        ax.scatter([p.intensity for p in pts], [p.predicted_flops_per_s for p in pts], facecolors="none", edgecolors=color,
-                   label=f"{phase} predicted", zorder=3)
+        ax.scatter(
+            [p.intensity for p in pts],
+            [p.achieved_flops_per_s for p in pts],
+            color=color,
+            label=f"{phase} measured",
+            zorder=3,
+        )
+        ax.scatter(
+            [p.intensity for p in pts],
+            [p.predicted_flops_per_s for p in pts],
+            facecolors="none",
+            edgecolors=color,
+            label=f"{phase} predicted",
+            zorder=3,
+        )
         for p in pts:
-            ax.annotate(p.label, (p.intensity, p.achieved_flops_per_s), textcoords="offset points", xytext=(4, -10), fontsize=7, color=color)
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte)", ylabel="FLOP/s",
-           title=f"Measured steps on {hw.name}")
+            ax.annotate(
+                p.label,
+                (p.intensity, p.achieved_flops_per_s),
+                textcoords="offset points",
+                xytext=(4, -10),
+                fontsize=7,
+                color=color,
+            )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (FLOP / byte)",
+        ylabel="FLOP/s",
+        title=f"Measured steps on {hw.name}",
+    )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="lower right", fontsize=8)
     return save_figure(fig, path)
@@ -52,11 +82,23 @@ def batch_plot(result: SweepResult, path: Path) -> Path:
     B = [r["batch"] for r in result.decode]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     left.plot(B, [r["measured_tpot_s"] * 1e3 for r in result.decode], "o-", color=COLORS["decode"], label="measured")
-    left.plot(B, [r["predicted_tpot_s"] * 1e3 for r in result.decode], "s--", color="gray", label="predicted (roofline)")
+    left.plot(
+        B, [r["predicted_tpot_s"] * 1e3 for r in result.decode], "s--", color="gray", label="predicted (roofline)"
+    )
     left.set(xscale="log", xlabel="batch size", ylabel="TPOT (ms)", title="TPOT against batch size")
-    right.plot(B, [r["measured_tokens_per_s_total"] for r in result.decode], "o-", color=COLORS["decode"], label="measured")
-    right.plot(B, [r["predicted_tokens_per_s_total"] for r in result.decode], "s--", color="gray", label="predicted (roofline)")
-    right.set(xscale="log", yscale="log", xlabel="batch size", ylabel="output tok/s (all sequences)", title="Decode throughput")
+    right.plot(
+        B, [r["measured_tokens_per_s_total"] for r in result.decode], "o-", color=COLORS["decode"], label="measured"
+    )
+    right.plot(
+        B, [r["predicted_tokens_per_s_total"] for r in result.decode], "s--", color="gray", label="predicted (roofline)"
+    )
+    right.set(
+        xscale="log",
+        yscale="log",
+        xlabel="batch size",
+        ylabel="output tok/s (all sequences)",
+        title="Decode throughput",
+    )
     for ax in (left, right):
         ax.grid(True, which="both", alpha=0.25)
         ax.legend()

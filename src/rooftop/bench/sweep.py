@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
 from statistics import median
 
 from rooftop.bench.measure import run_batch, synthetic_prompt
@@ -54,15 +53,17 @@ def sweep(
                 steps.append(next(r.seconds for r in run.records if r.phase == "prefill"))
         att = attribute_step(llm.config, p, StepShape.prefill(1, S), median(steps), hw)
         phase = attribute_phases([att], hw)["prefill"]
-        result.ttft.append({
-            "prompt_tokens": S,
-            "measured_ttft_s": median(ttfts),
-            "measured_prefill_step_s": att.measured_s,
-            "predicted_ttft_s": att.predicted.time_s,
-            "achieved_flops_per_s": phase.achieved_flops_per_s,
-            "pct_of_compute_roof": phase.pct_of_compute_roof,
-            "prefill_tokens_per_s": S / att.measured_s,
-        })
+        result.ttft.append(
+            {
+                "prompt_tokens": S,
+                "measured_ttft_s": median(ttfts),
+                "measured_prefill_step_s": att.measured_s,
+                "predicted_ttft_s": att.predicted.time_s,
+                "achieved_flops_per_s": phase.achieved_flops_per_s,
+                "pct_of_compute_roof": phase.pct_of_compute_roof,
+                "prefill_tokens_per_s": S / att.measured_s,
+            }
+        )
         result.points.append(_point("prefill", f"pp{S}", att, hw))
     context = min(prompt_lens)  # decodes attend to the shortest prompt: the batch, not the context, varies
     for B in batch_sizes:
@@ -78,16 +79,18 @@ def sweep(
         mid = StepShape.decode(B, context + output_len // 2)
         att = attribute_step(llm.config, p, mid, measured, hw)
         phase = attribute_phases([att], hw)["decode"]
-        result.decode.append({
-            "batch": B,
-            "context_tokens": context,
-            "measured_tpot_s": measured,
-            "predicted_tpot_s": predicted,
-            "measured_tokens_per_s_total": B / measured,
-            "predicted_tokens_per_s_total": B / predicted,
-            "achieved_bytes_per_s": phase.achieved_bytes_per_s,
-            "pct_of_bandwidth_roof": phase.pct_of_bandwidth_roof,
-        })
+        result.decode.append(
+            {
+                "batch": B,
+                "context_tokens": context,
+                "measured_tpot_s": measured,
+                "predicted_tpot_s": predicted,
+                "measured_tokens_per_s_total": B / measured,
+                "predicted_tokens_per_s_total": B / predicted,
+                "achieved_bytes_per_s": phase.achieved_bytes_per_s,
+                "pct_of_bandwidth_roof": phase.pct_of_bandwidth_roof,
+            }
+        )
         result.points.append(_point("decode", f"b{B}", att, hw))
     return result
 
@@ -95,4 +98,3 @@ def sweep(
 def _point(phase: str, label: str, att, hw: Hardware) -> StepPoint:
     step = att.predicted
     return StepPoint(phase, label, step.intensity, step.flops / att.measured_s, step.flops / step.time_s)
-

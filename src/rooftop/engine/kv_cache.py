@@ -22,7 +22,10 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)  # views, made once: decode reads them per layer
+        self.k_layers, self.v_layers = (
+            self.k.unbind(0),
+            self.v.unbind(0),
+        )  # views, made once: decode reads them per layer
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -75,9 +78,7 @@ def table_slots(table: torch.Tensor, block_size: int) -> torch.Tensor:
     return slots.flatten(-2)
 
 
-def build_metadata(
-    seqs: list[tuple[list[int], int, int]], block_size: int, device: torch.device
-) -> AttentionMetadata:
+def build_metadata(seqs: list[tuple[list[int], int, int]], block_size: int, device: torch.device) -> AttentionMetadata:
     """Metadata for a step over sequences given as (block table, cached tokens, new tokens), in row order.
 
     A sequence with one new token and a non-empty cache takes the batched decode path; anything else is a
@@ -88,7 +89,9 @@ def build_metadata(
     slot_mapping, prefills, decodes = [], [], []
     row = 0
     for block_table, cached, new in seqs:
-        slot_mapping += [block_table[p // block_size] * block_size + p % block_size for p in range(cached, cached + new)]
+        slot_mapping += [
+            block_table[p // block_size] * block_size + p % block_size for p in range(cached, cached + new)
+        ]
         if new == 1 and cached > 0:
             decodes.append((row, block_table, cached + 1))
         else:
@@ -99,7 +102,9 @@ def build_metadata(
     if decodes:
         blocks = -(-max(length for _, _, length in decodes) // block_size)
         meta.decode_rows = torch.tensor([r for r, _, _ in decodes], dtype=torch.long, device=device)
-        meta.decode_tables = torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for _, t, _ in decodes], device=device)
+        meta.decode_tables = torch.tensor(
+            [t[:blocks] + [0] * (blocks - len(t[:blocks])) for _, t, _ in decodes], device=device
+        )
         meta.decode_lengths = torch.tensor([length for _, _, length in decodes], device=device)
     return meta
 
@@ -107,12 +112,16 @@ def build_metadata(
 class KVCache:
     """One sequence's own small pool, for running the model on a single sequence outside the engine."""
 
-    def __init__(self, config: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device | str, block_size: int = 16):
+    def __init__(
+        self, config: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device | str, block_size: int = 16
+    ):
         num_blocks = -(-capacity // block_size)
         self.pool = KVPool(config, num_blocks, block_size, dtype, torch.device(device))
         self.table = list(range(num_blocks))
         self.capacity = capacity
 
     def metadata(self, start: int, new: int) -> AttentionMetadata:
-        assert start + new <= self.capacity, f"KV cache of {self.capacity} tokens cannot hold position {start + new - 1}"
+        assert start + new <= self.capacity, (
+            f"KV cache of {self.capacity} tokens cannot hold position {start + new - 1}"
+        )
         return build_metadata([(self.table, start, new)], self.pool.block_size, self.pool.k.device)

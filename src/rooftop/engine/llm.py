@@ -35,7 +35,7 @@ class StreamChunk:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """"auto" is float32 on CPU (the reference precision) and bfloat16 on an accelerator."""
+    """ "auto" is float32 on CPU (the reference precision) and bfloat16 on an accelerator."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -46,7 +46,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 
 def resolve_weight_format(weights: str, native: str, device: torch.device) -> str:
-    """"auto" is the format closest to what the file holds (int4 for a Q4 GGUF, int8 for Q8_0, float for
+    """ "auto" is the format closest to what the file holds (int4 for a Q4 GGUF, int8 for Q8_0, float for
     float weights) where the kernels for it exist (PyTorch's weight-only int4/int8 kernels: CPU), else float."""
     if weights != "auto":
         return weights
@@ -110,7 +110,7 @@ class LLM:
         arrival = time.perf_counter()
         ids: list[str] = []
         try:
-            for prompt, p in zip(prompts, params_list):
+            for prompt, p in zip(prompts, params_list, strict=False):
                 ids.append(f"generate-{next(self._request_ids)}")
                 self.engine.add_request(ids[-1], prompt, p, arrival)
             outputs = {}

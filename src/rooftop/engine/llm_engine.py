@@ -56,7 +56,9 @@ class LLMEngine:
         mc = model.config
         self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         block_bytes = KVPool.bytes_per_block(mc, self.config.block_size, model.dtype)
-        num_blocks = self.config.num_kv_blocks or max(1, (self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES) // block_bytes)
+        num_blocks = self.config.num_kv_blocks or max(
+            1, (self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES) // block_bytes
+        )
         self.pool = KVPool(mc, num_blocks, self.config.block_size, model.dtype, model.device)
         self.blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks)
@@ -70,7 +72,11 @@ class LLMEngine:
         return self.pool.num_blocks * self.pool.block_size
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, arrival_time: float | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
     ) -> None:
         """Queue a request; raises InvalidRequestError (for this request only) if it can never run."""
         if request_id in self.requests:
@@ -155,8 +161,13 @@ class LLMEngine:
                 seq.error = str(e)
             deltas.append(
                 RequestDelta(
-                    seq.request_id, seq.output_token_ids[before:], text, seq.finish_reason is not None,
-                    seq.finish_reason, seq.output(), seq.logprobs[before:],
+                    seq.request_id,
+                    seq.output_token_ids[before:],
+                    text,
+                    seq.finish_reason is not None,
+                    seq.finish_reason,
+                    seq.output(),
+                    seq.logprobs[before:],
                 )
             )
             if seq.finish_reason is not None:

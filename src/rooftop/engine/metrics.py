@@ -41,7 +41,7 @@ class RequestMetrics:
     @property
     def itl(self) -> list[float]:
         """Inter-token latencies: each gap between consecutive output tokens."""
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
 
     @property
     def tpot(self) -> float | None:

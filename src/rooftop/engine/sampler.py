@@ -63,9 +63,13 @@ def sample(
     """One token id from (vocab,) logits; `seen` are the prompt and output ids so far (for the repetition penalty),
     `output_ids` the generated ones (for the presence and frequency penalties)."""
     if params.repetition_penalty != 1.0 and seen:
-        logits = apply_repetition_penalty(logits, torch.tensor(sorted(set(seen)), device=logits.device), params.repetition_penalty)
+        logits = apply_repetition_penalty(
+            logits, torch.tensor(sorted(set(seen)), device=logits.device), params.repetition_penalty
+        )
     if (params.presence_penalty or params.frequency_penalty) and output_ids:
-        logits = apply_presence_frequency_penalties(logits, output_ids, params.presence_penalty, params.frequency_penalty)
+        logits = apply_presence_frequency_penalties(
+            logits, output_ids, params.presence_penalty, params.frequency_penalty
+        )
     if params.greedy:
         return int(torch.argmax(logits))
     filtered = filter_logits(logits, params)
@@ -88,5 +92,5 @@ def token_logprob(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
     """From the model's distribution at this position (before penalties, temperature and filters), as vLLM reports."""
     logprobs = logits.float().log_softmax(-1)
     top = torch.topk(logprobs, min(k, logprobs.numel())) if k else None
-    alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
+    alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist(), strict=False))
     return TokenLogprob(token_id, float(logprobs[token_id]), alternatives)

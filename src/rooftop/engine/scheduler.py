@@ -96,5 +96,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         self.num_preemptions += 1
-        position = next((i for i, s in enumerate(self.waiting) if s.arrival_index > seq.arrival_index), len(self.waiting))
+        position = next(
+            (i for i, s in enumerate(self.waiting) if s.arrival_index > seq.arrival_index), len(self.waiting)
+        )
         self.waiting.insert(position, seq)

@@ -53,7 +53,11 @@ def build(name: str, arch_flag: str) -> ModuleType:
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     return cpp_extension.load(
-        name=name, sources=[str(SOURCE)], extra_cflags=["-O3", arch_flag, "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False
+        name=name,
+        sources=[str(SOURCE)],
+        extra_cflags=["-O3", arch_flag, "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
     )
 
 

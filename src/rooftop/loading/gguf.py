@@ -6,11 +6,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from gguf import GGMLQuantizationType as QType
 
 from rooftop.config import RUNNABLE_ARCHITECTURES, ModelConfig, RopeScaling
 from rooftop.errors import ModelLoadError, RooftopError, UnsupportedModelError
-from gguf import GGMLQuantizationType as QType
-
 from rooftop.loading.gguf_file import GGUFFile, TensorInfo, read_gguf
 from rooftop.loading.model_files import LazyWeights, LoadedModel
 from rooftop.loading.tokenizer import Tokenizer

@@ -20,8 +20,19 @@ from rooftop.errors import ModelLoadError, UnsupportedModelError
 MAGIC = b"GGUF"
 # value type id -> struct format of a scalar (8 = string, 9 = array are handled apart)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-          7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_NUMPY = {
+    0: np.uint8,
+    1: np.int8,
+    2: np.uint16,
+    3: np.int16,
+    4: np.uint32,
+    5: np.int32,
+    6: np.float32,
+    7: np.bool_,
+    10: np.uint64,
+    11: np.int64,
+    12: np.float64,
+}
 
 
 @dataclass
@@ -48,7 +59,9 @@ class _Cursor:
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.buf):
-            raise ModelLoadError(f"{self.path}: truncated GGUF header (needs byte {self.pos + n}, file has {len(self.buf)})")
+            raise ModelLoadError(
+                f"{self.path}: truncated GGUF header (needs byte {self.pos + n}, file has {len(self.buf)})"
+            )
         out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return out
@@ -114,7 +127,9 @@ def read_gguf(path: Path) -> GGUFFile:
         nbytes = numel // block * block_bytes
         begin = start + offset
         if begin + nbytes > len(buf):
-            raise ModelLoadError(f"{path}: truncated: tensor {name} needs bytes {begin}..{begin + nbytes}, file has {len(buf)}")
+            raise ModelLoadError(
+                f"{path}: truncated: tensor {name} needs bytes {begin}..{begin + nbytes}, file has {len(buf)}"
+            )
         data = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=begin)
         tensors.append(TensorInfo(name, tuple(reversed(dims)), qtype, data))
     return GGUFFile(metadata, tensors)

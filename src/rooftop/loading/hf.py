@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from functools import partial
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
@@ -74,7 +73,11 @@ def _hybrid_fields(cfg: dict) -> dict:
             value_head_dim=int(cfg["linear_value_head_dim"]),
             conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim", 4)),
         )
-    return {"layer_types": list(types), "linear_attention": linear, "attn_output_gate": bool(cfg.get("attn_output_gate", True))}
+    return {
+        "layer_types": list(types),
+        "linear_attention": linear,
+        "attn_output_gate": bool(cfg.get("attn_output_gate", True)),
+    }
 
 
 def _moe_fields(cfg: dict) -> dict:
@@ -93,7 +96,11 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
     """ModelConfig from a config.json dict (a multimodal wrapper's `text_config` is used for the LLM)."""
     archs = cfg.get("architectures") or []
     if "text_config" in cfg:
-        cfg = {**cfg["text_config"], "architectures": archs, "tie_word_embeddings": cfg.get("tie_word_embeddings", False)}
+        cfg = {
+            **cfg["text_config"],
+            "architectures": archs,
+            "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
+        }
     required = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"]
     if not (cfg.get("num_experts") or cfg.get("num_local_experts")):
         required.append("intermediate_size")

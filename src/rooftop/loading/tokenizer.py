@@ -10,7 +10,8 @@ from pathlib import Path
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.loading import read_json
@@ -38,7 +39,10 @@ def _gpt2_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     else:  # "gpt2", "default" and the rest: GPT-2's own split
         return byte_level
     return pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(split), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
 
 
@@ -113,8 +117,12 @@ class Tokenizer:
         backend.decoder = decoders.ByteLevel()
         types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         # 3 = control (e.g. <|im_end|>), 4 = user-defined: both are matched whole in the text, never split.
-        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3])
-        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4])
+        backend.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types, strict=False) if k == 3]
+        )
+        backend.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types, strict=False) if k == 4]
+        )
 
         def token(key: str) -> str | None:
             i = meta.get(f"tokenizer.ggml.{key}")
@@ -165,7 +173,9 @@ def _token_text(value) -> str | None:
 def _compile(source: str) -> jinja2.Template:
     """Compile once per template text, in a sandbox with the helpers chat templates expect."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
+        x, indent=indent, ensure_ascii=ensure_ascii
+    )
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:

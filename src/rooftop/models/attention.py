@@ -9,7 +9,12 @@ from rooftop.engine.kv_cache import AttentionMetadata
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    meta: AttentionMetadata,
 ) -> torch.Tensor:
     """Write the step's k, v (T, kv_heads, hd) into the pool, then attend. q: (T, heads, hd) -> (T, heads, hd)."""
     k_pool.index_copy_(0, meta.slot_mapping, k)
@@ -27,13 +32,23 @@ def paged_attention(
     return out
 
 
-def decode_attention_kernel(kernels, qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata, config) -> torch.Tensor:
+def decode_attention_kernel(
+    kernels, qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata, config
+) -> torch.Tensor:
     """A decode-only step through rooftop's CPU kernel: the new K/V written and each sequence's cache read in
     place from the pool, with no gather into a padded copy. qkv: (B, q_size + 2 * kv_size) -> (B, q_size)."""
     c = config
     return kernels.decode_attention(
-        qkv, k_pool, v_pool, meta.slot_mapping, meta.decode_tables, meta.decode_lengths, meta.block_size,
-        c.num_heads, c.num_kv_heads, c.head_dim**-0.5,
+        qkv,
+        k_pool,
+        v_pool,
+        meta.slot_mapping,
+        meta.decode_tables,
+        meta.decode_lengths,
+        meta.block_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim**-0.5,
     )
 
 
@@ -59,7 +74,9 @@ def prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out[0].transpose(0, 1)
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
     """One query per sequence over its (padded) cache. q: (B, heads, hd); keys: (B, S, kv_heads, hd); mask: (B, 1, 1, S)
     or None when no sequence is padded."""
     out = F.scaled_dot_product_attention(

@@ -17,9 +17,9 @@ from rooftop.engine.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.models.attention import decode_attention_kernel, paged_attention
+from rooftop.models.rope import apply_rope, cos_sin_table
 from rooftop.quant.linear import WEIGHT_FORMATS, Linear, make_linear
 from rooftop.quant.weights import Weight, to_float
-from rooftop.models.rope import apply_rope, cos_sin_table
 
 
 @dataclass
@@ -27,7 +27,9 @@ class Layer:
     attn_norm: torch.Tensor
     qkv: Linear  # hidden -> q_size + 2 * kv_size (with Qwen2's biases)
     o: Linear
-    qk_norm: torch.Tensor | None  # Qwen3 only: q_norm for each q head, then k_norm for each k head, (heads + kv_heads, head_dim)
+    qk_norm: (
+        torch.Tensor | None
+    )  # Qwen3 only: q_norm for each q head, then k_norm for each k head, (heads + kv_heads, head_dim)
     mlp_norm: torch.Tensor
     gate_up: Linear  # hidden -> 2 * intermediate
     down: Linear
@@ -54,7 +56,9 @@ class Transformer:
         c = config
         check_runnable(c)
         if weight_format not in WEIGHT_FORMATS:
-            raise InvalidRequestError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {weight_format!r}")
+            raise InvalidRequestError(
+                f"weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {weight_format!r}"
+            )
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         if weight_format == "int4" and self.device.type != "cpu":
             raise UnsupportedModelError("int4 weights run on PyTorch's CPU kernels only for now; use int8 or float")
@@ -101,14 +105,27 @@ class Transformer:
                 Layer(
                     attn_norm=take(p + "input_layernorm.weight", (d,)),
                     qkv=make_linear(
-                        cat(take(a + "q_proj.weight", (qs, d)), take(a + "k_proj.weight", (kvs, d)), take(a + "v_proj.weight", (kvs, d))),
+                        cat(
+                            take(a + "q_proj.weight", (qs, d)),
+                            take(a + "k_proj.weight", (kvs, d)),
+                            take(a + "v_proj.weight", (kvs, d)),
+                        ),
                         cat(*(take(a + f"{n}_proj.bias", None, False) for n in "qkv")),
                         weight_format,
                     ),
-                    o=make_linear(take(a + "o_proj.weight", (d, qs)), take(a + "o_proj.bias", (d,), False), weight_format),
-                    qk_norm=per_head_norm(take(a + "q_norm.weight", (c.head_dim,), c.qk_norm), take(a + "k_norm.weight", (c.head_dim,), c.qk_norm)),
+                    o=make_linear(
+                        take(a + "o_proj.weight", (d, qs)), take(a + "o_proj.bias", (d,), False), weight_format
+                    ),
+                    qk_norm=per_head_norm(
+                        take(a + "q_norm.weight", (c.head_dim,), c.qk_norm),
+                        take(a + "k_norm.weight", (c.head_dim,), c.qk_norm),
+                    ),
                     mlp_norm=take(p + "post_attention_layernorm.weight", (d,)),
-                    gate_up=make_linear(cat(take(p + "mlp.gate_proj.weight", (ff, d)), take(p + "mlp.up_proj.weight", (ff, d))), None, weight_format),
+                    gate_up=make_linear(
+                        cat(take(p + "mlp.gate_proj.weight", (ff, d)), take(p + "mlp.up_proj.weight", (ff, d))),
+                        None,
+                        weight_format,
+                    ),
                     down=make_linear(take(p + "mlp.down_proj.weight", (d, ff)), None, weight_format),
                 )
             )
@@ -119,7 +136,9 @@ class Transformer:
         positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
         return self.forward_batch(input_ids, positions, cache.pool, cache.metadata(start, input_ids.shape[0]))
 
-    def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
+    def forward_batch(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Hidden states (T, hidden) of the step's T tokens (all sequences, flat); their K/V go into `pool`."""
         c = self.config
         x = self.embed_tokens(input_ids)
@@ -156,12 +175,16 @@ class Transformer:
         attn = paged_attention(q, k, v.view(T, c.num_kv_heads, c.head_dim), pool.k_layers[i], pool.v_layers[i], meta)
         return attn.reshape(T, c.q_size)
 
-    def attention_with_kernels(self, kernels, i, qkv, qk_norm, positions, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
+    def attention_with_kernels(
+        self, kernels, i, qkv, qk_norm, positions, pool: KVPool, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """The same with rooftop's CPU kernels: norm and RoPE in place on q and k, and decode steps attend straight
         from the pool (prefill chunks still take PyTorch's scaled_dot_product_attention)."""
         c = self.config
         T = qkv.shape[0]
-        kernels.rope_(qkv, c.num_heads + c.num_kv_heads, c.head_dim, positions, self.cos, self.sin, qk_norm, c.rms_norm_eps)
+        kernels.rope_(
+            qkv, c.num_heads + c.num_kv_heads, c.head_dim, positions, self.cos, self.sin, qk_norm, c.rms_norm_eps
+        )
         if not meta.prefills:
             return decode_attention_kernel(kernels, qkv, pool.k_layers[i], pool.v_layers[i], meta, c)
         q, k, v = qkv.view(T, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
@@ -175,4 +198,3 @@ class Transformer:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits (T, vocab) for the given hidden states (only the positions that need sampling)."""
         return self.lm_head(hidden).float()
-

@@ -159,7 +159,11 @@ class Int4Linear:
 
 def _float_rows(t: torch.Tensor) -> torch.Tensor:
     """(rows, features) float32 contiguous, as rooftop's kernels take it (a no-op for the engine's activations)."""
-    return t if t.dim() == 2 and t.dtype == torch.float32 and t.is_contiguous() else t.reshape(-1, t.shape[-1]).float().contiguous()
+    return (
+        t
+        if t.dim() == 2 and t.dtype == torch.float32 and t.is_contiguous()
+        else t.reshape(-1, t.shape[-1]).float().contiguous()
+    )
 
 
 def _like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -234,7 +238,9 @@ class Q8Linear(_KernelLinear):
     @classmethod
     def from_weight(cls, w: Weight, bias: torch.Tensor | None) -> Q8Linear:
         groups = w if isinstance(w, Int8GroupWeight) else quantize_int8_groups(to_float(w))
-        return cls(groups.q.contiguous(), groups.scale.half().contiguous(), None if bias is None else bias.float().contiguous())
+        return cls(
+            groups.q.contiguous(), groups.scale.half().contiguous(), None if bias is None else bias.float().contiguous()
+        )
 
 
 Linear = FloatLinear | Int8Linear | Int4Linear | Fp16Linear | Q4Linear | Q8Linear
@@ -254,7 +260,9 @@ def make_linear(weight: Weight, bias: torch.Tensor | None, fmt: str, lm_head: bo
     assert fmt in ("int8", "int4"), fmt
     if cpu.ops() is not None and (not isinstance(weight, torch.Tensor) or weight.device.type == "cpu"):
         if fmt == "int4" and not lm_head:
-            return Q4Linear.from_weight(weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight)), bias)
+            return Q4Linear.from_weight(
+                weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight)), bias
+            )
         return Q8Linear.from_weight(weight, bias)
     if lm_head and fbgemm_available():
         return Fp16Linear.from_weight(to_float(weight), bias)

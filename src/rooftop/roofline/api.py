@@ -52,7 +52,9 @@ def resolve_hardware(
     explicit = (peak_tflops, bandwidth_tbs, memory_gb)
     if any(v is not None for v in explicit):
         if hardware is not None:
-            raise InvalidRequestError("give either a hardware name or --peak-tflops/--bandwidth-tbs/--memory-gb, not both")
+            raise InvalidRequestError(
+                "give either a hardware name or --peak-tflops/--bandwidth-tbs/--memory-gb, not both"
+            )
         if any(v is None for v in explicit):
             raise InvalidRequestError("custom hardware needs all of --peak-tflops, --bandwidth-tbs and --memory-gb")
         return custom_hardware(peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)

@@ -46,7 +46,9 @@ class StepAttribution:
     predicted: StepTime  # the analyzer's numbers for the same shape on the same hardware
 
 
-def attribute_step(config: ModelConfig, p: Precision, shape: StepShape, seconds: float, hw: Hardware) -> StepAttribution:
+def attribute_step(
+    config: ModelConfig, p: Precision, shape: StepShape, seconds: float, hw: Hardware
+) -> StepAttribution:
     return StepAttribution(shape, seconds, time_step(config, p.at(shape.tokens), shape, hw))
 
 
@@ -92,12 +94,20 @@ class PhaseAttribution:
 
     def to_dict(self) -> dict:
         return {
-            "steps": self.steps, "tokens": self.tokens, "measured_s": self.measured_s, "predicted_s": self.predicted_s,
-            "flops": self.flops, "bytes": self.bytes, "achieved_flops_per_s": self.achieved_flops_per_s,
-            "achieved_bytes_per_s": self.achieved_bytes_per_s, "pct_of_compute_roof": self.pct_of_compute_roof,
-            "pct_of_bandwidth_roof": self.pct_of_bandwidth_roof, "bound": self.bound,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "measured_s": self.measured_s,
+            "predicted_s": self.predicted_s,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "achieved_flops_per_s": self.achieved_flops_per_s,
+            "achieved_bytes_per_s": self.achieved_bytes_per_s,
+            "pct_of_compute_roof": self.pct_of_compute_roof,
+            "pct_of_bandwidth_roof": self.pct_of_bandwidth_roof,
+            "bound": self.bound,
             "pct_of_bound_roof": self.pct_of_bound_roof,
-            "roof_flops_per_s": self.peak_flops, "roof_bytes_per_s": self.bandwidth,
+            "roof_flops_per_s": self.peak_flops,
+            "roof_bytes_per_s": self.bandwidth,
         }
 
 

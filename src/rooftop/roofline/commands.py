@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -15,13 +15,16 @@ from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.predict import analyze
 
 ModelArg = Annotated[
-    Optional[str], typer.Option("--model", "-m", help="preset name, GGUF file, HF directory or config.json (default: bundled)")
+    str | None,
+    typer.Option("--model", "-m", help="preset name, GGUF file, HF directory or config.json (default: bundled)"),
 ]
-HardwareArg = Annotated[Optional[str], typer.Option("--hardware", "-H", help="catalog name (h200, a100, ...) or 'this'")]
+HardwareArg = Annotated[str | None, typer.Option("--hardware", "-H", help="catalog name (h200, a100, ...) or 'this'")]
 PromptArg = Annotated[int, typer.Option("--prompt", "-p", help="prompt tokens per sequence")]
 
 
-def _resolve(model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency):
+def _resolve(
+    model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency
+):
     config, file_format = resolve_model(model)
     if hardware is None and peak_tflops is None and bandwidth_tbs is None and memory_gb is None:
         hardware = "this"
@@ -35,20 +38,24 @@ def roofline(
     prompt: PromptArg = 1024,
     output: Annotated[int, typer.Option("--output", "-n", help="output tokens per sequence")] = 256,
     batch: Annotated[int, typer.Option("--batch", "-b", help="sequences decoded together")] = 1,
-    weights: Annotated[Optional[str], typer.Option(help="bf16|fp16|fp32|fp8|int8|int4|q4_0|q4_1|q8_0 (default: the file's)")] = None,
-    kv: Annotated[Optional[str], typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")] = None,
+    weights: Annotated[
+        str | None, typer.Option(help="bf16|fp16|fp32|fp8|int8|int4|q4_0|q4_1|q8_0 (default: the file's)")
+    ] = None,
+    kv: Annotated[str | None, typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
-    peak_tflops: Annotated[Optional[float], typer.Option(help="custom hardware: dense peak TFLOP/s")] = None,
-    bandwidth_tbs: Annotated[Optional[float], typer.Option(help="custom hardware: memory TB/s")] = None,
-    memory_gb: Annotated[Optional[float], typer.Option(help="custom hardware: memory GB")] = None,
+    peak_tflops: Annotated[float | None, typer.Option(help="custom hardware: dense peak TFLOP/s")] = None,
+    bandwidth_tbs: Annotated[float | None, typer.Option(help="custom hardware: memory TB/s")] = None,
+    memory_gb: Annotated[float | None, typer.Option(help="custom hardware: memory GB")] = None,
     compute_efficiency: Annotated[float, typer.Option(help="fraction of peak FLOP/s reachable")] = 1.0,
     memory_efficiency: Annotated[float, typer.Option(help="fraction of peak bandwidth reachable")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON with SI units in the keys")] = False,
-    plot: Annotated[Optional[str], typer.Option(help="write the roofline chart to this PNG")] = None,
+    plot: Annotated[str | None, typer.Option(help="write the roofline chart to this PNG")] = None,
 ) -> None:
     """Predict FLOPs, bytes, bound and time of prefill and decode for a model on a device."""
     with user_errors():
-        config, hw, p = _resolve(model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency)
+        config, hw, p = _resolve(
+            model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency
+        )
         pred = analyze(config, hw, p, prompt, output, batch, tp)
         if as_json:
             typer.echo(json.dumps(pred.to_dict(), indent=2))
@@ -67,7 +74,7 @@ def explain(
     hardware: HardwareArg = None,
     prompt: PromptArg = 1024,
     output: Annotated[int, typer.Option("--output", "-n")] = 256,
-    weights: Annotated[Optional[str], typer.Option()] = None,
+    weights: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """The two phases in plain words, with this model's numbers."""
     with user_errors():

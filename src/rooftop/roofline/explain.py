@@ -22,8 +22,11 @@ def explain(pred: Prediction) -> str:
         f"device's ridge point of {pred.ridge_point_flops_per_byte:.3g}. So prefill is {p.bound}-bound: "
         f"{seconds(p.compute_time_s)} of math at {peak}, {seconds(p.memory_time_s)} of memory traffic at {bandwidth}.",
         f"3. Prefill leaves the KV cache holding {si(kv_prompt, 'B')} ({si(pred.kv_bytes_per_token, 'B')} per token)"
-        + (f", plus {si(pred.state_bytes_per_sequence, 'B')} of recurrent state per sequence that never grows"
-           if pred.state_bytes_per_sequence else "")
+        + (
+            f", plus {si(pred.state_bytes_per_sequence, 'B')} of recurrent state per sequence that never grows"
+            if pred.state_bytes_per_sequence
+            else ""
+        )
         + ".",
         f"4. Each decode step makes one token per sequence. It must read every weight again plus the KV cache: "
         f"{si(d.bytes, 'B')} for {si(d.flops, 'FLOP')}, only {d.intensity:.3g} FLOPs per byte. So decode is {d.bound}-bound.",
@@ -33,12 +36,17 @@ def explain(pred: Prediction) -> str:
     decode_x = pred.decode_compute_bound_from_batch
     lines.append(
         "6. Why batching helps decode: the weights are read once per step whatever the batch, so "
-        + (f"up to about {decode_x} sequences share each step almost for free before the math catches up."
-           if decode_x else "more sequences share each read; with this context, each sequence's own KV reads keep decode memory-bound at any batch.")
+        + (
+            f"up to about {decode_x} sequences share each step almost for free before the math catches up."
+            if decode_x
+            else "more sequences share each read; with this context, each sequence's own KV reads keep decode memory-bound at any batch."
+        )
     )
     prefill_x = pred.prefill_compute_bound_from_tokens
     if prefill_x:
-        lines.append(f"7. Prompts from about {prefill_x} tokens on are compute-bound in prefill; shorter ones are limited by reading the weights.")
+        lines.append(
+            f"7. Prompts from about {prefill_x} tokens on are compute-bound in prefill; shorter ones are limited by reading the weights."
+        )
     lines.append(
         "Fewer bits per weight cut decode's bytes (try --weights int4), and so its time; they do not cut prefill's math."
     )

@@ -52,7 +52,9 @@ class Hardware:
         )
 
 
-def custom_hardware(peak_tflops: float, bandwidth_tbs: float, memory_gb: float, interconnect_gbs: float | None = None) -> Hardware:
+def custom_hardware(
+    peak_tflops: float, bandwidth_tbs: float, memory_gb: float, interconnect_gbs: float | None = None
+) -> Hardware:
     """`--peak-tflops X --bandwidth-tbs Y --memory-gb Z`: one peak for every dtype."""
     for name, value in (("peak_tflops", peak_tflops), ("bandwidth_tbs", bandwidth_tbs), ("memory_gb", memory_gb)):
         if value is None or value <= 0:

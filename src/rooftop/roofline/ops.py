@@ -126,7 +126,16 @@ def _linear(name: str, tokens: int, k: float, n: float, p: Precision, layers: in
     )
 
 
-def _elementwise(name: str, elements: float, reads: float, writes: float, flops_each: float, p: Precision, layers: int = 1, extra_read: float = 0) -> Op:
+def _elementwise(
+    name: str,
+    elements: float,
+    reads: float,
+    writes: float,
+    flops_each: float,
+    p: Precision,
+    layers: int = 1,
+    extra_read: float = 0,
+) -> Op:
     """A memory-bound op over `elements` values, reading `reads` and writing `writes` activation tensors of that size."""
     ab = p.activation_bytes
     return Op(
@@ -312,7 +321,9 @@ def parameter_count(c: ModelConfig) -> ParameterCount:
     every, active = _matrices(c)
     small = _small_params(c)
     total = embedding + small + sum(k * n * m for k, n, m in every)
-    return ParameterCount(total=total, embedding=embedding, active=embedding + small + sum(k * n * m for k, n, m in active))
+    return ParameterCount(
+        total=total, embedding=embedding, active=embedding + small + sum(k * n * m for k, n, m in active)
+    )
 
 
 def weight_bytes(c: ModelConfig, p: Precision) -> float:

@@ -28,22 +28,45 @@ def plot_roofline(pred: Prediction, path: str | Path) -> Path:
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(xs, [min(peak, x * bandwidth) for x in xs], color="black", linewidth=2, label=f"{compute} roof")
     ax.axvline(peak / bandwidth, color="gray", linestyle=":", linewidth=1)
-    ax.annotate(f"ridge {peak / bandwidth:.3g} FLOP/B", (peak / bandwidth, peak), textcoords="offset points", xytext=(4, -14), fontsize=8)
+    ax.annotate(
+        f"ridge {peak / bandwidth:.3g} FLOP/B",
+        (peak / bandwidth, peak),
+        textcoords="offset points",
+        xytext=(4, -14),
+        fontsize=8,
+    )
     colors = {"prefill": "tab:orange", "decode": "tab:blue"}
     for phase, step, dy in (("prefill", pred.prefill, 10), ("decode", pred.decode_first, -14)):
         chosen = [op for ph, op in points if ph == phase]
         color = colors[phase]
-        ax.scatter([op.intensity for op in chosen], [op.flops / op.time(hw) for op in chosen], color=color, label=f"{phase} ops", zorder=3)
+        ax.scatter(
+            [op.intensity for op in chosen],
+            [op.flops / op.time(hw) for op in chosen],
+            color=color,
+            label=f"{phase} ops",
+            zorder=3,
+        )
         for names, x, y in _clusters(chosen, hw):
             ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(5, dy), fontsize=7, color=color)
         attained = step.flops / step.time_s
-        ax.scatter([step.intensity], [attained], marker="*", s=220, color=color, edgecolor="black", zorder=4, label=f"{phase} step")
+        ax.scatter(
+            [step.intensity],
+            [attained],
+            marker="*",
+            s=220,
+            color=color,
+            edgecolor="black",
+            zorder=4,
+            label=f"{phase} step",
+        )
     ax.set_xlim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(f"{pred.model} on {hw.name}: prefill of {pred.prompt_len} tokens, decode at batch {pred.batch} ({pred.weights_format})")
+    ax.set_title(
+        f"{pred.model} on {hw.name}: prefill of {pred.prompt_len} tokens, decode at batch {pred.batch} ({pred.weights_format})"
+    )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="lower right")
     fig.tight_layout()

@@ -114,41 +114,63 @@ class Prediction:
 
         def step(s: StepTime) -> dict:
             return {
-                "time_s": s.time_s, "flops": s.flops, "bytes": s.bytes, "arithmetic_intensity_flops_per_byte": s.intensity,
-                "compute_time_s": s.compute_time_s, "memory_time_s": s.memory_time_s, "interconnect_time_s": s.comm_time_s,
+                "time_s": s.time_s,
+                "flops": s.flops,
+                "bytes": s.bytes,
+                "arithmetic_intensity_flops_per_byte": s.intensity,
+                "compute_time_s": s.compute_time_s,
+                "memory_time_s": s.memory_time_s,
+                "interconnect_time_s": s.comm_time_s,
                 "bound": s.bound,
             }
 
         def op_rows(s: StepTime) -> list[dict]:
             return [
-                {"name": op.name, "flops": op.flops, "bytes_read": op.bytes_read, "bytes_written": op.bytes_written,
-                 "interconnect_bytes": op.comm_bytes, "arithmetic_intensity_flops_per_byte": op.intensity,
-                 "time_s": op.time(self.hw), "bound": op.bound(self.hw)}
+                {
+                    "name": op.name,
+                    "flops": op.flops,
+                    "bytes_read": op.bytes_read,
+                    "bytes_written": op.bytes_written,
+                    "interconnect_bytes": op.comm_bytes,
+                    "arithmetic_intensity_flops_per_byte": op.intensity,
+                    "time_s": op.time(self.hw),
+                    "bound": op.bound(self.hw),
+                }
                 for op in s.ops
             ]
 
         return {
-            "model": self.model, "hardware": self.hw.name, "weights_format": self.weights_format,
-            "kv_bytes_per_value": self.kv_bytes_per_value, "tp": self.tp, "batch": self.batch,
-            "prompt_tokens": self.prompt_len, "output_tokens": self.output_len,
-            "parameters": self.parameters.total, "parameters_active": self.parameters.active,
+            "model": self.model,
+            "hardware": self.hw.name,
+            "weights_format": self.weights_format,
+            "kv_bytes_per_value": self.kv_bytes_per_value,
+            "tp": self.tp,
+            "batch": self.batch,
+            "prompt_tokens": self.prompt_len,
+            "output_tokens": self.output_len,
+            "parameters": self.parameters.total,
+            "parameters_active": self.parameters.active,
             "parameters_embedding": self.parameters.embedding,
-            "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
             "state_bytes_per_sequence": self.state_bytes_per_sequence,
-            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "tpot_first_s": self.decode_first.time_s,
-            "tpot_last_s": self.decode_last.time_s, "e2e_s": self.e2e_s,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "tpot_first_s": self.decode_first.time_s,
+            "tpot_last_s": self.decode_last.time_s,
+            "e2e_s": self.e2e_s,
             "output_tokens_per_s_per_seq": self.output_tokens_per_s_per_seq,
             "output_tokens_per_s_total": self.output_tokens_per_s_total,
             "prefill": {**step(self.prefill), "ops": op_rows(self.prefill)},
             "decode": {**step(self.decode_first), "ops": op_rows(self.decode_first)},
             "decode_last": step(self.decode_last),
-            "memory_needed_bytes": self.memory_needed_bytes, "memory_available_bytes": self.memory_available_bytes,
+            "memory_needed_bytes": self.memory_needed_bytes,
+            "memory_available_bytes": self.memory_available_bytes,
             "max_batch": self.max_batch,
             "prefill_compute_bound_from_tokens": self.prefill_compute_bound_from_tokens,
             "decode_compute_bound_from_batch": self.decode_compute_bound_from_batch,
             "ridge_point_flops_per_byte": self.ridge_point_flops_per_byte,
         }
-
 
 
 def _per_seq_bytes(config: ModelConfig, p: Precision, tokens_per_seq: int, tp: int) -> float:
@@ -200,7 +222,9 @@ def decode_crossover(config: ModelConfig, p: Precision, hw: Hardware, context: i
     return _first_true(lambda b: compute_bound(time_step(config, p, StepShape.decode(b, context), hw, tp)))
 
 
-def decode_time(config: ModelConfig, p: Precision, hw: Hardware, batch: int, prompt_len: int, output_len: int, tp: int = 1) -> float:
+def decode_time(
+    config: ModelConfig, p: Precision, hw: Hardware, batch: int, prompt_len: int, output_len: int, tp: int = 1
+) -> float:
     """Total time of the output_len − 1 decode steps; step j attends to prompt_len + j − 1 cached tokens."""
     steps = output_len - 1
     if steps <= 0:
@@ -238,7 +262,11 @@ def analyze(
     fits_batch = max_batch(config, p, hw, total_tokens, tp)
     if check_memory and needed > hw.memory_bytes:
         gb = 1e9
-        advice = f"batch <= {fits_batch} fits" if fits_batch else "the weights alone do not fit: use more tensor parallelism or fewer bits per weight"
+        advice = (
+            f"batch <= {fits_batch} fits"
+            if fits_batch
+            else "the weights alone do not fit: use more tensor parallelism or fewer bits per weight"
+        )
         raise DoesNotFitError(
             f"needs {needed / gb:.1f} GB per device but {hw.name} has {hw.memory_bytes / gb:.1f} GB "
             f"({(needed - hw.memory_bytes) / gb:.1f} GB short); {advice}"

@@ -88,7 +88,10 @@ class ProbeResult:
         # The weight-only kernels dequantize and multiply in bf16: their measured rates are the compute roofs of
         # the int8/int4 weight formats ("*_weight_only"), never an "int8" (integer tensor core) peak.
         peaks = {"fp32": self.fp32_flops, "bf16": self.bf16_flops}
-        for key, value in (("int8_weight_only", self.int8_weight_only_flops), ("int4_weight_only", self.int4_weight_only_flops)):
+        for key, value in (
+            ("int8_weight_only", self.int8_weight_only_flops),
+            ("int4_weight_only", self.int4_weight_only_flops),
+        ):
             if value is not None:
                 peaks[key] = value
         if self.copy_bandwidth is not None:
@@ -220,7 +223,7 @@ def _matches(cached: ProbeResult, identity: dict) -> bool:
 
 
 def _checked_device(device: str) -> str:
-    """"cpu", "cuda" or "cuda:<i>"; anything else, or CUDA where torch sees none, is refused."""
+    """ "cpu", "cuda" or "cuda:<i>"; anything else, or CUDA where torch sees none, is refused."""
     parsed = torch.device(device)
     if parsed.type not in ("cpu", "cuda"):
         raise InvalidRequestError(f"rooftop probe measures cpu or cuda, not {device}")

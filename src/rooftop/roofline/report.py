@@ -36,10 +36,21 @@ def op_table(title: str, step: StepTime, pred: Prediction) -> Table:
         table.add_column(column, justify="left" if column in ("op", "bound") else "right")
     for op in step.ops:
         moved = op.bytes + op.comm_bytes
-        table.add_row(op.name, si(op.flops, "FLOP"), si(moved, "B"), f"{op.intensity:.3g}", seconds(op.time(pred.hw)), op.bound(pred.hw))
+        table.add_row(
+            op.name,
+            si(op.flops, "FLOP"),
+            si(moved, "B"),
+            f"{op.intensity:.3g}",
+            seconds(op.time(pred.hw)),
+            op.bound(pred.hw),
+        )
     table.add_row(
-        "[bold]step[/]", si(step.flops, "FLOP"), si(step.bytes, "B"), f"{step.intensity:.3g}",
-        f"[bold]{seconds(step.time_s)}[/]", f"[bold]{step.bound}[/]",
+        "[bold]step[/]",
+        si(step.flops, "FLOP"),
+        si(step.bytes, "B"),
+        f"{step.intensity:.3g}",
+        f"[bold]{seconds(step.time_s)}[/]",
+        f"[bold]{step.bound}[/]",
     )
     return table
 
@@ -55,15 +66,28 @@ def summary_table(pred: Prediction) -> Table:
         ("KV cache per token", si(pred.kv_bytes_per_token, "B")),
         ("recurrent state per sequence", si(pred.state_bytes_per_sequence, "B")),
         ("TTFT", f"{seconds(pred.ttft_s)} (prefill {pred.prefill.bound}-bound)"),
-        ("TPOT", f"{seconds(pred.tpot_s)} mean: {seconds(pred.decode_first.time_s)} at the first token, "
-                 f"{seconds(pred.decode_last.time_s)} at the last (decode {pred.decode_first.bound}-bound)"),
+        (
+            "TPOT",
+            f"{seconds(pred.tpot_s)} mean: {seconds(pred.decode_first.time_s)} at the first token, "
+            f"{seconds(pred.decode_last.time_s)} at the last (decode {pred.decode_first.bound}-bound)",
+        ),
         ("end-to-end", seconds(pred.e2e_s)),
-        ("output tok/s", f"{pred.output_tokens_per_s_per_seq:.4g} per sequence, {pred.output_tokens_per_s_total:.4g} in total"),
-        ("memory", f"{si(pred.memory_needed_bytes, 'B')} needed of {si(pred.memory_available_bytes, 'B')}; "
-                   f"the largest batch that fits is {pred.max_batch}"),
+        (
+            "output tok/s",
+            f"{pred.output_tokens_per_s_per_seq:.4g} per sequence, {pred.output_tokens_per_s_total:.4g} in total",
+        ),
+        (
+            "memory",
+            f"{si(pred.memory_needed_bytes, 'B')} needed of {si(pred.memory_available_bytes, 'B')}; "
+            f"the largest batch that fits is {pred.max_batch}",
+        ),
         ("prefill compute-bound", "never" if prefill_x is None else f"from {prefill_x} prompt tokens"),
-        ("decode compute-bound", "never at this context (each sequence's KV reads grow with the batch)"
-         if decode_x is None else f"from batch {decode_x}"),
+        (
+            "decode compute-bound",
+            "never at this context (each sequence's KV reads grow with the batch)"
+            if decode_x is None
+            else f"from batch {decode_x}",
+        ),
         ("ridge point", f"{pred.ridge_point_flops_per_byte:.3g} FLOP/byte"),
     ]
     for label, value in rows:

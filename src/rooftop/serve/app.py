@@ -31,7 +31,9 @@ DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css
 COUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")  # bad requests there count in rooftop_requests_total
 
 
-def create_app(config: ServeConfig, llm: LLM | None = None, on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+def create_app(
+    config: ServeConfig, llm: LLM | None = None, on_load_error: Callable[[str], None] | None = None
+) -> FastAPI:
     """The app; it loads `config.model` on a background thread at startup unless `llm` is given (tests, embedding)."""
     state = ServerState(config, create_metrics())
 

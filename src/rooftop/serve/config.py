@@ -34,6 +34,8 @@ class ServeConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidRequestError("the API key is empty")
         if not isinstance(self.max_waiting_requests, int) or self.max_waiting_requests < 1:
-            raise InvalidRequestError(f"max_waiting_requests must be an integer >= 1, got {self.max_waiting_requests!r}")
+            raise InvalidRequestError(
+                f"max_waiting_requests must be an integer >= 1, got {self.max_waiting_requests!r}"
+            )
         if self.max_body_bytes < 1 or self.shutdown_timeout_s < 0:
             raise InvalidRequestError("max_body_bytes must be >= 1 and shutdown_timeout_s >= 0")

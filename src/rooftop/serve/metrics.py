@@ -48,7 +48,9 @@ def create_metrics() -> ServerMetrics:
     m = ServerMetrics(
         registry=r,
         requests=Counter("rooftop_requests", "Requests by outcome", ["outcome"], registry=r),
-        prompt_tokens=Counter("rooftop_prompt_tokens", "Prompt tokens of requests that got their first token", registry=r),
+        prompt_tokens=Counter(
+            "rooftop_prompt_tokens", "Prompt tokens of requests that got their first token", registry=r
+        ),
         generation_tokens=Counter("rooftop_generation_tokens", "Generated tokens", registry=r),
         ttft=histogram("rooftop_time_to_first_token_seconds", "First output token - arrival", REQUEST_BUCKETS),
         itl=histogram("rooftop_inter_token_latency_seconds", "Gap between consecutive output tokens", TOKEN_BUCKETS),
@@ -58,12 +60,16 @@ def create_metrics() -> ServerMetrics:
         running=Gauge("rooftop_num_requests_running", "Requests in the running batch", registry=r),
         waiting=Gauge("rooftop_num_requests_waiting", "Requests waiting to be scheduled", registry=r),
         kv_cache_usage=Gauge("rooftop_kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)", registry=r),
-        prefix_cache_queries=Counter("rooftop_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r),
+        prefix_cache_queries=Counter(
+            "rooftop_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r
+        ),
         prefix_cache_hits=Counter("rooftop_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r),
         steps=Counter("rooftop_steps", "Engine steps by phase", ["phase"], registry=r),
         achieved_flops=Gauge("rooftop_achieved_flops_per_second", "FLOP/s of recent steps", ["phase"], registry=r),
         achieved_bytes=Gauge("rooftop_achieved_bytes_per_second", "Bytes/s of recent steps", ["phase"], registry=r),
-        roof_flops=Gauge("rooftop_roof_flops_per_second", "This machine's measured compute roofs", ["compute"], registry=r),
+        roof_flops=Gauge(
+            "rooftop_roof_flops_per_second", "This machine's measured compute roofs", ["compute"], registry=r
+        ),
         roof_bytes=Gauge("rooftop_roof_bytes_per_second", "This machine's measured memory bandwidth", registry=r),
     )
     for outcome in ("stop", "length", "abort", "error", "rejected", "invalid"):

@@ -98,15 +98,23 @@ class Monitor:
         self._prefix_seen = (queries, hits)
         with self.lock:
             self.state = {
-                "running": len(scheduler.running), "waiting": len(scheduler.waiting),
-                "kv_blocks_used": used, "kv_blocks_total": blocks.num_blocks,
+                "running": len(scheduler.running),
+                "waiting": len(scheduler.waiting),
+                "kv_blocks_used": used,
+                "kv_blocks_total": blocks.num_blocks,
             }
 
     def _record_step(self, record: StepRecord, sampled: int) -> None:
         a = attribute_step(self.config, self.precision, record.shape, record.seconds, self.hardware)
         point = StepPoint(
-            record.finished_at, record.seconds, record.phase, record.shape.num_seqs, record.shape.tokens, sampled,
-            a.predicted.flops, a.predicted.bytes,
+            record.finished_at,
+            record.seconds,
+            record.phase,
+            record.shape.num_seqs,
+            record.shape.tokens,
+            sampled,
+            a.predicted.flops,
+            a.predicted.bytes,
         )
         with self.lock:
             self.steps.append(point)
@@ -146,7 +154,13 @@ class Monitor:
             "tpot_ms": _percentiles([f.tpot for f in finished]),
             "generation_tokens_per_s": sum(s.sampled for s in recent) / THROUGHPUT_WINDOW_S,
             "steps": [
-                {"age_s": now - s.finished_at, "ms": s.seconds * 1e3, "phase": s.phase, "batch": s.batch, "tokens": s.tokens}
+                {
+                    "age_s": now - s.finished_at,
+                    "ms": s.seconds * 1e3,
+                    "phase": s.phase,
+                    "batch": s.batch,
+                    "tokens": s.tokens,
+                }
                 for s in steps
             ],
             "roofline": {
@@ -154,7 +168,12 @@ class Monitor:
                 "peaks": [{"compute": c, "flops_per_s": peak} for c, peak in self.peaks.items()],
                 "bandwidth_bytes_per_s": hw.memory_bandwidth,
                 "points": [
-                    {"intensity": s.flops / s.bytes, "flops_per_s": s.flops / s.seconds, "phase": s.phase, "batch": s.batch}
+                    {
+                        "intensity": s.flops / s.bytes,
+                        "flops_per_s": s.flops / s.seconds,
+                        "phase": s.phase,
+                        "batch": s.batch,
+                    }
                     for s in steps
                     if s.bytes > 0 and s.seconds > 0
                 ],
@@ -166,7 +185,10 @@ class Monitor:
     def _achieved(steps: list[StepPoint], phase: str) -> dict:
         recent = [s for s in steps if s.phase == phase][-STEPS_PER_RATE:]
         seconds = sum(s.seconds for s in recent) or float("inf")
-        return {"flops_per_s": sum(s.flops for s in recent) / seconds, "bytes_per_s": sum(s.bytes for s in recent) / seconds}
+        return {
+            "flops_per_s": sum(s.flops for s in recent) / seconds,
+            "bytes_per_s": sum(s.bytes for s in recent) / seconds,
+        }
 
 
 def _percentiles(values: list[float | None]) -> dict | None:

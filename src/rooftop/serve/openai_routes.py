@@ -13,7 +13,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.errors import InvalidRequestError, PromptTooLongError
-from rooftop.serve.engine_loop import ClientGoneError, EngineFailedError, EngineStoppedError, QueueFullError, RequestStream
+from rooftop.serve.engine_loop import (
+    ClientGoneError,
+    EngineFailedError,
+    EngineStoppedError,
+    QueueFullError,
+    RequestStream,
+)
 from rooftop.serve.errors import ApiError, Body, error_body, parse_body, read_body
 from rooftop.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rooftop.serve.responses import Responses, sse, timings
@@ -49,8 +55,13 @@ async def models(request: Request) -> dict:
         "object": "list",
         "data": [
             {
-                "id": ready.model_name, "object": "model", "created": int(time.time()), "owned_by": "rooftop",
-                "root": ready.llm.model_path, "parent": None, "max_model_len": ready.llm.max_model_len,
+                "id": ready.model_name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "rooftop",
+                "root": ready.llm.model_path,
+                "parent": None,
+                "max_model_len": ready.llm.max_model_len,
             }
         ],
     }
@@ -88,8 +99,14 @@ def room(ready: Ready, prompt_tokens: int) -> int:
 
 
 async def respond(
-    request: Request, ready: Ready, out: Responses, ids: list[int], params: SamplingParams, arrival: float,
-    stream: bool, prompt_param: str,
+    request: Request,
+    ready: Ready,
+    out: Responses,
+    ids: list[int],
+    params: SamplingParams,
+    arrival: float,
+    stream: bool,
+    prompt_param: str,
 ) -> Response:
     try:
         rs = await ready.engine_loop.add(out.id, ids, params, arrival)
@@ -102,7 +119,9 @@ async def respond(
     with_logprobs = params.logprobs is not None
     if stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(events(request, rs, out, with_logprobs), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(
+            events(request, rs, out, with_logprobs), media_type="text/event-stream", headers=headers
+        )
     return await complete(request, rs, out, with_logprobs)
 
 

@@ -69,9 +69,20 @@ class Responses:
             choice["message"] = {"role": "assistant", "content": output.text}
         else:
             choice["text"] = output.text
-        return {**self._head(chunk=False), "choices": [choice], "usage": usage(output), "timings": timings(output.metrics)}
+        return {
+            **self._head(chunk=False),
+            "choices": [choice],
+            "usage": usage(output),
+            "timings": timings(output.metrics),
+        }
 
-    def chunk(self, text: str | None, logprobs: list[TokenLogprob] | None, finish_reason: str | None = None, role: bool = False) -> dict:
+    def chunk(
+        self,
+        text: str | None,
+        logprobs: list[TokenLogprob] | None,
+        finish_reason: str | None = None,
+        role: bool = False,
+    ) -> dict:
         """A stream chunk with one choice; `role` marks the chat stream's first chunk."""
         choice: dict = {"index": 0}
         if self.kind == "chat":

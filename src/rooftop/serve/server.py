@@ -68,8 +68,13 @@ def run(config: ServeConfig, llm: LLM | None = None) -> str | None:
     log_config["loggers"]["rooftop"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     server = Server(
         uvicorn.Config(
-            app, host=config.host, port=config.port, timeout_graceful_shutdown=config.shutdown_timeout_s + BACKSTOP_S,
-            log_config=log_config, log_level="info", access_log=False,
+            app,
+            host=config.host,
+            port=config.port,
+            timeout_graceful_shutdown=config.shutdown_timeout_s + BACKSTOP_S,
+            log_config=log_config,
+            log_level="info",
+            access_log=False,
         ),
         app.state.server,
         config.shutdown_timeout_s,

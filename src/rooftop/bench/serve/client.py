@@ -33,8 +33,13 @@ class Target:
 
     def body(self, req: SampleRequest) -> dict:
         """The request vLLM's bench sends: greedy, max_tokens from the dataset, usage in the stream."""
-        body = {"model": self.model, "max_tokens": req.output_len, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": self.model,
+            "max_tokens": req.output_len,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.chat:
             body["messages"] = [{"role": "user", "content": req.prompt}]
         else:
@@ -132,7 +137,9 @@ async def send_request(
     return record
 
 
-async def _stream(client: httpx.AsyncClient, url: str, body: dict, reader: StreamReader, overheads: list[float]) -> None:
+async def _stream(
+    client: httpx.AsyncClient, url: str, body: dict, reader: StreamReader, overheads: list[float]
+) -> None:
     async with client.stream("POST", url, json=body) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace").strip()
@@ -166,7 +173,9 @@ async def server_model(base: str, model: str | None, api_key: str | None = None)
     if model:
         return model
     if response.status_code != 200:
-        raise InvalidRequestError(f"GET {base}/models: HTTP {response.status_code}: {response.text.strip()[:200]}; pass --model")
+        raise InvalidRequestError(
+            f"GET {base}/models: HTTP {response.status_code}: {response.text.strip()[:200]}; pass --model"
+        )
     try:
         return response.json()["data"][0]["id"]
     except (ValueError, KeyError, IndexError, TypeError):

@@ -8,7 +8,7 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -18,34 +18,59 @@ import rooftop
 from rooftop.console import err, user_errors
 from rooftop.errors import InvalidRequestError, RooftopError
 
-ENDPOINTS = {"chat": "chat", "completions": "completions", "/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ENDPOINTS = {
+    "chat": "chat",
+    "completions": "completions",
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+}
 
 Opt = typer.Option
 
 
 def serve(
     ctx: typer.Context,
-    base_url: Annotated[str, Opt(help="the server's OpenAI API root (a bare http://host:port gets /v1)")] = "http://127.0.0.1:8000/v1",
-    model: Annotated[Optional[str], Opt(help="model name to send (default: the first id of GET /v1/models)")] = None,
+    base_url: Annotated[
+        str, Opt(help="the server's OpenAI API root (a bare http://host:port gets /v1)")
+    ] = "http://127.0.0.1:8000/v1",
+    model: Annotated[str | None, Opt(help="model name to send (default: the first id of GET /v1/models)")] = None,
     endpoint: Annotated[str, Opt(help="chat (/v1/chat/completions) or completions (/v1/completions)")] = "completions",
     dataset: Annotated[str, Opt("--dataset", "--dataset-name", help="random, sharegpt or jsonl")] = "random",
-    dataset_path: Annotated[Optional[Path], Opt(help="ShareGPT JSON or JSONL file with a 'prompt' field per line")] = None,
+    dataset_path: Annotated[Path | None, Opt(help="ShareGPT JSON or JSONL file with a 'prompt' field per line")] = None,
     num_prompts: Annotated[int, Opt(help="requests to send")] = 1000,
     input_len: Annotated[int, Opt("--input-len", "--random-input-len", help="random: prompt tokens")] = 1024,
-    output_len: Annotated[Optional[int], Opt("--output-len", "--random-output-len", help="max_tokens (default 128; ShareGPT: each reply's length)")] = None,
-    range_ratio: Annotated[float, Opt("--range-ratio", "--random-range-ratio", help="random: lengths uniform in len x [1-r, 1+r]")] = 0.0,
+    output_len: Annotated[
+        int | None,
+        Opt("--output-len", "--random-output-len", help="max_tokens (default 128; ShareGPT: each reply's length)"),
+    ] = None,
+    range_ratio: Annotated[
+        float, Opt("--range-ratio", "--random-range-ratio", help="random: lengths uniform in len x [1-r, 1+r]")
+    ] = 0.0,
     request_rate: Annotated[float, Opt(help="requests per second, or inf for all at once")] = math.inf,
-    burstiness: Annotated[float, Opt(help="gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 steadier")] = 1.0,
-    max_concurrency: Annotated[Optional[int], Opt(help="most requests in flight (default: no cap)")] = None,
-    goodput: Annotated[Optional[list[str]], Opt(help="SLOs in ms, e.g. --goodput ttft:500 tpot:50 e2el:2000")] = None,
+    burstiness: Annotated[
+        float, Opt(help="gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 steadier")
+    ] = 1.0,
+    max_concurrency: Annotated[int | None, Opt(help="most requests in flight (default: no cap)")] = None,
+    goodput: Annotated[list[str] | None, Opt(help="SLOs in ms, e.g. --goodput ttft:500 tpot:50 e2el:2000")] = None,
     seed: Annotated[int, Opt(help="seeds prompts and arrivals")] = 0,
-    tokenizer: Annotated[Optional[str], Opt(help="GGUF file or HF directory for prompts and token counts (default: bundled SmolLM2)")] = None,
-    api_key: Annotated[Optional[str], Opt(envvar="OPENAI_API_KEY", show_envvar=False, help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)")] = None,
+    tokenizer: Annotated[
+        str | None, Opt(help="GGUF file or HF directory for prompts and token counts (default: bundled SmolLM2)")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        Opt(
+            envvar="OPENAI_API_KEY",
+            show_envvar=False,
+            help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)",
+        ),
+    ] = None,
     ignore_eos: Annotated[bool, Opt(help="send ignore_eos: true so every request makes max_tokens tokens")] = True,
     timeout: Annotated[float, Opt(help="seconds before a request counts as failed")] = 3600.0,
-    save_result: Annotated[Optional[Path], Opt(help="write the summary and every request's record as JSON")] = None,
-    plots: Annotated[Optional[Path], Opt(help="write PNG plots into this directory")] = None,
-    sweep_concurrency: Annotated[Optional[str], Opt(help="run once per max concurrency, e.g. 1,2,4,8,16, and plot")] = None,
+    save_result: Annotated[Path | None, Opt(help="write the summary and every request's record as JSON")] = None,
+    plots: Annotated[Path | None, Opt(help="write PNG plots into this directory")] = None,
+    sweep_concurrency: Annotated[
+        str | None, Opt(help="run once per max concurrency, e.g. 1,2,4,8,16, and plot")
+    ] = None,
 ) -> None:
     """Load an OpenAI-compatible server with streamed requests; report TTFT, TPOT, ITL, E2E and throughput."""
     from rooftop.bench.serve.arrivals import arrival_offsets
@@ -68,17 +93,31 @@ def serve(
             requests = build_requests(dataset, dataset_path, tok, num_prompts, input_len, output_len, range_ratio, seed)
         chat = ENDPOINTS[endpoint] == "chat"
         name = asyncio.run(server_model(base, model, api_key))
-        target = Target(f"{base}/{'chat/completions' if chat else 'completions'}", name, chat, ignore_eos, timeout, api_key)
+        target = Target(
+            f"{base}/{'chat/completions' if chat else 'completions'}", name, chat, ignore_eos, timeout, api_key
+        )
         config = {
-            "url": target.url, "model": target.model, "endpoint": ENDPOINTS[endpoint], "dataset": dataset,
-            "dataset_path": str(dataset_path) if dataset_path else None, "num_prompts": num_prompts,
-            "input_len": input_len if dataset == "random" else None, "output_len": output_len,
-            "range_ratio": range_ratio, "request_rate": "inf" if math.isinf(request_rate) else request_rate,
-            "burstiness": burstiness, "seed": seed, "ignore_eos": ignore_eos, "timeout_s": timeout,
-            "tokenizer": tokenizer or "bundled SmolLM2-135M-Instruct", "rooftop": rooftop.__version__,
+            "url": target.url,
+            "model": target.model,
+            "endpoint": ENDPOINTS[endpoint],
+            "dataset": dataset,
+            "dataset_path": str(dataset_path) if dataset_path else None,
+            "num_prompts": num_prompts,
+            "input_len": input_len if dataset == "random" else None,
+            "output_len": output_len,
+            "range_ratio": range_ratio,
+            "request_rate": "inf" if math.isinf(request_rate) else request_rate,
+            "burstiness": burstiness,
+            "seed": seed,
+            "ignore_eos": ignore_eos,
+            "timeout_s": timeout,
+            "tokenizer": tokenizer or "bundled SmolLM2-135M-Instruct",
+            "rooftop": rooftop.__version__,
         }
         _test_request(target, requests[0], tok)
-        runs = [_run(target, requests, offsets, level, tok, slos, {**config, "max_concurrency": level}) for level in levels]
+        runs = [
+            _run(target, requests, offsets, level, tok, slos, {**config, "max_concurrency": level}) for level in levels
+        ]
         result = {"sweep_concurrency": levels, "runs": runs} if sweep_concurrency else runs[0]
         from rooftop.bench.serve.report import print_result
 
@@ -96,8 +135,10 @@ def serve(
 def report(
     ctx: typer.Context,
     path: Annotated[Path, typer.Argument(help="a JSON file written by `rooftop bench serve --save-result`")],
-    goodput: Annotated[Optional[list[str]], Opt(help="re-judge against these SLOs in ms, e.g. --goodput ttft:500 tpot:50")] = None,
-    plots: Annotated[Optional[Path], Opt(help="redraw the PNG plots into this directory")] = None,
+    goodput: Annotated[
+        list[str] | None, Opt(help="re-judge against these SLOs in ms, e.g. --goodput ttft:500 tpot:50")
+    ] = None,
+    plots: Annotated[Path | None, Opt(help="redraw the PNG plots into this directory")] = None,
 ) -> None:
     """Recompute and print the tables of a saved `rooftop bench serve` result from its request records."""
     from rooftop.bench.serve.metrics import RequestRecord, summarize

@@ -56,7 +56,7 @@ def random_requests(
     ins = rng.integers(int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio)) + 1, size=n)
     outs = rng.integers(int(output_len * (1 - range_ratio)), int(output_len * (1 + range_ratio)) + 1, size=n)
     requests = []
-    for length, out in zip(ins.tolist(), outs.tolist()):
+    for length, out in zip(ins.tolist(), outs.tolist(), strict=False):
         length = max(length, 1)
         ids = rng.choice(ordinary, size=length).tolist()
         for _ in range(4):  # decoding then encoding merges or splits some tokens: trim or top up, re-check
@@ -69,7 +69,9 @@ def random_requests(
     return requests
 
 
-def sharegpt_requests(path: Path, tokenizer: Tokenizer, n: int, output_len: int | None, seed: int) -> list[SampleRequest]:
+def sharegpt_requests(
+    path: Path, tokenizer: Tokenizer, n: int, output_len: int | None, seed: int
+) -> list[SampleRequest]:
     """First human turn as the prompt; the reply's length as max_tokens unless --output-len fixes it.
     Shuffled with the seed and pruned like vLLM: prompt or reply under 4 tokens, prompt over 1024 tokens,
     or both over 2048 are skipped."""
@@ -133,8 +135,14 @@ def _fill(requests: list[SampleRequest], n: int, path: Path) -> list[SampleReque
 
 
 def build_requests(
-    dataset: str, path: Path | None, tokenizer: Tokenizer, n: int, input_len: int, output_len: int | None,
-    range_ratio: float, seed: int,
+    dataset: str,
+    path: Path | None,
+    tokenizer: Tokenizer,
+    n: int,
+    input_len: int,
+    output_len: int | None,
+    range_ratio: float,
+    seed: int,
 ) -> list[SampleRequest]:
     """The --dataset's prompts; --output-len defaults to 128, or for ShareGPT to each reply's length."""
     if dataset == "random":

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from itertools import accumulate
 from dataclasses import asdict, dataclass, field, fields
+from itertools import accumulate
 
 import numpy as np
 
@@ -74,8 +74,13 @@ def stats_ms(values_s: list[float]) -> dict[str, float | None]:
     if not values_s:
         return dict.fromkeys(STATS)
     a = np.asarray(values_s, dtype=float) * 1e3
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "std": float(a.std()),
-            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
+    return {
+        "mean": float(a.mean()),
+        "median": float(np.median(a)),
+        "std": float(a.std()),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+    }
 
 
 def meets_slos(r: RequestRecord, slos_ms: dict[str, float]) -> bool:

@@ -55,4 +55,3 @@ def latency_plot(records: list[RequestRecord], path: Path) -> Path:
         ax.grid(True, which="both", alpha=0.25)
     cdf.legend()
     return save_figure(fig, path)
-

@@ -17,8 +17,10 @@ def _num(value: float | None, digits: int = 2) -> str:
 def config_line(config: dict) -> str:
     c = config
     concurrency = c["max_concurrency"] or "unlimited"
-    return (f"{c['model']} at {c['url']} ({c['endpoint']}), {c['num_prompts']} {c['dataset']} prompts, "
-            f"request rate {c['request_rate']}, burstiness {c['burstiness']:g}, max concurrency {concurrency}")
+    return (
+        f"{c['model']} at {c['url']} ({c['endpoint']}), {c['num_prompts']} {c['dataset']} prompts, "
+        f"request rate {c['request_rate']}, burstiness {c['burstiness']:g}, max concurrency {concurrency}"
+    )
 
 
 def summary_tables(s: dict) -> Group:
@@ -63,12 +65,33 @@ def error_table(errors: dict[str, int], title: str = "Failed requests") -> Table
 
 
 def sweep_table(levels: list[int], summaries: list[dict]) -> Table:
-    table = Table("concurrency", "completed", "failed", "req/s", "output tok/s", "TTFT median", "TTFT p99",
-                  "TPOT median", "TPOT p99", "ITL p99", title="Concurrency sweep (latencies in ms)", title_justify="left")
-    for level, s in zip(levels, summaries):
-        table.add_row(str(level), str(s["completed"]), str(s["failed"]), _num(s["request_throughput_req_per_s"]),
-                      _num(s["output_throughput_tok_per_s"], 1), _num(s["ttft_ms_median"]), _num(s["ttft_ms_p99"]),
-                      _num(s["tpot_ms_median"]), _num(s["tpot_ms_p99"]), _num(s["itl_ms_p99"]))
+    table = Table(
+        "concurrency",
+        "completed",
+        "failed",
+        "req/s",
+        "output tok/s",
+        "TTFT median",
+        "TTFT p99",
+        "TPOT median",
+        "TPOT p99",
+        "ITL p99",
+        title="Concurrency sweep (latencies in ms)",
+        title_justify="left",
+    )
+    for level, s in zip(levels, summaries, strict=False):
+        table.add_row(
+            str(level),
+            str(s["completed"]),
+            str(s["failed"]),
+            _num(s["request_throughput_req_per_s"]),
+            _num(s["output_throughput_tok_per_s"], 1),
+            _num(s["ttft_ms_median"]),
+            _num(s["ttft_ms_p99"]),
+            _num(s["tpot_ms_median"]),
+            _num(s["tpot_ms_p99"]),
+            _num(s["itl_ms_p99"]),
+        )
     return table
 
 
@@ -81,6 +104,6 @@ def print_result(console: Console, result: dict) -> None:
     runs = result["runs"]
     console.print(escape(config_line({**runs[0]["config"], "max_concurrency": "swept"})), style="dim")
     console.print(sweep_table(result["sweep_concurrency"], [r["summary"] for r in runs]))
-    for level, run in zip(result["sweep_concurrency"], runs):
+    for level, run in zip(result["sweep_concurrency"], runs, strict=False):
         if run["summary"]["errors"]:
             console.print(error_table(run["summary"]["errors"], f"Failed requests at concurrency {level}"))

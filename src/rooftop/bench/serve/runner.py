@@ -42,7 +42,9 @@ async def run_load(
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     overheads: list[float] = []
     lags: list[float] = []
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(target.timeout_s), headers=target.headers) as client:
+    async with httpx.AsyncClient(
+        limits=limits, timeout=httpx.Timeout(target.timeout_s), headers=target.headers
+    ) as client:
         start = time.perf_counter()
 
         async def one(i: int, req: SampleRequest) -> RequestRecord:
