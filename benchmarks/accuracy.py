@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from rooftop import LLM, SamplingParams
-from rooftop.engine.kv_cache import KVCache
+from rooftop.models.kv_cache import KVCache
 
 PROMPTS = [
     [{"role": "user", "content": "What is the weather in Lagos?"}],

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rooftop.engine.kv_cache import KVCache
+from rooftop.models.kv_cache import KVCache
 
 pytestmark = pytest.mark.slow
 

@@ -190,7 +190,7 @@ def test_decode_metadata_masks_only_when_some_sequence_is_padded():
     """Batched decode pads shorter caches and masks the padding; with none to mask, no mask is built."""
     import torch
 
-    from rooftop.engine.kv_cache import build_metadata
+    from rooftop.models.kv_cache import build_metadata
 
     same = build_metadata([([0, 1], 20, 1), ([2, 3], 20, 1)], 16, torch.device("cpu"))
     assert same.decode_mask is None and same.decode_slots.shape == (2, 21)

@@ -17,9 +17,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rooftop.engine.kv_cache import KVCache
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.model_files import load_model
+from rooftop.models.kv_cache import KVCache
 from rooftop.models.transformer import Transformer
 
 VOCAB = 320

@@ -109,8 +109,8 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
     """Three sequences of different lengths in scattered blocks, grouped-query heads: the kernel writes each new
     K/V to its slot and attends like the gather + scaled_dot_product_attention path."""
     from rooftop.config import ModelConfig
-    from rooftop.engine.kv_cache import KVPool, build_metadata
     from rooftop.models.attention import paged_attention
+    from rooftop.models.kv_cache import KVPool, build_metadata
 
     gen = torch.Generator().manual_seed(10)
     heads, kv_heads, dim, block = 6, 2, 32, 4

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rooftop import InvalidRequestError, PromptTooLongError, SamplingParams
-from rooftop.engine.kv_cache import KVCache
+from rooftop.models.kv_cache import KVCache
 
 pytestmark = pytest.mark.slow
 

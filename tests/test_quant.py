@@ -90,7 +90,7 @@ def test_int8_bundled_model_agrees_with_float32(bundled_llm):
     prompt = bundled_llm.apply_chat_template([{"role": "user", "content": "What is the weather in Lagos?"}])
     ref = bundled_llm.generate(prompt, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))[0]
     ids = torch.tensor(ref.prompt_token_ids + ref.token_ids)
-    from rooftop.engine.kv_cache import KVCache
+    from rooftop.models.kv_cache import KVCache
 
     logits = {}
     for name, llm in (("float", bundled_llm), ("int8", int8)):
@@ -150,7 +150,7 @@ def test_int4_linear_matches_its_dequantized_matmul():
 def first_divergence_margin(reference, prompt: str, own: list[int], ref: list[int]) -> float | None:
     """Where two greedy runs part, float32's logit margin of its own token over the other's (None: they agree):
     how near a tie the quantized format had to break."""
-    from rooftop.engine.kv_cache import KVCache
+    from rooftop.models.kv_cache import KVCache
 
     i = next((i for i, (a, b) in enumerate(zip(own, ref, strict=False)) if a != b), None)
     if i is None:

@@ -11,7 +11,6 @@ import torch
 from rooftop.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from rooftop.engine.block_manager import BlockManager
 from rooftop.engine.detokenizer import IncrementalDetokenizer
-from rooftop.engine.kv_cache import KVPool
 from rooftop.engine.metrics import RequestMetrics
 from rooftop.engine.runner import is_decode, run_step
 from rooftop.engine.sampler import TokenLogprob, sample, token_logprob
@@ -20,6 +19,7 @@ from rooftop.engine.scheduler import Scheduler
 from rooftop.engine.sequence import RequestOutput, Sequence
 from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.loading.tokenizer import Tokenizer
+from rooftop.models.kv_cache import KVPool
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import SeqShape, StepShape
 

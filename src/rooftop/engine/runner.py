@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rooftop.engine.kv_cache import KVPool, build_metadata
 from rooftop.engine.scheduler import ScheduledSeq
+from rooftop.models.kv_cache import KVPool, build_metadata
 from rooftop.models.transformer import Transformer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rooftop.engine.kv_cache import AttentionMetadata
+from rooftop.models.kv_cache import AttentionMetadata
 
 
 def paged_attention(

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from rooftop.config import ModelConfig, check_runnable
-from rooftop.engine.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.models.attention import decode_attention_kernel, paged_attention
+from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.rope import apply_rope, cos_sin_table
 from rooftop.quant.linear import WEIGHT_FORMATS, Linear, make_linear
 from rooftop.quant.weights import Weight, to_float
