@@ -1,4 +1,5 @@
-"""The paged KV cache (its layout belongs to the model; the engine only hands out blocks): one preallocated pool of fixed-size blocks, and the attention metadata of a step.
+"""The paged KV cache: one preallocated pool of fixed-size blocks, and the attention metadata of a step. Its layout
+belongs to the model; the engine only hands out blocks (engine/block_manager.py).
 
 Token position p of a sequence lives at slot `table[p // block_size] * block_size + p % block_size` of the
 pool; attention gathers a sequence's slots back into order, so it sees exactly what a contiguous cache holds.
