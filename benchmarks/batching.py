@@ -24,13 +24,16 @@ from rooftop.engine.llm_engine import LLMEngine
 QUESTION = "Explain in one paragraph why the sky is blue."
 
 
-def run(eng: LLMEngine, prompts: list, params: SamplingParams) -> list:
+def run(eng: LLMEngine, prompts: list, params: SamplingParams) -> tuple[list, list]:
+    """Every prompt to the end: the final outputs and the step records."""
     for i, p in enumerate(prompts):
         eng.add_request(f"r{time.perf_counter_ns()}-{i}", p, params)
-    outputs = []
+    outputs, records = [], []
     while eng.has_unfinished():
-        outputs += [d.output for d in eng.step() if d.finished]
-    return outputs
+        step = eng.step()
+        records.append(step.record)
+        outputs += [d.output for d in step.deltas if d.finished]
+    return outputs, records
 
 
 def decode_sweep(llm: LLM, batches: list[int], reps: int, prompt_len: int, output_len: int) -> list[dict]:
@@ -44,8 +47,8 @@ def decode_sweep(llm: LLM, batches: list[int], reps: int, prompt_len: int, outpu
                 llm.model, llm.tokenizer, EngineConfig(max_num_seqs=max(batches), enable_prefix_caching=False)
             )
             prompts = [(base * prompt_len)[: prompt_len - 1] + [100 + i] for i in range(batch)]
-            run(eng, prompts, params)
-            decode = [r.seconds for r in eng.step_records if r.phase == "decode" and r.shape.num_seqs == batch]
+            _, records = run(eng, prompts, params)
+            decode = [r.seconds for r in records if r.phase == "decode" and r.shape.num_seqs == batch]
             if rep:
                 step_times.append(statistics.median(decode))
         step = statistics.median(step_times)
@@ -76,11 +79,11 @@ def prefix_cache_ttft(llm: LLM, reps: int, system_tokens: int) -> dict:
             prompt = llm.tokenizer.apply_chat_template(
                 [{"role": "system", "content": system}, {"role": "user", "content": f"{QUESTION} ({rep})"}]
             )
-            ttfts.append(run(eng, [prompt], params)[0].metrics.ttft)
+            ttfts.append(run(eng, [prompt], params)[0][0].metrics.ttft)
         key = "with_prefix_cache" if caching else "without_prefix_cache"
-        result[key] = {"ttft_s": statistics.median(ttfts), "prefix_hit_tokens": eng.blocks.prefix_hits}
+        result[key] = {"ttft_s": statistics.median(ttfts), "prefix_hit_tokens": eng.stats().prefix_hits}
         print(
-            f"TTFT {key.replace('_', ' '):22s}: {statistics.median(ttfts) * 1e3:7.1f} ms (hit tokens {eng.blocks.prefix_hits})",
+            f"TTFT {key.replace('_', ' '):22s}: {statistics.median(ttfts) * 1e3:7.1f} ms (hit tokens {eng.stats().prefix_hits})",
             flush=True,
         )
     return result

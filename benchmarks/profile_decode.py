@@ -22,9 +22,10 @@ def main() -> None:
     eng, params = llm.engine, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     for rep in range(3):  # two warm-ups, then the timed run
         eng.add_request(f"warm{rep}", "Hello there, how are you", params)
+        records = []
         while eng.has_unfinished():
-            eng.step()
-    steps = [r.seconds for r in list(eng.step_records)[-39:]]
+            records.append(eng.step().record)
+    steps = [r.seconds for r in records if r.phase == "decode"]
     print(f"median decode step {statistics.median(steps) * 1e3:.1f} ms ({args.weights} weights)")
     eng.add_request("profiled", "Hello there, how are you", params)
     eng.step()  # the prefill, not profiled

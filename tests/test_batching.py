@@ -27,8 +27,22 @@ PROMPTS = [
 ]
 
 
+class RecordingEngine(LLMEngine):
+    """The engine, keeping every step's record for the assertions below."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.records = []
+
+    def step(self):
+        out = super().step()
+        if out.record is not None:
+            self.records.append(out.record)
+        return out
+
+
 def engine(llm, **options):
-    return LLMEngine(llm.model, llm.tokenizer, EngineConfig(**options))
+    return RecordingEngine(llm.model, llm.tokenizer, EngineConfig(**options))
 
 
 def run_all(eng, prompts, params=GREEDY, check=None):
@@ -36,7 +50,7 @@ def run_all(eng, prompts, params=GREEDY, check=None):
         eng.add_request(str(i), p, params)
     outputs = {}
     while eng.has_unfinished():
-        for d in eng.step():
+        for d in eng.step().deltas:
             if d.finished:
                 outputs[d.request_id] = d.output
         if check:
@@ -45,20 +59,21 @@ def run_all(eng, prompts, params=GREEDY, check=None):
 
 
 def assert_blocks_consistent(eng):
-    """Every block's reference count equals the number of live block tables holding it."""
+    """Every block's reference count equals the number of live block tables holding it (white-box: the engine's
+    own request table and block pool)."""
     holders = {}
-    for seq in eng.requests.values():
+    for seq in eng._requests.values():
         for b in seq.block_table:
             holders[b] = holders.get(b, 0) + 1
-    for block in eng.blocks.blocks:
+    for block in eng._blocks.blocks:
         assert block.ref_count == holders.get(block.id, 0), block
 
 
 def assert_all_released(eng):
-    assert all(b.ref_count == 0 for b in eng.blocks.blocks)
-    assert eng.blocks.num_free == eng.blocks.num_blocks
-    assert len(eng.blocks.free_ids) + len(eng.blocks.evictable) == eng.blocks.num_blocks
-    assert len(set(eng.blocks.free_ids) | set(eng.blocks.evictable)) == eng.blocks.num_blocks
+    assert all(b.ref_count == 0 for b in eng._blocks.blocks)
+    assert eng._blocks.num_free == eng._blocks.num_blocks
+    assert len(eng._blocks.free_ids) + len(eng._blocks.evictable) == eng._blocks.num_blocks
+    assert len(set(eng._blocks.free_ids) | set(eng._blocks.evictable)) == eng._blocks.num_blocks
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +89,8 @@ def test_batched_equals_alone(bundled_llm, alone):
     eng = engine(bundled_llm)
     outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
     assert [o.token_ids for o in outs] == alone
-    assert max(r.shape.num_seqs for r in eng.step_records) == 16
-    assert any(r.phase == "decode" and r.shape.num_seqs > 8 for r in eng.step_records)
+    assert max(r.shape.num_seqs for r in eng.records) == 16
+    assert any(r.phase == "decode" and r.shape.num_seqs > 8 for r in eng.records)
     assert_all_released(eng)
 
 
@@ -83,7 +98,7 @@ def test_batched_equals_alone(bundled_llm, alone):
 def test_preemption_keeps_outputs(bundled_llm, alone):
     eng = engine(bundled_llm, num_kv_blocks=12, block_size=4)  # 48 tokens for 16 requests of ~15-40
     outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
-    assert eng.scheduler.num_preemptions > 0
+    assert eng.stats().preemptions > 0
     assert [o.token_ids for o in outs] == alone
     assert_all_released(eng)
 
@@ -93,9 +108,9 @@ def test_chunked_prefill_keeps_outputs(bundled_llm, alone):
     eng = engine(bundled_llm, max_num_batched_tokens=7)
     outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
     assert [o.token_ids for o in outs] == alone
-    assert all(r.shape.tokens <= 7 for r in eng.step_records)
-    assert any(s.new > 1 and s.cached > 0 for r in eng.step_records for s in r.shape.seqs)  # a later chunk
-    assert any(r.phase == "mixed" for r in eng.step_records)  # chunks and decodes in one step
+    assert all(r.shape.tokens <= 7 for r in eng.records)
+    assert any(s.new > 1 and s.cached > 0 for r in eng.records for s in r.shape.seqs)  # a later chunk
+    assert any(r.phase == "mixed" for r in eng.records)  # chunks and decodes in one step
     assert_all_released(eng)
 
 
@@ -111,10 +126,10 @@ def test_shared_system_prompt_hits_the_prefix_cache(bundled_llm):
     expected = [run_all(engine(bundled_llm, enable_prefix_caching=False), [p])[0].token_ids for p in prompts]
     eng = engine(bundled_llm)
     first = run_all(eng, prompts[:1])
-    assert eng.blocks.prefix_hits == 0
+    assert eng.stats().prefix_hits == 0
     rest = run_all(eng, prompts[1:], check=assert_blocks_consistent)
-    assert eng.blocks.prefix_hits >= 4 * 16 * 3  # each later prompt found the system prompt's blocks
+    assert eng.stats().prefix_hits >= 4 * 16 * 3  # each later prompt found the system prompt's blocks
     assert [o.token_ids for o in first + rest] == expected
-    hit_steps = [s for r in eng.step_records for s in r.shape.seqs if s.cached > 0 and s.new > 1]
+    hit_steps = [s for r in eng.records for s in r.shape.seqs if s.cached > 0 and s.new > 1]
     assert hit_steps, "prefills that start after cached blocks"
     assert_all_released(eng)

@@ -18,9 +18,9 @@ def rooftop(*args, timeout=600):
 
 def test_attribution_of_recorded_steps_is_the_analyzer_exactly(tiny_llm):
     hw = load_or_run_probe().to_hardware()
-    before = len(tiny_llm.engine.step_records)
+    before = len(tiny_llm.step_records)
     tiny_llm.generate(["hello there", "a second prompt"], SamplingParams(max_tokens=5, temperature=0))
-    records = list(tiny_llm.engine.step_records)[before:]
+    records = list(tiny_llm.step_records)[before:]
     p = engine_precision(tiny_llm.dtype)
     steps = [attribute_step(tiny_llm.config, p, r.shape, r.seconds, hw) for r in records]
     for step, record in zip(steps, records, strict=False):

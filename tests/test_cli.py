@@ -144,3 +144,48 @@ def test_hf_directory_without_config(tmp_path):
 def test_help_lists_the_commands():
     r = rooftop("--help")
     assert r.returncode == 0 and "generate" in r.stdout and "chat" in r.stdout
+
+
+ENGINE_OPTIONS = (
+    "--model",
+    "--dtype",
+    "--device",
+    "--weights",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--block-size",
+    "--kv-cache-bytes",
+    "--num-kv-blocks",
+    "--enable-prefix-caching",
+    "--max-model-len",
+)
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench"])
+def test_every_command_that_starts_an_engine_takes_the_same_engine_options(command):
+    from rooftop.cli_options import RUN_HELP
+
+    shown = rooftop_in_process(command, "--help").stdout
+    assert all(option in shown for option in ENGINE_OPTIONS), [o for o in ENGINE_OPTIONS if o not in shown]
+    words = " ".join(shown.replace("│", " ").split())  # the help table's cells, unwrapped
+    assert RUN_HELP["weights"][-1] in words  # one option, one help text
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["generate", "hi", "--max-num-seqs", "0"], ["max_num_seqs must be an integer >= 1"]),
+        (["chat", "--block-size", "0"], ["block_size must be an integer >= 1"]),
+        (["serve", "--max-model-len", "0"], ["max_model_len must be an integer >= 1"]),
+        (["bench", "--dtype", "float8"], ["dtype must be one of auto, float32, bfloat16, float16"]),
+        (["generate", "hi", "--weights", "int3"], ["weight format must be one of auto, float, int8, int4"]),
+    ],
+)
+def test_bad_engine_options_fail_in_one_line_before_anything_loads(args, words):
+    assert_user_error(rooftop_in_process(*args), *words)
+
+
+def test_generate_takes_max_model_len(tiny_gguf):
+    """An engine option serve always had: a context shorter than the model's refuses a prompt that does not fit."""
+    args = ["generate", "a prompt of some length", "--model", str(tiny_gguf), "--raw", "--max-model-len", "8"]
+    assert_user_error(rooftop_in_process(*args), "the context holds 8")

@@ -1,4 +1,5 @@
-"""The engine API on a tiny model: add while running, deltas, abort, errors, step records, exact metrics."""
+"""The engine API on a tiny model: add while running, deltas, abort, errors, step records, stats, exact metrics,
+and the phase each sequence runs in (decided by the scheduler, read by everything downstream)."""
 
 import pytest
 
@@ -15,38 +16,51 @@ def eng(tiny_llm):
 
 
 def drain(eng):
-    deltas = []
-    while eng.has_unfinished():
-        deltas += eng.step()
+    deltas, _ = run_all(eng)
     return deltas
+
+
+def run_all(eng):
+    """Step until every request is done: all deltas, and the step records in order."""
+    deltas, records = [], []
+    while eng.has_unfinished():
+        step = eng.step()
+        deltas += step.deltas
+        records.append(step.record)
+    return deltas, records
+
+
+def is_idle(stats):
+    return stats.running == 0 and stats.waiting == 0 and stats.kv_blocks_used == 0
 
 
 def test_requests_added_while_others_run(eng):
     eng.add_request("a", "hello there", PARAMS)
-    first = eng.step()
+    first = eng.step().deltas
     assert [d.request_id for d in first] == ["a"] and first[0].new_token_ids and not first[0].finished
     eng.add_request("b", "another prompt", PARAMS)
-    deltas = first + drain(eng)
+    deltas, records = run_all(eng)
+    deltas = first + deltas
     for rid in ("a", "b"):
         mine = [d for d in deltas if d.request_id == rid]
-        assert sum(len(d.new_token_ids) for d in mine) == 6
+        assert all(len(d.new_token_ids) == 1 for d in mine)  # each delta carries its own token, not the history
+        assert [t for d in mine for t in d.new_token_ids] == mine[-1].output.token_ids
         assert "".join(d.text for d in mine) == mine[-1].output.text
         assert mine[-1].finished and mine[-1].finish_reason == "length"
-        assert not any(d.finished for d in mine[:-1])
-    assert any(r.shape.num_seqs == 2 for r in eng.step_records)
+        assert not any(d.finished or d.output is not None for d in mine[:-1])
+    assert any(r.shape.num_seqs == 2 for r in records)
 
 
 def test_abort_frees_blocks_and_unknown_abort_is_a_no_op(eng):
     eng.add_request("a", "hello there, a long-ish prompt", SamplingParams(max_tokens=20))
     eng.add_request("b", "short", SamplingParams(max_tokens=20))
     eng.step()
-    assert eng.blocks.num_free < eng.blocks.num_blocks
-    eng.abort("a")
-    eng.abort("a")
-    eng.abort("never-seen")
+    assert eng.stats().kv_blocks_used > 0
+    aborted = eng.abort("a")
+    assert aborted.finish_reason == "abort" and aborted.request_id == "a" and len(aborted.token_ids) == 1
+    assert eng.abort("a") is None and eng.abort("never-seen") is None
     drain(eng)
-    assert eng.blocks.num_free == eng.blocks.num_blocks
-    assert all(b.ref_count == 0 for b in eng.blocks.blocks)
+    assert is_idle(eng.stats())
 
 
 def test_duplicate_request_id(eng):
@@ -73,26 +87,72 @@ def test_prompt_longer_than_context(tiny_llm):
 def test_prefill_chunks_that_sample_nothing_need_no_logits(tiny_llm):
     eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(max_num_batched_tokens=4))
     eng.add_request("a", "abcdefghij", PARAMS)  # 10 prompt tokens: chunks of 4, 4, 2
-    drain(eng)
-    chunks = [r.shape.seqs[0] for r in list(eng.step_records)[:3]]
+    _, records = run_all(eng)
+    chunks = [r.shape.seqs[0] for r in records[:3]]
     assert [(s.new, s.cached, s.needs_logits) for s in chunks] == [(4, 0, False), (4, 4, False), (2, 8, True)]
 
 
 def test_step_records_carry_the_step_shape(eng):
     eng.add_request("a", "abcdefgh", PARAMS)  # 8 prompt tokens
-    drain(eng)
-    first, second = eng.step_records[0], eng.step_records[1]
+    _, records = run_all(eng)
+    first, second = records[0], records[1]
     assert first.phase == "prefill" and [(s.new, s.cached) for s in first.shape.seqs] == [(8, 0)]
     assert second.phase == "decode" and [(s.new, s.cached) for s in second.shape.seqs] == [(1, 8)]
-    assert all(r.seconds > 0 for r in eng.step_records)
-    assert len(eng.step_records) == 6
+    assert all(r.seconds > 0 for r in records)
+    assert len(records) == 6
+
+
+def test_a_cached_prompt_that_computes_one_token_is_a_prefill(tiny_llm):
+    """A 9-token prompt sent twice with blocks of 4: the second finds 8 tokens in the prefix cache and computes one.
+    That step computes a prompt token and yields the first output token: a prefill, in the step record, the
+    request's metrics and the attention metadata alike; its next step is a decode."""
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(num_kv_blocks=32, block_size=4))
+    prompt = "abcdefghi"  # 9 byte tokens
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    eng.add_request("first", prompt, params)
+    drain(eng)
+    eng.add_request("second", prompt, params)
+    deltas, records = run_all(eng)
+    assert [(s.new, s.cached, s.phase) for s in records[0].shape.seqs] == [(1, 8, "prefill")]
+    assert records[0].phase == "prefill" and [r.phase for r in records[1:]] == ["decode", "decode"]
+    m = deltas[-1].output.metrics
+    assert (m.prefix_cache_hit_tokens, m.prefill_tokens, m.decode_steps) == (8, 1, 2)
+    assert m.prefill_time == records[0].seconds and m.decode_time == pytest.approx(
+        records[1].seconds + records[2].seconds
+    )
+
+
+def test_the_runner_lays_out_prefills_first_and_attention_reads_the_scheduled_phase(tiny_llm, monkeypatch):
+    """In a step shared by a decode and a one-token prefill, the metadata's decode rows are exactly the decodes."""
+    from rooftop.engine import runner
+
+    seen = []
+    original = runner.build_metadata
+
+    def spy(seqs, block_size, device):
+        meta = original(seqs, block_size, device)
+        seen.append(([s.phase for s in seqs], [(c.start, c.end, c.cached) for c in meta.prefills], meta.decode_rows))
+        return meta
+
+    monkeypatch.setattr(runner, "build_metadata", spy)
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(num_kv_blocks=32, block_size=4))
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    eng.add_request("warm", "abcdefghi", params)
+    drain(eng)  # "abcdefghi" now has two cached blocks
+    eng.add_request("long", "a long prompt", params)
+    eng.step()  # its prefill
+    eng.add_request("cached", "abcdefghi", params)
+    seen.clear()
+    eng.step()  # "long" decodes while "cached" prefills its one uncached prompt token
+    phases, prefills, decode_rows = seen[0]
+    assert phases == ["prefill", "decode"]
+    assert prefills == [(0, 1, 8)] and decode_rows.tolist() == [1]
 
 
 def test_metrics_are_exact_under_batching(eng):
     for i in range(4):
         eng.add_request(str(i), f"prompt number {i}", PARAMS, arrival_time=None)
     drain(eng)
-    # drained requests are gone from eng.requests: rebuild from the final deltas instead
     eng2_outputs = []
     for i in range(4):
         eng.add_request(f"r{i}", f"prompt number {i}", PARAMS)
@@ -118,8 +178,8 @@ def test_max_num_seqs_limits_the_batch(tiny_llm):
     eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(max_num_seqs=2))
     for i in range(5):
         eng.add_request(str(i), f"p{i}", PARAMS)
-    drain(eng)
-    assert max(r.shape.num_seqs for r in eng.step_records) == 2
+    _, records = run_all(eng)
+    assert max(r.shape.num_seqs for r in records) == 2
 
 
 def test_interleaved_streams_and_generate_each_get_all_their_tokens(tiny_llm):
@@ -132,17 +192,18 @@ def test_interleaved_streams_and_generate_each_get_all_their_tokens(tiny_llm):
     assert len([first, *rest]) == 4 and rest[-1].output.finished
     assert "".join(c.delta for c in [first, *rest]) == rest[-1].output.text
     a, b = tiny_llm.stream("aaa", params), tiny_llm.stream("bbb", params)
-    pairs = list(zip(a, b, strict=False))
-    assert [len(x.output.token_ids) for x, _ in pairs] == [1, 2, 3, 4]
-    assert not tiny_llm.engine.requests and tiny_llm.engine.blocks.num_free == tiny_llm.engine.blocks.num_blocks
+    pairs = list(zip(a, b, strict=True))
+    assert [len(x.token_ids) for x, _ in pairs] == [1, 1, 1, 1] and pairs[-1][0].output.finished
+    assert [t for x, _ in pairs for t in x.token_ids] == pairs[-1][0].output.token_ids
+    assert is_idle(tiny_llm.engine.stats())
 
 
 def test_a_stream_closed_early_frees_its_blocks(tiny_llm):
     stream = tiny_llm.stream("hello", SamplingParams(max_tokens=20, temperature=0))
     next(stream)
-    assert tiny_llm.engine.requests
+    assert tiny_llm.engine.stats().running == 1
     stream.close()
-    assert not tiny_llm.engine.requests and tiny_llm.engine.blocks.num_free == tiny_llm.engine.blocks.num_blocks
+    assert is_idle(tiny_llm.engine.stats())
 
 
 def test_bad_prompt_raises_when_the_stream_is_created(tiny_llm):
@@ -158,9 +219,9 @@ def test_a_tiny_temperature_is_greedy(tiny_llm):
 
 def test_sampling_steps_are_recorded_as_needing_logits(eng):
     eng.add_request("a", "abcdefgh", PARAMS)
-    drain(eng)
-    assert all(s.needs_logits for r in eng.step_records for s in r.shape.seqs)
-    assert all(r.shape.logits_rows == 1 for r in eng.step_records)
+    _, records = run_all(eng)
+    assert all(s.needs_logits for r in records for s in r.shape.seqs)
+    assert all(r.shape.logits_rows == 1 for r in records)
 
 
 def test_logprobs_are_recorded_per_output_token(eng):
@@ -190,11 +251,37 @@ def test_decode_metadata_masks_only_when_some_sequence_is_padded():
     """Batched decode pads shorter caches and masks the padding; with none to mask, no mask is built."""
     import torch
 
-    from rooftop.models.kv_cache import build_metadata
+    from rooftop.enums import Phase
+    from rooftop.models.kv_cache import AttentionSeq, build_metadata
 
-    same = build_metadata([([0, 1], 20, 1), ([2, 3], 20, 1)], 16, torch.device("cpu"))
+    def decodes(*seqs):
+        return [AttentionSeq(table, cached, 1, Phase.DECODE) for table, cached in seqs]
+
+    same = build_metadata(decodes(([0, 1], 20), ([2, 3], 20)), 16, torch.device("cpu"))
     assert same.decode_mask is None and same.decode_slots.shape == (2, 21)
     assert same.decode_slots[1].tolist() == list(range(32, 48)) + list(range(48, 53))
-    mixed = build_metadata([([0, 1], 20, 1), ([2], 5, 1)], 16, torch.device("cpu"))
+    mixed = build_metadata(decodes(([0, 1], 20), ([2], 5)), 16, torch.device("cpu"))
     assert mixed.decode_mask.shape == (2, 1, 1, 21) and int(mixed.decode_mask[1].sum()) == 6
     assert mixed.decode_slots[1, :6].tolist() == list(range(32, 38)) and mixed.decode_slots[1, 6:].eq(0).all()
+
+
+def test_non_finite_logits_end_only_their_own_request(eng, monkeypatch):
+    """Sampling runs batched; a row the model got wrong fails its request with `error`, and the others go on."""
+    logits = eng.model.logits
+
+    def one_row_broken(hidden):
+        out = logits(hidden)
+        out[0, 5] = float("nan")
+        return out
+
+    eng.add_request("broken", "first prompt", PARAMS)
+    eng.add_request("fine", "second prompt", PARAMS)
+    monkeypatch.setattr(eng.model, "logits", one_row_broken)
+    first = {d.request_id: d for d in eng.step().deltas}
+    monkeypatch.setattr(eng.model, "logits", logits)
+    broken = [d for d in first.values() if d.finished]
+    assert len(broken) == 1 and broken[0].finish_reason == "error"
+    assert broken[0].output.error == "the model produced non-finite logits" and not broken[0].new_token_ids
+    rest = drain(eng)
+    assert rest[-1].finished and rest[-1].finish_reason == "length" and rest[-1].request_id != broken[0].request_id
+    assert is_idle(eng.stats())

@@ -110,7 +110,8 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
     K/V to its slot and attends like the gather + scaled_dot_product_attention path."""
     from rooftop.config import ModelConfig
     from rooftop.models.attention import paged_attention
-    from rooftop.models.kv_cache import KVPool, build_metadata
+    from rooftop.enums import Phase
+    from rooftop.models.kv_cache import AttentionSeq, KVPool, build_metadata
 
     gen = torch.Generator().manual_seed(10)
     heads, kv_heads, dim, block = 6, 2, 32, 4
@@ -130,7 +131,10 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
         torch.manual_seed(11)
         pool.k.normal_()
         pool.v.normal_()
-    seqs = [([9, 2, 14], 9, 1), ([5], 2, 1), ([0, 11, 3, 7], 13, 1)]  # (block table, cached, new)
+    seqs = [
+        AttentionSeq(table, cached, 1, Phase.DECODE)
+        for table, cached in (([9, 2, 14], 9), ([5], 2), ([0, 11, 3, 7], 13))
+    ]
     meta = build_metadata(seqs, block, torch.device("cpu"))
     qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
     got = kernels.decode_attention(

@@ -53,7 +53,8 @@ def test_stream_adds_up_to_the_final_text(bundled_llm):
     prompt = bundled_llm.apply_chat_template([{"role": "user", "content": "Say hello in Japanese and French."}])
     chunks = list(bundled_llm.stream(prompt, SamplingParams(max_tokens=40, temperature=0)))
     final = chunks[-1].output
-    assert final.finished and not any(c.output.finished for c in chunks[:-1])
+    assert final.finished and chunks[-1].finished and not any(c.finished or c.output for c in chunks[:-1])
+    assert [t for c in chunks for t in c.token_ids] == final.token_ids
     assert "".join(c.delta for c in chunks) == final.text
     assert all("\ufffd" not in c.delta for c in chunks)
 

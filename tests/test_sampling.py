@@ -7,6 +7,7 @@ import torch
 
 from rooftop import InvalidRequestError, SamplingParams
 from rooftop.engine.sampler import (
+    SamplingRow,
     apply_presence_frequency_penalties,
     apply_repetition_penalty,
     filter_logits,
@@ -16,6 +17,14 @@ from rooftop.engine.sampler import (
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log()
+
+
+def filter_one(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    return filter_logits(logits[None], [params])[0]
+
+
+def sample_one(logits, params, seen=(), generator=None, output_ids=()) -> int:
+    return sample(logits[None], [SamplingRow(params, generator, seen, output_ids)])[0]
 
 
 def support(logits: torch.Tensor) -> set[int]:
@@ -47,23 +56,23 @@ def test_single_stop_string_becomes_a_list():
 
 def test_top_k_keeps_the_k_largest():
     logits = torch.tensor([0.1, 3.0, -1.0, 2.0, 5.0, 0.0])
-    assert support(filter_logits(logits, SamplingParams(top_k=3))) == {1, 3, 4}
+    assert support(filter_one(logits, SamplingParams(top_k=3))) == {1, 3, 4}
 
 
 @pytest.mark.parametrize(
     "top_p, expected", [(0.4, {0}), (0.7, {0, 1}), (0.8, {0, 1}), (0.81, {0, 1, 2}), (1.0, {0, 1, 2, 3})]
 )
 def test_top_p_keeps_the_smallest_set_covering_p(top_p, expected):
-    assert support(filter_logits(LOGITS, SamplingParams(top_p=top_p))) == expected
+    assert support(filter_one(LOGITS, SamplingParams(top_p=top_p))) == expected
 
 
 @pytest.mark.parametrize("min_p, expected", [(0.2, {0, 1, 2}), (0.5, {0, 1}), (0.9, {0}), (0.0, {0, 1, 2, 3})])
 def test_min_p_drops_tokens_below_a_fraction_of_the_top(min_p, expected):
-    assert support(filter_logits(LOGITS, SamplingParams(min_p=min_p))) == expected
+    assert support(filter_one(LOGITS, SamplingParams(min_p=min_p))) == expected
 
 
 def test_temperature_scales_logits():
-    out = filter_logits(torch.tensor([2.0, -4.0]), SamplingParams(temperature=2.0))
+    out = filter_one(torch.tensor([2.0, -4.0]), SamplingParams(temperature=2.0))
     assert out.tolist() == [1.0, -2.0]
 
 
@@ -71,8 +80,8 @@ def test_draws_stay_inside_the_filtered_support():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(100, generator=torch.Generator().manual_seed(1))
     params = SamplingParams(top_k=5, temperature=1.5)
-    allowed = support(filter_logits(logits, params))
-    draws = {sample(logits, params, [], gen) for _ in range(300)}
+    allowed = support(filter_one(logits, params))
+    draws = {sample_one(logits, params, [], gen) for _ in range(300)}
     assert draws <= allowed and len(draws) > 1
 
 
@@ -82,7 +91,7 @@ def test_top_p_draws_follow_the_renormalized_nucleus():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     params = SamplingParams(top_p=0.8, temperature=1.0)
     gen = torch.Generator().manual_seed(3)
-    draws = [sample(logits, params, [], gen) for _ in range(4000)]
+    draws = [sample_one(logits, params, [], gen) for _ in range(4000)]
     assert set(draws) == {0, 1}  # 0.5 + 0.3 covers 0.8: tokens 2 and 3 are dropped
     assert abs(draws.count(0) / 4000 - 0.5 / 0.8) < 0.03
 
@@ -91,7 +100,7 @@ def test_a_flat_top_p_nucleus_beyond_the_candidates_is_exact():
     from rooftop.engine.sampler import TOP_P_CANDIDATES
 
     logits = torch.zeros(4 * TOP_P_CANDIDATES)  # uniform: the nucleus is 90% of the vocabulary
-    kept = support(filter_logits(logits, SamplingParams(top_p=0.9)))
+    kept = support(filter_one(logits, SamplingParams(top_p=0.9)))
     assert len(kept) == int(0.9 * len(logits)) + 1 or len(kept) == int(0.9 * len(logits))
 
 
@@ -101,7 +110,7 @@ def test_same_seed_same_draws():
 
     def draws(seed):
         gen = torch.Generator().manual_seed(seed)
-        return [sample(logits, params, [], gen) for _ in range(20)]
+        return [sample_one(logits, params, [], gen) for _ in range(20)]
 
     assert draws(7) == draws(7)
     assert draws(7) != draws(8)
@@ -109,7 +118,7 @@ def test_same_seed_same_draws():
 
 def test_greedy_is_argmax():
     logits = torch.tensor([0.1, 0.7, 0.3])
-    assert sample(logits, SamplingParams(temperature=0), [], None) == 1
+    assert sample_one(logits, SamplingParams(temperature=0), [], None) == 1
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative():
@@ -121,8 +130,8 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative():
 def test_repetition_penalty_changes_greedy_choice():
     logits = torch.tensor([1.0, 0.9, -math.inf])
     params = SamplingParams(temperature=0, repetition_penalty=1.5)
-    assert sample(logits, params, [0], None) == 1
-    assert sample(logits, SamplingParams(temperature=0), [0], None) == 0
+    assert sample_one(logits, params, [0], None) == 1
+    assert sample_one(logits, SamplingParams(temperature=0), [0], None) == 0
 
 
 @pytest.mark.parametrize(
@@ -147,8 +156,8 @@ def test_presence_and_frequency_penalties_count_generated_tokens():
 def test_presence_penalty_changes_greedy_choice_and_spares_the_prompt():
     logits = torch.tensor([1.0, 0.9, -math.inf])
     params = SamplingParams(temperature=0, presence_penalty=0.5)
-    assert sample(logits, params, [0], None) == 0  # 0 was only in the prompt
-    assert sample(logits, params, [0], None, output_ids=[0]) == 1
+    assert sample_one(logits, params, [0], None) == 0  # 0 was only in the prompt
+    assert sample_one(logits, params, [0], None, output_ids=[0]) == 1
 
 
 def test_token_logprob_is_the_log_softmax_with_the_top_k_best_first():
@@ -160,3 +169,51 @@ def test_token_logprob_is_the_log_softmax_with_the_top_k_best_first():
     assert entry.top[0][1] == pytest.approx(float(expected[2]))
     assert token_logprob(logits, 1, 0).top == []
     assert len(token_logprob(logits, 1, 20).top) == 4  # never more than the vocabulary
+
+
+BATCH_PARAMS = [
+    SamplingParams(temperature=0),
+    SamplingParams(top_k=3),
+    SamplingParams(top_p=0.8, temperature=0.7),
+    SamplingParams(min_p=0.2),
+    SamplingParams(temperature=1.3),
+    SamplingParams(top_k=50, top_p=0.5, min_p=0.05),
+]
+
+
+def test_a_batch_is_filtered_as_each_row_alone():
+    logits = torch.randn(len(BATCH_PARAMS), 300, generator=torch.Generator().manual_seed(3)) * 3
+    batched = filter_logits(logits, BATCH_PARAMS)
+    for i, params in enumerate(BATCH_PARAMS[1:], start=1):
+        alone = filter_one(logits[i], params)
+        assert support(batched[i]) == support(alone), params
+        assert torch.equal(batched[i][torch.isfinite(alone)], alone[torch.isfinite(alone)])
+
+
+def test_a_seeded_row_draws_the_same_tokens_whatever_shares_its_batch():
+    logits = torch.randn(len(BATCH_PARAMS), 300, generator=torch.Generator().manual_seed(4)) * 2
+
+    def seeded_draws(neighbours: bool) -> list[int]:
+        gen = torch.Generator().manual_seed(11)
+        row = SamplingRow(SamplingParams(top_p=0.9), gen)
+        draws = []
+        for _ in range(30):
+            if neighbours:
+                rows = [SamplingRow(p) for p in BATCH_PARAMS] + [row]
+                draws.append(sample(torch.cat([logits, logits[2:3]]), rows)[-1])
+            else:
+                draws.append(sample(logits[2:3], [row])[0])
+        return draws
+
+    alone = seeded_draws(neighbours=False)
+    assert seeded_draws(neighbours=True) == alone and len(set(alone)) > 1
+
+
+def test_batched_draws_stay_inside_each_rows_support():
+    logits = torch.randn(len(BATCH_PARAMS), 300, generator=torch.Generator().manual_seed(5)) * 3
+    rows = [SamplingRow(p, torch.Generator().manual_seed(i)) for i, p in enumerate(BATCH_PARAMS)]
+    supports = [support(filter_one(logits[i], p)) for i, p in enumerate(BATCH_PARAMS)]
+    for _ in range(50):
+        tokens = sample(logits, rows)
+        assert tokens[0] == int(logits[0].argmax())
+        assert all(t in allowed for t, allowed in zip(tokens[1:], supports[1:], strict=True))

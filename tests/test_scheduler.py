@@ -26,9 +26,6 @@ def make_seq(i, prompt_len, prefix):
         prompt=None,
         prompt_token_ids=ids,
         params=SamplingParams(max_tokens=12),
-        detokenizer=None,
-        eos_token_ids=[],
-        max_model_len=10_000,
         metrics=RequestMetrics(0.0),
     )
 
@@ -64,8 +61,9 @@ def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_cac
                 done.add(seq.request_id)
         if not sched.has_unfinished() and step > 30:
             break
+        running_before = {id(s) for s in sched.running}
         batch = sched.schedule()
-        assert sum(s.num_new for s in batch) <= budget
+        assert sum(s.new for s in batch) <= budget
         assert len({id(s.seq) for s in batch}) == len(batch)
         assert len(sched.running) <= max_seqs
         holders = {}
@@ -74,16 +72,22 @@ def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_cac
                 holders[b] = holders.get(b, 0) + 1
         for block in blocks.blocks:
             assert block.ref_count == holders.get(block.id, 0)  # nobody touches another's blocks uncounted
+        finished = []
         for s in batch:
             assert s.seq.status is Status.RUNNING
-            assert len(s.seq.block_table) * 4 >= s.cached + s.num_new
-            s.seq.num_computed_tokens += s.num_new
-            blocks.cache_full_blocks(s.seq.block_table, s.seq.all_token_ids, s.seq.num_computed_tokens)
-            if s.samples:
+            assert len(s.seq.block_table) * 4 >= s.cached + s.new
+            # the phase, decided once: a decode brings exactly the one token sampled last
+            # the phase, decided once: a decode is a running sequence computing the one token it sampled last;
+            # admission is always a prefill, even when the prefix cache leaves one prompt token to compute
+            continues = id(s.seq) in running_before and bool(s.seq.output_token_ids)
+            assert (s.phase == "decode") == (continues and s.cached == s.seq.num_tokens - 1), (s.phase, s.cached)
+            assert s.phase != "decode" or s.new == 1
+            if s.needs_logits:
                 s.seq.output_token_ids.append(7)
                 if len(s.seq.output_token_ids) >= wanted[s.seq.request_id]:
-                    sched.finish(s.seq)
+                    finished.append(s.seq)
                     done.add(s.seq.request_id)
+        sched.update(batch, finished)
         # first come, first served: the waiting queue stays in arrival order
         queue = [s.arrival_index for s in sched.waiting]
         assert queue == sorted(queue)

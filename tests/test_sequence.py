@@ -1,10 +1,10 @@
-"""Sequence bookkeeping on a byte-level vocabulary: stop strings, UTF-8-safe streaming, finish reasons, metrics."""
+"""The output processor on a byte-level vocabulary: stop strings, UTF-8-safe streaming, finish reasons, metrics."""
 
 import pytest
 
 from rooftop import SamplingParams
-from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.output_processor import OutputProcessor
 from rooftop.engine.sequence import Sequence
 
 EOS = 2
@@ -15,25 +15,42 @@ def tokenizer(tiny_llm):
     return tiny_llm.tokenizer  # one token per byte: characters arrive split across tokens
 
 
+class Run:
+    """One request through the output processor: its sequence, and the final output once it finishes."""
+
+    def __init__(self, tokenizer, params, max_model_len=1000):
+        self.processor = OutputProcessor(tokenizer, [EOS], max_model_len)
+        self.seq = Sequence("0", "p", [10, 11], params, RequestMetrics(arrival_time=0.0, prompt_tokens=2))
+        self.processor.add(self.seq)
+        self.output = None
+
+    @property
+    def finish_reason(self):
+        return None if self.output is None else self.output.finish_reason
+
+    @property
+    def text(self):
+        return self.output.text
+
+    @property
+    def output_token_ids(self):
+        return self.seq.output_token_ids
+
+
 def make_seq(tokenizer, params, max_model_len=1000):
-    return Sequence(
-        request_id="0",
-        prompt="p",
-        prompt_token_ids=[10, 11],
-        params=params,
-        detokenizer=IncrementalDetokenizer(tokenizer),
-        eos_token_ids=[EOS],
-        max_model_len=max_model_len,
-        metrics=RequestMetrics(arrival_time=0.0, prompt_tokens=2),
-    )
+    return Run(tokenizer, params, max_model_len)
 
 
-def feed(seq, ids):
+def feed(run, ids):
+    """Hand `ids` to the processor one at a time until the request finishes; the text deltas."""
     deltas = []
     for t, token in enumerate(ids):
-        if seq.finish_reason:
+        if run.output is not None:
             break
-        deltas.append(seq.append_token(token, now=1.0 + t))
+        delta = run.processor.on_token(run.seq, token, None, now=1.0 + t)
+        assert delta.new_token_ids == [token] and delta.finished == (delta.output is not None)
+        run.output = delta.output
+        deltas.append(delta.text)
     return deltas
 
 

@@ -1,9 +1,11 @@
 """rooftop: LLM inference with prefill and decode made explicit and measured against the machine's roofs."""
 
+from rooftop.config import EngineConfig, RunConfig
 from rooftop.engine.llm import LLM, StreamChunk
 from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.outputs import RequestOutput
 from rooftop.engine.sampling_params import SamplingParams
-from rooftop.engine.sequence import RequestOutput
+from rooftop.enums import FinishReason, Phase
 from rooftop.errors import (
     InvalidRequestError,
     ModelLoadError,
@@ -15,10 +17,14 @@ from rooftop.errors import (
 __version__ = "0.1.0"
 __all__ = [
     "LLM",
+    "RunConfig",
+    "EngineConfig",
     "SamplingParams",
     "RequestOutput",
     "RequestMetrics",
     "StreamChunk",
+    "FinishReason",
+    "Phase",
     "RooftopError",
     "ModelLoadError",
     "UnsupportedModelError",

@@ -11,9 +11,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from rooftop.bench import commands as bench_commands
+from rooftop.cli_options import with_run_config
+from rooftop.config import RunConfig
 from rooftop.console import err, user_errors
 from rooftop.engine.llm import LLM
 from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.outputs import RequestOutput
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.errors import RooftopError
 from rooftop.roofline import commands as roofline_commands
@@ -23,18 +26,6 @@ app = typer.Typer(
     help="LLM inference with prefill and decode made explicit.", no_args_is_help=True, pretty_exceptions_enable=False
 )
 
-ModelOpt = Annotated[
-    str | None, typer.Option("--model", "-m", help="GGUF file or Hugging Face directory (default: bundled SmolLM2)")
-]
-DtypeOpt = Annotated[str, typer.Option(help="auto, float32 or bfloat16 (auto: float32 on CPU)")]
-DeviceOpt = Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ...")]
-WeightsOpt = Annotated[
-    str,
-    typer.Option(
-        help="auto (closest to the file: int4 for a Q4 GGUF), float (in --dtype), int8 (weight-only, per-row "
-        "scales) or int4 (per-32 scale and zero; GGUF Q4 as is)"
-    ),
-]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", help="most tokens to generate")]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="0 is greedy")]
 TopPOpt = Annotated[float, typer.Option(help="nucleus sampling mass, (0, 1]")]
@@ -43,20 +34,12 @@ MinPOpt = Annotated[float, typer.Option(help="drop tokens below min_p x the top 
 RepPenaltyOpt = Annotated[float, typer.Option(help="penalize tokens already seen (1: off)")]
 SeedOpt = Annotated[int | None, typer.Option(help="same seed, same output")]
 StopOpt = Annotated[list[str] | None, typer.Option("--stop", help="stop before this string (repeatable)")]
-MaxSeqsOpt = Annotated[int, typer.Option(help="engine: most sequences in one step")]
-MaxBatchedOpt = Annotated[int, typer.Option(help="engine: most tokens in one step (longer prompts are chunked)")]
-KvBytesOpt = Annotated[int | None, typer.Option(help="engine: KV cache pool size in bytes (default 1 GiB)")]
-KvBlocksOpt = Annotated[
-    int | None, typer.Option(help="engine: KV cache pool size in blocks (overrides --kv-cache-bytes)")
-]
-BlockSizeOpt = Annotated[int, typer.Option(help="engine: tokens per KV block")]
-PrefixOpt = Annotated[bool, typer.Option(help="engine: reuse the KV blocks of prompt prefixes seen before")]
 
 
-def load(model: str | None, dtype: str, device: str, weights: str, **engine_options) -> LLM:
+def load(run: RunConfig) -> LLM:
     t0 = time.perf_counter()
     with err.status("loading model (a machine's first run also builds rooftop's CPU kernels: about a minute)..."):
-        llm = LLM(model=model, dtype=dtype, device=device, weights=weights, **engine_options)
+        llm = LLM.from_config(run)
     c = llm.config
     err.print(
         f"[dim]{escape(c.name or c.architecture)} ({c.architecture}, {c.num_layers} layers, d={c.hidden_size}) from "
@@ -64,10 +47,11 @@ def load(model: str | None, dtype: str, device: str, weights: str, **engine_opti
         f"weights {llm.precision.weights.name}, "
         f"loaded in {time.perf_counter() - t0:.1f} s[/]"
     )
-    pool = llm.engine.pool
+    stats = llm.engine.stats()
     err.print(
-        f"[dim]KV cache: {pool.num_blocks} blocks of {pool.block_size} tokens = {llm.engine.pool_tokens} tokens, "
-        f"{pool.nbytes / 2**20:.0f} MiB; prefix caching {'on' if llm.engine.config.enable_prefix_caching else 'off'}[/]"
+        f"[dim]KV cache: {stats.kv_blocks_total} blocks of {stats.block_size} tokens = {stats.kv_cache_tokens} "
+        f"tokens, {stats.kv_cache_bytes / 2**20:.0f} MiB; prefix caching "
+        f"{'on' if run.engine.enable_prefix_caching else 'off'}[/]"
     )
     return llm
 
@@ -100,7 +84,7 @@ def print_phase_report(llm: LLM, since: float) -> None:
     from rooftop.roofline.probe import load_or_run_probe
     from rooftop.roofline.report import phase_table
 
-    records = [r for r in llm.engine.step_records if r.finished_at >= since]
+    records = [r for r in llm.step_records if r.finished_at >= since]
     with err.status("measuring this machine's roofs (once; cached)..."):
         hw = load_or_run_probe().to_hardware()
     p = llm.precision
@@ -110,20 +94,20 @@ def print_phase_report(llm: LLM, since: float) -> None:
     err.print(gap_sentence(phases))
 
 
-def stream_to_stdout(llm: LLM, prompt: str, params: SamplingParams) -> tuple[str, RequestMetrics, str | None]:
+def stream_to_stdout(llm: LLM, prompt: str, params: SamplingParams) -> RequestOutput:
     output = None
     for chunk in llm.stream(prompt, params):
         sys.stdout.write(chunk.delta)
         sys.stdout.flush()
         output = chunk.output
     sys.stdout.write("\n")
-    return output.text, output.metrics, output.finish_reason
+    return output
 
 
 @app.command()
+@with_run_config
 def generate(
     prompt: Annotated[str, typer.Argument(help="the prompt; the chat template is applied unless --raw")],
-    model: ModelOpt = None,
     max_tokens: MaxTokensOpt = 256,
     temperature: TemperatureOpt = 0.2,
     top_p: TopPOpt = 0.9,
@@ -136,15 +120,8 @@ def generate(
     roofline: Annotated[
         bool, typer.Option(help="attribute prefill and decode against this machine's measured roofs")
     ] = True,
-    dtype: DtypeOpt = "auto",
-    device: DeviceOpt = "cpu",
-    weights: WeightsOpt = "auto",
-    max_num_seqs: MaxSeqsOpt = 64,
-    max_num_batched_tokens: MaxBatchedOpt = 1024,
-    kv_cache_bytes: KvBytesOpt = None,
-    num_kv_blocks: KvBlocksOpt = None,
-    block_size: BlockSizeOpt = 16,
-    enable_prefix_caching: PrefixOpt = True,
+    *,
+    run: RunConfig,
 ) -> None:
     """Stream the model's answer to PROMPT, then report TTFT, TPOT and the speed of prefill and decode."""
     with user_errors():
@@ -158,18 +135,7 @@ def generate(
             seed=seed,
             stop=stop or [],
         )
-        llm = load(
-            model,
-            dtype,
-            device,
-            weights,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            kv_cache_bytes=kv_cache_bytes,
-            num_kv_blocks=num_kv_blocks,
-            block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching,
-        )
+        llm = load(run)
         if not prompt:
             raise RooftopError("the prompt is empty")
         text = (
@@ -178,15 +144,15 @@ def generate(
             else llm.apply_chat_template([{"role": "user", "content": prompt}])
         )
         started = time.perf_counter()
-        _, metrics, finish_reason = stream_to_stdout(llm, text, params)
-        print_report(metrics, finish_reason)
+        output = stream_to_stdout(llm, text, params)
+        print_report(output.metrics, output.finish_reason)
         if roofline:
             print_phase_report(llm, started)
 
 
 @app.command()
+@with_run_config
 def chat(
-    model: ModelOpt = None,
     system: Annotated[str | None, typer.Option(help="system prompt")] = None,
     max_tokens: MaxTokensOpt = 512,
     temperature: TemperatureOpt = 0.2,
@@ -195,16 +161,9 @@ def chat(
     min_p: MinPOpt = 0.0,
     repetition_penalty: RepPenaltyOpt = 1.0,
     seed: SeedOpt = None,
-    dtype: DtypeOpt = "auto",
-    device: DeviceOpt = "cpu",
     stats: Annotated[bool, typer.Option(help="print TTFT/TPOT after each answer")] = False,
-    weights: WeightsOpt = "auto",
-    max_num_seqs: MaxSeqsOpt = 64,
-    max_num_batched_tokens: MaxBatchedOpt = 1024,
-    kv_cache_bytes: KvBytesOpt = None,
-    num_kv_blocks: KvBlocksOpt = None,
-    block_size: BlockSizeOpt = 16,
-    enable_prefix_caching: PrefixOpt = True,
+    *,
+    run: RunConfig,
 ) -> None:
     """Multi-turn chat with the model's chat template. /reset forgets the conversation; Ctrl-D or /exit ends."""
     with user_errors():
@@ -217,18 +176,7 @@ def chat(
             repetition_penalty=repetition_penalty,
             seed=seed,
         )
-        llm = load(
-            model,
-            dtype,
-            device,
-            weights,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            kv_cache_bytes=kv_cache_bytes,
-            num_kv_blocks=num_kv_blocks,
-            block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching,
-        )
+        llm = load(run)
         if not llm.tokenizer.chat_template:
             raise RooftopError("this model has no chat template; use `rooftop generate --raw`")
     start = [{"role": "system", "content": system}] if system else []
@@ -249,7 +197,7 @@ def chat(
             continue
         messages.append({"role": "user", "content": line})
         try:
-            answer, metrics, finish_reason = stream_to_stdout(llm, llm.apply_chat_template(messages), params)
+            output = stream_to_stdout(llm, llm.apply_chat_template(messages), params)
         except RooftopError as e:
             messages.pop()
             err.print(f"[bold red]error:[/] {escape(str(e))} (try /reset)")
@@ -258,9 +206,9 @@ def chat(
             messages.pop()
             err.print("\n[dim]interrupted[/]")
             continue
-        messages.append({"role": "assistant", "content": answer})
+        messages.append({"role": "assistant", "content": output.text})
         if stats:
-            print_report(metrics, finish_reason)
+            print_report(output.metrics, output.finish_reason)
 
 
 app.add_typer(bench_commands.app, name="bench")

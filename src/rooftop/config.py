@@ -122,7 +122,7 @@ def check_runnable(config: ModelConfig) -> None:
 
 @dataclass
 class EngineConfig:
-    """How the engine batches: sequences and tokens per step, the KV pool's size, prefix caching."""
+    """How the engine batches: sequences and tokens per step, the KV pool's size, prefix caching (vLLM's names)."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
@@ -143,3 +143,29 @@ class EngineConfig:
 
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU (the reference), bfloat16 on a GPU
+WEIGHTS = ("auto", "float", "int8", "int4")
+
+
+@dataclass
+class RunConfig:
+    """What runs and how: the model, its compute dtype, device and weight format, and the engine's batching.
+    One value shared by `LLM`, every CLI command that starts an engine, and the server."""
+
+    model: str | None = None  # GGUF file or Hugging Face directory; None is the bundled model
+    dtype: str = "auto"
+    device: str = "cpu"
+    weights: str = "auto"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        if self.model is not None:
+            self.model = str(self.model)
+        if self.dtype not in DTYPES:
+            raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.weights not in WEIGHTS:
+            raise InvalidRequestError(f"weight format must be one of {', '.join(WEIGHTS)}; got {self.weights!r}")
+        if not isinstance(self.device, str) or not self.device:
+            raise InvalidRequestError(
+                f"device must be a torch device name (cpu, cuda, cuda:1 ...); got {self.device!r}"
+            )

@@ -13,6 +13,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from rooftop.bench.serve import commands as serve_commands
+from rooftop.cli_options import with_run_config
+from rooftop.config import RunConfig
 from rooftop.console import err, user_errors
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.report import seconds
@@ -28,28 +30,24 @@ def _ints(text: str, name: str) -> list[int]:
     return values
 
 
+@with_run_config
 def bench(
     ctx: typer.Context,
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="GGUF file or HF directory (default: bundled)")
-    ] = None,
     prompt_lens: Annotated[str, typer.Option(help="prompt lengths for the TTFT sweep")] = "16,64,256,1024",
     batch_sizes: Annotated[str, typer.Option(help="batch sizes for the decode sweep")] = "1,2,4,8,16,32",
     output_len: Annotated[int, typer.Option(help="tokens generated per sequence in the decode sweep")] = 32,
     pp: Annotated[int | None, typer.Option(help="quick mode: prompt tokens (llama-bench's -p)")] = None,
     tg: Annotated[int | None, typer.Option(help="quick mode: generated tokens (llama-bench's -n)")] = None,
     reps: Annotated[int, typer.Option(help="measured repetitions (after one warm-up)")] = 3,
-    dtype: Annotated[str, typer.Option(help="auto, float32 or bfloat16")] = "auto",
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
-    weights: Annotated[
-        str, typer.Option(help="auto (closest to the file), float, int8 or int4 (weight-only)")
-    ] = "auto",
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
     plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
     html_path: Annotated[Path | None, typer.Option("--html", help="write a self-contained HTML report")] = None,
+    *,
+    run: RunConfig,
 ) -> None:
-    """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions.
-    `rooftop bench serve` loads a running OpenAI-compatible server instead."""
+    """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions (each measurement on a
+    fresh engine with the engine options given, prefix caching off). `rooftop bench serve` loads a running
+    OpenAI-compatible server instead."""
     if ctx.invoked_subcommand is not None:
         return
     from rooftop.bench.measure import machine_info
@@ -62,7 +60,7 @@ def bench(
         quick = pp is not None or tg is not None
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         with err.status("loading model and this machine's roofs..."):
-            llm = LLM(model=model, dtype=dtype, device=device, weights=weights)
+            llm = LLM.from_config(run)
             probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
             hw = probe.to_hardware()
         needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)

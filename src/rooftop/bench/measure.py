@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import torch
 
 import rooftop
-from rooftop.config import EngineConfig
 from rooftop.engine.llm import LLM
-from rooftop.engine.llm_engine import LLMEngine, StepRecord
+from rooftop.engine.llm_engine import LLMEngine
+from rooftop.engine.outputs import StepRecord
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.roofline.hardware import Hardware
 
@@ -28,9 +28,14 @@ def synthetic_prompt(llm: LLM, length: int, variant: int) -> list[int]:
 
 
 def fresh_engine(llm: LLM, max_tokens_per_step: int, max_num_seqs: int = 256) -> LLMEngine:
-    """A new engine over the loaded weights: an empty KV pool, no prefix cache, no chunking of the prompt."""
-    config = EngineConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_tokens_per_step, 1024), enable_prefix_caching=False
+    """A new engine over the loaded weights, with the run's engine options but an empty KV pool, no prefix cache,
+    room for every sequence and no chunking of the prompt (each measurement sees exactly the steps it asks for)."""
+    base = llm.run_config.engine
+    config = replace(
+        base,
+        max_num_seqs=max(max_num_seqs, base.max_num_seqs),
+        max_num_batched_tokens=max(max_tokens_per_step, base.max_num_batched_tokens),
+        enable_prefix_caching=False,
     )
     return LLMEngine(llm.model, llm.tokenizer, config)
 
@@ -46,10 +51,13 @@ def run_batch(llm: LLM, prompts: list[list[int]], output_len: int) -> Run:
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         eng.add_request(str(i), prompt, params)
-    ttfts = []
+    ttfts, records = [], []
     while eng.has_unfinished():
-        ttfts += [d.output.metrics.ttft for d in eng.step() if d.finished]
-    return Run(list(eng.step_records), ttfts)
+        step = eng.step()
+        if step.record is not None:
+            records.append(step.record)
+        ttfts += [d.metrics.ttft for d in step.deltas if d.finished]
+    return Run(records, ttfts)
 
 
 def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:

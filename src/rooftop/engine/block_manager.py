@@ -29,7 +29,10 @@ class BlockManager:
     """Owns every block; sequences only hold lists of block ids (their block tables)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        assert num_blocks > 0 and block_size > 0
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"a block pool needs at least one block of at least one token, not {num_blocks} x {block_size}"
+            )
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -113,7 +116,8 @@ class BlockManager:
         """Drop a sequence's references; blocks with no references become free (or evictable if cached)."""
         for b in reversed(table):  # the tail of a sequence is the least likely to be shared: evict it first
             block = self.blocks[b]
-            assert block.ref_count > 0, f"block {b} freed twice"
+            if block.ref_count < 1:
+                raise RuntimeError(f"block {b} freed twice")  # a bookkeeping bug, never bad input
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.hash is not None:

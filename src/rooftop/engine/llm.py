@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rooftop.config import EngineConfig
-from rooftop.engine.llm_engine import LLMEngine, RequestDelta
+from rooftop.config import EngineConfig, RunConfig
+from rooftop.engine.llm_engine import LLMEngine
+from rooftop.engine.outputs import RequestDelta, RequestOutput, StepRecord
 from rooftop.engine.sampling_params import SamplingParams
-from rooftop.engine.sequence import RequestOutput
+from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_model
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.attribution import engine_precision
 from rooftop.roofline.precision import Precision
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STEP_HISTORY = 10_000  # step records kept for the phase report
 
 Prompt = str | list[int]
 Messages = list[dict]
@@ -28,21 +31,23 @@ Messages = list[dict]
 
 @dataclass
 class StreamChunk:
-    """One step of a streamed request: the text it added and the request's state so far."""
+    """One step of a streamed request: the text and tokens it added; the whole output with the last chunk."""
 
     delta: str
-    output: RequestOutput
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    output: RequestOutput | None = None  # on the final chunk only
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """ "auto" is float32 on CPU (the reference precision) and bfloat16 on an accelerator."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
-    if dtype not in DTYPES:
-        raise InvalidRequestError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
-    return DTYPES[dtype]
+    return TORCH_DTYPES[dtype]
 
 
 def resolve_weight_format(weights: str, native: str, device: torch.device) -> str:
@@ -57,10 +62,11 @@ class LLM:
     """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`.
 
     `weights`: "auto" (the format closest to the file: int4 for the bundled Q4_1 GGUF), "float" (in `dtype`),
-    "int8" (weight-only, one scale per output row: a quarter of float32's bytes per decode step) or "int4"
-    (group-32 scale and zero; a GGUF's Q4_0/Q4_1 weights load as they are, the lm_head at 8 bits).
-    Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
-    block_size, enable_prefix_caching, max_model_len.
+    "int8" (8-bit weights: groups of 32 with rooftop's CPU kernels, one scale per output row on PyTorch's) or
+    "int4" (group-32 scale and zero; a GGUF's Q4_0/Q4_1 weights load as they are, the lm_head at 8 bits).
+    Engine options (vLLM's names, EngineConfig's fields): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or
+    num_kv_blocks, block_size, enable_prefix_caching, max_model_len. `LLM.from_config(RunConfig(...))` takes the
+    same as one value.
     """
 
     def __init__(
@@ -71,16 +77,28 @@ class LLM:
         weights: str = "auto",
         **engine_options,
     ):
-        engine_config = EngineConfig(**engine_options)
-        self.device = torch.device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        loaded = load_model(model)
+        if isinstance(dtype, torch.dtype):
+            dtype = str(dtype).removeprefix("torch.")
+        self._start(RunConfig(model, dtype, str(device), weights, EngineConfig(**engine_options)))
+
+    @classmethod
+    def from_config(cls, run: RunConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm._start(run)
+        return llm
+
+    def _start(self, run: RunConfig) -> None:
+        self.run_config = run
+        self.device = torch.device(run.device)
+        self.dtype = resolve_dtype(run.dtype, self.device)
+        loaded = load_model(run.model)
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        fmt = resolve_weight_format(weights, loaded.native_format, self.device)
+        fmt = resolve_weight_format(run.weights, loaded.native_format, self.device)
         model = Transformer(loaded.config, loaded.weights, self.dtype, self.device, fmt)
-        self.engine = LLMEngine(model, self.tokenizer, engine_config)
+        self.engine = LLMEngine(model, self.tokenizer, run.engine)
+        self.step_records: deque[StepRecord] = deque(maxlen=STEP_HISTORY)  # the steps this LLM ran, oldest first
         self._request_ids = itertools.count()
         self._inbox: dict[str, list[RequestDelta]] = {}  # deltas stepped out for a request not being read now
 
@@ -116,7 +134,7 @@ class LLM:
             outputs = {}
             for request_id in ids:
                 for delta in self._deltas(request_id):
-                    if delta.finished:
+                    if delta.output is not None:
                         outputs[request_id] = delta.output
             return [outputs[i] for i in ids]
         finally:  # an error (or Ctrl-C) midway frees every request this call started
@@ -140,7 +158,7 @@ class LLM:
     def _stream(self, request_id: str) -> Iterator[StreamChunk]:
         try:
             for delta in self._deltas(request_id):
-                yield StreamChunk(delta.text, delta.output)
+                yield StreamChunk(delta.text, delta.new_token_ids, delta.finish_reason, delta.output)
         finally:  # a consumer that stops early (Ctrl-C, a closed stream) frees the request's blocks
             self.engine.abort(request_id)
 
@@ -154,9 +172,12 @@ class LLM:
                 return
             if request_id in self._inbox:
                 continue
-            if request_id not in self.engine.requests:
+            if not self.engine.has_request(request_id):
                 return
-            for delta in self.engine.step():
+            step = self.engine.step()
+            if step.record is not None:
+                self.step_records.append(step.record)
+            for delta in step.deltas:
                 self._inbox.setdefault(delta.request_id, []).append(delta)
 
     def apply_chat_template(self, messages: Messages) -> str:

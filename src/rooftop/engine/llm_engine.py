@@ -1,52 +1,32 @@
-"""LLMEngine: requests in, one step at a time out. The server's and `LLM`'s shared core (continuous batching)."""
+"""LLMEngine: requests in, one step at a time out. The server's and `LLM`'s shared core (continuous batching).
+
+One step: the scheduler picks the sequences and decides each one's phase; the runner computes them in one forward
+pass; the sampler draws every sampling sequence's next token at once; the output processor turns the tokens into
+text deltas and finish reasons; the scheduler takes in what the step computed and frees what finished.
+"""
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
 from rooftop.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from rooftop.engine.block_manager import BlockManager
-from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.engine.metrics import RequestMetrics
-from rooftop.engine.runner import is_decode, run_step
-from rooftop.engine.sampler import TokenLogprob, sample, token_logprob
+from rooftop.engine.output_processor import OutputProcessor
+from rooftop.engine.outputs import EngineStats, RequestDelta, RequestOutput, StepOutput, StepRecord
+from rooftop.engine.runner import run_step
+from rooftop.engine.sampler import SamplingRow, sample, token_logprob
 from rooftop.engine.sampling_params import SamplingParams
-from rooftop.engine.scheduler import Scheduler
-from rooftop.engine.sequence import RequestOutput, Sequence
+from rooftop.engine.scheduler import ScheduledSeq, Scheduler
+from rooftop.engine.sequence import Sequence
+from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.kv_cache import KVPool
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import SeqShape, StepShape
-
-STEP_HISTORY = 10_000
-
-
-@dataclass
-class StepRecord:
-    """What one step did, for the roofline attribution: its shape, phase mix and measured time."""
-
-    shape: StepShape
-    phase: str  # "prefill", "decode" or "mixed"
-    seconds: float
-    finished_at: float  # time.perf_counter() when the step's tokens were ready
-
-
-@dataclass
-class RequestDelta:
-    """What one request got from one step."""
-
-    request_id: str
-    new_token_ids: list[int]
-    text: str  # the new text, safe to show (never part of a stop string)
-    finished: bool
-    finish_reason: str | None
-    output: RequestOutput  # the whole request so far
-    new_logprobs: list[TokenLogprob] = field(default_factory=list)  # of new_token_ids, when params.logprobs is set
 
 
 class LLMEngine:
@@ -56,20 +36,19 @@ class LLMEngine:
         mc = model.config
         self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         block_bytes = KVPool.bytes_per_block(mc, self.config.block_size, model.dtype)
-        num_blocks = self.config.num_kv_blocks or max(
-            1, (self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES) // block_bytes
-        )
-        self.pool = KVPool(mc, num_blocks, self.config.block_size, model.dtype, model.device)
-        self.blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, self.blocks)
-        self.eos_token_ids = sorted(set(mc.eos_token_ids) | set(tokenizer.eos_token_ids))
-        self.requests: dict[str, Sequence] = {}
-        self.step_records: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
+        kv_bytes = self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
+        num_blocks = self.config.num_kv_blocks or max(1, kv_bytes // block_bytes)
+        self._pool = KVPool(mc, num_blocks, self.config.block_size, model.dtype, model.device)
+        self._blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self._scheduler = Scheduler(self.config, self._blocks)
+        eos_token_ids = sorted(set(mc.eos_token_ids) | set(tokenizer.eos_token_ids))
+        self._outputs = OutputProcessor(tokenizer, eos_token_ids, self.max_model_len)
+        self._requests: dict[str, Sequence] = {}
         self._arrivals = 0
 
     @property
-    def pool_tokens(self) -> int:
-        return self.pool.num_blocks * self.pool.block_size
+    def kv_cache_tokens(self) -> int:
+        return self._pool.num_blocks * self._pool.block_size
 
     def add_request(
         self,
@@ -79,7 +58,7 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         """Queue a request; raises InvalidRequestError (for this request only) if it can never run."""
-        if request_id in self.requests:
+        if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
         ids, text = self._tokenize(prompt)
@@ -89,91 +68,110 @@ class LLMEngine:
                 "with room needed for at least one output token"
             )
         longest = min(len(ids) + params.max_tokens, self.max_model_len)
-        if self.blocks.blocks_needed(longest) > self.blocks.num_blocks:
+        if self._blocks.blocks_needed(longest) > self._blocks.num_blocks:
             raise InvalidRequestError(
-                f"the request needs up to {longest} tokens of KV cache; the pool holds {self.pool_tokens} "
+                f"the request needs up to {longest} tokens of KV cache; the pool holds {self.kv_cache_tokens} "
                 "(raise kv_cache_bytes / num_kv_blocks or lower max_tokens)"
             )
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.model.device).manual_seed(params.seed)
+        arrival = time.perf_counter() if arrival_time is None else arrival_time
         seq = Sequence(
             request_id=request_id,
             prompt=text,
             prompt_token_ids=ids,
             params=params,
-            detokenizer=IncrementalDetokenizer(self.tokenizer),
-            eos_token_ids=self.eos_token_ids,
-            max_model_len=self.max_model_len,
-            metrics=RequestMetrics(
-                arrival_time=time.perf_counter() if arrival_time is None else arrival_time, prompt_tokens=len(ids)
-            ),
+            metrics=RequestMetrics(arrival_time=arrival, prompt_tokens=len(ids)),
             arrival_index=self._arrivals,
             generator=generator,
         )
         self._arrivals += 1
-        self.requests[request_id] = seq
-        self.scheduler.add(seq)
+        self._requests[request_id] = seq
+        self._outputs.add(seq)
+        self._scheduler.add(seq)
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request and free its blocks; an unknown or finished id is a no-op."""
-        seq = self.requests.pop(request_id, None)
-        if seq is not None:
-            seq.finish_reason = seq.finish_reason or "abort"
-            self.scheduler.finish(seq)
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; returns its output as it stood (finish reason `abort`), or None for
+        an unknown or finished id."""
+        seq = self._requests.pop(request_id, None)
+        if seq is None:
+            return None
+        self._scheduler.finish(seq)
+        return self._outputs.abort(seq)
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether the request is queued or running (not finished, not aborted)."""
+        return request_id in self._requests
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self._scheduler.has_unfinished()
 
-    def step(self) -> list[RequestDelta]:
-        """Schedule, run one forward pass, sample; return what each request that got a token produced."""
-        batch = self.scheduler.schedule()
+    def stats(self) -> EngineStats:
+        blocks = self._blocks
+        return EngineStats(
+            running=len(self._scheduler.running),
+            waiting=len(self._scheduler.waiting),
+            kv_blocks_used=blocks.num_blocks - blocks.num_free,
+            kv_blocks_total=blocks.num_blocks,
+            block_size=blocks.block_size,
+            kv_cache_bytes=self._pool.nbytes,
+            prefix_queries=blocks.prefix_queries,
+            prefix_hits=blocks.prefix_hits,
+            preemptions=self._scheduler.num_preemptions,
+        )
+
+    def step(self) -> StepOutput:
+        """Schedule, run one forward pass, sample; return what each request that got a token produced, and the
+        step's record."""
+        batch = self._scheduler.schedule()
         if not batch:
-            return []
+            return StepOutput()
         started = time.perf_counter()
         for s in batch:
             if s.seq.metrics.first_scheduled_time is None:
                 s.seq.metrics.first_scheduled_time = started
                 s.seq.metrics.prefix_cache_hit_tokens = s.cached  # admitted with its cached prefix computed
-        shape = StepShape(tuple(SeqShape(s.num_new, s.cached, s.samples) for s in batch))
-        logits, seconds = run_step(self.model, self.pool, batch)
-        deltas = []
-        for i, s in enumerate(batch):
-            seq, m = s.seq, s.seq.metrics
-            seq.num_computed_tokens += s.num_new
-            if is_decode(s):
-                m.decode_time += seconds
+        shape = StepShape(tuple(SeqShape(s.new, s.cached, s.needs_logits, phase=s.phase) for s in batch))
+        step = run_step(self.model, self._pool, batch)
+        for s in batch:
+            m = s.seq.metrics
+            if s.phase is Phase.DECODE:
+                m.decode_time += step.seconds
                 m.decode_steps += 1
             else:
-                m.prefill_time += seconds
-                m.prefill_tokens += s.num_new
-            self.blocks.cache_full_blocks(seq.block_table, seq.all_token_ids, seq.num_computed_tokens)
-            if i not in logits:
-                continue
-            before = len(seq.output_token_ids)
+                m.prefill_time += step.seconds
+                m.prefill_tokens += s.new
+        deltas = self._sample(batch, step.logits, step.sampled)
+        finished = [self._requests.pop(d.request_id) for d in deltas if d.finished]
+        self._scheduler.update(batch, finished)
+        return StepOutput(deltas, StepRecord(shape, step.seconds, time.perf_counter()))
+
+    def _sample(self, batch: list[ScheduledSeq], logits: torch.Tensor | None, sampled: list[int]) -> list[RequestDelta]:
+        """Next tokens for the sampling sequences, as deltas. A row whose logits are not finite ends its own request
+        with `error`; the others go on."""
+        if logits is None:
+            return []
+        seqs = [batch[i].seq for i in sampled]
+        finite = torch.isfinite(logits).all(-1).tolist()
+        good = [k for k, ok in enumerate(finite) if ok]
+        tokens: dict[int, int] = {}
+        error = "the model produced non-finite logits"
+        if good:
+            rows = [SamplingRow(s.params, s.generator, s.prompt_token_ids, s.output_token_ids) for s in seqs]
             try:
-                token = sample(logits[i], seq.params, seq.all_token_ids, seq.generator, seq.output_token_ids)
-                if seq.params.logprobs is not None:
-                    seq.logprobs.append(token_logprob(logits[i], token, seq.params.logprobs))
-                text = seq.append_token(token, time.perf_counter())
-            except (RuntimeError, ValueError) as e:  # e.g. non-finite logits: this request ends, the others go on
-                seq.finish_reason, text = "error", ""
-                seq.error = str(e)
-            deltas.append(
-                RequestDelta(
-                    seq.request_id,
-                    seq.output_token_ids[before:],
-                    text,
-                    seq.finish_reason is not None,
-                    seq.finish_reason,
-                    seq.output(),
-                    seq.logprobs[before:],
-                )
-            )
-            if seq.finish_reason is not None:
-                self.scheduler.finish(seq)
-                self.requests.pop(seq.request_id, None)
-        self.step_records.append(StepRecord(shape, shape.phase, seconds, time.perf_counter()))
+                tokens = dict(zip(good, sample(logits[good], [rows[k] for k in good]), strict=True))
+            except (RuntimeError, ValueError) as e:  # a sampling failure fails this step's samples, not the engine
+                error = f"sampling failed: {e}"
+        now = time.perf_counter()
+        deltas = []
+        for k, seq in enumerate(seqs):
+            if k not in tokens:
+                deltas.append(self._outputs.on_error(seq, error))
+                continue
+            k_logprobs = seq.params.logprobs
+            logprob = None if k_logprobs is None else token_logprob(logits[k], tokens[k], k_logprobs)
+            deltas.append(self._outputs.on_token(seq, tokens[k], logprob, now))
         return deltas
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[list[int], str | None]:

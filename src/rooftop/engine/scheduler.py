@@ -1,9 +1,10 @@
-"""The scheduler: which sequences run in the next step and how many tokens each brings (first come, first served).
+"""The scheduler: which sequences run in the next step, how many tokens each brings, and in which phase
+(first come, first served). The phase is decided here, once; everything downstream reads `ScheduledSeq.phase`.
 
 Each step first gives every running decode its one token, then continues running prefills chunk by chunk,
 then admits waiting requests, all within max_num_seqs and the token budget max_num_batched_tokens. When the
 block pool runs dry, the most recently arrived running sequence is preempted: its blocks are freed and it
-is recomputed later from its tokens so far.
+is recomputed later from its tokens so far. After the step, `update` takes in what it computed.
 """
 
 from __future__ import annotations
@@ -14,18 +15,27 @@ from dataclasses import dataclass
 from rooftop.config import EngineConfig
 from rooftop.engine.block_manager import BlockManager
 from rooftop.engine.sequence import Sequence, Status
+from rooftop.enums import Phase
 
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new: int  # tokens computed for it this step
+    new: int  # tokens computed for it this step
     cached: int  # tokens it already had in the cache
+    phase: Phase
 
     @property
-    def samples(self) -> bool:
+    def needs_logits(self) -> bool:
         """The step reaches the sequence's last token, so a new token is sampled from its logits."""
-        return self.cached + self.num_new == self.seq.num_tokens
+        return self.cached + self.new == self.seq.num_tokens
+
+
+def running_phase(seq: Sequence) -> Phase:
+    """A running sequence decodes when its one uncached token is the output token it sampled last; otherwise it
+    is still prefilling (its prompt's next chunk, or recomputing after a preemption). Admission is always a prefill,
+    even when the prefix cache leaves a single prompt token to compute."""
+    return Phase.DECODE if seq.uncached == 1 and seq.output_token_ids else Phase.PREFILL
 
 
 class Scheduler:
@@ -54,25 +64,26 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted = False
-        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
-        prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        phases = {seq: running_phase(seq) for seq in self.running}
+        decodes = [s for s in self.running if phases[s] is Phase.DECODE]
+        prefills = [s for s in self.running if phases[s] is Phase.PREFILL]
         for seq in decodes + prefills:
             if seq.status is not Status.RUNNING or budget == 0:
                 continue  # preempted earlier in this loop, or out of budget until the next step
-            n = min(seq.num_uncomputed_tokens, budget)
-            while not self.blocks.can_append(seq.block_table, seq.num_computed_tokens + n):
+            n = min(seq.uncached, budget)
+            while not self.blocks.can_append(seq.block_table, seq.cached + n):
                 victim = max(self.running, key=lambda s: s.arrival_index)
                 for entry in [e for e in scheduled if e.seq is victim]:  # give back what it was granted
                     scheduled.remove(entry)
-                    budget += entry.num_new
+                    budget += entry.new
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
             if seq.status is not Status.RUNNING:
                 continue
-            self.blocks.append(seq.block_table, seq.num_computed_tokens + n)
-            scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+            self.blocks.append(seq.block_table, seq.cached + n)
+            scheduled.append(ScheduledSeq(seq, n, seq.cached, phases[seq]))
             budget -= n
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -80,20 +91,29 @@ class Scheduler:
             if allocation is None:
                 break
             self.waiting.popleft()
-            seq.block_table, seq.num_computed_tokens = allocation
+            seq.block_table, seq.cached = allocation
             seq.status = Status.RUNNING
             self.running.append(seq)
             self.running.sort(key=lambda s: s.arrival_index)
-            n = min(seq.num_uncomputed_tokens, budget)
-            scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+            n = min(seq.uncached, budget)
+            scheduled.append(ScheduledSeq(seq, n, seq.cached, Phase.PREFILL))
             budget -= n
         return scheduled
+
+    def update(self, batch: list[ScheduledSeq], finished: list[Sequence]) -> None:
+        """Take in a step's work: each sequence's new tokens are cached (full blocks named for the prefix cache),
+        and the sequences that finished give their blocks back."""
+        for s in batch:
+            s.seq.cached += s.new
+            self.blocks.cache_full_blocks(s.seq.block_table, s.seq.all_token_ids, s.seq.cached)
+        for seq in finished:
+            self.finish(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free its blocks and send it back to the head of the queue, to be recomputed from its tokens so far."""
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
-        seq.num_computed_tokens = 0
+        seq.cached = 0
         seq.status = Status.WAITING
         self.num_preemptions += 1
         position = next(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from rooftop.config import ModelConfig
+from rooftop.enums import Phase
 
 
 class KVPool:
@@ -79,24 +80,35 @@ def table_slots(table: torch.Tensor, block_size: int) -> torch.Tensor:
     return slots.flatten(-2)
 
 
-def build_metadata(seqs: list[tuple[list[int], int, int]], block_size: int, device: torch.device) -> AttentionMetadata:
-    """Metadata for a step over sequences given as (block table, cached tokens, new tokens), in row order.
+@dataclass(frozen=True)
+class AttentionSeq:
+    """One sequence of a step as attention sees it: its blocks, its cached and new tokens, and the phase the
+    scheduler gave it (a decode brings exactly one token)."""
 
-    A sequence with one new token and a non-empty cache takes the batched decode path; anything else is a
-    prefill (chunk) attended one sequence at a time. Four small tensors for a decode step whatever the batch and
-    context (it runs on every step, whose whole budget is ~12 ms); the padded slot lists and mask that PyTorch's
-    attention needs are derived from them only if that path asks.
+    block_table: list[int]
+    cached: int
+    new: int
+    phase: Phase
+
+
+def build_metadata(seqs: list[AttentionSeq], block_size: int, device: torch.device) -> AttentionMetadata:
+    """Metadata for a step over `seqs`, in row order.
+
+    Decodes take the batched decode path; prefill chunks are attended one sequence at a time. Four small tensors
+    for a decode step whatever the batch and context (it runs on every step, whose whole budget is ~12 ms); the
+    padded slot lists and mask that PyTorch's attention needs are derived from them only if that path asks.
     """
     slot_mapping, prefills, decodes = [], [], []
     row = 0
-    for block_table, cached, new in seqs:
-        slot_mapping += [
-            block_table[p // block_size] * block_size + p % block_size for p in range(cached, cached + new)
-        ]
-        if new == 1 and cached > 0:
-            decodes.append((row, block_table, cached + 1))
+    for s in seqs:
+        table, cached, new = s.block_table, s.cached, s.new
+        slot_mapping += [table[p // block_size] * block_size + p % block_size for p in range(cached, cached + new)]
+        if s.phase is Phase.DECODE:
+            if new != 1 or cached < 1:
+                raise ValueError(f"a decode brings one token after a non-empty cache, not {new} after {cached}")
+            decodes.append((row, table, cached + 1))
         else:
-            slots = table_slots(torch.tensor(block_table[: -(-(cached + new) // block_size)]), block_size)
+            slots = table_slots(torch.tensor(table[: -(-(cached + new) // block_size)]), block_size)
             prefills.append(PrefillChunk(row, row + new, cached, slots[: cached + new].to(device)))
         row += new
     meta = AttentionMetadata(torch.tensor(slot_mapping, device=device), prefills, block_size)
@@ -121,8 +133,7 @@ class KVCache:
         self.table = list(range(num_blocks))
         self.capacity = capacity
 
-    def metadata(self, start: int, new: int) -> AttentionMetadata:
-        assert start + new <= self.capacity, (
-            f"KV cache of {self.capacity} tokens cannot hold position {start + new - 1}"
-        )
-        return build_metadata([(self.table, start, new)], self.pool.block_size, self.pool.k.device)
+    def metadata(self, start: int, new: int, phase: Phase = Phase.PREFILL) -> AttentionMetadata:
+        if start + new > self.capacity:
+            raise ValueError(f"KV cache of {self.capacity} tokens cannot hold position {start + new - 1}")
+        return build_metadata([AttentionSeq(self.table, start, new, phase)], self.pool.block_size, self.pool.k.device)

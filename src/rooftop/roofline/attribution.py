@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rooftop.config import ModelConfig
+from rooftop.enums import Phase
 from rooftop.quant.linear import WIDEN_ROWS, fbgemm_available
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
@@ -56,7 +57,7 @@ def attribute_step(
 class PhaseAttribution:
     """All steps of one phase of a run, summed: the work, the measured time, the achieved rates."""
 
-    phase: str
+    phase: Phase
     steps: int
     tokens: int
     measured_s: float
@@ -115,7 +116,7 @@ def attribute_phases(steps: list[StepAttribution], hw: Hardware) -> dict[str, Ph
     """Group steps by phase ("prefill", "decode", "mixed") and sum them. A phase's compute roof is the peak its
     steps' math ran at (FLOP-weighted: Σ FLOPs / Σ FLOPs-at-peak time), since kernels can differ by step size."""
     phases: dict[str, PhaseAttribution] = {}
-    for phase in ("prefill", "decode", "mixed"):
+    for phase in Phase:
         chosen = [s for s in steps if s.shape.phase == phase]
         if not chosen:
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
+from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.precision import Precision
@@ -18,12 +19,14 @@ from rooftop.roofline.precision import Precision
 
 @dataclass(frozen=True)
 class SeqShape:
-    """`count` sequences in a step, each bringing `new` tokens that attend to `cached` earlier ones."""
+    """`count` sequences in a step, each bringing `new` tokens that attend to `cached` earlier ones, in `phase`
+    (decided by the engine's scheduler; the op model's counts depend only on `new` and `cached`)."""
 
     new: int
     cached: int = 0
     needs_logits: bool = True  # a prefill chunk that does not finish its prompt samples nothing
     count: int = 1
+    phase: Phase = Phase.PREFILL
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class StepShape:
     @classmethod
     def decode(cls, batch: int, context: int) -> StepShape:
         """One new token per sequence, each attending to `context` cached tokens."""
-        return cls((SeqShape(1, context, count=batch),))
+        return cls((SeqShape(1, context, count=batch, phase=Phase.DECODE),))
 
     @property
     def num_seqs(self) -> int:
@@ -52,12 +55,10 @@ class StepShape:
         return sum(s.count for s in self.seqs if s.needs_logits)
 
     @property
-    def phase(self) -> str:
-        if all(s.new == 1 and s.cached > 0 for s in self.seqs):
-            return "decode"
-        if all(s.new > 1 or s.cached == 0 for s in self.seqs):
-            return "prefill"
-        return "mixed"
+    def phase(self) -> Phase:
+        """The step's phase: its sequences' one phase, or MIXED when prefills and decodes share it."""
+        phases = {s.phase for s in self.seqs}
+        return phases.pop() if len(phases) == 1 else Phase.MIXED
 
 
 @dataclass(frozen=True)

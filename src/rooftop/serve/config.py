@@ -1,9 +1,10 @@
-"""ServeConfig: what `rooftop serve` runs (model, engine options), where it listens, and the limits it enforces."""
+"""ServeConfig: what `rooftop serve` runs (a RunConfig), where it listens, and the limits it enforces."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rooftop.config import RunConfig
 from rooftop.errors import InvalidRequestError
 
 LOOPBACK = "127.0.0.1"
@@ -13,7 +14,7 @@ LOOPBACK = "127.0.0.1"
 class ServeConfig:
     """`host` None binds to 127.0.0.1 without an API key and to every interface with one."""
 
-    model: str | None = None  # GGUF file or HF directory; None is the bundled model
+    run: RunConfig = field(default_factory=RunConfig)  # the model, dtype, device, weights and engine options
     host: str | None = None
     port: int = 8000
     api_key: str | None = None
@@ -21,10 +22,6 @@ class ServeConfig:
     max_waiting_requests: int = 256  # requests waiting for a free slot; beyond it, new ones get 429
     max_body_bytes: int = 2 << 20
     shutdown_timeout_s: float = 30.0  # on SIGINT/SIGTERM, in-flight requests get this long to finish
-    dtype: str = "auto"
-    device: str = "cpu"
-    weights: str = "auto"
-    engine_options: dict = field(default_factory=dict)  # EngineConfig's fields: max_num_seqs, kv_cache_bytes, ...
 
     def __post_init__(self) -> None:
         if self.host is None:

@@ -10,8 +10,10 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from rooftop.engine.llm_engine import LLMEngine, RequestDelta
+from rooftop.engine.llm_engine import LLMEngine
+from rooftop.engine.outputs import RequestDelta
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.enums import FinishReason
 from rooftop.errors import RooftopError
 from rooftop.serve.monitor import Monitor
 
@@ -128,16 +130,18 @@ class EngineLoop:
             try:
                 while command is not None:
                     if command is _STOP:
-                        self._fail_all(EngineStoppedError("the server shut down before this request finished"), "abort")
+                        self._fail_all(
+                            EngineStoppedError("the server shut down before this request finished"), FinishReason.ABORT
+                        )
                         return
                     self._apply(command)
                     command = self._next_command()
                 if self.engine.has_unfinished():
                     self._step()
-                self.monitor.on_state(self.engine)
+                self.monitor.on_state(self.engine.stats())
             except Exception as e:  # a bug, not bad input: fail the requests in flight, keep serving new ones
                 log.exception("the engine loop failed")
-                self._fail_all(EngineFailedError(f"the engine failed: {e}"), "error")
+                self._fail_all(EngineFailedError(f"the engine failed: {e}"), FinishReason.ERROR)
 
     def _next_command(self):
         try:
@@ -148,7 +152,7 @@ class EngineLoop:
     def _apply(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             if self.streams.pop(command.request_id, None) is not None:
-                self._abort(command.request_id, "abort")
+                self._abort(command.request_id, FinishReason.ABORT)
             return
         error = None
         try:
@@ -165,21 +169,20 @@ class EngineLoop:
 
     def _queued(self) -> int:
         """Waiting requests that the next step cannot admit even if blocks allow."""
-        scheduler = self.engine.scheduler
-        free_slots = max(0, self.engine.config.max_num_seqs - len(scheduler.running))
-        return max(0, len(scheduler.waiting) - free_slots)
+        stats = self.engine.stats()
+        free_slots = max(0, self.engine.config.max_num_seqs - stats.running)
+        return max(0, stats.waiting - free_slots)
 
-    def _abort(self, request_id: str, outcome: str) -> None:
-        seq = self.engine.requests.get(request_id)
-        if seq is not None:
-            self.monitor.on_abort(seq.output(), outcome)
-        self.engine.abort(request_id)
+    def _abort(self, request_id: str, outcome: FinishReason) -> None:
+        output = self.engine.abort(request_id)
+        if output is not None:
+            self.monitor.on_abort(output, outcome)
 
     def _step(self) -> None:
-        deltas = self.engine.step()
-        self.monitor.on_step(self.engine, deltas)
+        step = self.engine.step()
+        self.monitor.on_step(step)
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for delta in deltas:
+        for delta in step.deltas:
             command = self.streams.get(delta.request_id)
             if command is None:
                 continue
@@ -189,7 +192,7 @@ class EngineLoop:
         for loop, items in by_loop.items():
             _deliver(loop, items)
 
-    def _fail_all(self, error: Exception, outcome: str) -> None:
+    def _fail_all(self, error: Exception, outcome: FinishReason) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for request_id, command in list(self.streams.items()):
             self._abort(request_id, outcome)

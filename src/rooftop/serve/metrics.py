@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from rooftop.enums import FinishReason, Phase
+
 # seconds; vLLM's buckets, widened at the top for CPU-sized latencies
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
-PHASES = ("prefill", "decode", "mixed")
 
 
 @dataclass
@@ -72,8 +73,8 @@ def create_metrics() -> ServerMetrics:
         ),
         roof_bytes=Gauge("rooftop_roof_bytes_per_second", "This machine's measured memory bandwidth", registry=r),
     )
-    for outcome in ("stop", "length", "abort", "error", "rejected", "invalid"):
+    for outcome in (*FinishReason, "rejected", "invalid"):
         m.requests.labels(outcome=outcome)  # every series exists from the start, at 0
-    for phase in PHASES:
+    for phase in Phase:
         m.steps.labels(phase=phase)
     return m

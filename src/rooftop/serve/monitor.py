@@ -10,12 +10,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
-from rooftop.engine.llm_engine import LLMEngine, RequestDelta, StepRecord
-from rooftop.engine.sequence import RequestOutput
+from rooftop.engine.outputs import EngineStats, RequestOutput, StepOutput, StepRecord
+from rooftop.enums import FinishReason, Phase
 from rooftop.roofline.attribution import attribute_step
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.precision import Precision
-from rooftop.serve.metrics import PHASES, ServerMetrics
+from rooftop.serve.metrics import ServerMetrics
 
 STEPS_KEPT = 300  # the dashboard's timeline and roofline points
 STEPS_PER_RATE = 32  # achieved FLOP/s and GB/s: over this many most recent steps of a phase
@@ -27,7 +27,7 @@ THROUGHPUT_WINDOW_S = 10.0
 class StepPoint:
     finished_at: float  # time.perf_counter()
     seconds: float
-    phase: str
+    phase: Phase
     batch: int  # sequences in the step
     tokens: int  # tokens computed
     sampled: int  # tokens generated
@@ -51,8 +51,7 @@ class Monitor:
         self.steps: deque[StepPoint] = deque(maxlen=STEPS_KEPT)
         self.finished: deque[FinishedPoint] = deque(maxlen=10_000)
         self.state = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0}
-        self.outcomes = {outcome: 0 for outcome in ("stop", "length", "abort", "error")}
-        self._last_record: StepRecord | None = None
+        self.outcomes = {outcome: 0 for outcome in FinishReason}
         self._prefix_seen = (0, 0)
         # quantized weights: decode runs the weight-only kernels, large (prefill) steps widen them to float matmuls
         computes = sorted({precision.compute, precision.at(1 << 30).compute})
@@ -61,14 +60,12 @@ class Monitor:
             metrics.roof_flops.labels(compute=compute).set(peak)
         metrics.roof_bytes.set(hardware.memory_bandwidth)
 
-    def on_step(self, engine: LLMEngine, deltas: list[RequestDelta]) -> None:
-        record = engine.step_records[-1] if engine.step_records else None
-        if record is not None and record is not self._last_record:
-            self._last_record = record
-            self._record_step(record, len(deltas))
+    def on_step(self, step: StepOutput) -> None:
+        if step.record is not None:
+            self._record_step(step.record, len(step.deltas))
         m = self.metrics
-        for d in deltas:
-            rm = d.output.metrics
+        for d in step.deltas:
+            rm = d.metrics
             new, total = len(d.new_token_ids), rm.output_tokens
             m.generation_tokens.inc(new)
             if total and total == new:  # the request's first token: its prefill is done
@@ -79,29 +76,26 @@ class Monitor:
             times = rm.token_times
             for j in range(max(1, total - new), total):
                 m.itl.observe(times[j] - times[j - 1])
-            if d.finished:
+            if d.output is not None:
                 self._record_finish(d.output, d.finish_reason)
 
-    def on_abort(self, output: RequestOutput, outcome: str) -> None:
+    def on_abort(self, output: RequestOutput, outcome: FinishReason) -> None:
         self._record_finish(output, outcome)
 
-    def on_state(self, engine: LLMEngine) -> None:
-        scheduler, blocks = engine.scheduler, engine.blocks
-        used = blocks.num_blocks - blocks.num_free
+    def on_state(self, stats: EngineStats) -> None:
         m = self.metrics
-        m.running.set(len(scheduler.running))
-        m.waiting.set(len(scheduler.waiting))
-        m.kv_cache_usage.set(used / blocks.num_blocks)
-        queries, hits = blocks.prefix_queries, blocks.prefix_hits
-        m.prefix_cache_queries.inc(queries - self._prefix_seen[0])
-        m.prefix_cache_hits.inc(hits - self._prefix_seen[1])
-        self._prefix_seen = (queries, hits)
+        m.running.set(stats.running)
+        m.waiting.set(stats.waiting)
+        m.kv_cache_usage.set(stats.kv_cache_usage)
+        m.prefix_cache_queries.inc(stats.prefix_queries - self._prefix_seen[0])
+        m.prefix_cache_hits.inc(stats.prefix_hits - self._prefix_seen[1])
+        self._prefix_seen = (stats.prefix_queries, stats.prefix_hits)
         with self.lock:
             self.state = {
-                "running": len(scheduler.running),
-                "waiting": len(scheduler.waiting),
-                "kv_blocks_used": used,
-                "kv_blocks_total": blocks.num_blocks,
+                "running": stats.running,
+                "waiting": stats.waiting,
+                "kv_blocks_used": stats.kv_blocks_used,
+                "kv_blocks_total": stats.kv_blocks_total,
             }
 
     def _record_step(self, record: StepRecord, sampled: int) -> None:
@@ -125,7 +119,7 @@ class Monitor:
             self.metrics.achieved_flops.labels(phase=record.phase).set(sum(s.flops for s in recent) / seconds)
             self.metrics.achieved_bytes.labels(phase=record.phase).set(sum(s.bytes for s in recent) / seconds)
 
-    def _record_finish(self, output: RequestOutput, outcome: str) -> None:
+    def _record_finish(self, output: RequestOutput, outcome: FinishReason) -> None:
         m, rm = self.metrics, output.metrics
         m.requests.labels(outcome=outcome).inc()
         if rm.e2e is not None:
@@ -134,7 +128,7 @@ class Monitor:
             m.tpot.observe(rm.tpot)
         with self.lock:
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-            if outcome in ("stop", "length"):
+            if outcome in (FinishReason.STOP, FinishReason.LENGTH):
                 self.finished.append(FinishedPoint(time.perf_counter(), rm.ttft, rm.tpot))
 
     def snapshot(self) -> dict:
@@ -177,7 +171,7 @@ class Monitor:
                     for s in steps
                     if s.bytes > 0 and s.seconds > 0
                 ],
-                "achieved": {p: self._achieved(steps, p) for p in PHASES if any(s.phase == p for s in steps)},
+                "achieved": {p: self._achieved(steps, p) for p in Phase if any(s.phase == p for s in steps)},
             },
         }
 

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.serve.engine_loop import (
     ClientGoneError,
@@ -94,8 +95,7 @@ async def completions(request: Request) -> Response:
 
 def room(ready: Ready, prompt_tokens: int) -> int:
     """The default max_tokens: whatever the context and the KV pool leave after the prompt (at least 1)."""
-    engine = ready.llm.engine
-    return max(1, min(engine.max_model_len, engine.pool_tokens) - prompt_tokens)
+    return max(1, min(ready.llm.max_model_len, ready.llm.engine.kv_cache_tokens) - prompt_tokens)
 
 
 async def respond(
@@ -142,7 +142,7 @@ async def complete(request: Request, rs: RequestStream, out: Responses, with_log
     finally:
         watcher.cancel()
         rs.close()
-    if output.finish_reason == "error":
+    if output.finish_reason is FinishReason.ERROR:
         raise ApiError(500, f"generation failed: {output.error}")
     return JSONResponse(out.full(output, logprobs if with_logprobs else None))
 
@@ -160,7 +160,7 @@ async def events(request: Request, rs: RequestStream, out: Responses, with_logpr
                 if d.text or logprobs:
                     yield sse(out.chunk(d.text, logprobs))
                 continue
-            if d.finish_reason == "error":
+            if d.finish_reason is FinishReason.ERROR:
                 yield sse(error_body(500, f"generation failed: {d.output.error}"))
                 break
             yield sse(out.chunk(d.text or None, logprobs, d.finish_reason) | {"timings": timings(d.output.metrics)})

@@ -6,8 +6,8 @@ import json
 import time
 
 from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.outputs import RequestOutput
 from rooftop.engine.sampler import TokenLogprob
-from rooftop.engine.sequence import RequestOutput
 from rooftop.loading.tokenizer import Tokenizer
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf

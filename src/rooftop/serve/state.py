@@ -42,8 +42,8 @@ class ServerState:
         c = self.config
         try:
             if llm is None:
-                log.info("loading %s", c.model or "the bundled model")
-                llm = LLM(model=c.model, dtype=c.dtype, device=c.device, weights=c.weights, **c.engine_options)
+                log.info("loading %s", c.run.model or "the bundled model")
+                llm = LLM.from_config(c.run)
             log.info("reading this machine's roofs (measured once, ~15 s, then cached)")
             hardware = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device)).to_hardware()
         except Exception as e:  # a bad model path and a broken file alike end the server with one line
@@ -55,7 +55,7 @@ class ServerState:
         monitor = Monitor(self.metrics, llm.config, llm.precision, hardware)
         engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests)
         engine_loop.start()
-        name = c.served_model_name or c.model or Path(llm.model_path).stem
+        name = c.served_model_name or c.run.model or Path(llm.model_path).stem
         self.ready = Ready(llm, monitor, engine_loop, name)
         log.info("serving %s on http://%s:%d (dashboard at /)", name, c.host, c.port)
 

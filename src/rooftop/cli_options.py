@@ -1,0 +1,79 @@
+"""The options of every command that starts an engine (generate, chat, serve, bench), defined once: one help text
+each, defaults taken from RunConfig and EngineConfig, and handed to the command as one RunConfig."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Annotated, Any, get_type_hints
+
+import typer
+
+from rooftop.config import DTYPES, WEIGHTS, EngineConfig, RunConfig
+
+RUN_HELP = {
+    "model": ("--model", "-m", "GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)"),
+    "dtype": (f"{', '.join(DTYPES)} (auto: float32 on CPU, bfloat16 on a GPU)",),
+    "device": ("torch device: cpu, cuda, cuda:1 ...",),
+    "weights": (
+        f"{', '.join(WEIGHTS)}: auto is the format closest to the file (int4 for a Q4 GGUF, int8 for Q8_0, float for "
+        "float weights); float runs in --dtype; int8 and int4 are weight-only (groups of 32 weights with a scale, "
+        "and a zero for int4; a GGUF's Q8_0/Q4_0/Q4_1 as they are)",
+    ),
+}
+ENGINE_HELP = {
+    "max_num_seqs": "most sequences in one step",
+    "max_num_batched_tokens": "most tokens in one step (longer prompts are prefilled in chunks)",
+    "block_size": "tokens per KV block",
+    "kv_cache_bytes": "KV cache pool size in bytes (default 1 GiB)",
+    "num_kv_blocks": "KV cache pool size in blocks (overrides --kv-cache-bytes)",
+    "enable_prefix_caching": "reuse the KV blocks of prompt prefixes seen before",
+    "max_model_len": "context length (default: the model's)",
+}
+RUN_FIELDS = [f for f in fields(RunConfig) if f.name != "engine"]
+
+
+def _parameter(name: str, annotation: Any, default: Any, *decls: str, help: str) -> inspect.Parameter:
+    option = typer.Option(*decls, help=help)
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
+    )
+
+
+def _run_parameters() -> list[inspect.Parameter]:
+    run, run_types = RunConfig(), get_type_hints(RunConfig)
+    params = []
+    for f in RUN_FIELDS:
+        *decls, text = RUN_HELP[f.name]
+        params.append(_parameter(f.name, run_types[f.name], getattr(run, f.name), *decls, help=text))
+    engine, engine_types = EngineConfig(), get_type_hints(EngineConfig)
+    for f in fields(EngineConfig):
+        text = f"engine: {ENGINE_HELP[f.name]}"
+        params.append(_parameter(f.name, engine_types[f.name], getattr(engine, f.name), help=text))
+    return params
+
+
+def with_run_config(command: Callable) -> Callable:
+    """Give `command` (whose last parameter is `run: RunConfig`) the engine options as CLI options; it receives
+    them as one validated RunConfig. Bad values fail with one line, before anything loads."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "run"]
+    shared = _run_parameters()
+    names = {p.name for p in shared}
+
+    @functools.wraps(command)
+    def wrapper(**kwargs):
+        from rooftop.console import user_errors
+
+        options = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
+        with user_errors():
+            engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig)})
+            run = RunConfig(**options, engine=engine)
+        return command(**kwargs, run=run)
+
+    parameters = own + shared
+    wrapper.__signature__ = inspect.Signature(parameters)
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+    del wrapper.__wrapped__  # typer must read the new signature, not the command's own
+    return wrapper

@@ -1,0 +1,107 @@
+"""The output processor: sampled tokens in, the requests' text deltas and finish reasons out.
+
+Every decision about what a request shows and when it ends is here: detokenization (never splitting a UTF-8
+character), stop strings (cut, and never streamed: a tail that could still start one is held back), stop tokens and
+EOS, max_tokens and the context's end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rooftop.engine.detokenizer import IncrementalDetokenizer
+from rooftop.engine.outputs import RequestDelta, RequestOutput
+from rooftop.engine.sampler import TokenLogprob
+from rooftop.engine.sequence import Sequence
+from rooftop.enums import FinishReason
+from rooftop.loading.tokenizer import Tokenizer
+
+
+@dataclass
+class _Text:
+    """One request's text so far: already cut at a stop string; `streamed` of it has been handed out."""
+
+    detokenizer: IncrementalDetokenizer
+    text: str = ""
+    streamed: int = 0
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], max_model_len: int):
+        self.tokenizer, self.eos_token_ids, self.max_model_len = tokenizer, eos_token_ids, max_model_len
+        self._texts: dict[str, _Text] = {}
+
+    def add(self, seq: Sequence) -> None:
+        self._texts[seq.request_id] = _Text(IncrementalDetokenizer(self.tokenizer))
+
+    def on_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float) -> RequestDelta:
+        """Record a sampled token; return what it adds to the request, and whether the request is done."""
+        seq.output_token_ids.append(token_id)
+        seq.metrics.token_times.append(now)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        state, p = self._texts[seq.request_id], seq.params
+        cut = False
+        if token_id in p.stop_token_ids or (not p.ignore_eos and token_id in self.eos_token_ids):
+            state.finish_reason = FinishReason.STOP
+        else:
+            before = len(state.text)
+            state.text += state.detokenizer.add(token_id)
+            cut = self._cut_at_stop_string(state, p.stop, before)
+        if state.finish_reason is None and (
+            len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            state.finish_reason = FinishReason.LENGTH
+        if state.finish_reason is not None:
+            seq.metrics.finished_time = now
+            if not cut:  # bytes held back for an incomplete character are text all the same at the end
+                before = len(state.text)
+                state.text += state.detokenizer.flush()
+                self._cut_at_stop_string(state, p.stop, before)
+        return self._delta(seq, state, [token_id], [logprob] if logprob is not None else [])
+
+    def on_error(self, seq: Sequence, message: str) -> RequestDelta:
+        """The request's step failed (e.g. non-finite logits): it ends with `error`; the others go on."""
+        state = self._texts[seq.request_id]
+        state.finish_reason, state.error = FinishReason.ERROR, message
+        return self._delta(seq, state, [], [])
+
+    def abort(self, seq: Sequence) -> RequestOutput:
+        """The request's final output as it stands, ended with `abort` unless it had already finished."""
+        state = self._texts[seq.request_id]
+        state.finish_reason = state.finish_reason or FinishReason.ABORT
+        return self._finish(seq, state)
+
+    @staticmethod
+    def _cut_at_stop_string(state: _Text, stop: list[str], before: int) -> bool:
+        """Cut the text at the first stop string that text from `before` on completes; the stop string is dropped."""
+        longest = max((len(s) for s in stop), default=0)
+        search_from = max(0, before - longest + 1)
+        hits = [i for i in (state.text.find(s, search_from) for s in stop) if i >= 0]
+        if hits:
+            state.text = state.text[: min(hits)]
+            state.finish_reason = FinishReason.STOP
+        return bool(hits)
+
+    def _delta(self, seq: Sequence, state: _Text, tokens: list[int], logprobs: list[TokenLogprob]) -> RequestDelta:
+        hold = 0 if state.finish_reason else max((len(s) for s in seq.params.stop), default=1) - 1
+        end = max(state.streamed, len(state.text) - hold)
+        text, state.streamed = state.text[state.streamed : end], end
+        output = None if state.finish_reason is None else self._finish(seq, state)
+        return RequestDelta(seq.request_id, tokens, text, seq.metrics, state.finish_reason, logprobs, output)
+
+    def _finish(self, seq: Sequence, state: _Text) -> RequestOutput:
+        del self._texts[seq.request_id]
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            text=state.text,
+            token_ids=seq.output_token_ids,
+            finish_reason=state.finish_reason,
+            metrics=seq.metrics,
+            error=state.error,
+            logprobs=seq.logprobs,
+        )

@@ -1,0 +1,93 @@
+"""What the engine hands out: a request's deltas and final output, each step's record, and the engine's counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.sampler import TokenLogprob
+from rooftop.enums import FinishReason, Phase
+from rooftop.roofline.ops import StepShape
+
+
+@dataclass
+class RequestOutput:
+    """What `LLM.generate` returns for one prompt (vLLM's fields, flattened to one completion)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    metrics: RequestMetrics
+    error: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestDelta:
+    """What one request got from one step: only the increment (tokens, text, logprobs), so streaming a long answer
+    costs the same per token; the whole output comes once, with the final delta."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text: str  # the new text, safe to show (never part of a stop string)
+    metrics: RequestMetrics  # the request's own timings so far (the engine's object, not a copy)
+    finish_reason: FinishReason | None = None
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)  # of new_token_ids, when params.logprobs is set
+    output: RequestOutput | None = None  # the whole request, on its final delta only
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did, for the roofline attribution: its shape (each sequence's new and cached tokens and
+    phase), its phase and its measured time."""
+
+    shape: StepShape
+    seconds: float
+    finished_at: float  # time.perf_counter() when the step's tokens were ready
+
+    @property
+    def phase(self) -> Phase:
+        return self.shape.phase
+
+
+@dataclass
+class StepOutput:
+    """One `LLMEngine.step()`: the deltas of the requests that got a token, and the step's record (None when there
+    was nothing to run)."""
+
+    deltas: list[RequestDelta] = field(default_factory=list)
+    record: StepRecord | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What the server and the CLI show of the engine's state."""
+
+    running: int  # sequences holding KV blocks
+    waiting: int  # queued, not yet admitted (or preempted)
+    kv_blocks_used: int
+    kv_blocks_total: int
+    block_size: int
+    kv_cache_bytes: int
+    prefix_queries: int  # prompt tokens looked up in the prefix cache, since the engine started
+    prefix_hits: int  # of which found
+    preemptions: int
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return self.kv_blocks_total * self.block_size
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total
