@@ -264,7 +264,8 @@ def test_the_default_format_follows_the_file(tmp_path, tiny_gguf):
 
 
 def test_loading_reads_tensors_only_when_the_model_asks(tiny_gguf):
-    from rooftop.loading.model_files import LazyWeights, load_model
+    from rooftop.loading.loaded import LazyWeights
+    from rooftop.loading.model_files import load_model
 
     loaded = load_model(tiny_gguf)
     assert isinstance(loaded.weights, LazyWeights) and "model.norm.weight" in loaded.weights

@@ -81,14 +81,25 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
-            assert getattr(self, name) > 0, f"{name} must be positive"
-        assert self.num_heads % self.num_kv_heads == 0, "query heads must be a multiple of KV heads"
-        if self.num_experts:
-            assert 0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+            if getattr(self, name) <= 0:
+                raise InvalidRequestError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidRequestError(
+                f"query heads ({self.num_heads}) must be a multiple of KV heads ({self.num_kv_heads})"
+            )
+        if self.num_experts and not (
+            0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+        ):
+            raise InvalidRequestError(
+                f"{self.num_experts} experts need 1..{self.num_experts} per token and a positive moe_intermediate_size"
+            )
         if self.layer_types is not None:
-            assert len(self.layer_types) == self.num_layers, "one layer type per layer"
-            assert set(self.layer_types) <= {FULL_ATTENTION, LINEAR_ATTENTION}, self.layer_types
-            assert LINEAR_ATTENTION not in self.layer_types or self.linear_attention is not None
+            if len(self.layer_types) != self.num_layers:
+                raise InvalidRequestError(f"{len(self.layer_types)} layer types for {self.num_layers} layers")
+            if not set(self.layer_types) <= {FULL_ATTENTION, LINEAR_ATTENTION}:
+                raise InvalidRequestError(f"unknown layer types in {sorted(set(self.layer_types))}")
+            if LINEAR_ATTENTION in self.layer_types and self.linear_attention is None:
+                raise InvalidRequestError("linear-attention layers need the linear_attention shapes")
 
     @property
     def q_size(self) -> int:

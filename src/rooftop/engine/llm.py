@@ -17,7 +17,6 @@ from rooftop.engine.sequence import RequestOutput
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_model
 from rooftop.models.transformer import Transformer
-from rooftop.roofline.attribution import engine_precision
 from rooftop.roofline.precision import Precision
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,7 +94,7 @@ class LLM:
     @property
     def precision(self) -> Precision:
         """What the engine's steps read and compute in, for the roofline attribution."""
-        return engine_precision(self.dtype, self.model.weight_format, self.model.cpu_kernels)
+        return self.model.precision
 
     def generate(
         self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None

@@ -7,7 +7,7 @@ for all of them; only attention is per sequence, through the paged KV cache. Q/K
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +18,13 @@ from rooftop.kernels import cpu
 from rooftop.models.attention import decode_attention_kernel, paged_attention
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.rope import apply_rope, cos_sin_table
-from rooftop.quant.linear import WEIGHT_FORMATS, Linear, make_linear
+from rooftop.quant.linear import WEIGHT_FORMATS, WIDEN_ROWS, Linear, fbgemm_available, make_linear
 from rooftop.quant.weights import Weight, to_float
+from rooftop.roofline.precision import WEIGHT_FORMATS as FORMATS
+from rooftop.roofline.precision import Precision, precision
+
+# the compute dtype -> the float format of the activations, KV cache and float weights
+DTYPE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass
@@ -130,6 +135,22 @@ class Transformer:
                 )
             )
         self.cos, self.sin = cos_sin_table(c, c.max_position_embeddings, dtype, self.device)
+
+    @property
+    def precision(self) -> Precision:
+        """What the steps read and compute in, for the roofline attribution: activations and KV cache in the dtype;
+        weights in it, or int8 / int4 groups widened for float matmuls in steps of WIDEN_ROWS tokens or more."""
+        fmt = DTYPE_FORMATS[self.dtype]
+        base = precision(fmt, fmt)
+        if self.weight_format == "float":
+            return base
+        if self.cpu_kernels:
+            weights = FORMATS["q4_1" if self.weight_format == "int4" else "q8_0"]
+            head = FORMATS["q8_0"]
+        else:
+            weights = FORMATS["int4-g32" if self.weight_format == "int4" else self.weight_format]
+            head = FORMATS["fp16-fp32"] if fbgemm_available() else weights
+        return replace(base, weights=weights, widen_rows=WIDEN_ROWS, lm_head=head)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         """One sequence: T new tokens at positions start..start+T-1 after `start` tokens already in `cache`."""

@@ -1,4 +1,5 @@
-"""`rooftop roofline`, `rooftop probe` and `rooftop explain`: the analyzer and the probe on the command line."""
+"""`rooftop roofline`, `rooftop probe` and `rooftop explain`: the analyzer and the probe on the command line. The CLI
+face sits above the analyzer: "this" machine is the full probe, which times the engine's kernels (quant.probe)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from rooftop.console import err, user_errors
+from rooftop.quant.probe import load_or_run_probe
 from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
 from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.predict import analyze
@@ -28,7 +30,8 @@ def _resolve(
     config, file_format = resolve_model(model)
     if hardware is None and peak_tflops is None and bandwidth_tbs is None and memory_gb is None:
         hardware = "this"
-    hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb).scaled(compute_efficiency, memory_efficiency)
+    hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=load_or_run_probe)
+    hw = hw.scaled(compute_efficiency, memory_efficiency)
     return config, hw, resolve_precision(weights, kv, file_format)
 
 
@@ -88,7 +91,7 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Measure this machine's roofs (matmul FLOP/s, memory bandwidth) and cache them."""
-    from rooftop.roofline.probe import STEPS, cache_path, load_or_run_probe
+    from rooftop.roofline.probe import STEPS, cache_path
     from rooftop.roofline.report import si
 
     with user_errors():
