@@ -54,6 +54,8 @@ def test_measured_roofs_are_plausible(measured):
     assert result.cpu_count >= 1 and result.torch_threads >= 1
     assert result.torch_version == torch.__version__
     assert result.quick and result.device == "cpu" and result.date
+    assert set(result.engine_formats) == {"float", "int8", "int4"}  # what the engine's linears report being here
+    assert result.to_hardware().engine_formats == result.engine_formats
 
 
 def test_cache_is_written_then_reused_without_measuring(runs, monkeypatch):

@@ -252,3 +252,18 @@ def test_engine_steps_that_widen_quantized_weights_are_attributed_at_the_float_p
     # decode: the block linears on the int4 kernel's peak, the lm_head (fp16 weights, fp32 math) on fp32's
     assert 30e9 < phases["decode"].peak_flops < 40e9
     assert phases["decode"].peak_flops == pytest.approx(decode.predicted.flops / decode.predicted.compute_time_s)
+
+
+def test_a_weights_choice_means_what_the_engine_runs_on_that_device():
+    """One list for every command: on a datasheet device int8/int4 are per row / per 128; on this machine's probe
+    they are the formats its engine's linears reported (Q8_0 / Q4_1 on rooftop's kernels); exact names are themselves."""
+    from rooftop.roofline.precision import WEIGHT_CHOICES, weight_format
+
+    assert WEIGHT_CHOICES[:4] == ("auto", "float", "int8", "int4") and "q4_0" in WEIGHT_CHOICES
+    probed = {"float": "fp32", "int8": "q8_0", "int4": "q4_1"}
+    assert [weight_format(c, None, {}) for c in ("float", "int8", "int4")] == ["bf16", "int8", "int4"]
+    assert [weight_format(c, None, probed) for c in ("float", "int8", "int4")] == ["fp32", "q8_0", "q4_1"]
+    assert weight_format(None, "q4_1", probed) == weight_format("auto", "q4_1", {}) == "q4_1"
+    assert weight_format("auto", None, probed) == "bf16" and weight_format("q4_0", None, probed) == "q4_0"
+    with pytest.raises(InvalidRequestError, match="unknown weight format 'int3'"):
+        weight_format("int3", None, {})

@@ -17,6 +17,7 @@ from rooftop.engine.sequence import RequestOutput
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_model
 from rooftop.models.transformer import Transformer
+from rooftop.quant.linear import weight_policy
 from rooftop.roofline.precision import Precision
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,20 +45,14 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
-def resolve_weight_format(weights: str, native: str, device: torch.device) -> str:
-    """ "auto" is the format closest to what the file holds (int4 for a Q4 GGUF, int8 for Q8_0, float for
-    float weights) where the kernels for it exist (PyTorch's weight-only int4/int8 kernels: CPU), else float."""
-    if weights != "auto":
-        return weights
-    return native if device.type == "cpu" else "float"
-
-
 class LLM:
     """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`.
 
-    `weights`: "auto" (the format closest to the file: int4 for the bundled Q4_1 GGUF), "float" (in `dtype`),
-    "int8" (weight-only, one scale per output row: a quarter of float32's bytes per decode step) or "int4"
-    (group-32 scale and zero; a GGUF's Q4_0/Q4_1 weights load as they are, the lm_head at 8 bits).
+    `weights` (roofline.precision.WEIGHT_CHOICES): "auto" (the format closest to the file: int4 for the bundled Q4_1
+    GGUF), "float" (in `dtype`), "int8" (a quarter of float32's bytes per decode step: GGUF Q8_0, a scale per group
+    of 32, on rooftop's CPU kernels; one scale per row without them) or "int4" (a scale and a zero or minimum per
+    group of 32; a GGUF's Q4_0/Q4_1 weights load as they are, the lm_head at 8 bits), or an exact format the engine
+    runs here (e.g. "q4_1", "q8_0").
     Engine options (vLLM's names): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or num_kv_blocks,
     block_size, enable_prefix_caching, max_model_len.
     """
@@ -77,7 +72,7 @@ class LLM:
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        fmt = resolve_weight_format(weights, loaded.native_format, self.device)
+        fmt = weight_policy(weights, loaded.native_format, self.device, self.dtype)
         model = Transformer(loaded.config, loaded.weights, self.dtype, self.device, fmt)
         self.engine = LLMEngine(model, self.tokenizer, engine_config)
         self._request_ids = itertools.count()

@@ -18,13 +18,9 @@ from rooftop.kernels import cpu
 from rooftop.models.attention import decode_attention_kernel, paged_attention
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.rope import apply_rope, cos_sin_table
-from rooftop.quant.linear import WEIGHT_FORMATS, WIDEN_ROWS, Linear, fbgemm_available, make_linear
+from rooftop.quant.linear import FLOAT_FORMATS, Linear, make_linear
 from rooftop.quant.weights import Weight, to_float
-from rooftop.roofline.precision import WEIGHT_FORMATS as FORMATS
-from rooftop.roofline.precision import Precision, precision
-
-# the compute dtype -> the float format of the activations, KV cache and float weights
-DTYPE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+from rooftop.roofline.precision import WEIGHT_FORMATS, WEIGHT_POLICIES, Precision, precision
 
 
 @dataclass
@@ -60,15 +56,12 @@ class Transformer:
     ):
         c = config
         check_runnable(c)
-        if weight_format not in WEIGHT_FORMATS:
-            raise InvalidRequestError(
-                f"weight format must be one of {', '.join(WEIGHT_FORMATS)}; got {weight_format!r}"
-            )
+        if weight_format not in WEIGHT_POLICIES:
+            raise InvalidRequestError(f"weights must be one of {', '.join(WEIGHT_POLICIES)}; got {weight_format!r}")
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         if weight_format == "int4" and self.device.type != "cpu":
             raise UnsupportedModelError("int4 weights run on PyTorch's CPU kernels only for now; use int8 or float")
         self.weight_format = weight_format
-        self.cpu_kernels = self.device.type == "cpu" and cpu.ops() is not None  # what make_linear then builds
 
         def take(name: str, shape: tuple[int, ...] | None, required: bool = True) -> Weight | None:
             """A weight in the file's form: float tensors in the model's dtype, 4/8-bit groups as they are."""
@@ -138,19 +131,17 @@ class Transformer:
 
     @property
     def precision(self) -> Precision:
-        """What the steps read and compute in, for the roofline attribution: activations and KV cache in the dtype;
-        weights in it, or int8 / int4 groups widened for float matmuls in steps of WIDEN_ROWS tokens or more."""
-        fmt = DTYPE_FORMATS[self.dtype]
-        base = precision(fmt, fmt)
-        if self.weight_format == "float":
-            return base
-        if self.cpu_kernels:
-            weights = FORMATS["q4_1" if self.weight_format == "int4" else "q8_0"]
-            head = FORMATS["q8_0"]
-        else:
-            weights = FORMATS["int4-g32" if self.weight_format == "int4" else self.weight_format]
-            head = FORMATS["fp16-fp32"] if fbgemm_available() else weights
-        return replace(base, weights=weights, widen_rows=WIDEN_ROWS, lm_head=head)
+        """What the steps read and compute in, as the linears report it: activations and KV cache in the dtype, the
+        block linears' format and the lm_head's, and the step size from which quantized linears widen to floats."""
+        fmt = FLOAT_FORMATS[self.dtype]
+        linear = self.layers[0].qkv  # every block linear has one format
+        weights, head = WEIGHT_FORMATS[linear.format], WEIGHT_FORMATS[self.lm_head.format]
+        return replace(
+            precision(fmt, fmt),
+            weights=weights,
+            widen_rows=linear.widen_rows,
+            lm_head=None if head == weights else head,
+        )
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         """One sequence: T new tokens at positions start..start+T-1 after `start` tokens already in `cache`."""

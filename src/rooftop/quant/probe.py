@@ -8,9 +8,10 @@ from collections.abc import Callable
 import torch
 
 from rooftop.kernels import cpu
-from rooftop.quant.linear import make_linear
+from rooftop.quant.linear import linear_format, make_linear
 from rooftop.quant.weights import GROUP
 from rooftop.roofline import probe
+from rooftop.roofline.precision import WEIGHT_POLICIES
 from rooftop.roofline.probe import Plan, ProbeResult, best_on_ladder, median_seconds
 
 
@@ -43,6 +44,12 @@ class EngineLinears:
             "Int4Linear": f"PyTorch's weight-only op, groups of {GROUP}: bf16 activations, computes in bf16",
         }.get(type(linear).__name__, "PyTorch's weight-only op, one scale per row: bf16 activations, computes in bf16")
         return flops, f"{type(linear).__name__}, M={m} K={k} N={n} ({how})"
+
+    def formats(self, device: str) -> dict[str, str]:
+        """On the CPU, where the probe times them: the block linears of each policy at float32 activations."""
+        if device != "cpu":
+            return {}
+        return {policy: linear_format(policy, torch.device("cpu"), torch.float32) for policy in WEIGHT_POLICIES}
 
 
 ENGINE_LINEARS = EngineLinears()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rooftop.config import ModelConfig
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.hardware import Hardware, custom_hardware
-from rooftop.roofline.precision import Precision, precision
+from rooftop.roofline.precision import Precision, precision, weight_format
 from rooftop.roofline.predict import Prediction, analyze
 
 if TYPE_CHECKING:
@@ -73,9 +73,9 @@ def resolve_hardware(
     return find_hardware(hardware)
 
 
-def resolve_precision(weights: str | None, kv: str | None, file_format: str | None) -> Precision:
-    """Weights default to what the model file holds (a GGUF's type), else bf16."""
-    return precision(weights or file_format or "bf16", kv)
+def resolve_precision(weights: str | None, kv: str | None, file_format: str | None, hw: Hardware) -> Precision:
+    """A `--weights` choice (WEIGHT_CHOICES) as the exact format it means on `hw`; none is what the file holds."""
+    return precision(weight_format(weights, file_format, hw.engine_formats), kv)
 
 
 def predict(
@@ -93,4 +93,4 @@ def predict(
     """Predict TTFT, TPOT, memory and crossovers, e.g. `predict("qwen3-8b", "h200", prompt_len=4096)`."""
     config, file_format = resolve_model(model)
     hw = resolve_hardware(hardware).scaled(compute_efficiency, memory_efficiency)
-    return analyze(config, hw, resolve_precision(weights, kv, file_format), prompt_len, output_len, batch, tp)
+    return analyze(config, hw, resolve_precision(weights, kv, file_format, hw), prompt_len, output_len, batch, tp)

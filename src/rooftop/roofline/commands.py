@@ -14,6 +14,7 @@ from rooftop.console import err, user_errors
 from rooftop.quant.probe import load_or_run_probe
 from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
 from rooftop.roofline.explain import explain as explain_text
+from rooftop.roofline.precision import WEIGHTS_HELP
 from rooftop.roofline.predict import analyze
 
 ModelArg = Annotated[
@@ -32,7 +33,7 @@ def _resolve(
         hardware = "this"
     hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=load_or_run_probe)
     hw = hw.scaled(compute_efficiency, memory_efficiency)
-    return config, hw, resolve_precision(weights, kv, file_format)
+    return config, hw, resolve_precision(weights, kv, file_format, hw)
 
 
 def roofline(
@@ -41,9 +42,7 @@ def roofline(
     prompt: PromptArg = 1024,
     output: Annotated[int, typer.Option("--output", "-n", help="output tokens per sequence")] = 256,
     batch: Annotated[int, typer.Option("--batch", "-b", help="sequences decoded together")] = 1,
-    weights: Annotated[
-        str | None, typer.Option(help="bf16|fp16|fp32|fp8|int8|int4|q4_0|q4_1|q8_0 (default: the file's)")
-    ] = None,
+    weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
     kv: Annotated[str | None, typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
     peak_tflops: Annotated[float | None, typer.Option(help="custom hardware: dense peak TFLOP/s")] = None,
@@ -77,7 +76,7 @@ def explain(
     hardware: HardwareArg = None,
     prompt: PromptArg = 1024,
     output: Annotated[int, typer.Option("--output", "-n")] = 256,
-    weights: Annotated[str | None, typer.Option()] = None,
+    weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
 ) -> None:
     """The two phases in plain words, with this model's numbers."""
     with user_errors():

@@ -70,6 +70,10 @@ class WeightOnlyTimer(Protocol):
         """The best FLOP/s of `kind` ("int8", "int4") over the plan's row counts, and a note saying how."""
         ...
 
+    def formats(self, device: str) -> dict[str, str]:
+        """The format each weight policy ("float", "int8", "int4") runs in on `device` (the analyzer's names)."""
+        ...
+
 
 @dataclass
 class ProbeResult:
@@ -95,6 +99,7 @@ class ProbeResult:
     duration_s: float
     quick: bool
     notes: dict[str, str] = field(default_factory=dict)
+    engine_formats: dict[str, str] = field(default_factory=dict)  # policy -> format, as the timed linears report
 
     def to_hardware(self) -> Hardware:
         """A `Hardware` with the measured roofs; decode streams weights, so the memory roof is the read bandwidth."""
@@ -118,6 +123,7 @@ class ProbeResult:
             memory_bytes=self.memory_bytes,
             source=f"rooftop probe {self.date}",
             notes=notes,
+            engine_formats=dict(self.engine_formats),
         )
 
     def to_dict(self) -> dict:
@@ -136,8 +142,9 @@ class ProbeResult:
             values[name] = None if values[name] is None else float(values[name])
         for name in ("cpu_count", "torch_threads", "memory_bytes"):
             values[name] = int(values[name])
-        if not isinstance(values["notes"], dict):
-            raise TypeError(f"notes must be a dict, got {type(values['notes']).__name__}")
+        for name in ("notes", "engine_formats"):
+            if not isinstance(values[name], dict):
+                raise TypeError(f"{name} must be a dict, got {type(values[name]).__name__}")
         return cls(**values)
 
 
@@ -199,6 +206,7 @@ def run_probe(
         duration_s=time.perf_counter() - start,
         quick=quick,
         notes=notes,
+        engine_formats=weight_only.formats(device),
     )
 
 
@@ -361,6 +369,9 @@ class _NotTimed:
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
         return None, "not measured: the engine's probe (`rooftop probe`) times its int8/int4 linears"
+
+    def formats(self, device: str) -> dict[str, str]:
+        return {}
 
 
 def _copy_bandwidth(device: str, plan: Plan) -> float:
