@@ -20,6 +20,7 @@ from transformers import (
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.model_files import load_model
 from rooftop.models.kv_cache import KVCache
+from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
 
 VOCAB = 320
@@ -98,7 +99,7 @@ def built(tmp_path_factory) -> dict[str, Built]:
 
 def rooftop_model(path: Path) -> Transformer:
     loaded = load_model(path)
-    return Transformer(loaded.config, loaded.weights, torch.float32, "cpu")
+    return build_model(loaded, torch.float32, "cpu", "float")
 
 
 def new_cache(model: Transformer) -> KVCache:

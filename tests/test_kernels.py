@@ -72,7 +72,7 @@ def test_bad_kernel_inputs_are_refused_with_the_reason():
 
 
 def test_rms_norm_and_silu_mul_match_pytorch():
-    from rooftop.models.transformer import rms_norm
+    from rooftop.models.ops import rms_norm
 
     gen = torch.Generator().manual_seed(8)
     x, w = torch.randn(5, 576, generator=gen) * 3, torch.randn(576, generator=gen)
@@ -84,8 +84,8 @@ def test_rms_norm_and_silu_mul_match_pytorch():
 
 @pytest.mark.parametrize("with_norm", [False, True])
 def test_rope_in_place_matches_pytorch(with_norm):
+    from rooftop.models.ops import rms_norm
     from rooftop.models.rope import apply_rope
-    from rooftop.models.transformer import rms_norm
 
     gen = torch.Generator().manual_seed(9)
     heads, kv_heads, dim = 4, 2, 16
@@ -167,8 +167,12 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
     from rooftop import SamplingParams
 
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3)
+    from rooftop.models.ops import KernelOps, TorchOps
+
+    model = bundled_llm.model
+    assert isinstance(model.ops, KernelOps)  # picked once, when the float32 CPU model was built
     with_kernels = bundled_llm.generate(prompt, params)[0]
-    monkeypatch.setattr(cpu, "ops", lambda: None)
+    monkeypatch.setattr(model, "ops", TorchOps(model.config, model.ops.cos, model.ops.sin))
     without = bundled_llm.generate(prompt, params)[0]
     assert with_kernels.token_ids == without.token_ids
     for a, b in zip(with_kernels.logprobs, without.logprobs, strict=False):

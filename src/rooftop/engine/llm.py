@@ -16,8 +16,8 @@ from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.sequence import RequestOutput
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_model
+from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import weight_policy
 from rooftop.roofline.precision import Precision
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,8 +72,7 @@ class LLM:
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        fmt = weight_policy(weights, loaded.native_format, self.device, self.dtype)
-        model = Transformer(loaded.config, loaded.weights, self.dtype, self.device, fmt)
+        model = build_model(loaded, self.dtype, self.device, weights)
         self.engine = LLMEngine(model, self.tokenizer, engine_config)
         self._request_ids = itertools.count()
         self._inbox: dict[str, list[RequestDelta]] = {}  # deltas stepped out for a request not being read now

@@ -32,26 +32,6 @@ def paged_attention(
     return out
 
 
-def decode_attention_kernel(
-    kernels, qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata, config
-) -> torch.Tensor:
-    """A decode-only step through rooftop's CPU kernel: the new K/V written and each sequence's cache read in
-    place from the pool, with no gather into a padded copy. qkv: (B, q_size + 2 * kv_size) -> (B, q_size)."""
-    c = config
-    return kernels.decode_attention(
-        qkv,
-        k_pool,
-        v_pool,
-        meta.slot_mapping,
-        meta.decode_tables,
-        meta.decode_lengths,
-        meta.block_size,
-        c.num_heads,
-        c.num_kv_heads,
-        c.head_dim**-0.5,
-    )
-
-
 def gather(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V at `slots` (any shape), in order: (*slots.shape, kv_heads, hd). index_select on the flat slots,
     not advanced indexing: 2.5x faster on CPU (25 vs 65 µs for 544 slots, measured)."""
