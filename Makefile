@@ -33,7 +33,9 @@ test: $(VENV)/.installed-test
 	$(MAKE) lint
 	$(PY) -m pytest
 
-# Style and layering: ruff's formatter and linter (pyproject's [tool.ruff]); import-linter's contracts (.importlinter).
+# Style and layering: ruff's formatter and linter (pyproject's [tool.ruff]); import-linter's contracts
+# (pyproject's [tool.importlinter]).
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports

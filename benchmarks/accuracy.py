@@ -16,6 +16,7 @@ import statistics
 import torch
 
 from rooftop import LLM, SamplingParams
+from rooftop.enums import Phase
 from rooftop.models.kv_cache import KVCache
 
 PROMPTS = [
@@ -34,7 +35,9 @@ def all_logits(llm: LLM, ids: list[int], prompt_len: int) -> torch.Tensor:
     with torch.inference_mode():
         steps = [llm.model.logits(llm.model.forward(torch.tensor(ids[:prompt_len]), cache, 0))]
         for pos in range(prompt_len, len(ids)):
-            steps.append(llm.model.logits(llm.model.forward(torch.tensor(ids[pos : pos + 1]), cache, pos)))
+            steps.append(
+                llm.model.logits(llm.model.forward(torch.tensor(ids[pos : pos + 1]), cache, pos, Phase.DECODE))
+            )
     return torch.cat(steps)
 
 

@@ -20,7 +20,8 @@ pytest_plugins = ["serve_support"]  # the server tests' fixtures (long_gguf, ser
 def probe_cache(tmp_path_factory) -> Path:
     """Measured roofs for every test (and the CLI subprocesses it starts): a quick probe of this machine,
     cached where rooftop looks, so that attribution never spends a full probe's seconds inside the suite."""
-    from rooftop.roofline.probe import cache_path, run_probe
+    from rooftop.engine.probe import run_probe
+    from rooftop.roofline.probe import cache_path
 
     os.environ["ROOFTOP_CACHE_DIR"] = str(tmp_path_factory.mktemp("rooftop-cache"))
     data = run_probe(quick=True).to_dict()

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from rooftop import SamplingParams
-from rooftop.roofline.attribution import attribute_phases, attribute_step, engine_precision
+from rooftop.engine.probe import load_or_run_probe
+from rooftop.roofline.attribution import attribute_phases, attribute_step
 from rooftop.roofline.predict import time_step
-from rooftop.roofline.probe import load_or_run_probe
 
 
 def rooftop(*args, timeout=600):
@@ -21,7 +21,7 @@ def test_attribution_of_recorded_steps_is_the_analyzer_exactly(tiny_llm):
     before = len(tiny_llm.step_records)
     tiny_llm.generate(["hello there", "a second prompt"], SamplingParams(max_tokens=5, temperature=0))
     records = list(tiny_llm.step_records)[before:]
-    p = engine_precision(tiny_llm.dtype)
+    p = tiny_llm.precision
     steps = [attribute_step(tiny_llm.config, p, r.shape, r.seconds, hw) for r in records]
     for step, record in zip(steps, records, strict=False):
         assert step.predicted == time_step(tiny_llm.config, p, record.shape, hw)

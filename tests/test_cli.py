@@ -178,7 +178,7 @@ def test_every_command_that_starts_an_engine_takes_the_same_engine_options(comma
         (["chat", "--block-size", "0"], ["block_size must be an integer >= 1"]),
         (["serve", "--max-model-len", "0"], ["max_model_len must be an integer >= 1"]),
         (["bench", "--dtype", "float8"], ["dtype must be one of auto, float32, bfloat16, float16"]),
-        (["generate", "hi", "--weights", "int3"], ["weight format must be one of auto, float, int8, int4"]),
+        (["generate", "hi", "--weights", "int3"], ["unknown weight format 'int3' (known: auto, float, int8, int4"]),
     ],
 )
 def test_bad_engine_options_fail_in_one_line_before_anything_loads(args, words):

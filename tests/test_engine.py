@@ -131,7 +131,7 @@ def test_the_runner_lays_out_prefills_first_and_attention_reads_the_scheduled_ph
 
     def spy(seqs, block_size, device):
         meta = original(seqs, block_size, device)
-        seen.append(([s.phase for s in seqs], [(c.start, c.end, c.cached) for c in meta.prefills], meta.decode_rows))
+        seen.append(([s.phase for s in seqs], [(c.start, c.end, c.cached) for c in meta.prefills], meta))
         return meta
 
     monkeypatch.setattr(runner, "build_metadata", spy)
@@ -144,9 +144,9 @@ def test_the_runner_lays_out_prefills_first_and_attention_reads_the_scheduled_ph
     eng.add_request("cached", "abcdefghi", params)
     seen.clear()
     eng.step()  # "long" decodes while "cached" prefills its one uncached prompt token
-    phases, prefills, decode_rows = seen[0]
+    phases, prefills, meta = seen[0]
     assert phases == ["prefill", "decode"]
-    assert prefills == [(0, 1, 8)] and decode_rows.tolist() == [1]
+    assert prefills == [(0, 1, 8)] and meta.num_prefill_rows == 1 and meta.decode_lengths.tolist() == [14]
 
 
 def test_metrics_are_exact_under_batching(eng):

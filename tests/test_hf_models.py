@@ -17,9 +17,11 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from rooftop.enums import Phase
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.model_files import load_model
 from rooftop.models.kv_cache import KVCache
+from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
 
 VOCAB = 320
@@ -98,7 +100,7 @@ def built(tmp_path_factory) -> dict[str, Built]:
 
 def rooftop_model(path: Path) -> Transformer:
     loaded = load_model(path)
-    return Transformer(loaded.config, loaded.weights, torch.float32, "cpu")
+    return build_model(loaded, torch.float32, "cpu", "float")
 
 
 def new_cache(model: Transformer) -> KVCache:
@@ -146,7 +148,7 @@ def test_decode_steps_match_full_recompute(built, name):
         prefill = model.logits(model.forward(torch.tensor(b.ids[:k]), cache, start=0))
         assert max_diff(prefill[-1], b.expected[k - 1]) < ATOL
         for pos in range(k, len(b.ids)):
-            step = model.logits(model.forward(torch.tensor([b.ids[pos]]), cache, start=pos))
+            step = model.logits(model.forward(torch.tensor([b.ids[pos]]), cache, start=pos, phase=Phase.DECODE))
             assert step.shape == (1, VOCAB)
             assert max_diff(step[0], b.expected[pos]) < ATOL, f"position {pos}"
 

@@ -72,7 +72,7 @@ def test_bad_kernel_inputs_are_refused_with_the_reason():
 
 
 def test_rms_norm_and_silu_mul_match_pytorch():
-    from rooftop.models.transformer import rms_norm
+    from rooftop.models.ops import rms_norm
 
     gen = torch.Generator().manual_seed(8)
     x, w = torch.randn(5, 576, generator=gen) * 3, torch.randn(576, generator=gen)
@@ -84,8 +84,8 @@ def test_rms_norm_and_silu_mul_match_pytorch():
 
 @pytest.mark.parametrize("with_norm", [False, True])
 def test_rope_in_place_matches_pytorch(with_norm):
+    from rooftop.models.ops import rms_norm
     from rooftop.models.rope import apply_rope
-    from rooftop.models.transformer import rms_norm
 
     gen = torch.Generator().manual_seed(9)
     heads, kv_heads, dim = 4, 2, 16
@@ -109,8 +109,8 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
     """Three sequences of different lengths in scattered blocks, grouped-query heads: the kernel writes each new
     K/V to its slot and attends like the gather + scaled_dot_product_attention path."""
     from rooftop.config import ModelConfig
-    from rooftop.models.attention import paged_attention
     from rooftop.enums import Phase
+    from rooftop.models.attention import paged_attention
     from rooftop.models.kv_cache import AttentionSeq, KVPool, build_metadata
 
     gen = torch.Generator().manual_seed(10)
@@ -156,6 +156,42 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
     torch.testing.assert_close(pools[0].v, pools[1].v)
 
 
+@pytest.mark.parametrize("backend", ["kernels", "torch"])
+def test_a_decode_runs_the_same_attention_whatever_shares_its_step(backend):
+    """The phase decides the attention path, not the step's mix: a decode's output is bit for bit the same in a
+    decode-only step and in a step shared with a prefill chunk, on either op backend."""
+    from rooftop.config import ModelConfig
+    from rooftop.enums import Phase
+    from rooftop.models.kv_cache import AttentionSeq, KVPool, build_metadata
+    from rooftop.models.ops import KernelOps, TorchOps
+    from rooftop.models.rope import cos_sin_table
+
+    heads, kv_heads, dim, block = 6, 2, 32, 4
+    config = ModelConfig("llama", 8, heads * dim, 8, 1, heads, kv_heads, dim, 64)
+    cos, sin = cos_sin_table(config, 64, torch.float32, torch.device("cpu"))
+    ops = KernelOps(kernels, config, cos, sin) if backend == "kernels" else TorchOps(config, cos, sin)
+
+    def attend(seqs, qkv, positions):
+        pool = KVPool(config, 16, block, torch.float32, torch.device("cpu"))
+        torch.manual_seed(12)
+        pool.k.normal_()
+        pool.v.normal_()
+        meta = build_metadata(seqs, block, torch.device("cpu"))
+        rope = ops.rope(torch.tensor(positions))
+        return ops.attention(qkv.clone(), None, rope, pool.k[0], pool.v[0], meta)
+
+    gen = torch.Generator().manual_seed(13)
+    width = (heads + 2 * kv_heads) * dim
+    decodes = [AttentionSeq([9, 2, 14], 9, 1, Phase.DECODE), AttentionSeq([5, 6], 6, 1, Phase.DECODE)]
+    prefill = AttentionSeq([0, 11], 2, 5, Phase.PREFILL)  # a chunk of 5 after 2 cached tokens
+    decode_qkv, prefill_qkv = torch.randn(2, width, generator=gen), torch.randn(5, width, generator=gen)
+    alone = attend(decodes, decode_qkv, [9, 6])
+    mixed = attend([prefill, *decodes], torch.cat([prefill_qkv, decode_qkv]), [2, 3, 4, 5, 6, 9, 6])
+    assert mixed.shape == (7, heads * dim)
+    assert torch.equal(mixed[5:], alone)
+    assert torch.equal(mixed[:5], attend([prefill], prefill_qkv, [2, 3, 4, 5, 6]))
+
+
 def test_the_loader_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("ROOFTOP_CPU_KERNELS", "0")
     assert cpu.ops.__wrapped__() is None
@@ -171,8 +207,12 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
     from rooftop import SamplingParams
 
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3)
+    from rooftop.models.ops import KernelOps, TorchOps
+
+    model = bundled_llm.model
+    assert isinstance(model.ops, KernelOps)  # picked once, when the float32 CPU model was built
     with_kernels = bundled_llm.generate(prompt, params)[0]
-    monkeypatch.setattr(cpu, "ops", lambda: None)
+    monkeypatch.setattr(model, "ops", TorchOps(model.config, model.ops.cos, model.ops.sin))
     without = bundled_llm.generate(prompt, params)[0]
     assert with_kernels.token_ids == without.token_ids
     for a, b in zip(with_kernels.logprobs, without.logprobs, strict=False):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rooftop import InvalidRequestError, PromptTooLongError, SamplingParams
+from rooftop.enums import Phase
 from rooftop.models.kv_cache import KVCache
 
 pytestmark = pytest.mark.slow
@@ -90,7 +91,7 @@ def test_prefill_then_decode_equals_full_recompute(bundled_llm):
     with torch.inference_mode():
         steps = [model.logits(model.forward(torch.tensor(ids[:k]), cache, 0)[-1:])[0]]
         for pos in range(k, len(ids)):
-            steps.append(model.logits(model.forward(torch.tensor([ids[pos]]), cache, pos))[0])
+            steps.append(model.logits(model.forward(torch.tensor([ids[pos]]), cache, pos, Phase.DECODE))[0])
         full = model.logits(
             model.forward(torch.tensor(ids), KVCache(bundled_llm.config, len(ids), torch.float32, "cpu"), 0)
         )

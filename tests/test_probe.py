@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from rooftop.engine import probe as engine_probe
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline import probe
 
@@ -15,7 +16,7 @@ from rooftop.roofline import probe
 @pytest.fixture(scope="module")
 def measured():
     steps: list[str] = []
-    return probe.run_probe(quick=True, on_step=steps.append), steps
+    return engine_probe.run_probe(quick=True, on_step=steps.append), steps
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def runs(monkeypatch, tmp_path, result) -> list[bool]:
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
     calls: list[bool] = []
 
-    def run_probe(device="cpu", quick=False, on_step=None):
+    def run_probe(device="cpu", quick=False, on_step=None, weight_only=None):
         calls.append(quick)
         return dataclasses.replace(result, date=f"run {len(calls)}", quick=quick, notes=dict(result.notes))
 
@@ -53,6 +54,8 @@ def test_measured_roofs_are_plausible(measured):
     assert result.cpu_count >= 1 and result.torch_threads >= 1
     assert result.torch_version == torch.__version__
     assert result.quick and result.device == "cpu" and result.date
+    assert set(result.engine_formats) == {"float", "int8", "int4"}  # what the engine's linears report being here
+    assert result.to_hardware().engine_formats == result.engine_formats
 
 
 def test_cache_is_written_then_reused_without_measuring(runs, monkeypatch):
@@ -67,6 +70,23 @@ def test_cache_is_written_then_reused_without_measuring(runs, monkeypatch):
     monkeypatch.setattr(probe, "run_probe", no_measuring)
     assert probe.load_or_run_probe(quick=True) == first
     assert probe.load_or_run_probe(quick=True).date == "run 1"
+
+
+def test_the_analyzer_reads_the_engines_probe_whichever_kernels_it_timed(runs, result):
+    """The engine's probe (engine.probe) measures again when its kernels differ from the cached ones; the analyzer,
+    which times no kernels, takes the cached roofs as they are."""
+    other = "pytorch" if result.weight_only_kernels == "rooftop" else "rooftop"
+    probe.cache_path("cpu").write_text(json.dumps(result.to_dict() | {"weight_only_kernels": other}))
+    assert probe.load_or_run_probe(quick=True).weight_only_kernels == other
+    assert engine_probe.load_or_run_probe(quick=True).date == "run 1"
+    assert runs == [True]
+
+
+def test_the_analyzers_own_probe_leaves_the_weight_only_peaks_out():
+    own = probe.run_probe(quick=True)
+    assert own.weight_only_kernels == "none"
+    assert own.int8_weight_only_flops is None and own.int4_weight_only_flops is None
+    assert "int4_weight_only" not in own.to_hardware().peak_flops
 
 
 def test_force_measures_again_and_rewrites(runs):
@@ -152,7 +172,7 @@ def test_ladder_stops_before_a_size_that_would_take_too_long():
         measured_sizes.append(size)
         return 0.01 + size * 1e-3  # a fixed cost per call does not stop the climb, the marginal cost does
 
-    rate, size = probe._best_on_ladder((1, 8, 64, 512), float, measure, cap_s=0.2)
+    rate, size = probe.best_on_ladder((1, 8, 64, 512), float, measure, cap_s=0.2)
     assert measured_sizes == [1, 8, 64] and size == 64
     assert rate == pytest.approx(64 / (0.01 + 0.064))
 

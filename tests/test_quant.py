@@ -13,6 +13,7 @@ from rooftop.quant.linear import (
     Int8Linear,
     Q4Linear,
     Q8Linear,
+    linear_kind,
     make_linear,
     quantize_int8,
 )
@@ -51,8 +52,42 @@ def test_int8_linear_matches_the_float_matmul(pytorch_kernels):
 def test_unknown_weight_format(tiny_gguf):
     from rooftop import LLM
 
-    with pytest.raises(InvalidRequestError, match="weight format must be one of float, int8, int4; got 'int3'"):
+    with pytest.raises(
+        InvalidRequestError, match="unknown weight format 'int3' \\(known: auto, float, int8, int4, fp32"
+    ):
         LLM(model=tiny_gguf, weights="int3")
+
+
+def test_an_exact_format_runs_where_the_engine_has_it_and_is_refused_elsewhere(tiny_gguf):
+    """The same names as `rooftop roofline --weights`: an exact format picks the policy whose linears it is here."""
+    from rooftop import LLM, UnsupportedModelError
+
+    exact = "q4_1" if cpu.ops() is not None else "int4-g32"
+    llm = LLM(model=tiny_gguf, weights=exact)
+    assert llm.model.weight_format == "int4" and llm.precision.weights.name == exact
+    for fmt in ("q4_0", "fp8", "bf16"):  # not what rooftop's float32 CPU run builds
+        with pytest.raises(UnsupportedModelError, match=f"cannot run {fmt} weights on cpu"):
+            LLM(model=tiny_gguf, weights=fmt)
+
+
+def test_each_linear_reports_its_format_in_the_analyzers_vocabulary(pytorch_kernels):
+    from rooftop.quant.weights import quantize_int4
+    from rooftop.roofline.precision import WEIGHT_FORMATS
+
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(7))
+    built = {
+        "fp32": make_linear(w, None, "float"),
+        "bf16": make_linear(w.bfloat16(), None, "float"),
+        "int8": make_linear(w, None, "int8"),
+        "int4-g32": make_linear(w, None, "int4"),
+        "fp16-fp32" if Fp16Linear is linear_kind("int8", torch.device("cpu"), lm_head=True) else "int8": make_linear(
+            w, None, "int8", lm_head=True
+        ),
+        "q4_1": Q4Linear.from_weight(quantize_int4(w), None),
+        "q8_0": Q8Linear.from_weight(w, None),
+    }
+    for name, lin in built.items():
+        assert lin.format == name and name in WEIGHT_FORMATS
 
 
 @needs_kernels
@@ -264,7 +299,8 @@ def test_the_default_format_follows_the_file(tmp_path, tiny_gguf):
 
 
 def test_loading_reads_tensors_only_when_the_model_asks(tiny_gguf):
-    from rooftop.loading.model_files import LazyWeights, load_model
+    from rooftop.loading.loaded import LazyWeights
+    from rooftop.loading.model_files import load_model
 
     loaded = load_model(tiny_gguf)
     assert isinstance(loaded.weights, LazyWeights) and "model.norm.weight" in loaded.weights

@@ -229,16 +229,18 @@ def test_a_step_that_samples_nothing_reads_no_lm_head():
 def test_engine_steps_that_widen_quantized_weights_are_attributed_at_the_float_peak():
     """rooftop's CPU linears widen int4/int8 weights to float32 sgemm from WIDEN_ROWS tokens on (prefill); decode
     steps stay on the weight-only kernels: the attribution must use the peak each step really ran at."""
-    import torch
+    from dataclasses import replace
 
-    from rooftop.quant.linear import WIDEN_ROWS
-    from rooftop.roofline.attribution import attribute_phases, attribute_step, engine_precision
+    from rooftop.roofline.attribution import attribute_phases, attribute_step
     from rooftop.roofline.hardware import Hardware
+    from rooftop.roofline.precision import WEIGHT_FORMATS
 
-    p = engine_precision(torch.float32, "int4")
-    assert p.at(1).compute == "int4_weight_only" and p.at(WIDEN_ROWS - 1).compute == "int4_weight_only"
-    assert p.at(WIDEN_ROWS).compute == "fp32" and p.at(WIDEN_ROWS).weights.bits == 4  # still reads 4-bit weights
-    assert engine_precision(torch.float32, "float").at(10_000) == engine_precision(torch.float32, "float")
+    widen = 96  # rooftop's CPU int4 without its kernels: group-32 weights, a float16 head with float32 math
+    fp32 = precision("fp32", "fp32")
+    p = replace(fp32, weights=WEIGHT_FORMATS["int4-g32"], widen_rows=widen, lm_head=WEIGHT_FORMATS["fp16-fp32"])
+    assert p.at(1).compute == "int4_weight_only" and p.at(widen - 1).compute == "int4_weight_only"
+    assert p.at(widen).compute == "fp32" and p.at(widen).weights.bits == 4  # still reads 4-bit weights
+    assert fp32.at(10_000) == fp32
     hw = Hardware(
         "t", peak_flops={"fp32": 70e9, "bf16": 2e9, "int4_weight_only": 30e9}, memory_bandwidth=20e9, memory_bytes=1e9
     )
@@ -250,3 +252,18 @@ def test_engine_steps_that_widen_quantized_weights_are_attributed_at_the_float_p
     # decode: the block linears on the int4 kernel's peak, the lm_head (fp16 weights, fp32 math) on fp32's
     assert 30e9 < phases["decode"].peak_flops < 40e9
     assert phases["decode"].peak_flops == pytest.approx(decode.predicted.flops / decode.predicted.compute_time_s)
+
+
+def test_a_weights_choice_means_what_the_engine_runs_on_that_device():
+    """One list for every command: on a datasheet device int8/int4 are per row / per 128; on this machine's probe
+    they are the formats its engine's linears reported (Q8_0 / Q4_1 on rooftop's kernels); exact names are themselves."""
+    from rooftop.roofline.precision import WEIGHT_CHOICES, weight_format
+
+    assert WEIGHT_CHOICES[:4] == ("auto", "float", "int8", "int4") and "q4_0" in WEIGHT_CHOICES
+    probed = {"float": "fp32", "int8": "q8_0", "int4": "q4_1"}
+    assert [weight_format(c, None, {}) for c in ("float", "int8", "int4")] == ["bf16", "int8", "int4"]
+    assert [weight_format(c, None, probed) for c in ("float", "int8", "int4")] == ["fp32", "q8_0", "q4_1"]
+    assert weight_format(None, "q4_1", probed) == weight_format("auto", "q4_1", {}) == "q4_1"
+    assert weight_format("auto", None, probed) == "bf16" and weight_format("q4_0", None, probed) == "q4_0"
+    with pytest.raises(InvalidRequestError, match="unknown weight format 'int3'"):
+        weight_format("int3", None, {})

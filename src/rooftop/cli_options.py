@@ -11,17 +11,14 @@ from typing import Annotated, Any, get_type_hints
 
 import typer
 
-from rooftop.config import DTYPES, WEIGHTS, EngineConfig, RunConfig
+from rooftop.config import DTYPES, EngineConfig, RunConfig
+from rooftop.roofline.precision import WEIGHTS_HELP, check_weight_choice
 
 RUN_HELP = {
     "model": ("--model", "-m", "GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)"),
     "dtype": (f"{', '.join(DTYPES)} (auto: float32 on CPU, bfloat16 on a GPU)",),
     "device": ("torch device: cpu, cuda, cuda:1 ...",),
-    "weights": (
-        f"{', '.join(WEIGHTS)}: auto is the format closest to the file (int4 for a Q4 GGUF, int8 for Q8_0, float for "
-        "float weights); float runs in --dtype; int8 and int4 are weight-only (groups of 32 weights with a scale, "
-        "and a zero for int4; a GGUF's Q8_0/Q4_0/Q4_1 as they are)",
-    ),
+    "weights": (WEIGHTS_HELP,),
 }
 ENGINE_HELP = {
     "max_num_seqs": "most sequences in one step",
@@ -70,6 +67,7 @@ def with_run_config(command: Callable) -> Callable:
         with user_errors():
             engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig)})
             run = RunConfig(**options, engine=engine)
+            check_weight_choice(run.weights)
         return command(**kwargs, run=run)
 
     parameters = own + shared

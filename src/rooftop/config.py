@@ -81,14 +81,25 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
-            assert getattr(self, name) > 0, f"{name} must be positive"
-        assert self.num_heads % self.num_kv_heads == 0, "query heads must be a multiple of KV heads"
-        if self.num_experts:
-            assert 0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+            if getattr(self, name) <= 0:
+                raise InvalidRequestError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidRequestError(
+                f"query heads ({self.num_heads}) must be a multiple of KV heads ({self.num_kv_heads})"
+            )
+        if self.num_experts and not (
+            0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+        ):
+            raise InvalidRequestError(
+                f"{self.num_experts} experts need 1..{self.num_experts} per token and a positive moe_intermediate_size"
+            )
         if self.layer_types is not None:
-            assert len(self.layer_types) == self.num_layers, "one layer type per layer"
-            assert set(self.layer_types) <= {FULL_ATTENTION, LINEAR_ATTENTION}, self.layer_types
-            assert LINEAR_ATTENTION not in self.layer_types or self.linear_attention is not None
+            if len(self.layer_types) != self.num_layers:
+                raise InvalidRequestError(f"{len(self.layer_types)} layer types for {self.num_layers} layers")
+            if not set(self.layer_types) <= {FULL_ATTENTION, LINEAR_ATTENTION}:
+                raise InvalidRequestError(f"unknown layer types in {sorted(set(self.layer_types))}")
+            if LINEAR_ATTENTION in self.layer_types and self.linear_attention is None:
+                raise InvalidRequestError("linear-attention layers need the linear_attention shapes")
 
     @property
     def q_size(self) -> int:
@@ -144,7 +155,6 @@ class EngineConfig:
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU (the reference), bfloat16 on a GPU
-WEIGHTS = ("auto", "float", "int8", "int4")
 
 
 @dataclass
@@ -155,7 +165,7 @@ class RunConfig:
     model: str | None = None  # GGUF file or Hugging Face directory; None is the bundled model
     dtype: str = "auto"
     device: str = "cpu"
-    weights: str = "auto"
+    weights: str = "auto"  # one of roofline.precision.WEIGHT_CHOICES (checked where the model is built)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -163,8 +173,6 @@ class RunConfig:
             self.model = str(self.model)
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        if self.weights not in WEIGHTS:
-            raise InvalidRequestError(f"weight format must be one of {', '.join(WEIGHTS)}; got {self.weights!r}")
         if not isinstance(self.device, str) or not self.device:
             raise InvalidRequestError(
                 f"device must be a torch device name (cpu, cuda, cuda:1 ...); got {self.device!r}"

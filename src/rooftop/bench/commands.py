@@ -52,7 +52,7 @@ def bench(
         return
     from rooftop.bench.measure import machine_info
     from rooftop.engine.llm import LLM
-    from rooftop.roofline.probe import load_or_run_probe
+    from rooftop.engine.probe import load_or_run_probe
 
     with user_errors():
         if reps < 1 or output_len < 2:

@@ -18,8 +18,8 @@ from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_model
+from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
-from rooftop.roofline.attribution import engine_precision
 from rooftop.roofline.precision import Precision
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,20 +50,14 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return TORCH_DTYPES[dtype]
 
 
-def resolve_weight_format(weights: str, native: str, device: torch.device) -> str:
-    """ "auto" is the format closest to what the file holds (int4 for a Q4 GGUF, int8 for Q8_0, float for
-    float weights) where the kernels for it exist (PyTorch's weight-only int4/int8 kernels: CPU), else float."""
-    if weights != "auto":
-        return weights
-    return native if device.type == "cpu" else "float"
-
-
 class LLM:
     """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`.
 
-    `weights`: "auto" (the format closest to the file: int4 for the bundled Q4_1 GGUF), "float" (in `dtype`),
-    "int8" (8-bit weights: groups of 32 with rooftop's CPU kernels, one scale per output row on PyTorch's) or
-    "int4" (group-32 scale and zero; a GGUF's Q4_0/Q4_1 weights load as they are, the lm_head at 8 bits).
+    `weights` (roofline.precision.WEIGHT_CHOICES): "auto" (the format closest to the file: int4 for the bundled Q4_1
+    GGUF), "float" (in `dtype`), "int8" (a quarter of float32's bytes per decode step: GGUF Q8_0, a scale per group
+    of 32, on rooftop's CPU kernels; one scale per row without them) or "int4" (a scale and a zero or minimum per
+    group of 32; a GGUF's Q4_0/Q4_1 weights load as they are, the lm_head at 8 bits), or an exact format the engine
+    runs here (e.g. "q4_1", "q8_0").
     Engine options (vLLM's names, EngineConfig's fields): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or
     num_kv_blocks, block_size, enable_prefix_caching, max_model_len. `LLM.from_config(RunConfig(...))` takes the
     same as one value.
@@ -95,8 +89,7 @@ class LLM:
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        fmt = resolve_weight_format(run.weights, loaded.native_format, self.device)
-        model = Transformer(loaded.config, loaded.weights, self.dtype, self.device, fmt)
+        model = build_model(loaded, self.dtype, self.device, run.weights)
         self.engine = LLMEngine(model, self.tokenizer, run.engine)
         self.step_records: deque[StepRecord] = deque(maxlen=STEP_HISTORY)  # the steps this LLM ran, oldest first
         self._request_ids = itertools.count()
@@ -113,7 +106,7 @@ class LLM:
     @property
     def precision(self) -> Precision:
         """What the engine's steps read and compute in, for the roofline attribution."""
-        return engine_precision(self.dtype, self.model.weight_format, self.model.cpu_kernels)
+        return self.model.precision
 
     def generate(
         self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None

@@ -59,8 +59,3 @@ def build(name: str, arch_flag: str) -> ModuleType:
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )
-
-
-def usable(x: torch.Tensor) -> ModuleType | None:
-    """The kernels if they can take `x` (float32 on the CPU), else None."""
-    return ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None

@@ -14,7 +14,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
-from rooftop.loading import read_json
+from rooftop.loading.hf_config import read_json
 
 # How llama.cpp splits text before BPE, by the GGUF's `tokenizer.ggml.pre`; the regexes are llama.cpp's.
 _LLAMA3_SPLIT = (

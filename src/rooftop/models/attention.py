@@ -1,4 +1,5 @@
-"""Attention over the paged KV cache: prefill chunks one sequence at a time, all decodes in one batched call."""
+"""Attention over the paged KV cache: prefill chunks one sequence at a time, all decodes in one batched call (the
+same call whether or not prefills share the step)."""
 
 from __future__ import annotations
 
@@ -19,37 +20,27 @@ def paged_attention(
     """Write the step's k, v (T, kv_heads, hd) into the pool, then attend. q: (T, heads, hd) -> (T, heads, hd)."""
     k_pool.index_copy_(0, meta.slot_mapping, k)
     v_pool.index_copy_(0, meta.slot_mapping, v)
+    prefill_rows = meta.num_prefill_rows
+    if not meta.has_decodes:
+        return prefill_chunks(q, k_pool, v_pool, meta)
+    decodes = decode_attention(q[prefill_rows:], *gather(k_pool, v_pool, meta.decode_slots), meta.decode_mask)
     if not meta.prefills:
-        return decode_attention(q, *gather(k_pool, v_pool, meta.decode_slots), meta.decode_mask)
+        return decodes
+    return torch.cat([prefill_chunks(q[:prefill_rows], k_pool, v_pool, meta), decodes])
+
+
+def prefill_chunks(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """The prefill rows' attention, one chunk at a time, over K/V already in the pool. q: (prefill rows, heads, hd)."""
+    if len(meta.prefills) == 1:
+        chunk = meta.prefills[0]
+        return prefill_attention(q, *gather(k_pool, v_pool, chunk.slots), chunk.cached)
     out = torch.empty_like(q)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.end)
         out[rows] = prefill_attention(q[rows], *gather(k_pool, v_pool, chunk.slots), chunk.cached)
-    if meta.decode_rows is not None:
-        out[meta.decode_rows] = decode_attention(
-            q[meta.decode_rows], *gather(k_pool, v_pool, meta.decode_slots), meta.decode_mask
-        )
     return out
-
-
-def decode_attention_kernel(
-    kernels, qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata, config
-) -> torch.Tensor:
-    """A decode-only step through rooftop's CPU kernel: the new K/V written and each sequence's cache read in
-    place from the pool, with no gather into a padded copy. qkv: (B, q_size + 2 * kv_size) -> (B, q_size)."""
-    c = config
-    return kernels.decode_attention(
-        qkv,
-        k_pool,
-        v_pool,
-        meta.slot_mapping,
-        meta.decode_tables,
-        meta.decode_lengths,
-        meta.block_size,
-        c.num_heads,
-        c.num_kv_heads,
-        c.head_dim**-0.5,
-    )
 
 
 def gather(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

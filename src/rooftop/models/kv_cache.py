@@ -50,12 +50,19 @@ class PrefillChunk:
 
 @dataclass
 class AttentionMetadata:
+    """A step's rows are its prefill chunks' tokens, then one row per decode: every decode runs the same decode
+    attention whatever shares its step."""
+
     slot_mapping: torch.Tensor  # (T,) where each new token's K/V is written
     prefills: list[PrefillChunk]
     block_size: int = 16
-    decode_rows: torch.Tensor | None = None  # (B,) rows of the step's tokens that are single-token decodes
+    num_prefill_rows: int = 0  # rows 0 .. num_prefill_rows - 1 are prefill tokens; the rest are decodes
     decode_tables: torch.Tensor | None = None  # (B, blocks) block tables of the decode sequences, padded with 0
     decode_lengths: torch.Tensor | None = None  # (B,) tokens in each decode sequence's cache, the new one included
+
+    @property
+    def has_decodes(self) -> bool:
+        return self.decode_lengths is not None
 
     @functools.cached_property
     def decode_slots(self) -> torch.Tensor:
@@ -92,7 +99,7 @@ class AttentionSeq:
 
 
 def build_metadata(seqs: list[AttentionSeq], block_size: int, device: torch.device) -> AttentionMetadata:
-    """Metadata for a step over `seqs`, in row order.
+    """Metadata for a step over `seqs`, in row order: every prefill before every decode.
 
     Decodes take the batched decode path; prefill chunks are attended one sequence at a time. Four small tensors
     for a decode step whatever the batch and context (it runs on every step, whose whole budget is ~12 ms); the
@@ -108,13 +115,15 @@ def build_metadata(seqs: list[AttentionSeq], block_size: int, device: torch.devi
                 raise ValueError(f"a decode brings one token after a non-empty cache, not {new} after {cached}")
             decodes.append((row, table, cached + 1))
         else:
+            if decodes:
+                raise ValueError("a step lays out its prefill chunks before its decodes")
             slots = table_slots(torch.tensor(table[: -(-(cached + new) // block_size)]), block_size)
             prefills.append(PrefillChunk(row, row + new, cached, slots[: cached + new].to(device)))
         row += new
-    meta = AttentionMetadata(torch.tensor(slot_mapping, device=device), prefills, block_size)
+    num_prefill_rows = prefills[-1].end if prefills else 0
+    meta = AttentionMetadata(torch.tensor(slot_mapping, device=device), prefills, block_size, num_prefill_rows)
     if decodes:
         blocks = -(-max(length for _, _, length in decodes) // block_size)
-        meta.decode_rows = torch.tensor([r for r, _, _ in decodes], dtype=torch.long, device=device)
         meta.decode_tables = torch.tensor(
             [t[:blocks] + [0] * (blocks - len(t[:blocks])) for _, t, _ in decodes], device=device
         )

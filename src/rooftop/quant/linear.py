@@ -1,5 +1,7 @@
-"""Linear layers by weight format: float (`F.linear`), int8 (8-bit weights, a scale per group of 32 weights, or
-per row) and int4 (a scale and a zero per group of 32 weights along each row).
+"""Linear layers by weight format, each reporting its format in the analyzer's vocabulary (roofline.precision):
+float (`F.linear`: fp32, bf16 or fp16), int8 and int4. `linear_kind` is the one place that decides which class a
+weight becomes: on rooftop's CPU kernels int8 is GGUF Q8_0 (a scale per group of 32) and int4 GGUF Q4_1 (a scale
+and a minimum per group of 32); without them int8 has one scale per row and int4 a scale and zero per 32.
 
 Decode is matrix-vector work that streams every weight once per step, so its time follows the weight bytes:
 int8 reads about a quarter of float32, int4 an eighth. Where rooftop's CPU kernels build (kernels/cpu.cpp),
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from rooftop.errors import InvalidRequestError, UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.quant.weights import (
     GROUP,
@@ -29,8 +33,9 @@ from rooftop.quant.weights import (
     quantize_int8_groups,
     to_float,
 )
+from rooftop.roofline.precision import WEIGHT_POLICIES, check_weight_choice
 
-WEIGHT_FORMATS = ("float", "int8", "int4")
+FLOAT_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Prefill is matrix-matrix work: from this many rows on, widening the weights to float32 one linear at a time and
 # running MKL's sgemm beats the weight-only kernels, which compute in emulated bfloat16 on CPUs without it
 # (measured on the bundled model, docs/PERFORMANCE.md). Decode steps (one row per sequence) stay quantized.
@@ -65,6 +70,11 @@ def with_residual(y: torch.Tensor, residual: torch.Tensor | None) -> torch.Tenso
 class FloatLinear:
     weight: torch.Tensor  # (N, K)
     bias: torch.Tensor | None = None
+    widen_rows: ClassVar[int | None] = None  # float weights never widen
+
+    @property
+    def format(self) -> str:
+        return FLOAT_FORMATS[self.weight.dtype]
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return with_residual(F.linear(x, self.weight, self.bias), residual)
@@ -89,6 +99,8 @@ class Fp16Linear:
     packed: torch.Tensor  # fbgemm's packed float16 matrix (opaque)
     out_features: int
     nbytes: int
+    format: ClassVar[str] = "fp16-fp32"
+    widen_rows: ClassVar[int | None] = None  # float16 weights, float32 math at every size
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).float()
@@ -103,9 +115,13 @@ class Fp16Linear:
 
 @dataclass
 class Int8Linear:
+    """int8 weights with one bfloat16 scale per output row on PyTorch's weight-only kernel (bf16 activations)."""
+
     qweight: torch.Tensor  # (N, K) int8
     scales: torch.Tensor  # (N,) bfloat16: w ≈ qweight * scales[:, None]
     bias: torch.Tensor | None = None
+    format: ClassVar[str] = "int8"
+    widen_rows: ClassVar[int | None] = WIDEN_ROWS
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -125,10 +141,14 @@ class Int8Linear:
 
 @dataclass
 class Int4Linear:
+    """int4 weights with a bfloat16 scale and zero per group of 32 on PyTorch's weight-only CPU kernel."""
+
     packed: torch.Tensor  # (N, K / 2) uint8, the CPU kernel's layout
     scales_zeros: torch.Tensor  # (K / 32, N, 2) bfloat16
     out_features: int
     bias: torch.Tensor | None = None
+    format: ClassVar[str] = "int4-g32"
+    widen_rows: ClassVar[int | None] = WIDEN_ROWS
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -174,6 +194,7 @@ class _KernelLinear:
     """What Q4Linear and Q8Linear share: decode-sized steps run the kernel, prefill-sized ones one sgemm."""
 
     bias: torch.Tensor | None
+    widen_rows: ClassVar[int | None] = WIDEN_ROWS
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if x.dim() == 2 and x.shape[0] < WIDEN_ROWS and x.dtype == torch.float32 and x.is_contiguous():
@@ -194,6 +215,7 @@ class Q4Linear(_KernelLinear):
     qs: torch.Tensor  # (N, ceil(K / 64), 32) uint8: low nibbles group 2p, high nibbles group 2p + 1
     dm: torch.Tensor  # (N, 2, K / 32) float16 (as in the GGUF): each row's scales d, then its mins m
     bias: torch.Tensor | None = None
+    format: ClassVar[str] = "q4_1"
 
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         return cpu.ops().q4_linear(x, self.qs, self.dm, self.bias, residual)
@@ -224,6 +246,7 @@ class Q8Linear(_KernelLinear):
     q: torch.Tensor  # (N, K) int8
     d: torch.Tensor  # (N, K / 32) float16 (as in the GGUF)
     bias: torch.Tensor | None = None
+    format: ClassVar[str] = "q8_0"
 
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         return cpu.ops().q8_linear(x, self.q, self.d, self.bias, residual)
@@ -246,28 +269,63 @@ class Q8Linear(_KernelLinear):
 Linear = FloatLinear | Int8Linear | Int4Linear | Fp16Linear | Q4Linear | Q8Linear
 
 
-def make_linear(weight: Weight, bias: torch.Tensor | None, fmt: str, lm_head: bool = False) -> Linear:
-    """A linear in `fmt` from a weight in any form (float, or a file's 4-bit / 8-bit groups), one tensor at a time.
-
-    int4 keeps a GGUF's Q4 weights as they are and quantizes any other block linear to group-32 int4. With
-    rooftop's CPU kernels, int8 is group-32 (a GGUF's Q8_0 as it is) and so is the lm_head of int8 and int4.
-    Without them the lm_head is float16 with float32 logits where fbgemm exists (x86), else per-row int8
-    (measured on the bundled model: a 4-bit lm_head drops top-1 agreement with float32 from 99% to 89%).
-    """
-    if fmt == "float":
-        assert isinstance(weight, torch.Tensor), "the model casts file-quantized weights to its dtype for float linears"
-        return FloatLinear(weight, bias)
-    assert fmt in ("int8", "int4"), fmt
-    if cpu.ops() is not None and (not isinstance(weight, torch.Tensor) or weight.device.type == "cpu"):
-        if fmt == "int4" and not lm_head:
-            return Q4Linear.from_weight(
-                weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight)), bias
-            )
-        return Q8Linear.from_weight(weight, bias)
+def linear_kind(policy: str, device: torch.device, lm_head: bool = False) -> type[Linear]:
+    """The class a weight becomes under `policy` ("float", "int8", "int4") on `device`: with rooftop's CPU kernels
+    int4 is Q4Linear and int8 and the lm_head of both Q8Linear (group-32); without them the lm_head is float16 with
+    float32 logits where fbgemm exists (x86), else per-row int8 (measured on the bundled model: a 4-bit lm_head
+    drops top-1 agreement with float32 from 99% to 89%), and the other linears Int4Linear / Int8Linear."""
+    if policy not in WEIGHT_POLICIES:
+        raise InvalidRequestError(f"a linear's weights are one of {', '.join(WEIGHT_POLICIES)}; got {policy!r}")
+    if policy == "float":
+        return FloatLinear
+    if cpu.ops() is not None and device.type == "cpu":
+        return Q4Linear if policy == "int4" and not lm_head else Q8Linear
     if lm_head and fbgemm_available():
+        return Fp16Linear
+    return Int4Linear if policy == "int4" and not lm_head else Int8Linear
+
+
+def linear_format(policy: str, device: torch.device, dtype: torch.dtype, lm_head: bool = False) -> str:
+    """The format (analyzer's vocabulary) of the linears `policy` builds on `device` with activations in `dtype`."""
+    kind = linear_kind(policy, device, lm_head)
+    return FLOAT_FORMATS[dtype] if kind is FloatLinear else kind.format
+
+
+def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The policy that runs a `--weights` choice here: "auto" is the file's closest format (`native`) where its
+    kernels run (the CPU), else float; an exact format only where one policy's block linears are that format."""
+    check_weight_choice(choice)
+    if choice == "auto":
+        return native if device.type == "cpu" else "float"
+    if choice in WEIGHT_POLICIES:
+        return choice
+    runs = {policy: linear_format(policy, device, dtype) for policy in WEIGHT_POLICIES}
+    for policy, fmt in runs.items():
+        if fmt == choice:
+            return policy
+    here = ", ".join(f"{policy} as {fmt}" for policy, fmt in runs.items())
+    raise UnsupportedModelError(f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here})")
+
+
+def make_linear(weight: Weight, bias: torch.Tensor | None, policy: str, lm_head: bool = False) -> Linear:
+    """A linear of the class `linear_kind` picks, from a weight in any form (float, or a file's 4-bit / 8-bit
+    groups), one tensor at a time. int4 keeps a GGUF's Q4 weights as they are and quantizes any other block linear
+    to group-32 int4; int8 keeps a GGUF's Q8_0 groups on rooftop's kernels."""
+    device = weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")  # groups live on the CPU
+    kind = linear_kind(policy, device, lm_head)
+    if kind is FloatLinear:
+        if not isinstance(weight, torch.Tensor):
+            raise InvalidRequestError("float linears take float tensors: dequantize a file's groups first")
+        return FloatLinear(weight, bias)
+    if kind is Q4Linear:
+        return Q4Linear.from_weight(weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight)), bias)
+    if kind is Q8Linear:
+        return Q8Linear.from_weight(weight, bias)
+    if kind is Fp16Linear:
         return Fp16Linear.from_weight(to_float(weight), bias)
-    if fmt == "int4" and not lm_head:
-        int4 = weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight))
-        return Int4Linear.from_weight(int4, bias)
+    if kind is Int4Linear:
+        return Int4Linear.from_weight(
+            weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight)), bias
+        )
     q, scales = quantize_int8(to_float(weight))
     return Int8Linear(q, scales, bias)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rooftop.config import ModelConfig
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.hardware import Hardware, custom_hardware
-from rooftop.roofline.precision import Precision, precision
+from rooftop.roofline.precision import Precision, precision, weight_format
 from rooftop.roofline.predict import Prediction, analyze
+
+if TYPE_CHECKING:
+    from rooftop.roofline.probe import ProbeResult
 
 # GGUF general.file_type -> the weight format it mostly holds
 GGUF_FILE_TYPES = {0: "fp32", 1: "fp16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 32: "bf16"}
@@ -17,9 +22,9 @@ GGUF_FILE_TYPES = {0: "fp32", 1: "fp16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 32: "b
 def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, str | None]:
     """A preset name, a GGUF file, an HF directory or a bare config.json -> (config, the file's weight format)."""
     from rooftop.loading.bundled import bundled_model_path
-    from rooftop.loading.gguf import config_from_gguf
+    from rooftop.loading.gguf_config import config_from_gguf
     from rooftop.loading.gguf_file import read_gguf
-    from rooftop.loading.hf import read_hf_config
+    from rooftop.loading.hf_config import read_hf_config
     from rooftop.roofline.presets import find_preset
 
     if isinstance(model, ModelConfig):
@@ -43,8 +48,10 @@ def resolve_hardware(
     bandwidth_tbs: float | None = None,
     memory_gb: float | None = None,
     interconnect_gbs: float | None = None,
+    probe: Callable[[], ProbeResult] | None = None,
 ) -> Hardware:
-    """A catalog name, "this" (the probe's measurements of this machine), or explicit numbers."""
+    """A catalog name, "this" (`probe`'s measurements of this machine: by default the cached probe, else the roofs
+    torch measures alone; the CLI passes rooftop.engine.probe's, which times the engine's kernels too), or numbers."""
     from rooftop.roofline.catalog import find_hardware
 
     if isinstance(hardware, Hardware):
@@ -59,15 +66,16 @@ def resolve_hardware(
             raise InvalidRequestError("custom hardware needs all of --peak-tflops, --bandwidth-tbs and --memory-gb")
         return custom_hardware(peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)
     if hardware is None or hardware == "this":
-        from rooftop.roofline.probe import load_or_run_probe  # measures on first use: minutes of work
+        if probe is None:
+            from rooftop.roofline.probe import load_or_run_probe as probe  # torch: imported only for "this"
 
-        return load_or_run_probe().to_hardware()
+        return probe().to_hardware()  # measures on first use: seconds to minutes of work
     return find_hardware(hardware)
 
 
-def resolve_precision(weights: str | None, kv: str | None, file_format: str | None) -> Precision:
-    """Weights default to what the model file holds (a GGUF's type), else bf16."""
-    return precision(weights or file_format or "bf16", kv)
+def resolve_precision(weights: str | None, kv: str | None, file_format: str | None, hw: Hardware) -> Precision:
+    """A `--weights` choice (WEIGHT_CHOICES) as the exact format it means on `hw`; none is what the file holds."""
+    return precision(weight_format(weights, file_format, hw.engine_formats), kv)
 
 
 def predict(
@@ -85,4 +93,4 @@ def predict(
     """Predict TTFT, TPOT, memory and crossovers, e.g. `predict("qwen3-8b", "h200", prompt_len=4096)`."""
     config, file_format = resolve_model(model)
     hw = resolve_hardware(hardware).scaled(compute_efficiency, memory_efficiency)
-    return analyze(config, hw, resolve_precision(weights, kv, file_format), prompt_len, output_len, batch, tp)
+    return analyze(config, hw, resolve_precision(weights, kv, file_format, hw), prompt_len, output_len, batch, tp)

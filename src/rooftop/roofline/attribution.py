@@ -4,40 +4,15 @@ on its StepShape), and the measured time says what FLOP/s and bytes/s the run ac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-import torch
+from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
 from rooftop.enums import Phase
-from rooftop.quant.linear import WIDEN_ROWS, fbgemm_available
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
-from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, precision
+from rooftop.roofline.precision import Precision
 from rooftop.roofline.predict import StepTime, time_step
 from rooftop.roofline.report import seconds
-
-# the engine's compute dtype -> the float format of its activations, KV cache and float weights
-ENGINE_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def engine_precision(dtype: torch.dtype, weight_format: str = "float", cpu_kernels: bool = False) -> Precision:
-    """What the engine's steps read and compute in: activations and KV cache in `dtype`; weights in `dtype`, or
-    int8 / int4 groups, except in steps of WIDEN_ROWS tokens or more, whose linears widen the weights and run
-    float matmuls. With rooftop's CPU kernels (`cpu_kernels`) int4 is GGUF's Q4_1 and int8 and the quantized
-    formats' lm_head GGUF's Q8_0 (float16 scales); without them int8 is per-row, int4 has bfloat16 scales and
-    zeros, and the lm_head is float16 computed in float32 (fbgemm) where that exists. See quant.linear.make_linear."""
-    fmt = ENGINE_FORMATS[dtype]
-    base = precision(fmt, fmt)
-    if weight_format == "float":
-        return base
-    if cpu_kernels:
-        weights = WEIGHT_FORMATS["q4_1" if weight_format == "int4" else "q8_0"]
-        head = WEIGHT_FORMATS["q8_0"]
-    else:
-        weights = WEIGHT_FORMATS["int4-g32" if weight_format == "int4" else weight_format]
-        head = WEIGHT_FORMATS["fp16-fp32"] if fbgemm_available() else weights
-    return replace(base, weights=weights, widen_rows=WIDEN_ROWS, lm_head=head)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`rooftop roofline`, `rooftop probe` and `rooftop explain`: the analyzer and the probe on the command line."""
+"""`rooftop roofline`, `rooftop probe` and `rooftop explain`: the analyzer and the probe on the command line. The CLI
+face sits above the analyzer: "this" machine is the full probe, which times the engine's kernels (engine.probe)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from rich.console import Console
 from rich.progress import Progress
 
 from rooftop.console import err, user_errors
+from rooftop.engine.probe import load_or_run_probe
 from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
 from rooftop.roofline.explain import explain as explain_text
+from rooftop.roofline.precision import WEIGHTS_HELP
 from rooftop.roofline.predict import analyze
 
 ModelArg = Annotated[
@@ -28,8 +31,9 @@ def _resolve(
     config, file_format = resolve_model(model)
     if hardware is None and peak_tflops is None and bandwidth_tbs is None and memory_gb is None:
         hardware = "this"
-    hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb).scaled(compute_efficiency, memory_efficiency)
-    return config, hw, resolve_precision(weights, kv, file_format)
+    hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=load_or_run_probe)
+    hw = hw.scaled(compute_efficiency, memory_efficiency)
+    return config, hw, resolve_precision(weights, kv, file_format, hw)
 
 
 def roofline(
@@ -38,9 +42,7 @@ def roofline(
     prompt: PromptArg = 1024,
     output: Annotated[int, typer.Option("--output", "-n", help="output tokens per sequence")] = 256,
     batch: Annotated[int, typer.Option("--batch", "-b", help="sequences decoded together")] = 1,
-    weights: Annotated[
-        str | None, typer.Option(help="bf16|fp16|fp32|fp8|int8|int4|q4_0|q4_1|q8_0 (default: the file's)")
-    ] = None,
+    weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
     kv: Annotated[str | None, typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
     peak_tflops: Annotated[float | None, typer.Option(help="custom hardware: dense peak TFLOP/s")] = None,
@@ -74,7 +76,7 @@ def explain(
     hardware: HardwareArg = None,
     prompt: PromptArg = 1024,
     output: Annotated[int, typer.Option("--output", "-n")] = 256,
-    weights: Annotated[str | None, typer.Option()] = None,
+    weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
 ) -> None:
     """The two phases in plain words, with this model's numbers."""
     with user_errors():
@@ -88,7 +90,7 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Measure this machine's roofs (matmul FLOP/s, memory bandwidth) and cache them."""
-    from rooftop.roofline.probe import STEPS, cache_path, load_or_run_probe
+    from rooftop.roofline.probe import STEPS, cache_path
     from rooftop.roofline.report import si
 
     with user_errors():

@@ -22,6 +22,7 @@ class Hardware:
     interconnect_bandwidth: float | None = None  # bytes/s per device, one direction, for all-reduces
     source: str = ""
     notes: dict[str, str] = field(default_factory=dict)
+    engine_formats: dict[str, str] = field(default_factory=dict)  # float/int8/int4 -> the engine's format here (probe)
 
     def peak(self, compute: str) -> float:
         """Peak of `compute`. Weight-only int8/int4 kernels multiply in bf16: the bf16 peak unless this device's
@@ -49,6 +50,7 @@ class Hardware:
             interconnect_bandwidth=self.interconnect_bandwidth,
             source=self.source,
             notes=self.notes,
+            engine_formats=self.engine_formats,
         )
 
 

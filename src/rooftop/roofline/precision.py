@@ -1,4 +1,5 @@
-"""Number formats: bytes per weight (with the scale/zero overhead of each format) and which peak computes them."""
+"""Number formats: bytes per weight (with the scale/zero overhead of each format) and which peak computes them, and
+the one list of `--weights` choices every command takes (the engine's and the analyzer's)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ WEIGHT_FORMATS = {
         WeightFormat("fp16", 16, "bf16"),
         WeightFormat("fp16-fp32", 16, "fp32"),  # float16 storage, float32 math (fbgemm): rooftop's quantized lm_head
         WeightFormat("fp8", 8, "fp8", group=0, overhead_bits=32),  # per-channel fp32 scale
-        WeightFormat("int8", 8, "int8_weight_only", group=0, overhead_bits=16),  # per-channel bf16 scale
+        WeightFormat("int8", 8, "int8_weight_only", group=0, overhead_bits=16),  # per-row bf16 scale (Int8Linear)
         WeightFormat("int4", 4, "int4_weight_only", group=128, overhead_bits=32),  # bf16 scale + zero per 128
-        WeightFormat("int4-g32", 4, "int4_weight_only", group=32, overhead_bits=32),  # the engine's int4: per 32
+        WeightFormat("int4-g32", 4, "int4_weight_only", group=32, overhead_bits=32),  # per 32 (Int4Linear)
         WeightFormat("q8_0", 8, "int8_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 8.5 bits
         WeightFormat("q4_0", 4, "int4_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 4.5 bits
         WeightFormat("q4_1", 4, "int4_weight_only", group=32, overhead_bits=32),  # GGUF: fp16 d, m per 32 -> 5 bits
@@ -44,6 +45,37 @@ WEIGHT_FORMATS = {
 }
 
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+# What rooftop's engine decides per device: float in the run's dtype; int8 / int4 as Q8_0 / Q4_1 groups on its CPU
+# kernels, else per-row int8 / group-32 int4 (quant.linear.linear_kind). Every other choice names one format.
+WEIGHT_POLICIES = ("float", "int8", "int4")
+WEIGHT_CHOICES = ("auto", *WEIGHT_POLICIES, *(name for name in WEIGHT_FORMATS if name not in WEIGHT_POLICIES))
+# On a device rooftop's probe has not measured (a datasheet): float as bf16, int8 per row, int4 per 128 (the engine
+# does not run int4 off the CPU: the common layout stands in).
+DATASHEET_FORMATS = {"float": "bf16", "int8": "int8", "int4": "int4"}
+WEIGHTS_HELP = (
+    "auto (the file's own format), float (the run's dtype), int8 or int4 (as rooftop's engine runs them: Q8_0 / Q4_1 "
+    "groups of 32 on its CPU kernels, else int8 per row / int4 per 32; on a datasheet device int8 per row, int4 per "
+    f"128), or an exact format: {', '.join(WEIGHT_CHOICES[4:])} (the engine refuses one it cannot run here)"
+)
+
+
+def check_weight_choice(choice: str) -> str:
+    """`choice` if it is one of WEIGHT_CHOICES, else an InvalidRequestError listing them."""
+    if choice not in WEIGHT_CHOICES:
+        raise InvalidRequestError(f"unknown weight format {choice!r} (known: {', '.join(WEIGHT_CHOICES)})")
+    return choice
+
+
+def weight_format(choice: str | None, file_format: str | None, engine_formats: dict[str, str]) -> str:
+    """The exact format the analyzer models for a `--weights` choice: auto (or none) is the file's format, else
+    bf16; float/int8/int4 are what the engine's linears are on this device (`engine_formats`, from the probe), else
+    DATASHEET_FORMATS; an exact format is itself."""
+    if choice is None or check_weight_choice(choice) == "auto":
+        return file_format or "bf16"
+    if choice in WEIGHT_POLICIES:
+        return engine_formats.get(choice, DATASHEET_FORMATS[choice])
+    return choice
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import copy
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from rooftop.errors import InvalidRequestError
-from rooftop.loading.hf import config_from_hf
+from rooftop.loading.hf_config import config_from_hf
 from rooftop.roofline.hardware import suggest
 
 # Each dict holds the fields of the repository's config.json that shape the model (training-only fields such as

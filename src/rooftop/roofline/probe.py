@@ -1,4 +1,8 @@
-"""`rooftop probe`: measure this machine's roofs (matmul FLOP/s per dtype, memory bandwidth) and cache them as JSON."""
+"""This machine's roofs (matmul FLOP/s per dtype, memory bandwidth), measured with torch alone and cached as JSON.
+
+The int8/int4 weight-only peaks time the engine's own linears, which the analyzer never builds: a `WeightOnlyTimer`
+given by the caller measures them (rooftop.engine.probe, the probe `rooftop probe` and the engine's commands run).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from rooftop.errors import InvalidRequestError
-from rooftop.kernels import cpu as cpu_kernels
 from rooftop.roofline.hardware import GIGA, Hardware
 
 # The descriptions passed to `on_step`, in order, one per measurement; a progress bar's total is their count.
@@ -27,12 +31,11 @@ STEPS = (
     "copy bandwidth",
     "read bandwidth",
 )
-INT4_GROUP_SIZE = 32  # the engine's groups, for int4 and (with rooftop's kernels) int8
 MIB = 1 << 20
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     """Sizes and repetitions of one probe. Ladders climb while the next size's calls would take under `cap_s` each."""
 
     matmul_sizes: tuple[int, ...]
@@ -49,11 +52,27 @@ class _Plan:
 _PLANS = {
     # weight-only kernels: the row counts rooftop runs them at on CPU (larger steps widen to float32 sgemm, and
     # the kernels' rate is not monotone in M: 32 rows can beat both 16 and 64)
-    "cpu": _Plan((256, 512, 1024, 2048, 4096), (16, 32, 64), 4096, 4096, 512 * MIB, 1024 * MIB, 5, 1.0, 0.02),
-    "cuda": _Plan((1024, 2048, 4096, 8192), (16, 64, 256), 4096, 4096, 1024 * MIB, 2048 * MIB, 7, 1.0, 0.02),
+    "cpu": Plan((256, 512, 1024, 2048, 4096), (16, 32, 64), 4096, 4096, 512 * MIB, 1024 * MIB, 5, 1.0, 0.02),
+    "cuda": Plan((1024, 2048, 4096, 8192), (16, 64, 256), 4096, 4096, 1024 * MIB, 2048 * MIB, 7, 1.0, 0.02),
 }
 # Quick sizes stay large enough that a fixed per-call cost (milliseconds on an oversubscribed VM) does not dominate.
-_QUICK = _Plan((256, 512), (16, 32, 64), 1024, 1024, 32 * MIB, 64 * MIB, 3, 0.15, 0.005)
+_QUICK = Plan((256, 512), (16, 32, 64), 1024, 1024, 32 * MIB, 64 * MIB, 3, 0.15, 0.005)
+
+
+class WeightOnlyTimer(Protocol):
+    """Times the engine's int8/int4 linears for the weight-only peaks (rooftop.engine.probe.ENGINE_LINEARS)."""
+
+    def kernels(self, device: str) -> str:
+        """Whose kernels run them on `device`: "rooftop" (kernels/cpu.cpp) or "pytorch"."""
+        ...
+
+    def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
+        """The best FLOP/s of `kind` ("int8", "int4") over the plan's row counts, and a note saying how."""
+        ...
+
+    def formats(self, device: str) -> dict[str, str]:
+        """The format each weight policy ("float", "int8", "int4") runs in on `device` (the analyzer's names)."""
+        ...
 
 
 @dataclass
@@ -68,7 +87,7 @@ class ProbeResult:
     torch_threads: int
     torch_version: str
     cuda_device: str | None
-    weight_only_kernels: str  # whose int8/int4 kernels were timed: "rooftop" (kernels/cpu.cpp) or "pytorch"
+    weight_only_kernels: str  # whose int8/int4 kernels were timed: "rooftop" (kernels/cpu.cpp), "pytorch" or "none"
     memory_bytes: int
     fp32_flops: float
     bf16_flops: float
@@ -80,6 +99,7 @@ class ProbeResult:
     duration_s: float
     quick: bool
     notes: dict[str, str] = field(default_factory=dict)
+    engine_formats: dict[str, str] = field(default_factory=dict)  # policy -> format, as the timed linears report
 
     def to_hardware(self) -> Hardware:
         """A `Hardware` with the measured roofs; decode streams weights, so the memory roof is the read bandwidth."""
@@ -103,6 +123,7 @@ class ProbeResult:
             memory_bytes=self.memory_bytes,
             source=f"rooftop probe {self.date}",
             notes=notes,
+            engine_formats=dict(self.engine_formats),
         )
 
     def to_dict(self) -> dict:
@@ -121,8 +142,9 @@ class ProbeResult:
             values[name] = None if values[name] is None else float(values[name])
         for name in ("cpu_count", "torch_threads", "memory_bytes"):
             values[name] = int(values[name])
-        if not isinstance(values["notes"], dict):
-            raise TypeError(f"notes must be a dict, got {type(values['notes']).__name__}")
+        for name in ("notes", "engine_formats"):
+            if not isinstance(values[name], dict):
+                raise TypeError(f"{name} must be a dict, got {type(values[name]).__name__}")
         return cls(**values)
 
 
@@ -136,14 +158,22 @@ _SI_KEYS = {
 }
 
 
-def run_probe(device: str = "cpu", quick: bool = False, on_step: Callable[[str], None] | None = None) -> ProbeResult:
-    """Measure every roof of `device` ("cpu" or "cuda[:i]"); `quick` uses tiny sizes (about a second, for tests)."""
+def run_probe(
+    device: str = "cpu",
+    quick: bool = False,
+    on_step: Callable[[str], None] | None = None,
+    weight_only: WeightOnlyTimer | None = None,
+) -> ProbeResult:
+    """Measure every roof of `device` ("cpu" or "cuda[:i]"); `quick` uses tiny sizes (about a second, for tests).
+    The weight-only peaks are measured only by `weight_only` (the engine's linears), else left out."""
     device = _checked_device(device)
     plan = _QUICK if quick else _PLANS[torch.device(device).type]
     step = on_step or (lambda description: None)
     start = time.perf_counter()
     notes: dict[str, str] = {}
-    identity = _identity(device)
+    identity = _identity(device, weight_only)
+    if weight_only is None:
+        weight_only = _NotTimed()
 
     step(STEPS[0])
     fp32, notes["fp32_matmul"] = _matmul_flops(torch.float32, device, plan)
@@ -152,9 +182,9 @@ def run_probe(device: str = "cpu", quick: bool = False, on_step: Callable[[str],
     step(STEPS[1])
     bf16, notes["bf16_matmul"] = _matmul_flops(torch.bfloat16, device, plan)
     step(STEPS[2])
-    int8, notes["int8_weight_only"] = _weight_only_flops("int8", device, plan)
+    int8, notes["int8_weight_only"] = weight_only.flops("int8", device, plan)
     step(STEPS[3])
-    int4, notes["int4_weight_only"] = _weight_only_flops("int4", device, plan)
+    int4, notes["int4_weight_only"] = weight_only.flops("int4", device, plan)
     step(STEPS[4])
     copy = _copy_bandwidth(device, plan)
     notes["copy_bandwidth"] = f"copy of {plan.copy_bytes // MIB} MiB, read + write bytes counted"
@@ -164,7 +194,7 @@ def run_probe(device: str = "cpu", quick: bool = False, on_step: Callable[[str],
 
     memory = _total_ram_bytes() if device == "cpu" else torch.cuda.get_device_properties(device).total_memory
     return ProbeResult(
-        **identity,
+        **{"weight_only_kernels": "none", **identity},
         memory_bytes=memory,
         fp32_flops=fp32,
         bf16_flops=bf16,
@@ -176,6 +206,7 @@ def run_probe(device: str = "cpu", quick: bool = False, on_step: Callable[[str],
         duration_s=time.perf_counter() - start,
         quick=quick,
         notes=notes,
+        engine_formats=weight_only.formats(device),
     )
 
 
@@ -191,16 +222,21 @@ def cache_path(device: str = "cpu") -> Path:
 
 
 def load_or_run_probe(
-    device: str = "cpu", force: bool = False, quick: bool = False, on_step: Callable[[str], None] | None = None
+    device: str = "cpu",
+    force: bool = False,
+    quick: bool = False,
+    on_step: Callable[[str], None] | None = None,
+    weight_only: WeightOnlyTimer | None = None,
 ) -> ProbeResult:
-    """The cached probe of `device` if measured here, with this torch, at least as thoroughly; else measure anew."""
+    """The cached probe of `device` if measured here, with this torch, at least as thoroughly; else measure anew.
+    Without `weight_only` (the analyzer) a cached probe is taken whichever kernels it timed."""
     device = _checked_device(device)
     path = cache_path(device)
     if not force:
         cached = _read_cache(path)
-        if cached is not None and _matches(cached, _identity(device)) and (quick or not cached.quick):
+        if cached is not None and _matches(cached, _identity(device, weight_only)) and (quick or not cached.quick):
             return cached
-    result = run_probe(device, quick=quick, on_step=on_step)
+    result = run_probe(device, quick=quick, on_step=on_step, weight_only=weight_only)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -232,8 +268,9 @@ def _checked_device(device: str) -> str:
     return "cpu" if parsed.type == "cpu" else str(parsed)
 
 
-def _identity(device: str) -> dict:
-    """What the roofs depend on besides the hardware's mood: a cached probe is reused only if all of it is unchanged."""
+def _identity(device: str, weight_only: WeightOnlyTimer | None) -> dict:
+    """What the roofs depend on besides the hardware's mood: a cached probe is reused only if all of it is unchanged
+    (whose weight-only kernels it timed is left out when no timer is given)."""
     cpu_model, cpu_signature = _cpu_description()
     cuda_device = torch.cuda.get_device_name(device if device != "cpu" else None) if torch.cuda.is_available() else None
     return {
@@ -245,7 +282,7 @@ def _identity(device: str) -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "cuda_device": cuda_device,
-        "weight_only_kernels": "rooftop" if device == "cpu" and cpu_kernels.ops() is not None else "pytorch",
+        **({} if weight_only is None else {"weight_only_kernels": weight_only.kernels(device)}),
     }
 
 
@@ -270,7 +307,7 @@ def _total_ram_bytes() -> int:
         return 0
 
 
-def _median_seconds(call: Callable[[], object], device: str, plan: _Plan) -> float:
+def median_seconds(call: Callable[[], object], device: str, plan: Plan) -> float:
     """Median seconds per call over `plan.reps` timed repetitions, after two untimed warm-up calls."""
     sync = (lambda: torch.cuda.synchronize(device)) if device != "cpu" else (lambda: None)
     call()
@@ -290,7 +327,7 @@ def _median_seconds(call: Callable[[], object], device: str, plan: _Plan) -> flo
     return statistics.median(times)
 
 
-def _best_on_ladder(
+def best_on_ladder(
     sizes: tuple[int, ...], work: Callable[[int], float], measure: Callable[[int], float], cap_s: float
 ) -> tuple[float, int]:
     """The best rate (work per second) over `sizes`, ascending; stops before a size whose calls would exceed `cap_s`."""
@@ -317,53 +354,35 @@ def _predict_seconds(points: list[tuple[float, float]], work: float) -> float:
     return t1 * work / w1
 
 
-def _matmul_flops(dtype: torch.dtype, device: str, plan: _Plan) -> tuple[float, str]:
+def _matmul_flops(dtype: torch.dtype, device: str, plan: Plan) -> tuple[float, str]:
     def measure(n: int) -> float:
         a = torch.randn(n, n, dtype=dtype, device=device)
         b = torch.randn(n, n, dtype=dtype, device=device)
-        return _median_seconds(lambda: torch.mm(a, b), device, plan)
+        return median_seconds(lambda: torch.mm(a, b), device, plan)
 
-    flops, n = _best_on_ladder(plan.matmul_sizes, lambda n: 2.0 * n**3, measure, plan.cap_s)
+    flops, n = best_on_ladder(plan.matmul_sizes, lambda n: 2.0 * n**3, measure, plan.cap_s)
     return flops, f"{n}x{n} @ {n}x{n}, the best of the sizes tried"
 
 
-def _weight_only_flops(kind: str, device: str, plan: _Plan) -> tuple[float | None, str]:
-    """The int8/int4 linears exactly as the engine builds and calls them (rooftop's kernels where they exist, else
-    PyTorch's weight-only ops), on float32 activations at the row counts decode runs them at."""
-    if device != "cpu":
-        return None, "skipped: the int8/int4 weight-only kernels measured here are CPU kernels"
-    from rooftop.quant.linear import make_linear
+class _NotTimed:
+    """The analyzer's own probe: it builds none of the engine's linears, so it leaves their peaks out."""
 
-    k, n = plan.weight_only_k, plan.weight_only_n
-    try:
-        linear = make_linear(torch.randn(n, k, generator=torch.Generator().manual_seed(0)), None, kind)
+    def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
+        return None, "not measured: the engine's probe (`rooftop probe`) times its int8/int4 linears"
 
-        def measure(m: int) -> float:
-            x = torch.randn(m, k)
-            return _median_seconds(lambda: linear(x), device, plan)
-
-        flops, m = _best_on_ladder(plan.weight_only_rows, lambda m: 2.0 * m * k * n, measure, plan.cap_s)
-    except (AttributeError, RuntimeError, NotImplementedError) as error:
-        # Builds differ: the op may be absent (AttributeError) or refuse this CPU or dtype (RuntimeError).
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return None, f"unavailable in torch {torch.__version__}: {reason}"
-    how = {
-        "Q4Linear": f"rooftop's kernel: int4 groups of {INT4_GROUP_SIZE} x int8 activations, integer dots",
-        "Q8Linear": f"rooftop's kernel: int8 groups of {INT4_GROUP_SIZE} x int8 activations, integer dots",
-        "Int4Linear": f"PyTorch's weight-only op, groups of {INT4_GROUP_SIZE}: bf16 activations, computes in bf16",
-    }.get(type(linear).__name__, "PyTorch's weight-only op, one scale per row: bf16 activations, computes in bf16")
-    return flops, f"{type(linear).__name__}, M={m} K={k} N={n} ({how})"
+    def formats(self, device: str) -> dict[str, str]:
+        return {}
 
 
-def _copy_bandwidth(device: str, plan: _Plan) -> float:
+def _copy_bandwidth(device: str, plan: Plan) -> float:
     source = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     target = torch.empty_like(source)
-    seconds = _median_seconds(lambda: target.copy_(source), device, plan)
+    seconds = median_seconds(lambda: target.copy_(source), device, plan)
     return 2 * source.nbytes / seconds
 
 
-def _read_bandwidth(device: str, plan: _Plan) -> float:
+def _read_bandwidth(device: str, plan: Plan) -> float:
     # fill_ touches every page: an untouched allocation reads back the kernel's shared zero page, from cache.
     data = torch.empty(plan.read_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
-    seconds = _median_seconds(lambda: data.sum(), device, plan)
+    seconds = median_seconds(lambda: data.sum(), device, plan)
     return data.nbytes / seconds

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rooftop.engine.llm import LLM
+from rooftop.engine.probe import load_or_run_probe
 from rooftop.errors import RooftopError
-from rooftop.roofline.probe import load_or_run_probe
 from rooftop.serve.config import ServeConfig
 from rooftop.serve.engine_loop import EngineLoop
 from rooftop.serve.errors import ApiError

@@ -1,0 +1,67 @@
+"""The probe as the engine needs it: this machine's roofs (rooftop.roofline.probe) with the int8/int4 weight-only
+peaks timed on the linears the engine builds (make_linear: rooftop's kernels where they exist, else PyTorch's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rooftop.kernels import cpu
+from rooftop.quant.linear import linear_format, make_linear
+from rooftop.quant.weights import GROUP
+from rooftop.roofline import probe
+from rooftop.roofline.precision import WEIGHT_POLICIES
+from rooftop.roofline.probe import Plan, ProbeResult, best_on_ladder, median_seconds
+
+
+class EngineLinears:
+    """The int8/int4 linears exactly as the engine builds and calls them, on float32 activations at the row counts
+    decode runs them at."""
+
+    def kernels(self, device: str) -> str:
+        return "rooftop" if device == "cpu" and cpu.ops() is not None else "pytorch"
+
+    def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
+        if device != "cpu":
+            return None, "skipped: the int8/int4 weight-only kernels measured here are CPU kernels"
+        k, n = plan.weight_only_k, plan.weight_only_n
+        try:
+            linear = make_linear(torch.randn(n, k, generator=torch.Generator().manual_seed(0)), None, kind)
+
+            def measure(m: int) -> float:
+                x = torch.randn(m, k)
+                return median_seconds(lambda: linear(x), device, plan)
+
+            flops, m = best_on_ladder(plan.weight_only_rows, lambda m: 2.0 * m * k * n, measure, plan.cap_s)
+        except (AttributeError, RuntimeError, NotImplementedError) as error:
+            # Builds differ: the op may be absent (AttributeError) or refuse this CPU or dtype (RuntimeError).
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            return None, f"unavailable in torch {torch.__version__}: {reason}"
+        how = {
+            "Q4Linear": f"rooftop's kernel: int4 groups of {GROUP} x int8 activations, integer dots",
+            "Q8Linear": f"rooftop's kernel: int8 groups of {GROUP} x int8 activations, integer dots",
+            "Int4Linear": f"PyTorch's weight-only op, groups of {GROUP}: bf16 activations, computes in bf16",
+        }.get(type(linear).__name__, "PyTorch's weight-only op, one scale per row: bf16 activations, computes in bf16")
+        return flops, f"{type(linear).__name__}, M={m} K={k} N={n} ({how})"
+
+    def formats(self, device: str) -> dict[str, str]:
+        """On the CPU, where the probe times them: the block linears of each policy at float32 activations."""
+        if device != "cpu":
+            return {}
+        return {policy: linear_format(policy, torch.device("cpu"), torch.float32) for policy in WEIGHT_POLICIES}
+
+
+ENGINE_LINEARS = EngineLinears()
+
+
+def run_probe(device: str = "cpu", quick: bool = False, on_step: Callable[[str], None] | None = None) -> ProbeResult:
+    """Measure every roof of `device`, the engine's weight-only linears included."""
+    return probe.run_probe(device, quick=quick, on_step=on_step, weight_only=ENGINE_LINEARS)
+
+
+def load_or_run_probe(
+    device: str = "cpu", force: bool = False, quick: bool = False, on_step: Callable[[str], None] | None = None
+) -> ProbeResult:
+    """The cached probe of `device` (measured by the engine's kernels as they run here), else measure anew."""
+    return probe.load_or_run_probe(device, force=force, quick=quick, on_step=on_step, weight_only=ENGINE_LINEARS)

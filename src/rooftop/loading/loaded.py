@@ -1,0 +1,39 @@
+"""LoadedModel: what a model file holds (config, lazily read weights, tokenizer), whichever loader read it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from rooftop.config import ModelConfig
+from rooftop.loading.tokenizer import Tokenizer
+from rooftop.quant.weights import Weight
+
+
+class LazyWeights(Mapping[str, Weight]):
+    """Tensors read from the file when asked for, not before: the model builds each layer's linears from a few
+    tensors at a time, so loading never holds the whole model widened to float32."""
+
+    def __init__(self, readers: dict[str, Callable[[], Weight]]):
+        self._readers = readers
+
+    def __getitem__(self, name: str) -> Weight:
+        return self._readers[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._readers)
+
+    def __len__(self) -> int:
+        return len(self._readers)
+
+
+@dataclass
+class LoadedModel:
+    """What a model file holds: its config, its weights (Hugging Face names and layout; float tensors, or a
+    GGUF's Q4_0/Q4_1/Q8_0 groups as they are), its tokenizer, and the weight format closest to the file."""
+
+    config: ModelConfig
+    weights: Mapping[str, Weight]
+    tokenizer: Tokenizer
+    source: str
+    native_format: str = field(default="float")  # "int4" for a mostly-Q4 GGUF, "int8" for Q8_0, else "float"

@@ -1,0 +1,32 @@
+"""Block types: what one layer of an architecture computes, on whichever op backend the model picked. Llama, Qwen2
+and Qwen3 share the dense decoder block; another architecture adds its own block here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rooftop.models.kv_cache import AttentionMetadata
+from rooftop.models.ops import Ops
+from rooftop.quant.linear import Linear
+
+
+@dataclass
+class DecoderBlock:
+    """RMSNorm, fused QKV, (Qwen3's Q/K norm,) RoPE, paged attention, output projection; RMSNorm, fused SwiGLU."""
+
+    attn_norm: torch.Tensor
+    qkv: Linear  # hidden -> q_size + 2 * kv_size (with Qwen2's biases)
+    o: Linear
+    qk_norm: torch.Tensor | None  # Qwen3: q_norm for each q head, then k_norm for each k head, (heads + kv_heads, hd)
+    mlp_norm: torch.Tensor
+    gate_up: Linear  # hidden -> 2 * intermediate
+    down: Linear
+
+    def __call__(
+        self, x: torch.Tensor, ops: Ops, rope, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        attn = ops.attention(self.qkv(ops.rms_norm(x, self.attn_norm)), self.qk_norm, rope, k_pool, v_pool, meta)
+        x = self.o(attn, residual=x)
+        return self.down(ops.silu_mul(self.gate_up(ops.rms_norm(x, self.mlp_norm))), residual=x)

@@ -1,0 +1,106 @@
+"""The op backends a model runs on, picked once when it is built: PyTorch's ops, or rooftop's CPU kernels
+(float32 on the CPU) for RMSNorm, RoPE, SiLU-mul and decode attention. Both compute the same model."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from rooftop.config import ModelConfig
+from rooftop.kernels import cpu
+from rooftop.models.attention import paged_attention, prefill_chunks
+from rooftop.models.kv_cache import AttentionMetadata
+from rooftop.models.rope import apply_rope
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalized in float32 and cast back before the weight, as transformers does (few ops: decode runs 61)."""
+    xf = x.float()
+    inv_rms = torch.linalg.vector_norm(xf, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+    return weight * (xf * inv_rms).to(x.dtype)
+
+
+class TorchOps:
+    """PyTorch's ops: any device, any dtype."""
+
+    def __init__(self, config: ModelConfig, cos: torch.Tensor, sin: torch.Tensor):
+        self.config, self.cos, self.sin = config, cos, sin
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self.config.rms_norm_eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What attention needs of the step's positions, gathered once per step: cos and sin (T, 1, head_dim)."""
+        return self.cos[positions, None], self.sin[positions, None]
+
+    def attention(self, qkv, qk_norm, rope, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
+        """Q/K norm (Qwen3), RoPE and paged attention: (T, q_size + 2 * kv_size) -> (T, q_size)."""
+        c = self.config
+        T = qkv.shape[0]
+        qk, v = qkv.split([c.q_size + c.kv_size, c.kv_size], dim=-1)
+        qk = qk.view(T, c.num_heads + c.num_kv_heads, c.head_dim)  # q's heads then k's: one norm, one RoPE
+        if qk_norm is not None:
+            qk = rms_norm(qk, qk_norm, c.rms_norm_eps)
+        q, k = apply_rope(qk, *rope).split([c.num_heads, c.num_kv_heads], dim=1)
+        attn = paged_attention(q, k, v.view(T, c.num_kv_heads, c.head_dim), k_pool, v_pool, meta)
+        return attn.reshape(T, c.q_size)
+
+
+class KernelOps:
+    """rooftop's CPU kernels (float32 on the CPU): norm and RoPE in place on q and k, and decodes attend straight
+    from the pool, whatever shares their step (prefill chunks take PyTorch's scaled_dot_product_attention)."""
+
+    def __init__(self, kernels: ModuleType, config: ModelConfig, cos: torch.Tensor, sin: torch.Tensor):
+        self.kernels, self.config, self.cos, self.sin = kernels, config, cos, sin
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self.kernels.rms_norm(x, weight, self.config.rms_norm_eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.kernels.silu_mul(gate_up)
+
+    def rope(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions  # the kernel reads the tables at the positions itself
+
+    def attention(self, qkv, qk_norm, positions, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
+        c = self.config
+        self.kernels.rope_(
+            qkv, c.num_heads + c.num_kv_heads, c.head_dim, positions, self.cos, self.sin, qk_norm, c.rms_norm_eps
+        )
+        parts = []
+        rows = meta.num_prefill_rows
+        if meta.prefills:
+            q, k, v = qkv[:rows].view(rows, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
+            k_pool.index_copy_(0, meta.slot_mapping[:rows], k)
+            v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
+            parts.append(prefill_chunks(q, k_pool, v_pool, meta).reshape(rows, c.q_size))
+        if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
+            decodes = self.kernels.decode_attention(
+                qkv[rows:],
+                k_pool,
+                v_pool,
+                meta.slot_mapping[rows:],
+                meta.decode_tables,
+                meta.decode_lengths,
+                meta.block_size,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim**-0.5,
+            )
+            parts.append(decodes)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+Ops = TorchOps | KernelOps
+
+
+def choose_ops(config: ModelConfig, dtype: torch.dtype, device: torch.device, cos, sin) -> Ops:
+    """rooftop's kernels where they built and take the model's activations (float32 on the CPU), else PyTorch's."""
+    kernels = cpu.ops() if device.type == "cpu" and dtype == torch.float32 else None
+    return TorchOps(config, cos, sin) if kernels is None else KernelOps(kernels, config, cos, sin)
