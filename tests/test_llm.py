@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from near_ties import QUANTIZED_TIE, assert_parts_only_at_a_near_tie, rooftop_logits
 
 from rooftop import InvalidRequestError, PromptTooLongError, SamplingParams
 from rooftop.models.kv_cache import KVCache
@@ -114,6 +115,8 @@ def test_out_of_range_token_ids_are_refused(bundled_llm):
 
 
 def test_bfloat16_runs_and_mostly_agrees(bundled_llm):
+    """bfloat16 moves the logits by ~0.1-0.3 (and rounds differently on CPUs with bfloat16 units): its greedy
+    tokens may part from float32's only where float32 itself nearly ties."""
     from rooftop import LLM
 
     llm = LLM(dtype="bfloat16", weights="float")
@@ -121,4 +124,4 @@ def test_bfloat16_runs_and_mostly_agrees(bundled_llm):
     ids = bundled_llm.tokenizer.encode(bundled_llm.apply_chat_template([{"role": "user", "content": "Hi!"}]))
     ours = llm.generate([ids], SamplingParams(max_tokens=4, temperature=0))[0].token_ids
     ref = bundled_llm.generate([ids], SamplingParams(max_tokens=4, temperature=0))[0].token_ids
-    assert ours[0] == ref[0]
+    assert_parts_only_at_a_near_tie(rooftop_logits(bundled_llm), ids, ours, ref, QUANTIZED_TIE)
