@@ -177,6 +177,8 @@ def test_32_concurrent_streams_each_equal_alone(server):
 def test_metrics_parse_and_move_as_requests_complete(server):
     before = metrics(server)
     out = client(server).completions.create(model="tiny-long", prompt="count me", max_tokens=5, **GREEDY)
+    # the engine thread sets the state gauges (running, waiting, then KV use) just after it hands over the answer
+    wait_for(lambda: metrics(server)["rooftop_kv_cache_usage_perc"] == 0)
     after = metrics(server)
 
     def moved(name: str) -> float:
