@@ -99,8 +99,9 @@ def wait_refused(port: int, timeout: float = 30.0) -> None:
 
 
 def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(tmp_path):
-    """Both requests are held in flight until the server has begun to stop; then the short one needs 7 more steps
-    and the long one 7999, each over 5 ms: it cannot finish within the 4 s grace period, however fast the host."""
+    """Both requests are held in flight until the server has begun to stop; then the short one needs at most 7 more
+    steps and the long one at least 7998, each over 5 ms: it cannot finish within the 4 s grace period, however
+    fast the host."""
     model = tmp_path / "tiny-8k.gguf"
     write_tiny_gguf(model, context_length=8192)
     port, release = free_port(), tmp_path / "release"
