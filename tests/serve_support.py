@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import httpx
 import pytest
 from gguf_factory import write_tiny_gguf
 from prometheus_client.parser import text_string_to_metric_families
+
+from rooftop.engine.outputs import StepOutput
 
 KV_BYTES = 64 << 20
 
@@ -34,6 +37,45 @@ def running_server(model: Path, engine: dict | None = None, llm=None, **config) 
     app = create_app(ServeConfig(**config), llm)
     with serve_in_thread(app) as url:
         yield url
+
+
+class HeldEngine:
+    """An LLM's engine held by the test, so that no request can finish before the test has done its part, however
+    fast the host: the first `steps` steps run, then each step does nothing until `release()` (the engine thread
+    stays free to take commands between them: new requests, a client's abort). `held` is set once it holds."""
+
+    def __init__(self, llm, steps: int = 1):
+        self.step, self.steps, self.ran = llm.engine.step, steps, 0
+        self.held, self.released = threading.Event(), threading.Event()
+        llm.engine.step = self._step
+
+    def _step(self):
+        if self.ran >= self.steps and not self.released.is_set():
+            self.held.set()
+            self.released.wait(0.01)  # then back to the engine loop, which reads its commands
+            return StepOutput()
+        self.ran += 1
+        return self.step()
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@contextlib.contextmanager
+def held_server(
+    model: Path, steps: int = 1, engine: dict | None = None, **config
+) -> Iterator[tuple[str, object, HeldEngine]]:
+    """A real server for `model` whose engine holds after `steps` steps (see HeldEngine); yields the URL, the LLM
+    and the hold. The hold is released on the way out, whatever happened."""
+    from rooftop import LLM
+
+    llm = LLM(model=model, kv_cache_bytes=KV_BYTES, **(engine or {}))
+    hold = HeldEngine(llm, steps)
+    with running_server(model, llm=llm, **config) as url:
+        try:
+            yield url, llm, hold
+        finally:
+            hold.release()
 
 
 @pytest.fixture(scope="module")

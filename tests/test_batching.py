@@ -1,6 +1,7 @@
 """Continuous batching: batched greedy == alone (also with preemption, chunking, prefix hits), the engine API."""
 
 import pytest
+from near_ties import FLOAT_TIE, assert_parts_only_at_a_near_tie, rooftop_logits
 
 from rooftop import SamplingParams
 from rooftop.config import EngineConfig
@@ -58,6 +59,16 @@ def run_all(eng, prompts, params=GREEDY, check=None):
     return [outputs[str(i)] for i in range(len(prompts))]
 
 
+def assert_same_greedy(llm, outs, expected):
+    """Each output has the tokens its prompt gets alone, but where float32 itself nearly ties: a batch, a chunk or a
+    recomputation after preemption runs matmuls of other shapes, whose rounding the host's BLAS decides (these
+    sequences hold near-ties down to 0.005)."""
+    assert len(outs) == len(expected)
+    for out, ref in zip(outs, expected, strict=True):
+        assert len(out.token_ids) == len(ref)
+        assert_parts_only_at_a_near_tie(rooftop_logits(llm), out.prompt_token_ids, out.token_ids, ref, FLOAT_TIE)
+
+
 def assert_blocks_consistent(eng):
     """Every block's reference count equals the number of live block tables holding it (white-box: the engine's
     own request table and block pool)."""
@@ -88,7 +99,7 @@ def alone(bundled_llm):
 def test_batched_equals_alone(bundled_llm, alone):
     eng = engine(bundled_llm)
     outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
-    assert [o.token_ids for o in outs] == alone
+    assert_same_greedy(bundled_llm, outs, alone)
     assert max(r.shape.num_seqs for r in eng.records) == 16
     assert any(r.phase == "decode" and r.shape.num_seqs > 8 for r in eng.records)
     assert_all_released(eng)
@@ -99,7 +110,7 @@ def test_preemption_keeps_outputs(bundled_llm, alone):
     eng = engine(bundled_llm, num_kv_blocks=12, block_size=4)  # 48 tokens for 16 requests of ~15-40
     outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
     assert eng.stats().preemptions > 0
-    assert [o.token_ids for o in outs] == alone
+    assert_same_greedy(bundled_llm, outs, alone)
     assert_all_released(eng)
 
 
@@ -107,7 +118,7 @@ def test_preemption_keeps_outputs(bundled_llm, alone):
 def test_chunked_prefill_keeps_outputs(bundled_llm, alone):
     eng = engine(bundled_llm, max_num_batched_tokens=7)
     outs = run_all(eng, PROMPTS, check=assert_blocks_consistent)
-    assert [o.token_ids for o in outs] == alone
+    assert_same_greedy(bundled_llm, outs, alone)
     assert all(r.shape.tokens <= 7 for r in eng.records)
     assert any(s.new > 1 and s.cached > 0 for r in eng.records for s in r.shape.seqs)  # a later chunk
     assert any(r.phase == "mixed" for r in eng.records)  # chunks and decodes in one step
@@ -129,7 +140,7 @@ def test_shared_system_prompt_hits_the_prefix_cache(bundled_llm):
     assert eng.stats().prefix_hits == 0
     rest = run_all(eng, prompts[1:], check=assert_blocks_consistent)
     assert eng.stats().prefix_hits >= 4 * 16 * 3  # each later prompt found the system prompt's blocks
-    assert [o.token_ids for o in first + rest] == expected
+    assert_same_greedy(bundled_llm, first + rest, expected)
     hit_steps = [s for r in eng.records for s in r.shape.seqs if s.cached > 0 and s.new > 1]
     assert hit_steps, "prefills that start after cached blocks"
     assert_all_released(eng)

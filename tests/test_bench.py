@@ -61,8 +61,12 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
     assert [row["batch"] for row in data["decode"]] == [1, 2]
     for row in data["ttft"]:
         assert row["measured_ttft_s"] > 0 and row["predicted_ttft_s"] > 0
+    roof = data["machine"]["roofs"]["bandwidth_bytes_per_s"]
     for row in data["decode"]:
-        assert row["measured_tpot_s"] > 0 and row["predicted_tpot_s"] > 0 and 0 < row["pct_of_bandwidth_roof"] < 110
+        assert row["measured_tpot_s"] > 0 and row["predicted_tpot_s"] > 0
+        # no upper bound: the tiny model's bytes are read from cache, against a DRAM-sized roof that the suite's quick
+        # probe measured at another moment of the host's load
+        assert row["pct_of_bandwidth_roof"] == pytest.approx(100 * row["achieved_bytes_per_s"] / roof)
     for key in ("cpu", "cores", "threads", "torch", "rooftop", "dtype", "weights_format", "date"):
         assert key in data["machine"]
     for name in ("roofline.png", "ttft.png", "batch.png"):

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from near_ties import FLOAT_TIE, assert_parts_only_at_a_near_tie
 
 from rooftop.models.kv_cache import KVCache
 
@@ -56,12 +57,20 @@ def test_logits_match_transformers(bundled_llm, reference):
 
 
 def test_greedy_lagos_tokens_match_transformers(bundled_llm, reference):
+    """The same 32 greedy tokens, but where transformers' own logits nearly tie: rooftop's kernels and PyTorch's
+    round differently, and which way a near-tie breaks follows the host."""
     model, _ = reference
     out = bundled_llm.chat(LAGOS, _greedy(32))[0]
     ids = torch.tensor([out.prompt_token_ids])
     with torch.no_grad():
         theirs = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :].tolist()
-    assert out.token_ids == theirs
+
+    def their_logits(token_ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.tensor([token_ids])).logits[0]
+
+    assert len(out.token_ids) == len(theirs) == 32
+    assert_parts_only_at_a_near_tie(their_logits, out.prompt_token_ids, out.token_ids, theirs, FLOAT_TIE)
     assert "Lagos" in out.text
 
 

@@ -5,6 +5,7 @@ bad inputs, and the whole model with and without them."""
 import pytest
 import torch
 import torch.nn.functional as F
+from near_ties import FLOAT_TIE, parting, rooftop_logits
 
 from rooftop.kernels import cpu
 from rooftop.quant.linear import Q4Linear, Q8Linear
@@ -202,7 +203,8 @@ def test_the_loader_can_be_switched_off(monkeypatch):
 @pytest.mark.slow
 def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kernels(bundled_llm, monkeypatch):
     """Float weights, so only the small ops differ (RMSNorm, RoPE, SiLU-mul, decode attention): prefill then 8
-    decode steps, kernels against PyTorch ops."""
+    decode steps, kernels against PyTorch ops. The same tokens, but where PyTorch's own logits nearly tie (which
+    way a near-tie breaks follows the host's vector width), and the same logprobs while the contexts agree."""
     prompt = bundled_llm.apply_chat_template([{"role": "user", "content": "Name three rivers."}])
     from rooftop import SamplingParams
 
@@ -214,9 +216,13 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
     with_kernels = bundled_llm.generate(prompt, params)[0]
     monkeypatch.setattr(model, "ops", TorchOps(model.config, model.ops.cos, model.ops.sin))
     without = bundled_llm.generate(prompt, params)[0]
-    assert with_kernels.token_ids == without.token_ids
-    for a, b in zip(with_kernels.logprobs, without.logprobs, strict=False):
-        assert abs(a.logprob - b.logprob) < 1e-3
+    part = parting(rooftop_logits(bundled_llm), without.prompt_token_ids, with_kernels.token_ids, without.token_ids)
+    assert part is None or part[1] < FLOAT_TIE, part  # the margin from PyTorch's ops: cpu.ops is still off
+    same = len(without.token_ids) if part is None else part[0] + 1  # up to the parting, the same context
+    for a, b in zip(with_kernels.logprobs[:same], without.logprobs[:same], strict=True):
+        theirs = dict(b.top)
+        assert all(abs(logprob - theirs[token]) < 1e-3 for token, logprob in a.top if token in theirs)
+        assert a.token_id in theirs
 
 
 @pytest.mark.slow

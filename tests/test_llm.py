@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from near_ties import FLOAT_TIE, QUANTIZED_TIE, assert_parts_only_at_a_near_tie, rooftop_logits
 
 from rooftop import InvalidRequestError, PromptTooLongError, SamplingParams
 from rooftop.enums import Phase
@@ -21,8 +22,12 @@ def test_generate_returns_one_output_per_prompt_in_order(bundled_llm):
         assert o.text == bundled_llm.tokenizer.decode(o.token_ids)
         assert o.metrics.prompt_tokens == len(o.prompt_token_ids)
     assert outs[1].text.startswith(" 5")
-    # batching is sequential today: the same prompt alone gives the same tokens
-    assert bundled_llm.generate(prompts[1], GREEDY)[0].token_ids == outs[1].token_ids
+    # the same prompt alone gives the same tokens, but where float32 nearly ties (a batch's matmuls round otherwise)
+    alone = bundled_llm.generate(prompts[1], GREEDY)[0]
+    assert len(alone.token_ids) == len(outs[1].token_ids)
+    assert_parts_only_at_a_near_tie(
+        rooftop_logits(bundled_llm), alone.prompt_token_ids, outs[1].token_ids, alone.token_ids, FLOAT_TIE
+    )
 
 
 def test_generate_accepts_token_ids_and_per_prompt_params(bundled_llm):
@@ -116,6 +121,8 @@ def test_out_of_range_token_ids_are_refused(bundled_llm):
 
 
 def test_bfloat16_runs_and_mostly_agrees(bundled_llm):
+    """bfloat16 moves the logits by ~0.1-0.3 (and rounds differently on CPUs with bfloat16 units): its greedy
+    tokens may part from float32's only where float32 itself nearly ties."""
     from rooftop import LLM
 
     llm = LLM(dtype="bfloat16", weights="float")
@@ -123,4 +130,4 @@ def test_bfloat16_runs_and_mostly_agrees(bundled_llm):
     ids = bundled_llm.tokenizer.encode(bundled_llm.apply_chat_template([{"role": "user", "content": "Hi!"}]))
     ours = llm.generate([ids], SamplingParams(max_tokens=4, temperature=0))[0].token_ids
     ref = bundled_llm.generate([ids], SamplingParams(max_tokens=4, temperature=0))[0].token_ids
-    assert ours[0] == ref[0]
+    assert_parts_only_at_a_near_tie(rooftop_logits(bundled_llm), ids, ours, ref, QUANTIZED_TIE)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httpx
 import openai
 import pytest
-from serve_support import metrics, running_server, sse_events
+from serve_support import held_server, metrics, running_server, sse_events
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
@@ -176,6 +177,8 @@ def test_32_concurrent_streams_each_equal_alone(server):
 def test_metrics_parse_and_move_as_requests_complete(server):
     before = metrics(server)
     out = client(server).completions.create(model="tiny-long", prompt="count me", max_tokens=5, **GREEDY)
+    # the engine thread sets the state gauges (running, waiting, then KV use) just after it hands over the answer
+    wait_for(lambda: metrics(server)["rooftop_kv_cache_usage_perc"] == 0)
     after = metrics(server)
 
     def moved(name: str) -> float:
@@ -198,32 +201,50 @@ def test_metrics_parse_and_move_as_requests_complete(server):
     assert "rooftop_prefix_cache_hits_total" in after
 
 
-def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(server):
-    before = metrics(server)
+def assert_aborted_and_freed(url: str, llm, generated: int) -> None:
+    """The request has been counted as aborted after `generated` tokens, and its KV blocks are free again."""
+    wait_for(lambda: metrics(url)['rooftop_requests_total{outcome="abort"}'] == 1)
+    wait_for(lambda: metrics(url)["rooftop_kv_cache_usage_perc"] == 0)  # the state the engine thread sets next
+    after = metrics(url)
+    assert after["rooftop_num_requests_running"] == 0 and after["rooftop_generation_tokens_total"] == generated
+    stats = llm.engine.stats()
+    assert stats.kv_blocks_used == 0 and stats.running == stats.waiting == 0
+
+
+def assert_serves_the_next_request(url: str) -> None:
+    ok = httpx.post(f"{url}/v1/completions", json={"prompt": "and now", "max_tokens": 2}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(long_gguf):
+    """The engine holds the request after two tokens, so it is still running when the client leaves on any host."""
     body = {"prompt": "go on and on", "max_tokens": 240, "stream": True, "temperature": 0, "ignore_eos": True}
-    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=30) as response:
-        events = sse_events(response.iter_lines())
-        next(events), next(events)
-        during = metrics(server)
-        assert during["rooftop_num_requests_running"] == 1 and during["rooftop_kv_cache_usage_perc"] > 0
-    wait_for(
-        lambda: (
-            metrics(server)['rooftop_requests_total{outcome="abort"}']
-            == before['rooftop_requests_total{outcome="abort"}'] + 1
-        )
-    )
-    after = metrics(server)
-    assert after["rooftop_num_requests_running"] == 0 and after["rooftop_kv_cache_usage_perc"] == 0
-    assert after["rooftop_generation_tokens_total"] - before["rooftop_generation_tokens_total"] < 240
+    body["logprobs"] = 1  # an event for every token, whatever bytes the tiny model writes
+    with held_server(long_gguf, steps=2, engine={"max_model_len": 256}) as (url, llm, hold):
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as response:
+            events = sse_events(response.iter_lines())
+            next(events), next(events)
+            assert hold.held.wait(30)
+            during = metrics(url)
+            assert during["rooftop_num_requests_running"] == 1 and during["rooftop_kv_cache_usage_perc"] > 0
+        assert_aborted_and_freed(url, llm, generated=2)
+        hold.release()
+        assert_serves_the_next_request(url)
 
 
-def test_a_non_streamed_request_whose_client_leaves_is_aborted(server):
-    before = metrics(server)['rooftop_requests_total{outcome="abort"}']
-    body = {"prompt": "wait for me", "max_tokens": 240, "temperature": 0, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server}/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.2))
-    wait_for(lambda: metrics(server)['rooftop_requests_total{outcome="abort"}'] == before + 1)
-    assert metrics(server)["rooftop_kv_cache_usage_perc"] == 0
+def test_a_non_streamed_request_whose_client_leaves_is_aborted(long_gguf):
+    """The client sends its request, waits until the engine holds it after its first token, and closes the
+    connection without reading an answer: the server must abort the request rather than finish it."""
+    body = json.dumps({"prompt": "wait for me", "max_tokens": 240, "temperature": 0, "ignore_eos": True}).encode()
+    with held_server(long_gguf, steps=1, engine={"max_model_len": 256}) as (url, llm, hold):
+        host, port = url.removeprefix("http://").split(":")
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            connection.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            assert hold.held.wait(30)  # generating: the request has its first token
+        assert_aborted_and_freed(url, llm, generated=1)
+        hold.release()
+        assert_serves_the_next_request(url)
 
 
 def test_tokenize_and_detokenize(server):
@@ -249,8 +270,11 @@ def test_api_key(long_gguf):
 
 
 def test_a_full_waiting_queue_answers_429_and_the_server_goes_on(long_gguf):
+    """The engine holds the running request after its first token, so it keeps the one slot while the test fills
+    the waiting queue, however fast the host."""
     body = {"prompt": "a long one", "max_tokens": 1900, "stream": True, "temperature": 0, "ignore_eos": True}
-    with running_server(long_gguf, {"max_num_seqs": 1}, max_waiting_requests=1) as url:
+    body["logprobs"] = 1  # an event for every token, whatever bytes the tiny model writes
+    with held_server(long_gguf, steps=1, engine={"max_num_seqs": 1}, max_waiting_requests=1) as (url, _, hold):
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as running:
             events = sse_events(running.iter_lines())  # kept: a dropped iterator closes the connection
             next(events)  # it runs: the one slot is taken
@@ -261,8 +285,8 @@ def test_a_full_waiting_queue_answers_429_and_the_server_goes_on(long_gguf):
                 assert "requests are already waiting" in refused.json()["error"]["message"]
         assert metrics(url)['rooftop_requests_total{outcome="rejected"}'] == 1
         wait_for(lambda: metrics(url)["rooftop_num_requests_running"] == 0)
-        ok = httpx.post(f"{url}/v1/completions", json={"prompt": "and now", "max_tokens": 2}, timeout=30)
-        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        hold.release()
+        assert_serves_the_next_request(url)
 
 
 def test_an_engine_failure_fails_the_requests_in_flight_and_the_server_goes_on(long_gguf):

@@ -3,12 +3,14 @@ refuses a bad model with one line and exit status 1."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 from gguf_factory import write_tiny_gguf
@@ -21,9 +23,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(*args: str) -> subprocess.Popen:
+# `python -m rooftop serve ...`, with its engine's steps held and paced for the test, which then decides when the
+# requests may go on instead of guessing how fast this host generates. Until the release file exists, a step does
+# nothing once every request has its first token (the engine thread still takes new requests and the stop in
+# between); after, each step first waits 5 ms, so 8000 tokens take over 40 s, ten grace periods, on any host.
+HELD_SERVE = """
+import os, time
+from rooftop.engine.llm_engine import LLMEngine
+from rooftop.engine.outputs import StepOutput
+
+release, step = os.environ["ROOFTOP_TEST_RELEASE"], LLMEngine.step
+
+def held_step(self):  # white-box: the engine's own request table says who has a first token
+    if not os.path.exists(release):
+        if self._requests and all(seq.output_token_ids for seq in self._requests.values()):
+            time.sleep(0.01)
+            return StepOutput()
+    else:
+        time.sleep(0.005)
+    return step(self)
+
+LLMEngine.step = held_step
+from rooftop.cli import app
+app(prog_name="rooftop")
+"""
+
+
+def start_held(release: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "rooftop", "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", HELD_SERVE, "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ROOFTOP_TEST_RELEASE": str(release)},
     )
 
 
@@ -42,40 +74,73 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 90.0) -> 
     raise AssertionError(f"not healthy within {timeout} s")
 
 
-def read_stream(url: str, body: dict, into: list) -> None:
+def read_stream(url: str, body: dict, into: list, started: threading.Event) -> None:
+    """The request's events into `into`; `started` is set at its first event (or when it fails before one)."""
     try:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
-            into.extend(sse_events(response.iter_lines()))
+            for event in sse_events(response.iter_lines()):
+                into.append(event)
+                started.set()
     except httpx.TransportError as e:
         into.append(f"cut: {e!r}")
+    finally:
+        started.set()
+
+
+def wait_refused(port: int, timeout: float = 30.0) -> None:
+    """Until the port refuses connections: the server has closed its socket, its shutdown has begun."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except ConnectionRefusedError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"port {port} still accepts connections after {timeout} s")
 
 
 def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(tmp_path):
+    """Both requests are held in flight until the server has begun to stop; then the short one needs at most 7 more
+    steps and the long one at least 7998, each over 5 ms: it cannot finish within the 4 s grace period, however
+    fast the host."""
     model = tmp_path / "tiny-8k.gguf"
-    write_tiny_gguf(model, context_length=8192)  # 8000 tokens take far longer than the grace period, anywhere
-    port = free_port()
+    write_tiny_gguf(model, context_length=8192)
+    port, release = free_port(), tmp_path / "release"
     url = f"http://127.0.0.1:{port}"
-    process = start(
-        "--model", str(model), "--port", str(port), "--shutdown-timeout", "4", "--kv-cache-bytes", str(64 << 20)
+    process = start_held(
+        release,
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--shutdown-timeout",
+        "4",
+        "--kv-cache-bytes",
+        str(64 << 20),
     )
     try:
         statuses = wait_healthy(url, process)
         assert set(statuses) <= {503, 200}
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == str(model)
-        short, long = [], []
-        greedy = {"temperature": 0, "ignore_eos": True, "stream": True}
+        short, long, started = [], [], [threading.Event(), threading.Event()]
+        greedy = {"temperature": 0, "ignore_eos": True, "stream": True, "logprobs": 1}  # an event for every token
+        bodies = [{"prompt": "short", "max_tokens": 8, **greedy}, {"prompt": "long", "max_tokens": 8000, **greedy}]
         threads = [
-            threading.Thread(target=read_stream, args=(url, {"prompt": "short", "max_tokens": 8, **greedy}, short)),
-            threading.Thread(target=read_stream, args=(url, {"prompt": "long", "max_tokens": 8000, **greedy}, long)),
+            threading.Thread(target=read_stream, args=(url, body, into, event))
+            for body, into, event in zip(bodies, (short, long), started, strict=True)
         ]
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        assert all(event.wait(60) for event in started)
+        assert "[DONE]" not in short + long  # both in flight, held there
         process.send_signal(signal.SIGTERM)
+        wait_refused(port)
+        release.touch()
         _, stderr = process.communicate(timeout=60)
         for t in threads:
             t.join(60)
     finally:
+        release.touch()
         process.kill()
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
