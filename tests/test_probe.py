@@ -123,7 +123,11 @@ def test_a_corrupt_cache_is_measured_again(runs, text):
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("torch_version", "1.0.0"), ("cpu_signature", "family 0 model 0, no host has this"), ("fp32_matmul_flops_per_s", "fast")],
+    [
+        ("torch_version", "1.0.0"),
+        ("cpu_signature", "family 0 model 0, no host has this"),
+        ("fp32_matmul_flops_per_s", "fast"),
+    ],
 )
 def test_a_cache_from_elsewhere_or_malformed_is_measured_again(runs, result, key, value):
     data = result.to_dict() | {key: value}
