@@ -12,6 +12,7 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from rooftop.config import DTYPES, EngineConfig, RunConfig
+from rooftop.console import user_errors
 from rooftop.roofline.precision import WEIGHTS_HELP, check_weight_choice
 
 RUN_HELP = {
@@ -61,8 +62,6 @@ def with_run_config(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(**kwargs):
-        from rooftop.console import user_errors
-
         options = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
         with user_errors():
             engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig)})
@@ -72,6 +71,5 @@ def with_run_config(command: Callable) -> Callable:
 
     parameters = own + shared
     wrapper.__signature__ = inspect.Signature(parameters)
-    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
-    del wrapper.__wrapped__  # typer must read the new signature, not the command's own
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}  # typer reads both
     return wrapper
