@@ -153,7 +153,7 @@ class LLMEngine:
         if logits is None:
             return []
         seqs = [batch[i].seq for i in sampled]
-        finite = torch.isfinite(logits).all(-1).tolist()
+        finite = torch.isfinite(logits.sum(-1)).tolist()  # a NaN or inf anywhere in a row; isfinite(logits) took 0.1 ms
         good = [k for k, ok in enumerate(finite) if ok]
         tokens: dict[int, int] = {}
         error = "the model produced non-finite logits"
