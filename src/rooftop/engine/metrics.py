@@ -1,4 +1,4 @@
-"""Per-request timings, with the definitions of shared/DESIGN.md (all times are time.perf_counter seconds)."""
+"""Per-request timings, with the definitions of the README's Metrics section (all times are time.perf_counter seconds)."""
 
 from __future__ import annotations
 

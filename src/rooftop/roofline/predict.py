@@ -98,7 +98,7 @@ class Prediction:
 
     @property
     def tpot_s(self) -> float:
-        """Mean time per output token after the first (DESIGN.md's TPOT)."""
+        """Mean time per output token after the first (the README's TPOT: (E2E - TTFT) / (n - 1))."""
         return self.decode_total_s / (self.output_len - 1) if self.output_len > 1 else self.decode_first.time_s
 
     @property

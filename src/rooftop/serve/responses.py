@@ -29,7 +29,7 @@ def usage(output: RequestOutput) -> dict:
 
 
 def timings(m: RequestMetrics) -> dict:
-    """This request's timings (shared/DESIGN.md's definitions) in ms, with llama.cpp's key names alongside."""
+    """This request's timings (the README's Metrics definitions) in ms, with llama.cpp's key names alongside."""
 
     def ms(seconds: float | None) -> float | None:
         return None if seconds is None else round(seconds * 1e3, 3)

@@ -1,4 +1,4 @@
-"""Request records and the pure functions that turn them into the summary (shared/DESIGN.md's definitions,
+"""Request records and the pure functions that turn them into the summary (the README's Metrics definitions,
 computed the way `vllm bench serve` computes them)."""
 
 from __future__ import annotations
