@@ -217,3 +217,16 @@ def test_batched_draws_stay_inside_each_rows_support():
         tokens = sample(logits, rows)
         assert tokens[0] == int(logits[0].argmax())
         assert all(t in allowed for t, allowed in zip(tokens[1:], supports[1:], strict=True))
+
+
+def test_extreme_accepted_values_still_sample():
+    """A top_p that float32 rounds to 0 keeps the most likely token; a repetition penalty that float32 rounds to 0 or
+    inf pushes the seen tokens to the ends of the finite range instead of making the row NaN."""
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.0])
+    gen = torch.Generator().manual_seed(0)
+    assert {sample_one(logits, SamplingParams(top_p=1e-46), generator=gen) for _ in range(20)} == {1}
+    assert sample_one(logits, SamplingParams(temperature=0, repetition_penalty=1e-300), seen=[2]) == 1
+    boosted = apply_repetition_penalty(logits, torch.tensor([0, 2]), 1e-300)
+    assert torch.isfinite(boosted).all() and boosted[0] == torch.finfo(torch.float32).max
+    damped = apply_repetition_penalty(logits, torch.tensor([1, 2]), 1e300)
+    assert torch.isfinite(damped).all() and damped[1] == 0 and damped[2] == -torch.finfo(torch.float32).max

@@ -40,7 +40,15 @@ CASES = [
     ("top_p 0", CHAT, chat(top_p=0), 400, "top_p must be in (0, 1]"),
     ("top_p above 1", TEXT, {"prompt": "hi", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
     ("max_tokens 0", TEXT, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens must be an integer >= 1"),
-    ("max_completion_tokens 0", CHAT, chat(max_completion_tokens=0), 400, "max_tokens must be an integer >= 1"),
+    (
+        "max_completion_tokens 0",
+        CHAT,
+        chat(max_completion_tokens=0),
+        400,
+        "max_completion_tokens must be an integer >= 1",
+    ),
+    ("seed beyond 64 bits", CHAT, chat(seed=2**64), 400, "seed must be an integer in [-2**63, 2**64 - 1]"),
+    ("seed below -2**63", TEXT, {"prompt": "hi", "seed": -(2**63) - 1}, 400, "seed must be an integer in"),
     ("top_k below -1", CHAT, chat(top_k=-2), 400, "top_k must be an integer >= 0"),
     ("min_p above 1", CHAT, chat(min_p=2), 400, "min_p must be in [0, 1]"),
     ("presence_penalty 3", CHAT, chat(presence_penalty=3), 400, "presence_penalty must be in [-2, 2]"),
@@ -67,6 +75,22 @@ CASES = [
 ]
 
 
+PARAMS = {  # the field each refusal names, as OpenAI's `param`
+    "temperature a string": "temperature",
+    "negative temperature": "temperature",
+    "top_p 0": "top_p",
+    "max_tokens 0": "max_tokens",
+    "max_completion_tokens 0": "max_completion_tokens",
+    "seed beyond 64 bits": "seed",
+    "repetition_penalty 0": "repetition_penalty",
+    "top_logprobs alone": "top_logprobs",
+    "empty stop string": "stop",
+    "n 2": "n",
+    "echo": "echo",
+    "prompt too long": "prompt",
+}
+
+
 @pytest.mark.parametrize("name, path, body, status, words", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_gets_its_status_and_an_error_body(server, name, path, body, status, words):
     send = {"content": body} if isinstance(body, bytes) else {"json": body}
@@ -75,6 +99,7 @@ def test_bad_input_gets_its_status_and_an_error_body(server, name, path, body, s
     error = response.json()["error"]
     assert words in error["message"]
     assert error["code"] == status and set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == PARAMS.get(name, error["param"])
     ok = httpx.post(f"{server}{TEXT}", json={"prompt": "still there?", "max_tokens": 2}, timeout=30)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
@@ -106,3 +131,42 @@ def test_tokenize_needs_a_prompt_or_messages(server):
     assert response.status_code == 400 and "either prompt or messages" in response.json()["error"]["message"]
     response = httpx.post(f"{server}/detokenize", json={"tokens": [-1]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "tokens"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"top_p": 1e-46}, {"repetition_penalty": 1e-300}, {"repetition_penalty": 1e300}, {"seed": 2**64 - 1}],
+    ids=["top_p rounding to 0 in float32", "tiny repetition_penalty", "huge repetition_penalty", "largest seed"],
+)
+def test_every_accepted_value_runs(server, fields):
+    """Values the validation takes are values the engine can run: no 500 for a valid-looking request."""
+    response = httpx.post(f"{server}{TEXT}", json={"prompt": "hi hi hi", "max_tokens": 3, **fields}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 3
+
+
+def test_an_internal_error_is_a_plain_500_on_a_connection_that_stays_usable(long_gguf):
+    """A bug in a handler: the client gets a 500 that names no internals, its keep-alive connection serves the next
+    request, and the error is counted once."""
+    from serve_support import KV_BYTES, running_server
+
+    from rooftop import LLM
+
+    llm = LLM(model=long_gguf, kv_cache_bytes=KV_BYTES)
+    encode = llm.tokenizer.encode
+
+    def broken(text, *args, **kwargs):
+        if "boom" in text:
+            raise RuntimeError("secret internal detail")
+        return encode(text, *args, **kwargs)
+
+    llm.tokenizer.encode = broken
+    with running_server(long_gguf, llm=llm) as url, httpx.Client(base_url=url, timeout=30) as client:
+        failed = client.post(TEXT, json={"prompt": "boom", "max_tokens": 2})
+        assert failed.status_code == 500
+        error = failed.json()["error"]
+        assert error["type"] == "internal_server_error" and "internal error (id " in error["message"]
+        assert "secret" not in failed.text and "RuntimeError" not in failed.text
+        ok = client.post(TEXT, json={"prompt": "fine", "max_tokens": 2})  # the same pooled connection
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        assert metrics(url)['rooftop_requests_total{outcome="error"}'] == 1

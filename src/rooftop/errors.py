@@ -14,7 +14,12 @@ class UnsupportedModelError(RooftopError):
 
 
 class InvalidRequestError(RooftopError, ValueError):
-    """A prompt or sampling parameter is out of range."""
+    """A prompt or sampling parameter is out of range; `param` names the field, where one is to blame (the server
+    returns it as OpenAI's `param`)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class PromptTooLongError(InvalidRequestError):

@@ -14,7 +14,10 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     """CTRL-style, as transformers: a seen token's positive logit is divided by `penalty`, a negative one multiplied."""
     picked = logits[seen]
     logits = logits.clone()
-    logits[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    penalized = torch.where(picked > 0, picked / penalty, picked * penalty)
+    # any positive penalty runs: one that float32 rounds to 0 or inf pushes seen tokens to the ends of the range
+    finite = torch.finfo(logits.dtype).max
+    logits[seen] = penalized.nan_to_num(nan=0.0, posinf=finite, neginf=-finite)
     return logits
 
 
@@ -114,6 +117,7 @@ def candidates(logits: torch.Tensor, params: list[SamplingParams], width: int | 
         if width < vocab and bool((probs.sum(-1, keepdim=True) < top_p).any()):
             return candidates(logits, params, vocab)
         keep &= (probs.cumsum(-1) - probs) < top_p  # drop a token once those ranked above it cover top_p
+        keep[:, 0] = True  # the most likely stays, even for a top_p that float32 rounds to 0
     min_p = [p.min_p for p in params]
     if any(min_p):
         keep &= probs >= _column(min_p, probs) * probs.amax(-1, keepdim=True)

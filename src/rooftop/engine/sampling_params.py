@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from rooftop.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
 @dataclass
@@ -33,25 +34,46 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if not 0 <= self.min_p <= 1:
-            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise InvalidRequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+        def check(ok: bool, param: str, message: str) -> None:
+            if not ok:
+                raise InvalidRequestError(message, param)
+
+        check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            "max_tokens",
+            f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+        )
+        check(self.temperature >= 0, "temperature", f"temperature must be >= 0, got {self.temperature}")
+        check(0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            "top_k",
+            f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}",
+        )
+        check(0 <= self.min_p <= 1, "min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        check(
+            self.repetition_penalty > 0,
+            "repetition_penalty",
+            f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+        )
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise InvalidRequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise InvalidRequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequestError(f"stop strings must be non-empty strings, got {self.stop!r}")
+            check(-2 <= getattr(self, name) <= 2, name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        check(
+            self.seed is None or (isinstance(self.seed, int) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]),
+            "seed",
+            f"seed must be an integer in [-2**63, 2**64 - 1] (a torch generator's range), got {self.seed!r}",
+        )
+        check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+            "logprobs",
+            f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+        )
+        check(
+            all(isinstance(s, str) and s for s in self.stop),
+            "stop",
+            f"stop strings must be non-empty strings, got {self.stop!r}",
+        )
 
     @property
     def greedy(self) -> bool:

@@ -4,7 +4,6 @@ dashboard) and its error handlers, which answer every failure with OpenAI-style 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -16,16 +15,16 @@ from starlette.exceptions import HTTPException
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from rooftop.engine.llm import LLM
+from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
 from rooftop.serve import openai_routes
 from rooftop.serve.config import ServeConfig
-from rooftop.serve.errors import ApiError, error_response
+from rooftop.serve.errors import ApiError, InternalErrors, error_response
 from rooftop.serve.metrics import create_metrics
 from rooftop.serve.openai_routes import accept, authorized, server
 from rooftop.serve.protocol import DetokenizeRequest, TokenizeRequest
 from rooftop.serve.state import ServerState
 
-log = logging.getLogger("rooftop.serve")
 DASHBOARD = Path(__file__).parent / "dashboard"
 DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 COUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")  # bad requests there count in rooftop_requests_total
@@ -48,6 +47,12 @@ def create_app(
     app.include_router(openai_routes.router)
     app.include_router(_other_routes())
     _add_error_handlers(app)
+
+    def count_error(path: str) -> None:
+        if path in COUNTED_PATHS:
+            state.metrics.requests.labels(outcome=FinishReason.ERROR).inc()
+
+    app.add_middleware(InternalErrors, on_error=count_error)
     return app
 
 
@@ -123,14 +128,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequestError)
     async def invalid_request(request: Request, e: InvalidRequestError) -> Response:
         counted(request, 400)
-        return error_response(400, str(e))
+        return error_response(400, str(e), e.param)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> Response:
         message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
         return error_response(e.status_code, message)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, e: Exception) -> Response:
-        log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return error_response(500, f"internal error: {type(e).__name__}: {e}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
+from collections.abc import Callable
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -19,6 +22,7 @@ ERROR_TYPES = {
     503: "service_unavailable_error",
 }
 Body = TypeVar("Body", bound=BaseModel)
+log = logging.getLogger("rooftop.serve")
 
 
 class ApiError(Exception):
@@ -95,3 +99,34 @@ def _path(loc: tuple) -> str:
         elif part.isidentifier() and part not in ("str", "int", "float", "bool", "list", "dict"):
             path += f".{part}" if path else part
     return path
+
+
+class InternalErrors:
+    """ASGI middleware: an exception no handler took becomes a plain 500 on a connection that stays usable (Starlette's
+    own error middleware re-raises it to the server, which then drops the keep-alive connection and logs it again).
+    The body names no internals, only an id to find the one log line with the traceback; `on_error(path)` counts it."""
+
+    def __init__(self, app, on_error: Callable[[str], None]):
+        self.app, self.on_error = app, on_error
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("internal error %s in %s %s", error_id, scope.get("method"), scope.get("path"))
+            self.on_error(scope.get("path", ""))
+            if not started:  # a stream that already began ends here; its client sees the stream stop
+                await error_response(500, f"internal error (id {error_id}; the server log has the details)")(
+                    scope, receive, send
+                )

@@ -70,7 +70,7 @@ class SamplingFields(Body):
     def sampling_params(self, max_tokens: int | None, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
         """SamplingParams (whose validation names the bad value); n > 1 is refused: one completion per request."""
         if self.n is not None and self.n != 1:
-            raise InvalidRequestError(f"n must be 1 (one completion per request), got {self.n}")
+            raise InvalidRequestError(f"n must be 1 (one completion per request), got {self.n}", "n")
         return SamplingParams(
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             temperature=_or(self.temperature, 1.0),
@@ -96,16 +96,30 @@ class ChatCompletionRequest(SamplingFields):
 
     def chat_messages(self) -> list[dict]:
         if not self.messages:
-            raise InvalidRequestError("messages must hold at least one message")
+            raise InvalidRequestError("messages must hold at least one message", "messages")
         return [m.as_dict(i) for i, m in enumerate(self.messages)]
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
-            raise InvalidRequestError("top_logprobs needs logprobs: true")
+            raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
-            raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}")
-        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self.sampling_params(max_tokens, default_max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+            raise InvalidRequestError(
+                f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", "top_logprobs"
+            )
+        if self.max_completion_tokens is None:
+            return self.sampling_params(
+                self.max_tokens, default_max_tokens, (self.top_logprobs or 0) if self.logprobs else None
+            )
+        try:
+            return self.sampling_params(
+                self.max_completion_tokens, default_max_tokens, (self.top_logprobs or 0) if self.logprobs else None
+            )
+        except InvalidRequestError as e:  # name the field the client sent
+            if e.param != "max_tokens":
+                raise
+            raise InvalidRequestError(
+                str(e).replace("max_tokens", "max_completion_tokens"), "max_completion_tokens"
+            ) from None
 
 
 class CompletionRequest(SamplingFields):
@@ -116,14 +130,14 @@ class CompletionRequest(SamplingFields):
     def single_prompt(self) -> str | list[int]:
         """The one prompt: text or token ids (a list holding one of them is accepted too)."""
         if self.echo:
-            raise InvalidRequestError("echo is not supported")
+            raise InvalidRequestError("echo is not supported", "echo")
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
-                raise InvalidRequestError(f"prompt must be one prompt; got a batch of {len(prompt)}")
+                raise InvalidRequestError(f"prompt must be one prompt; got a batch of {len(prompt)}", "prompt")
             prompt = prompt[0]
         if not prompt:
-            raise InvalidRequestError("prompt is empty")
+            raise InvalidRequestError("prompt is empty", "prompt")
         return prompt
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
