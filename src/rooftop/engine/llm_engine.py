@@ -7,6 +7,7 @@ text deltas and finish reasons; the scheduler takes in what the step computed an
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -27,6 +28,8 @@ from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.kv_cache import KVPool
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import SeqShape, StepShape
+
+log = logging.getLogger("rooftop.engine")
 
 
 class LLMEngine:
@@ -161,8 +164,9 @@ class LLMEngine:
             rows = [SamplingRow(s.params, s.generator, s.prompt_token_ids, s.output_token_ids) for s in seqs]
             try:
                 tokens = dict(zip(good, sample(logits[good], [rows[k] for k in good]), strict=True))
-            except (RuntimeError, ValueError) as e:  # a sampling failure fails this step's samples, not the engine
-                error = f"sampling failed: {e}"
+            except (RuntimeError, ValueError):  # a sampling failure fails this step's samples, not the engine
+                log.exception("sampling failed")
+                error = "sampling failed on this step (the log has the details)"
         now = time.perf_counter()
         deltas = []
         for k, seq in enumerate(seqs):

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import queue
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -139,9 +140,11 @@ class EngineLoop:
                 if self.engine.has_unfinished():
                     self._step()
                 self.monitor.on_state(self.engine.stats())
-            except Exception as e:  # a bug, not bad input: fail the requests in flight, keep serving new ones
-                log.exception("the engine loop failed")
-                self._fail_all(EngineFailedError(f"the engine failed: {e}"), FinishReason.ERROR)
+            except Exception:  # a bug, not bad input: fail the requests in flight, keep serving new ones
+                error_id = uuid.uuid4().hex[:12]
+                log.exception("the engine loop failed (error id %s)", error_id)
+                message = f"the engine failed on this step (error id {error_id}; the server log has the details)"
+                self._fail_all(EngineFailedError(message), FinishReason.ERROR)
 
     def _next_command(self):
         try:
