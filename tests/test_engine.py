@@ -285,3 +285,18 @@ def test_non_finite_logits_end_only_their_own_request(eng, monkeypatch):
     rest = drain(eng)
     assert rest[-1].finished and rest[-1].finish_reason == "length" and rest[-1].request_id != broken[0].request_id
     assert is_idle(eng.stats())
+
+
+def test_threads_set_the_intra_op_pool_and_default_to_the_cores_we_may_use(tiny_gguf):
+    import torch
+
+    from rooftop import LLM
+    from rooftop.engine.llm import available_cores
+
+    try:
+        LLM(model=tiny_gguf, threads=1)
+        assert torch.get_num_threads() == 1
+        LLM(model=tiny_gguf)
+        assert torch.get_num_threads() == available_cores() >= 1
+    finally:
+        torch.set_num_threads(available_cores())

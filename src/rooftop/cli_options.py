@@ -20,6 +20,7 @@ RUN_HELP = {
     "dtype": (f"{', '.join(DTYPES)} (auto: float32 on CPU, bfloat16 on a GPU)",),
     "device": ("torch device: cpu, cuda, cuda:1 ...",),
     "weights": (WEIGHTS_HELP,),
+    "threads": ("CPU threads for the model's ops (llama.cpp's --threads; default: the cores this process may use)",),
 }
 ENGINE_HELP = {
     "max_num_seqs": "most sequences in one step",

@@ -166,6 +166,7 @@ class RunConfig:
     dtype: str = "auto"
     device: str = "cpu"
     weights: str = "auto"  # one of roofline.precision.WEIGHT_CHOICES (checked where the model is built)
+    threads: int | None = None  # CPU threads for the model's ops (llama.cpp's --threads); None: the cores we may use
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -173,6 +174,8 @@ class RunConfig:
             self.model = str(self.model)
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise InvalidRequestError(f"threads must be an integer >= 1, got {self.threads!r}", "threads")
         if not isinstance(self.device, str) or not self.device:
             raise InvalidRequestError(
                 f"device must be a torch device name (cpu, cuda, cuda:1 ...); got {self.device!r}"

@@ -67,6 +67,7 @@ def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:
         "cpu": cpu_model or platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "gpu": torch.cuda.get_device_name(llm.device) if llm.device.type == "cuda" else None,
         "device": str(llm.device),
         "torch": torch.__version__,

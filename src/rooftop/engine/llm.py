@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -43,6 +44,11 @@ class StreamChunk:
         return self.finish_reason is not None
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or `taskset`'s limit, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """ "auto" is float32 on CPU (the reference precision) and bfloat16 on an accelerator."""
     if dtype == "auto":
@@ -58,6 +64,8 @@ class LLM:
     of 32, on rooftop's CPU kernels; one scale per row without them) or "int4" (a scale and a zero or minimum per
     group of 32; a GGUF's Q4_0/Q4_1 weights load as they are, the lm_head at 8 bits), or an exact format the engine
     runs here (e.g. "q4_1", "q8_0").
+    `threads`: CPU threads for the model's ops (default: the cores this process may use); it sets PyTorch's one
+    intra-op pool, so it holds for the whole process.
     Engine options (vLLM's names, EngineConfig's fields): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or
     num_kv_blocks, block_size, enable_prefix_caching, max_model_len. `LLM.from_config(RunConfig(...))` takes the
     same as one value.
@@ -69,11 +77,12 @@ class LLM:
         dtype: str | torch.dtype = "auto",
         device: str | torch.device = "cpu",
         weights: str = "auto",
+        threads: int | None = None,
         **engine_options,
     ):
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")
-        self._start(RunConfig(model, dtype, str(device), weights, EngineConfig(**engine_options)))
+        self._start(RunConfig(model, dtype, str(device), weights, threads, EngineConfig(**engine_options)))
 
     @classmethod
     def from_config(cls, run: RunConfig) -> LLM:
@@ -83,6 +92,7 @@ class LLM:
 
     def _start(self, run: RunConfig) -> None:
         self.run_config = run
+        torch.set_num_threads(run.threads or available_cores())  # the process's one intra-op pool, kernels included
         self.device = torch.device(run.device)
         self.dtype = resolve_dtype(run.dtype, self.device)
         loaded = load_model(run.model)
