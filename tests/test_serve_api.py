@@ -31,6 +31,10 @@ def test_health_and_models(server):
     assert httpx.get(f"{server}/health").status_code == 200
     models = client(server).models.list().data
     assert [m.id for m in models] == ["tiny-long"] and models[0].max_model_len == 256
+    assert "/" not in models[0].model_extra["root"]  # the file's name, never a path on the server
+    for path in ("/health", "/metrics", "/v1/models", "/"):  # HEAD wherever GET exists
+        head = httpx.head(f"{server}{path}")
+        assert head.status_code == 200 and head.content == b"", path
 
 
 def test_chat_streamed_equals_not_streamed_with_usage(server):
@@ -281,7 +285,7 @@ def test_a_full_waiting_queue_answers_429_and_the_server_goes_on(long_gguf):
             with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as waiting:
                 assert waiting.status_code == 200  # accepted: it waits for the slot
                 refused = httpx.post(f"{url}/v1/completions", json={"prompt": "me too", "max_tokens": 2})
-                assert refused.status_code == 429
+                assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
                 assert "requests are already waiting" in refused.json()["error"]["message"]
         assert metrics(url)['rooftop_requests_total{outcome="rejected"}'] == 1
         wait_for(lambda: metrics(url)["rooftop_num_requests_running"] == 0)

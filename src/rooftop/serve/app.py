@@ -59,7 +59,7 @@ def create_app(
 def _other_routes() -> APIRouter:
     router = APIRouter()
 
-    @router.get("/health")
+    @router.api_route("/health", methods=["GET", "HEAD"])
     async def health(request: Request) -> Response:
         state = server(request)
         if state.ready is None or state.ready.engine_loop.stopped:
@@ -67,7 +67,7 @@ def _other_routes() -> APIRouter:
             return JSONResponse({"status": status}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @router.get("/metrics")
+    @router.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics(request: Request) -> Response:
         return Response(server(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -94,18 +94,18 @@ def _other_routes() -> APIRouter:
             raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
         return {"prompt": ready.llm.tokenizer.decode(body.tokens)}
 
-    @router.get("/")
+    @router.api_route("/", methods=["GET", "HEAD"])
     async def dashboard() -> Response:
         return FileResponse(DASHBOARD / "index.html", media_type="text/html")
 
-    @router.get("/dashboard/state")
+    @router.api_route("/dashboard/state", methods=["GET", "HEAD"])
     async def dashboard_state(request: Request) -> dict:
         state = server(request)
         if state.ready is None:
             return {"ready": False, "load_error": state.load_error}
         return {"ready": True, "model": state.ready.model_name, **state.ready.monitor.snapshot()}
 
-    @router.get("/dashboard/{name}")
+    @router.api_route("/dashboard/{name}", methods=["GET", "HEAD"])
     async def dashboard_file(name: str) -> Response:
         if name not in DASHBOARD_FILES:
             raise ApiError(404, f"no dashboard file {name!r}")

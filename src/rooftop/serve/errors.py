@@ -47,8 +47,11 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
     }
 
 
+RETRY_AFTER_S = 1  # a 429's hint: a slot frees as soon as a running request finishes
+
+
 def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": str(RETRY_AFTER_S)}}.get(status)
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 

@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -49,7 +50,7 @@ def authorized(request: Request) -> None:
 router = APIRouter(dependencies=[Depends(authorized)])
 
 
-@router.get("/v1/models")
+@router.api_route("/v1/models", methods=["GET", "HEAD"])
 async def models(request: Request) -> dict:
     ready = server(request).require_ready()
     return {
@@ -60,7 +61,7 @@ async def models(request: Request) -> dict:
                 "object": "model",
                 "created": int(time.time()),
                 "owned_by": "rooftop",
-                "root": ready.llm.model_path,
+                "root": Path(ready.llm.model_path).name,  # never a path on the server
                 "parent": None,
                 "max_model_len": ready.llm.max_model_len,
             }

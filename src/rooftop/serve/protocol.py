@@ -81,7 +81,7 @@ class SamplingFields(Body):
             presence_penalty=_or(self.presence_penalty, 0.0),
             frequency_penalty=_or(self.frequency_penalty, 0.0),
             seed=self.seed,
-            stop=self.stop or [],
+            stop=[] if self.stop is None else self.stop,  # "" is a stop string, refused as such
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
