@@ -51,7 +51,7 @@ def main() -> None:
     ref_outputs = reference.generate(prompts, greedy)
     sequences = [o.prompt_token_ids + o.token_ids for o in ref_outputs]
     ref_logits = [
-        all_logits(reference, s, len(o.prompt_token_ids)) for s, o in zip(sequences, ref_outputs, strict=False)
+        all_logits(reference, s, len(o.prompt_token_ids)) for s, o in zip(sequences, ref_outputs, strict=True)
     ]
     print(
         "| format | top-1 agreement (teacher-forced) | max abs logit error | mean abs logit error / logit std "
@@ -67,7 +67,7 @@ def main() -> None:
     for name, options in formats.items():
         llm = reference if name == "float32" else LLM(**options)
         agree, total, max_err, rel = 0, 0, 0.0, []
-        for ids, ref, out in zip(sequences, ref_logits, ref_outputs, strict=False):
+        for ids, ref, out in zip(sequences, ref_logits, ref_outputs, strict=True):
             logits = all_logits(llm, ids, len(out.prompt_token_ids)).float()
             start = len(out.prompt_token_ids) - 1  # positions that predict the generated tokens
             a, b = logits[start:-1], ref[start:-1]
@@ -76,9 +76,9 @@ def main() -> None:
             max_err = max(max_err, float((a - b).abs().max()))
             rel.append(float((a - b).abs().mean() / b.std()))
         own = llm.generate(prompts, greedy)
-        same = sum(o.token_ids == r.token_ids for o, r in zip(own, ref_outputs, strict=False))
+        same = sum(o.token_ids == r.token_ids for o, r in zip(own, ref_outputs, strict=True))
         divergences = []  # (token index, float32's logit margin there for its own choice over this format's)
-        for o, r, ref in zip(own, ref_outputs, ref_logits, strict=False):
+        for o, r, ref in zip(own, ref_outputs, ref_logits, strict=True):
             i = next((i for i, (x, y) in enumerate(zip(o.token_ids, r.token_ids, strict=False)) if x != y), None)
             if i is not None:  # the prefixes agree up to i, so float32's logits there are the reference's own
                 at = ref[len(r.prompt_token_ids) - 1 + i]

@@ -65,7 +65,7 @@ def test_an_exact_format_runs_where_the_engine_has_it_and_is_refused_elsewhere(t
 
     exact = "q4_1" if cpu.ops() is not None else "int4-g32"
     llm = LLM(model=tiny_gguf, weights=exact)
-    assert llm.model.weight_format == "int4" and llm.precision.weights.name == exact
+    assert llm.model.weight_policy == "int4" and llm.precision.weights.name == exact
     for fmt in ("q4_0", "fp8", "bf16"):  # not what rooftop's float32 CPU run builds
         with pytest.raises(UnsupportedModelError, match=f"cannot run {fmt} weights on cpu"):
             LLM(model=tiny_gguf, weights=fmt)
@@ -199,7 +199,7 @@ def test_int4_from_the_bundled_gguf_keeps_its_4_bits_and_agrees(bundled_llm):
     assert all(isinstance(lin, kind) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
     assert isinstance(llm.model.lm_head, head)  # the file holds it (the tied embedding) as Q8_0
     assert isinstance(llm.model.embed, Int8GroupWeight)  # looked up from the file's own 8-bit groups
-    assert LLM().model.weight_format == "int4"  # the default for the bundled Q4_1 file
+    assert LLM().model.weight_policy == "int4"  # the default for the bundled Q4_1 file
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     for question in ("Write a haiku about the sea.", "What is the weather in Lagos?"):
         ref = bundled_llm.generate(bundled_llm.apply_chat_template([{"role": "user", "content": question}]), greedy)[0]
@@ -262,7 +262,7 @@ def test_the_default_format_follows_the_file(tmp_path, tiny_gguf):
 
     from rooftop import LLM
 
-    assert LLM(model=tiny_gguf).model.weight_format == "float"
+    assert LLM(model=tiny_gguf).model.weight_policy == "float"
     kernels = cpu.ops() is not None
     for qtype, fmt, kind, name in (
         ("Q4_1", "int4", Q4Linear if kernels else Int4Linear, "q4_1" if kernels else "int4-g32"),
@@ -271,7 +271,7 @@ def test_the_default_format_follows_the_file(tmp_path, tiny_gguf):
         path = tmp_path / f"{qtype}.gguf"
         write_tiny_gguf(path, qtype=gguf.GGMLQuantizationType[qtype])
         llm = LLM(model=path)
-        assert llm.model.weight_format == fmt and isinstance(llm.model.layers[1].down, kind)
+        assert llm.model.weight_policy == fmt and isinstance(llm.model.layers[1].down, kind)
         assert llm.precision.weights.name == name
     if kernels:  # a Q8_0 file's linears run on its own groups, exactly
         from rooftop.loading.model_files import load_model

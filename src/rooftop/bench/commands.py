@@ -45,9 +45,10 @@ def bench(
     *,
     run: RunConfig,
 ) -> None:
-    """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions (each measurement on a
-    fresh engine with the engine options given, prefix caching off). `rooftop bench serve` loads a running
-    OpenAI-compatible server instead."""
+    """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions. Each measurement runs on
+    a fresh engine with the engine options given, except three it sets itself: prefix caching off, and the token
+    budget and sequence count raised to the longest prompt and largest batch measured (one prefill step per
+    prompt). `rooftop bench serve` loads a running OpenAI-compatible server instead."""
     if ctx.invoked_subcommand is not None:
         return
     from rooftop.bench.measure import machine_info

@@ -131,7 +131,7 @@ class LLM:
         arrival = time.perf_counter()
         ids: list[str] = []
         try:
-            for prompt, p in zip(prompts, params_list, strict=False):
+            for prompt, p in zip(prompts, params_list, strict=True):
                 ids.append(f"generate-{next(self._request_ids)}")
                 self.engine.add_request(ids[-1], prompt, p, arrival)
             outputs = {}

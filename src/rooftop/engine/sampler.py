@@ -160,8 +160,9 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
     if all(greedy):
         return logits.argmax(-1).tolist()
     tokens = logits.argmax(-1) if any(greedy) else torch.empty(len(rows), dtype=torch.long, device=logits.device)
-    narrow = [i for i, r in enumerate(rows) if not greedy[i] and (r.params.top_k or r.params.top_p < 1.0)]
-    wide = [i for i, r in enumerate(rows) if not greedy[i] and not (r.params.top_k or r.params.top_p < 1.0)]
+    drawn = [i for i in range(len(rows)) if not greedy[i]]
+    narrow = [i for i in drawn if rows[i].params.top_k or rows[i].params.top_p < 1.0]
+    wide = [i for i in drawn if i not in narrow]
     for group in (narrow, wide):
         if not group:
             continue
@@ -184,5 +185,5 @@ def token_logprob(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
     """From the model's distribution at this position (before penalties, temperature and filters), as vLLM reports."""
     logprobs = logits.float().log_softmax(-1)
     top = torch.topk(logprobs, min(k, logprobs.numel())) if k else None
-    alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist(), strict=False))
+    alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
     return TokenLogprob(token_id, float(logprobs[token_id]), alternatives)

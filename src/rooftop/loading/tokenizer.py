@@ -118,10 +118,10 @@ class Tokenizer:
         types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         # 3 = control (e.g. <|im_end|>), 4 = user-defined: both are matched whole in the text, never split.
         backend.add_special_tokens(
-            [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types, strict=False) if k == 3]
+            [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types, strict=True) if k == 3]
         )
         backend.add_tokens(
-            [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types, strict=False) if k == 4]
+            [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types, strict=True) if k == 4]
         )
 
         def token(key: str) -> str | None:

@@ -34,12 +34,12 @@ class Transformer:
         norm: torch.Tensor,
         lm_head: Linear,
         ops: Ops,
-        weight_format: str,
+        weight_policy: str,
     ):
         self.config, self.dtype, self.device = config, dtype, device
         self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
         self.ops = ops
-        self.weight_format = weight_format  # the policy its linears were built under: float, int8 or int4
+        self.weight_policy = weight_policy  # the policy its linears were built under: float, int8 or int4
 
     @property
     def precision(self) -> Precision:

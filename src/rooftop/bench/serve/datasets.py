@@ -56,7 +56,7 @@ def random_requests(
     ins = rng.integers(int(input_len * (1 - range_ratio)), int(input_len * (1 + range_ratio)) + 1, size=n)
     outs = rng.integers(int(output_len * (1 - range_ratio)), int(output_len * (1 + range_ratio)) + 1, size=n)
     requests = []
-    for length, out in zip(ins.tolist(), outs.tolist(), strict=False):
+    for length, out in zip(ins.tolist(), outs.tolist(), strict=True):
         length = max(length, 1)
         ids = rng.choice(ordinary, size=length).tolist()
         for _ in range(4):  # decoding then encoding merges or splits some tokens: trim or top up, re-check
