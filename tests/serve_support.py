@@ -80,8 +80,9 @@ def held_server(
 
 @pytest.fixture(scope="module")
 def server(long_gguf) -> Iterator[str]:
-    """The shared server of a test module: the tiny model, a 256-token context, at most 64 requests in a step."""
-    with running_server(long_gguf, {"max_model_len": 256}, max_body_bytes=64 << 10) as url:
+    """The shared server of a test module: the tiny model, a 256-token context, at most 64 requests in a step,
+    prefill chunks of one block (so the prefix cache is reused block by block, as batch invariance allows then)."""
+    with running_server(long_gguf, {"max_model_len": 256, "chunked_prefill_size": 16}, max_body_bytes=64 << 10) as url:
         yield url
 
 

@@ -106,7 +106,8 @@ def test_a_cached_prompt_that_computes_one_token_is_a_prefill(tiny_llm):
     """A 9-token prompt sent twice with blocks of 4: the second finds 8 tokens in the prefix cache and computes one.
     That step computes a prompt token and yields the first output token: a prefill, in the step record, the
     request's metrics and the attention metadata alike; its next step is a decode."""
-    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(num_kv_blocks=32, block_size=4))
+    config = EngineConfig(num_kv_blocks=32, block_size=4, chunked_prefill_size=4)  # the cache reused per block
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, config)
     prompt = "abcdefghi"  # 9 byte tokens
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     eng.add_request("first", prompt, params)
@@ -129,18 +130,20 @@ def test_the_runner_lays_out_prefills_first_and_attention_reads_the_scheduled_ph
     seen = []
     original = runner.build_metadata
 
-    def spy(seqs, block_size, device):
-        meta = original(seqs, block_size, device)
+    def spy(seqs, block_size, device, batch_invariant):
+        meta = original(seqs, block_size, device, batch_invariant)
         seen.append(([s.phase for s in seqs], [(c.start, c.end, c.cached) for c in meta.prefills], meta))
         return meta
 
     monkeypatch.setattr(runner, "build_metadata", spy)
-    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(num_kv_blocks=32, block_size=4))
+    config = EngineConfig(num_kv_blocks=32, block_size=4, chunked_prefill_size=4)
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, config)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     eng.add_request("warm", "abcdefghi", params)
     drain(eng)  # "abcdefghi" now has two cached blocks
     eng.add_request("long", "a long prompt", params)
-    eng.step()  # its prefill
+    for _ in range(4):
+        eng.step()  # its prefill, in chunks of 4, 4, 4 and 1 tokens
     eng.add_request("cached", "abcdefghi", params)
     seen.clear()
     eng.step()  # "long" decodes while "cached" prefills its one uncached prompt token
@@ -237,7 +240,9 @@ def test_logprobs_are_recorded_per_output_token(eng):
     assert all(not d.new_logprobs for d in deltas if d.request_id == "b")
 
 
-def test_prefix_cache_hit_tokens_are_counted_per_request(eng):
+def test_prefix_cache_hit_tokens_are_counted_per_request(tiny_llm):
+    config = EngineConfig(num_kv_blocks=32, block_size=4, chunked_prefill_size=4)  # the cache reused per block
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, config)
     prompt = "a shared prompt of some length"  # 30 byte tokens: 7 full blocks of 4
     eng.add_request("first", prompt, PARAMS)
     first = drain(eng)[-1].output.metrics
@@ -269,8 +274,8 @@ def test_non_finite_logits_end_only_their_own_request(eng, monkeypatch):
     """Sampling runs batched; a row the model got wrong fails its request with `error`, and the others go on."""
     logits = eng.model.logits
 
-    def one_row_broken(hidden):
-        out = logits(hidden)
+    def one_row_broken(hidden, batch_invariant):
+        out = logits(hidden, batch_invariant)
         out[0, 5] = float("nan")
         return out
 

@@ -50,8 +50,8 @@ def test_q8_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows):
     assert float((lin(x) - ref).norm() / ref.norm()) < 0.01  # 8 bits on both sides
 
 
-def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_many_rows():
-    from rooftop.quant.linear import WIDEN_ROWS
+def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_the_planned_rows():
+    from rooftop.quant.linear import WIDEN_ROWS, RowPlan
 
     gen = torch.Generator().manual_seed(7)
     lin = Q4Linear.from_weight(quantize_int4(torch.randn(64, 128, generator=gen)), None)
@@ -59,7 +59,9 @@ def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_many_rows
     torch.testing.assert_close(lin(x), lin(x.reshape(6, 128)).reshape(2, 3, 64))
     assert lin(x.bfloat16()).dtype == torch.bfloat16
     many = torch.randn(WIDEN_ROWS, 128, generator=gen)
-    torch.testing.assert_close(lin(many), many @ lin.dequantize().t())  # float32 sgemm on the widened weights
+    widened = lin(many, plan=RowPlan((WIDEN_ROWS - 8,)))  # float32 sgemm on the widened weights, then the kernel
+    torch.testing.assert_close(widened[:-8], many[:-8] @ lin.dequantize().t())
+    assert torch.equal(widened[-8:], lin(many[-8:]))
 
 
 def test_bad_kernel_inputs_are_refused_with_the_reason():

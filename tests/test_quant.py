@@ -294,7 +294,7 @@ def test_loading_reads_tensors_only_when_the_model_asks(tiny_gguf):
 def test_prefill_rows_widen_to_float32_with_the_same_result(fmt, pytorch_kernels):
     """Many rows run as float32 sgemm on weights widened from the packed integers; the result matches the
     weight-only kernel (both see the same bfloat16-rounded scales) and the widened matrix is the quantized one."""
-    from rooftop.quant.linear import WIDEN_ROWS, Int4Linear, int4_block_rows
+    from rooftop.quant.linear import WIDEN_ROWS, Int4Linear, RowPlan, int4_block_rows
     from rooftop.quant.weights import quantize_int4
 
     gen = torch.Generator().manual_seed(5)
@@ -307,8 +307,8 @@ def test_prefill_rows_widen_to_float32_with_the_same_result(fmt, pytorch_kernels
         reference += (q.zero.bfloat16().float()).repeat_interleave(32, 1)
         torch.testing.assert_close(lin.dequantize(), reference, atol=1e-5, rtol=1e-5)
     x = torch.randn(WIDEN_ROWS, 256, generator=gen)
-    widened = lin(x)
-    per_row = torch.cat([lin(row[None]) for row in x[:4]])  # below the threshold: the kernel
+    widened = lin(x, plan=RowPlan((WIDEN_ROWS,)))
+    per_row = torch.cat([lin(row[None]) for row in x[:4]])  # the narrow path: the kernel
     assert float((widened[:4] - per_row).norm() / per_row.norm()) < 0.01  # the kernel's bfloat16 activations
 
 

@@ -37,9 +37,17 @@ def make_seq(i, prompt_len, prefix):
     st.integers(1, 64),  # token budget
     st.integers(1, 8),  # max_num_seqs
     st.booleans(),
+    st.booleans(),  # batch invariance
 )
-def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_caching):
-    config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, block_size=4)
+def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_caching, invariant):
+    config = EngineConfig(
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        block_size=4,
+        enable_prefix_caching=prefix_caching,
+        batch_invariant=invariant,
+    )
+    chunk = config.chunk_size
     blocks = BlockManager(num_blocks, 4, prefix_caching)
     sched = Scheduler(config, blocks)
     seqs = [make_seq(i, p, prefix) for i, (p, _, prefix, _, _) in enumerate(requests)]
@@ -76,12 +84,17 @@ def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_cac
         for s in batch:
             assert s.seq.status is Status.RUNNING
             assert len(s.seq.block_table) * 4 >= s.cached + s.new
-            # the phase, decided once: a decode brings exactly the one token sampled last
-            # the phase, decided once: a decode is a running sequence computing the one token it sampled last;
+            # the phase, decided once: a decode is a running sequence computing the one token it sampled last, or
+            # with batch invariance replaying a generated token after a preemption (its whole prompt cached);
             # admission is always a prefill, even when the prefix cache leaves one prompt token to compute
             continues = id(s.seq) in running_before and bool(s.seq.output_token_ids)
-            assert (s.phase == "decode") == (continues and s.cached == s.seq.num_tokens - 1), (s.phase, s.cached)
+            replays = invariant and s.cached >= len(s.seq.prompt_token_ids)
+            decodes = continues and (replays or s.cached == s.seq.num_tokens - 1)
+            assert (s.phase == "decode") == decodes, (s.phase, s.cached)
             assert s.phase != "decode" or s.new == 1
+            if invariant and s.phase == "prefill":  # chunks lie between multiples of the chunk size
+                assert s.cached // chunk == (s.cached + s.new - 1) // chunk
+                assert (s.cached + s.new) % chunk == 0 or s.cached + s.new == len(s.seq.prompt_token_ids)
             if s.needs_logits:
                 s.seq.output_token_ids.append(7)
                 if len(s.seq.output_token_ids) >= wanted[s.seq.request_id]:

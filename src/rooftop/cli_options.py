@@ -30,6 +30,11 @@ ENGINE_HELP = {
     "num_kv_blocks": "KV cache pool size in blocks (overrides --kv-cache-bytes)",
     "enable_prefix_caching": "reuse the KV blocks of prompt prefixes seen before",
     "max_model_len": "context length (default: the model's)",
+    "batch_invariant": "a request's tokens and logprobs do not depend on what shares its steps "
+    "(--no-batch-invariant: chunks and linear paths follow the whole step, faster prefill under load)",
+    "chunked_prefill_size": "most prompt tokens of one sequence per step (SGLang's name; default 256 with batch "
+    "invariance, where chunks start at its multiples and the prefix cache is reused in whole chunks; else "
+    "max-num-batched-tokens)",
 }
 RUN_FIELDS = [f for f in fields(RunConfig) if f.name != "engine"]
 

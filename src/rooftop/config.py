@@ -142,18 +142,37 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # overrides kv_cache_bytes
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # default: the model's context length
+    batch_invariant: bool = True  # a request's outputs do not depend on what shares its steps
+    chunked_prefill_size: int | None = None  # default: DEFAULT_CHUNK tokens, at most max_num_batched_tokens
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("kv_cache_bytes", "num_kv_blocks", "max_model_len"):
+        for name in ("kv_cache_bytes", "num_kv_blocks", "max_model_len", "chunked_prefill_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size > self.max_num_batched_tokens:
+            raise InvalidRequestError(
+                f"chunked_prefill_size ({self.chunked_prefill_size}) cannot exceed max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}): a chunk runs in one step"
+            )
+
+    @property
+    def chunk_size(self) -> int:
+        """The most prompt tokens of one sequence computed in one step. With batch invariance a sequence's chunks
+        start at multiples of it, wherever the step's token budget stands (a chunk waits for a step it fits in)."""
+        if self.chunked_prefill_size is not None:
+            return self.chunked_prefill_size
+        if not self.batch_invariant:
+            return self.max_num_batched_tokens
+        chunk = min(DEFAULT_CHUNK, self.max_num_batched_tokens)
+        return chunk // self.block_size * self.block_size or chunk  # whole blocks, where the budget holds one
 
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30
+DEFAULT_CHUNK = 256  # batch-invariant prefill chunks (and prefix-cache reuse) in tokens; docs/PERFORMANCE.md
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU (the reference), bfloat16 on a GPU
 
 

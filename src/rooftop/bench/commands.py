@@ -46,9 +46,9 @@ def bench(
     run: RunConfig,
 ) -> None:
     """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions. Each measurement runs on
-    a fresh engine with the engine options given, except three it sets itself: prefix caching off, and the token
-    budget and sequence count raised to the longest prompt and largest batch measured (one prefill step per
-    prompt). `rooftop bench serve` loads a running OpenAI-compatible server instead."""
+    a fresh engine with the engine options given, except four it sets itself: prefix caching off, the token budget
+    and the prefill chunk raised to the longest prompt (one prefill step per prompt) and the sequence count to the
+    largest batch measured. `rooftop bench serve` loads a running OpenAI-compatible server instead."""
     if ctx.invoked_subcommand is not None:
         return
     from rooftop.bench.measure import machine_info

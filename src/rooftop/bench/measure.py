@@ -31,10 +31,12 @@ def fresh_engine(llm: LLM, max_tokens_per_step: int, max_num_seqs: int = 256) ->
     """A new engine over the loaded weights, with the run's engine options but an empty KV pool, no prefix cache,
     room for every sequence and no chunking of the prompt (each measurement sees exactly the steps it asks for)."""
     base = llm.run_config.engine
+    budget = max(max_tokens_per_step, base.max_num_batched_tokens)
     config = replace(
         base,
         max_num_seqs=max(max_num_seqs, base.max_num_seqs),
-        max_num_batched_tokens=max(max_tokens_per_step, base.max_num_batched_tokens),
+        max_num_batched_tokens=budget,
+        chunked_prefill_size=budget,
         enable_prefix_caching=False,
     )
     return LLMEngine(llm.model, llm.tokenizer, config)

@@ -54,26 +54,32 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Ids of the cached blocks that hold a prefix of `token_ids`, leaving at least one token to compute."""
+    def cached_prefix(self, token_ids: list[int], most: int | None = None, unit: int | None = None) -> list[int]:
+        """Ids of the cached blocks that hold a prefix of `token_ids`: at most `most` tokens (default: all but the
+        last, which is left to compute), in multiples of `unit` tokens (default: one block; a multiple of it)."""
         if not self.enable_prefix_caching:
             return []
+        most = len(token_ids) - 1 if most is None else most
         found, parent = [], None
-        for start in range(0, len(token_ids) - 1 - (len(token_ids) - 1) % self.block_size, self.block_size):
+        for start in range(0, most - most % self.block_size, self.block_size):
             tokens = tuple(token_ids[start : start + self.block_size])
             parent = block_hash(parent, tokens)
             block_id = self.cached.get(parent)
             if block_id is None or self.blocks[block_id].tokens != tokens:
                 break
             found.append(block_id)
-        return found
+        per_unit = (unit or self.block_size) // self.block_size
+        return found[: len(found) - len(found) % per_unit]
 
-    def allocate(self, token_ids: list[int]) -> tuple[list[int], int] | None:
-        """A block table for a sequence about to compute `token_ids`, reusing cached prefix blocks.
+    def allocate(
+        self, token_ids: list[int], most: int | None = None, unit: int | None = None
+    ) -> tuple[list[int], int] | None:
+        """A block table for a sequence about to compute `token_ids`, reusing cached prefix blocks (`most` and
+        `unit` as in `cached_prefix`).
 
         Returns (block table, tokens already cached) or None when the pool cannot hold the rest now.
         """
-        hits = self.cached_prefix(token_ids)
+        hits = self.cached_prefix(token_ids, most, unit)
         fresh = self.blocks_needed(len(token_ids)) - len(hits)
         reusable_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         if fresh > self.num_free - reusable_free:

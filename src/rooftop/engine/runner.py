@@ -1,9 +1,9 @@
 """One engine step on the model: prefill chunks and decodes packed into one flat batch, then their logits.
 
 The scheduler has decided each sequence's phase; the runner lays the step out with the prefill chunks' rows first
-and the decodes' after them, runs it in one forward pass (every weight read once for all of them) and returns the
-logits of the sequences that reached their last token, with the device synchronized around the clock so the
-measured time is real.
+(those that widen quantized weights to float matmuls before the others) and the decodes' after them, runs it in
+one forward pass (every weight read once for all of them) and returns the logits of the sequences that reached
+their last token, with the device synchronized around the clock so the measured time is real.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rooftop.engine.scheduler import ScheduledSeq
 from rooftop.enums import Phase
 from rooftop.models.kv_cache import AttentionSeq, KVPool, build_metadata
 from rooftop.models.transformer import Transformer
+from rooftop.quant.linear import WIDEN_ROWS, row_plan
 
 
 @dataclass
@@ -35,13 +36,17 @@ def synchronize(device: torch.device) -> None:
 
 
 def step_order(batch: list[ScheduledSeq]) -> list[int]:
-    """Indices of `batch` in row order: prefill chunks first, then decodes."""
+    """Indices of `batch` in row order: prefill chunks of WIDEN_ROWS tokens or more, the other prefill chunks, then
+    decodes."""
     prefills = [i for i, s in enumerate(batch) if s.phase is Phase.PREFILL]
-    return prefills + [i for i, s in enumerate(batch) if s.phase is Phase.DECODE]
+    wide = [i for i in prefills if batch[i].new >= WIDEN_ROWS]
+    narrow = [i for i in prefills if batch[i].new < WIDEN_ROWS]
+    return wide + narrow + [i for i, s in enumerate(batch) if s.phase is Phase.DECODE]
 
 
 @torch.inference_mode()
-def run_step(model: Transformer, pool: KVPool, batch: list[ScheduledSeq]) -> StepLogits:
+def run_step(model: Transformer, pool: KVPool, batch: list[ScheduledSeq], batch_invariant: bool) -> StepLogits:
+    """Run the step; with `batch_invariant` each row takes the path its own sequence's chunk or decode decides."""
     order = step_order(batch)
     token_ids, positions, seqs = [], [], []
     for i in order:
@@ -54,7 +59,10 @@ def run_step(model: Transformer, pool: KVPool, batch: list[ScheduledSeq]) -> Ste
     t0 = time.perf_counter()
     ids = torch.tensor(token_ids, dtype=torch.long, device=device)
     positions = torch.tensor(positions, dtype=torch.long, device=device)
-    hidden = model.forward_batch(ids, positions, pool, build_metadata(seqs, pool.block_size, device))
+    chunks = [s.new for s in seqs if s.phase is Phase.PREFILL]
+    plan = row_plan(chunks, len(token_ids), model.dtype, batch_invariant)
+    meta = build_metadata(seqs, pool.block_size, device, batch_invariant)
+    hidden = model.forward_batch(ids, positions, pool, meta, plan)
     rows, sampled = [], []
     end = 0
     for i in order:
@@ -62,6 +70,6 @@ def run_step(model: Transformer, pool: KVPool, batch: list[ScheduledSeq]) -> Ste
         if batch[i].needs_logits:
             rows.append(end - 1)
             sampled.append(i)
-    logits = model.logits(hidden[rows]) if rows else None
+    logits = model.logits(hidden[rows], batch_invariant) if rows else None
     synchronize(device)
     return StepLogits(logits, sampled, time.perf_counter() - t0)

@@ -5,10 +5,19 @@ Each step first gives every running decode its one token, then continues running
 then admits waiting requests, all within max_num_seqs and the token budget max_num_batched_tokens. When the
 block pool runs dry, the most recently arrived running sequence is preempted: its blocks are freed and it
 is recomputed later from its tokens so far. After the step, `update` takes in what it computed.
+
+With batch invariance (the default) a sequence computes exactly what it would alone, whatever shares its steps:
+- its prompt is cut into chunks at multiples of `chunk_size`, and a chunk waits for a step with room for all of
+  it (the budget decides when a chunk runs, never where it ends);
+- the prefix cache offers only blocks of whole chunks, and a hit is used in whole chunks, so a reused prefix
+  holds exactly the K/V this sequence's own chunks would have computed;
+- after a preemption the prompt is recomputed in the same chunks and the tokens it had generated are replayed
+  one decode step each, as they were first computed.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -31,10 +40,13 @@ class ScheduledSeq:
         return self.cached + self.new == self.seq.num_tokens
 
 
-def running_phase(seq: Sequence) -> Phase:
-    """A running sequence decodes when its one uncached token is the output token it sampled last; otherwise it
-    is still prefilling (its prompt's next chunk, or recomputing after a preemption). Admission is always a prefill,
-    even when the prefix cache leaves a single prompt token to compute."""
+def running_phase(seq: Sequence, replay: bool) -> Phase:
+    """A running sequence decodes when its one uncached token is the output token it sampled last, or, when
+    `replay`, whenever its whole prompt is cached (it recomputes generated tokens one decode each after a
+    preemption); otherwise it is still prefilling (its prompt's next chunk, or recomputing after a preemption).
+    Admission is always a prefill, even when the prefix cache leaves a single prompt token to compute."""
+    if replay and seq.output_token_ids and seq.cached >= len(seq.prompt_token_ids):
+        return Phase.DECODE
     return Phase.DECODE if seq.uncached == 1 and seq.output_token_ids else Phase.PREFILL
 
 
@@ -60,17 +72,39 @@ class Scheduler:
         self.blocks.free(seq.block_table)
         seq.status = Status.FINISHED
 
+    def tokens_this_step(self, seq: Sequence, cached: int, phase: Phase, budget: int) -> int:
+        """How many tokens `seq`, with `cached` of them in the cache, computes in a step with `budget` tokens left
+        (0: it waits for a later step)."""
+        if phase is Phase.DECODE:
+            return min(1, budget)
+        chunk = self.config.chunk_size
+        if not self.config.batch_invariant:
+            return min(seq.num_tokens - cached, chunk, budget)
+        # the rest of the chunk its next position is in; generated tokens are replayed as decodes, not prefilled
+        n = min(len(seq.prompt_token_ids) - cached, chunk - cached % chunk)
+        return n if n <= budget else 0
+
+    def reusable_prefix(self, seq: Sequence) -> tuple[int, int]:
+        """(The most tokens of `seq` a prefix-cache hit may cover, in multiples of how many): with batch invariance,
+        whole chunks (and whole blocks) of its prompt, leaving at least one prompt token to compute; otherwise whole
+        blocks."""
+        if not self.config.batch_invariant:
+            return seq.num_tokens - 1, self.config.block_size
+        return len(seq.prompt_token_ids) - 1, math.lcm(self.config.chunk_size, self.config.block_size)
+
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted = False
-        phases = {seq: running_phase(seq) for seq in self.running}
+        phases = {seq: running_phase(seq, self.config.batch_invariant) for seq in self.running}
         decodes = [s for s in self.running if phases[s] is Phase.DECODE]
         prefills = [s for s in self.running if phases[s] is Phase.PREFILL]
         for seq in decodes + prefills:
-            if seq.status is not Status.RUNNING or budget == 0:
-                continue  # preempted earlier in this loop, or out of budget until the next step
-            n = min(seq.uncached, budget)
+            if seq.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            n = self.tokens_this_step(seq, seq.cached, phases[seq], budget)
+            if n == 0:
+                continue  # no room left in this step for its next chunk
             while not self.blocks.can_append(seq.block_table, seq.cached + n):
                 victim = max(self.running, key=lambda s: s.arrival_index)
                 for entry in [e for e in scheduled if e.seq is victim]:  # give back what it was granted
@@ -87,15 +121,18 @@ class Scheduler:
             budget -= n
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            allocation = self.blocks.allocate(seq.all_token_ids)
+            hit = len(self.blocks.cached_prefix(seq.all_token_ids, *self.reusable_prefix(seq))) * self.blocks.block_size
+            n = self.tokens_this_step(seq, hit, Phase.PREFILL, budget)
+            if n == 0:  # its first chunk does not fit in this step: it stays first in line
+                break
+            allocation = self.blocks.allocate(seq.all_token_ids, *self.reusable_prefix(seq))
             if allocation is None:
                 break
-            self.waiting.popleft()
             seq.block_table, seq.cached = allocation
+            self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
             self.running.sort(key=lambda s: s.arrival_index)
-            n = min(seq.uncached, budget)
             scheduled.append(ScheduledSeq(seq, n, seq.cached, Phase.PREFILL))
             budget -= n
         return scheduled
@@ -105,9 +142,18 @@ class Scheduler:
         and the sequences that finished give their blocks back."""
         for s in batch:
             s.seq.cached += s.new
-            self.blocks.cache_full_blocks(s.seq.block_table, s.seq.all_token_ids, s.seq.cached)
+            self.blocks.cache_full_blocks(s.seq.block_table, s.seq.all_token_ids, self.shareable(s.seq))
         for seq in finished:
             self.finish(seq)
+
+    def shareable(self, seq: Sequence) -> int:
+        """Of `seq`'s cached tokens, how many the prefix cache may offer to others: with batch invariance, its
+        prompt's whole chunks (a partial chunk's K/V depend on where the prompt ends, generated tokens' on having
+        been decoded); otherwise all of them."""
+        if not self.config.batch_invariant:
+            return seq.cached
+        chunk = self.config.chunk_size
+        return min(seq.cached, len(seq.prompt_token_ids) // chunk * chunk)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free its blocks and send it back to the head of the queue, to be recomputed from its tokens so far."""

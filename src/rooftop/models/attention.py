@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rooftop.models.kv_cache import AttentionMetadata
+from rooftop.models.kv_cache import AttentionMetadata, table_slots
 
 
 def paged_attention(
@@ -23,7 +23,10 @@ def paged_attention(
     prefill_rows = meta.num_prefill_rows
     if not meta.has_decodes:
         return prefill_chunks(q, k_pool, v_pool, meta)
-    decodes = decode_attention(q[prefill_rows:], *gather(k_pool, v_pool, meta.decode_slots), meta.decode_mask)
+    if meta.decodes_alone:
+        decodes = each_decode(q[prefill_rows:], k_pool, v_pool, meta)
+    else:
+        decodes = decode_attention(q[prefill_rows:], *gather(k_pool, v_pool, meta.decode_slots), meta.decode_mask)
     if not meta.prefills:
         return decodes
     return torch.cat([prefill_chunks(q[:prefill_rows], k_pool, v_pool, meta), decodes])
@@ -40,6 +43,16 @@ def prefill_chunks(
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.end)
         out[rows] = prefill_attention(q[rows], *gather(k_pool, v_pool, chunk.slots), chunk.cached)
+    return out
+
+
+def each_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """The decodes' attention one sequence at a time, each over exactly its own keys. q: (B, heads, hd)."""
+    slots = table_slots(meta.decode_tables, meta.block_size)
+    out = torch.empty_like(q)
+    for b, length in enumerate(meta.decode_lengths.tolist()):
+        keys, values = gather(k_pool, v_pool, slots[b, :length])
+        out[b] = decode_attention(q[b : b + 1], keys[None], values[None], None)[0]
     return out
 
 

@@ -9,7 +9,7 @@ import torch
 
 from rooftop.models.kv_cache import AttentionMetadata
 from rooftop.models.ops import Ops
-from rooftop.quant.linear import Linear
+from rooftop.quant.linear import Linear, RowPlan
 
 
 @dataclass
@@ -25,8 +25,15 @@ class DecoderBlock:
     down: Linear
 
     def __call__(
-        self, x: torch.Tensor, ops: Ops, rope, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        ops: Ops,
+        rope,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        meta: AttentionMetadata,
+        plan: RowPlan,
     ) -> torch.Tensor:
-        attn = ops.attention(self.qkv(ops.rms_norm(x, self.attn_norm)), self.qk_norm, rope, k_pool, v_pool, meta)
-        x = self.o(attn, residual=x)
-        return self.down(ops.silu_mul(self.gate_up(ops.rms_norm(x, self.mlp_norm))), residual=x)
+        qkv = self.qkv(ops.rms_norm(x, self.attn_norm), plan=plan)
+        x = self.o(ops.attention(qkv, self.qk_norm, rope, k_pool, v_pool, meta), residual=x, plan=plan)
+        return self.down(ops.silu_mul(self.gate_up(ops.rms_norm(x, self.mlp_norm), plan=plan)), residual=x, plan=plan)

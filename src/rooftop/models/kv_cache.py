@@ -59,6 +59,9 @@ class AttentionMetadata:
     num_prefill_rows: int = 0  # rows 0 .. num_prefill_rows - 1 are prefill tokens; the rest are decodes
     decode_tables: torch.Tensor | None = None  # (B, blocks) block tables of the decode sequences, padded with 0
     decode_lengths: torch.Tensor | None = None  # (B,) tokens in each decode sequence's cache, the new one included
+    # PyTorch's attention attends each decode over its own keys, not padded to the step's longest: its flash kernel
+    # rounds a row differently once the padding spans another block of keys (bfloat16, measured)
+    decodes_alone: bool = True
 
     @property
     def has_decodes(self) -> bool:
@@ -98,8 +101,11 @@ class AttentionSeq:
     phase: Phase
 
 
-def build_metadata(seqs: list[AttentionSeq], block_size: int, device: torch.device) -> AttentionMetadata:
-    """Metadata for a step over `seqs`, in row order: every prefill before every decode.
+def build_metadata(
+    seqs: list[AttentionSeq], block_size: int, device: torch.device, batch_invariant: bool = True
+) -> AttentionMetadata:
+    """Metadata for a step over `seqs`, in row order: every prefill before every decode; with `batch_invariant`,
+    PyTorch's attention attends each decode alone.
 
     Decodes take the batched decode path; prefill chunks are attended one sequence at a time. Four small tensors
     for a decode step whatever the batch and context (it runs on every step, whose whole budget is ~12 ms); the
@@ -121,7 +127,9 @@ def build_metadata(seqs: list[AttentionSeq], block_size: int, device: torch.devi
             prefills.append(PrefillChunk(row, row + new, cached, slots[: cached + new].to(device)))
         row += new
     num_prefill_rows = prefills[-1].end if prefills else 0
-    meta = AttentionMetadata(torch.tensor(slot_mapping, device=device), prefills, block_size, num_prefill_rows)
+    meta = AttentionMetadata(
+        torch.tensor(slot_mapping, device=device), prefills, block_size, num_prefill_rows, decodes_alone=batch_invariant
+    )
     if decodes:
         blocks = -(-max(length for _, _, length in decodes) // block_size)
         meta.decode_tables = torch.tensor(

@@ -16,7 +16,7 @@ from rooftop.enums import Phase
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.ops import Ops
-from rooftop.quant.linear import FLOAT_FORMATS, Linear
+from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, row_plan
 from rooftop.quant.weights import Weight
 from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, precision
 
@@ -59,19 +59,28 @@ class Transformer:
         self, input_ids: torch.Tensor, cache: KVCache, start: int, phase: Phase = Phase.PREFILL
     ) -> torch.Tensor:
         """One sequence: T new tokens at positions start..start+T-1 after `start` tokens already in `cache`; the
-        caller decides the phase, as the engine's scheduler does (a decode brings the one token sampled last)."""
-        positions = torch.arange(start, start + input_ids.shape[0], device=input_ids.device)
-        meta = cache.metadata(start, input_ids.shape[0], phase)
-        return self.forward_batch(input_ids, positions, cache.pool, meta)
+        caller decides the phase, as the engine's scheduler does (a decode brings the one token sampled last). The
+        rows take the paths they take in the engine with batch invariance: a prefill of them all is one chunk."""
+        n = input_ids.shape[0]
+        positions = torch.arange(start, start + n, device=input_ids.device)
+        meta = cache.metadata(start, n, phase)
+        plan = row_plan([n] if phase is Phase.PREFILL else [], n, self.dtype, batch_invariant=True)
+        return self.forward_batch(input_ids, positions, cache.pool, meta, plan)
 
     def forward_batch(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        pool: KVPool,
+        meta: AttentionMetadata,
+        plan: RowPlan = NARROW,
     ) -> torch.Tensor:
-        """Hidden states (T, hidden) of the step's T tokens (all sequences, flat); their K/V go into `pool`."""
+        """Hidden states (T, hidden) of the step's T tokens (all sequences, flat); their K/V go into `pool`. `plan`
+        says which rows go through the linears on which path (quant/linear.py)."""
         x = self.embed_tokens(input_ids)
         rope = self.ops.rope(positions)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.ops, rope, pool.k_layers[i], pool.v_layers[i], meta)
+            x = layer(x, self.ops, rope, pool.k_layers[i], pool.v_layers[i], meta, plan)
         return self.ops.rms_norm(x, self.norm)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -79,6 +88,7 @@ class Transformer:
             return F.embedding(input_ids, self.embed)
         return self.embed.lookup(input_ids).to(self.dtype)  # only the rows of these tokens are widened
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits (T, vocab) for the given hidden states (only the positions that need sampling)."""
-        return self.lm_head(hidden).float()
+    def logits(self, hidden: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
+        """Float32 logits (T, vocab) for the given hidden states (only the positions that need sampling). With batch
+        invariance every row takes the narrow path: a row's logits do not depend on what else is sampled."""
+        return self.lm_head(hidden, plan=row_plan([], hidden.shape[0], self.dtype, batch_invariant)).float()

@@ -14,6 +14,8 @@ s = d, z = m + 8d and Q4_0 (x = d·(q - 8)) as s = d, z = 0.
 from __future__ import annotations
 
 import functools
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,6 +42,81 @@ FLOAT_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 # running MKL's sgemm beats the weight-only kernels, which compute in emulated bfloat16 on CPUs without it
 # (measured on the bundled model, docs/PERFORMANCE.md). Decode steps (one row per sequence) stay quantized.
 WIDEN_ROWS = 96
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Which path each of a step's rows takes through a linear. The leading `widen` groups (prefill chunks, in row
+    order) each run as one float matmul of their own: a quantized linear widens its weights once for all of them.
+    The rows after them run together on the narrow path: the quantized kernel (int8 activations, one row at a
+    time, so a row's result never depends on its neighbours), or for float weights one matmul padded to a multiple
+    of `min_rows` rows, the BLAS library's row tile, in which a row's result no longer depends on its neighbours
+    (`float_min_rows`). With batch invariance the groups are the sequences' own chunks (`row_plan`)."""
+
+    widen: tuple[int, ...] = ()
+    min_rows: int = 1
+
+
+def row_plan(chunks: list[int], rows: int, dtype: torch.dtype, batch_invariant: bool) -> RowPlan:
+    """The plan of a step of `rows` rows whose leading rows are prefill chunks of the given lengths, those of
+    WIDEN_ROWS or more first. Batch-invariant: each of those chunks widens on its own, so a row's path depends only
+    on its own sequence's chunk. Otherwise the whole step widens from WIDEN_ROWS rows on (one sgemm, the fastest)."""
+    if not batch_invariant:
+        return RowPlan((rows,) if rows >= WIDEN_ROWS else ())
+    return RowPlan(tuple(itertools.takewhile(lambda n: n >= WIDEN_ROWS, chunks)), float_min_rows(dtype))
+
+
+@functools.cache
+def float_min_rows(dtype: torch.dtype) -> int:
+    """The row tile P of `F.linear` on this machine: in a call of a multiple of P rows, a row's result is the same
+    at any index and whatever the other rows are, so narrow float matmuls are padded to a multiple of it. Probed
+    once per dtype, because BLAS libraries pick kernels by the row count: MKL here runs 1 row as a matrix-vector
+    product, 2-3 rows on another kernel, and the rows of a call that are left over after its tiles of 4 (5 rows: the
+    fifth) like a call of that many rows, each rounding differently (float32; bfloat16 agrees everywhere)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 512, generator=gen).to(dtype)
+    x = torch.randn(64, 512, generator=gen).to(dtype)
+    for tile in (1, 2, 4, 8, 16):
+        alone = torch.cat([_padded_to(x[i : i + 1], tile, lambda t: F.linear(t, w)) for i in range(x.shape[0])])
+        if all(torch.equal(F.linear(x[:m], w), alone[:m]) for m in range(tile, x.shape[0] + 1, tile)):
+            return tile
+    return 32  # no tile agreed up to 64 rows: pad to half of them (the batched == alone tests say if it holds)
+
+
+def _padded_to(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`fn` on rows (T, K) with zero rows appended up to a multiple of `tile`; their outputs dropped."""
+    rows = x.shape[0]
+    pad = -rows % tile
+    return fn(x) if pad == 0 else fn(torch.cat([x, x.new_zeros(pad, x.shape[1])]))[:rows]
+
+
+def by_plan(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    plan: RowPlan,
+    wide: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+    narrow: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+) -> torch.Tensor:
+    """A linear over rows (T, K) by `plan`: each widened group through `wide`, the rest through `narrow`."""
+    if not plan.widen:
+        return narrow(x, residual)
+    parts, start = [], 0
+    for n in plan.widen:
+        parts.append(wide(x[start : start + n], None if residual is None else residual[start : start + n]))
+        start += n
+    if start < x.shape[0]:
+        parts.append(narrow(x[start:], None if residual is None else residual[start:]))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> torch.Tensor:
+    """`F.linear` over a multiple of `tile` rows: zero rows are appended and their outputs dropped."""
+    flat = x.reshape(-1, x.shape[-1])
+    y = _padded_to(flat, tile, lambda t: F.linear(t, weight, bias))
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+NARROW = RowPlan()  # every row on the narrow path: decodes, logits, a linear called on its own
 
 
 def unpack_int4(packed: torch.Tensor, n: int, k: int, block_rows: int) -> torch.Tensor:
@@ -76,8 +153,14 @@ class FloatLinear:
     def format(self) -> str:
         return FLOAT_FORMATS[self.weight.dtype]
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return with_residual(F.linear(x, self.weight, self.bias), residual)
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        return by_plan(
+            x,
+            residual,
+            plan,
+            lambda rows, res: with_residual(F.linear(rows, self.weight, self.bias), res),
+            lambda rows, res: with_residual(padded_linear(rows, self.weight, self.bias, plan.min_rows), res),
+        )
 
     @property
     def nbytes(self) -> int:
@@ -102,7 +185,8 @@ class Fp16Linear:
     format: ClassVar[str] = "fp16-fp32"
     widen_rows: ClassVar[int | None] = None  # float16 weights, float32 math at every size
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        """Every row the same way (fbgemm's result for a row does not depend on the row count)."""
         flat = x.reshape(-1, x.shape[-1]).float()
         y = torch.ops.quantized.linear_dynamic_fp16(flat, self.packed)
         return with_residual(y.reshape(*x.shape[:-1], self.out_features), residual)
@@ -123,10 +207,14 @@ class Int8Linear:
     format: ClassVar[str] = "int8"
     widen_rows: ClassVar[int | None] = WIDEN_ROWS
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        wide = self.dequantize().to(x.dtype) if plan.widen else None
+        return by_plan(
+            x, residual, plan, lambda rows, res: with_residual(F.linear(rows, wide, self.bias), res), self.narrow
+        )
+
+    def narrow(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if flat.shape[0] >= WIDEN_ROWS:
-            return with_residual(F.linear(x, self.dequantize().to(x.dtype), self.bias), residual)
         y = torch._weight_int8pack_mm(flat.to(torch.bfloat16), self.qweight, self.scales).to(x.dtype)
         y = y.reshape(*x.shape[:-1], self.qweight.shape[0])
         return with_residual(y if self.bias is None else y + self.bias, residual)
@@ -150,11 +238,17 @@ class Int4Linear:
     format: ClassVar[str] = "int4-g32"
     widen_rows: ClassVar[int | None] = WIDEN_ROWS
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        block = int4_block_rows()
+        if block is None or self.out_features % block:  # a packing we cannot unpack: every row on the kernel
+            plan = NARROW
+        wide = self.dequantize().to(x.dtype) if plan.widen else None
+        return by_plan(
+            x, residual, plan, lambda rows, res: with_residual(F.linear(rows, wide, self.bias), res), self.narrow
+        )
+
+    def narrow(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        rows = int4_block_rows()
-        if flat.shape[0] >= WIDEN_ROWS and rows is not None and self.out_features % rows == 0:
-            return with_residual(F.linear(x, self.dequantize().to(x.dtype), self.bias), residual)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return with_residual(y if self.bias is None else y + self.bias, residual)
@@ -191,17 +285,19 @@ def _like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class _KernelLinear:
-    """What Q4Linear and Q8Linear share: decode-sized steps run the kernel, prefill-sized ones one sgemm."""
+    """What Q4Linear and Q8Linear share: the narrow rows run the kernel, widened groups sgemm (a `RowPlan`)."""
 
     bias: torch.Tensor | None
     widen_rows: ClassVar[int | None] = WIDEN_ROWS
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] < WIDEN_ROWS and x.dtype == torch.float32 and x.is_contiguous():
-            return self.kernel(x, residual)  # the engine's decode steps
-        if x.numel() // x.shape[-1] >= WIDEN_ROWS:
-            bias = None if self.bias is None else self.bias.to(x.dtype)
-            return with_residual(F.linear(x, self.dequantize().to(x.dtype), bias), residual)
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        wide = self.dequantize().to(x.dtype) if plan.widen else None
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return by_plan(x, residual, plan, lambda rows, res: with_residual(F.linear(rows, wide, bias), res), self.narrow)
+
+    def narrow(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
+            return self.kernel(x, residual)  # the engine's activations
         res = None if residual is None else _float_rows(residual)
         return _like(self.kernel(_float_rows(x), res), x)
 

@@ -86,7 +86,7 @@ class Precision:
     kv_bytes: int
     activation_bytes: int
     state_bytes: int = 4  # linear-attention recurrent state, kept in fp32 by the reference kernels
-    widen_rows: int | None = None  # steps of this many tokens or more widen quantized weights to float matmuls
+    widen_rows: int | None = None  # prefill chunks of this many tokens or more widen quantized weights to floats
     lm_head: WeightFormat | None = None  # when the lm_head is held in another format than the other linears
 
     @property
