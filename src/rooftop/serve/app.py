@@ -75,24 +75,23 @@ def _other_routes() -> APIRouter:
     async def tokenize(request: Request) -> dict:
         ready, body = await accept(request, TokenizeRequest)
         if (body.prompt is None) == (body.messages is None):
-            raise ApiError(400, "send either prompt or messages")
-        tokenizer = ready.llm.tokenizer
-        if body.messages is not None:
-            messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+            raise ApiError(400, "send either prompt or messages", "prompt")
+        if body.messages is None:
+            text, param = body.prompt, "prompt"
         else:
-            text = body.prompt
-        ids = await asyncio.to_thread(tokenizer.encode, text, body.add_special_tokens)
+            param = "messages"
+            try:
+                messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
+                text = ready.llm.tokenizer.apply_chat_template(messages, body.add_generation_prompt)
+            except InvalidRequestError as e:
+                raise ApiError(400, str(e), e.param or param) from None
+        ids = await ready.prompts.encode(text, param, body.add_special_tokens)
         return {"count": len(ids), "max_model_len": ready.llm.max_model_len, "tokens": ids}
 
     @router.post("/detokenize", dependencies=[Depends(authorized)])
     async def detokenize(request: Request) -> dict:
         ready, body = await accept(request, DetokenizeRequest)
-        vocab = ready.llm.config.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
-        return {"prompt": ready.llm.tokenizer.decode(body.tokens)}
+        return {"prompt": await ready.prompts.decode(body.tokens, "tokens")}
 
     @router.api_route("/", methods=["GET", "HEAD"])
     async def dashboard() -> Response:

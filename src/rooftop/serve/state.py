@@ -16,18 +16,20 @@ from rooftop.serve.engine_loop import EngineLoop
 from rooftop.serve.errors import ApiError
 from rooftop.serve.metrics import ServerMetrics
 from rooftop.serve.monitor import Monitor
+from rooftop.serve.prompts import Prompts
 
 log = logging.getLogger("rooftop.serve")
 
 
 @dataclass
 class Ready:
-    """The loaded model and the thread that runs it."""
+    """The loaded model, the thread that runs it and the tokenizing in front of it."""
 
     llm: LLM
     monitor: Monitor
     engine_loop: EngineLoop
     model_name: str
+    prompts: Prompts
 
 
 @dataclass
@@ -56,7 +58,8 @@ class ServerState:
         engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests)
         engine_loop.start()
         name = c.served_model_name or c.run.model or Path(llm.model_path).stem
-        self.ready = Ready(llm, monitor, engine_loop, name)
+        prompts = Prompts(llm.tokenizer, llm.max_model_len, llm.config.vocab_size)
+        self.ready = Ready(llm, monitor, engine_loop, name, prompts)
         log.info("serving %s on http://%s:%d (dashboard at /)", name, c.host, c.port)
 
     def require_ready(self) -> Ready:
