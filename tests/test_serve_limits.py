@@ -1,28 +1,34 @@
 """rooftop serve bounds what one request can cost before it is admitted: a prompt too long in bytes for the
 context is refused untokenized, tokenizing leaves the GIL to the other threads, a body is refused by its declared
-size before it is sent."""
+size before it is sent; and a connection cannot be held by a client that stalls: idle and half-sent requests are
+closed after their timeouts (raw sockets; lower bounds the timeouts themselves, upper bounds generous)."""
 
 from __future__ import annotations
 
 import http.client
+import socket
 import sys
 import threading
 import time
 
 import httpx
 import pytest
-from serve_support import api_error, spied_server
+from serve_support import api_error, held_server, spied_server, sse_events
 
 TEXT, CHAT = "/v1/completions", "/v1/chat/completions"
 CONTEXT, LONGEST_TOKEN = 256, len("<|endoftext|>")  # the tiny vocabulary: bytes, and three special tokens
 BYTE_LIMIT = CONTEXT * LONGEST_TOKEN
+KEEP_ALIVE_S, READ_S = 0.5, 1.0
 
 
 @pytest.fixture(scope="module")
 def spied(long_gguf):
-    """A server whose tokenizer records the length of each text it encodes."""
-    with spied_server(long_gguf) as (url, seen):
+    """A server whose tokenizer records the length of each text it encodes, with short connection timeouts."""
+    with spied_server(long_gguf, timeout_keep_alive_s=KEEP_ALIVE_S, timeout_read_s=READ_S) as (url, seen):
         yield url, seen
+
+
+# Bounded work before admission
 
 
 @pytest.mark.parametrize(
@@ -90,3 +96,65 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(spied):
     response = connection.getresponse()
     assert response.status == 413 and b"the limit is 65536" in response.read()
     connection.close()
+
+
+# Connections
+
+
+def raw(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=15)
+
+
+def read_until_closed(sock: socket.socket) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and how long that took (at most 15 s)."""
+    start, data = time.monotonic(), b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data, time.monotonic() - start
+
+
+@pytest.mark.parametrize(
+    "sent, timeout_s, answer",
+    [
+        (b"", KEEP_ALIVE_S, b""),  # a connection that never sends a byte
+        (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n", READ_S, b"HTTP/1.1 408 "),  # half its headers
+        (
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n" + b'{"prompt": ',
+            READ_S,
+            b"HTTP/1.1 408 ",
+        ),  # a tenth of its body
+    ],
+    ids=["idle", "half the headers", "part of the body"],
+)
+def test_a_stalled_client_is_closed_after_its_timeout(spied, sent, timeout_s, answer):
+    url, _ = spied
+    with raw(url) as sock:
+        sock.sendall(sent)
+        data, waited = read_until_closed(sock)
+    assert data.startswith(answer)
+    if answer:
+        assert b"not received in full within 1 s" in data
+    assert timeout_s * 0.9 <= waited < 15
+
+
+def test_a_keep_alive_connection_is_closed_when_idle(spied):
+    url, _ = spied
+    with raw(url) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        data, waited = read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b'{"status":"ok"}')
+    assert KEEP_ALIVE_S * 0.9 <= waited < 15
+
+
+def test_a_long_generation_is_not_a_slow_request(long_gguf):
+    """The engine holds the stream after its first token for longer than the read timeout: only the client's
+    sending is timed, not the response."""
+    body = {"prompt": "go", "max_tokens": 8, "stream": True, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+    with held_server(long_gguf, timeout_read_s=0.3, timeout_keep_alive_s=0.3) as (url, _, hold):
+        with httpx.stream("POST", f"{url}{TEXT}", json=body, timeout=30) as response:
+            events = sse_events(response.iter_lines())
+            next(events)
+            time.sleep(1.0)  # over three read timeouts, the stream held in flight
+            hold.release()
+            assert list(events)[-1] == "[DONE]"

@@ -22,7 +22,16 @@ NameOpt = Annotated[
     typer.Option(help="the model name clients send (default: --model as given, or the bundled file's name)"),
 ]
 WaitingOpt = Annotated[int, typer.Option(help="requests that may wait for a slot; more get 429")]
-ShutdownOpt = Annotated[float, typer.Option(help="seconds in-flight requests get to finish on SIGINT/SIGTERM")]
+ShutdownOpt = Annotated[
+    float, typer.Option(help="seconds in-flight requests get to finish on SIGINT/SIGTERM (a second signal: at once)")
+]
+BodyOpt = Annotated[int, typer.Option(help="largest request body in bytes; a larger one gets 413 before it is read")]
+KeepAliveOpt = Annotated[
+    float, typer.Option(help="seconds an idle connection stays open, before its first request or between two")
+]
+ReadOpt = Annotated[
+    float, typer.Option(help="seconds a client has to send a whole request (headers and body) once it begins; then 408")
+]
 
 
 @with_run_config
@@ -32,7 +41,10 @@ def serve(
     api_key: ApiKeyOpt = None,
     served_model_name: NameOpt = None,
     max_waiting_requests: WaitingOpt = 256,
-    shutdown_timeout: ShutdownOpt = 30.0,
+    shutdown_timeout: ShutdownOpt = 5.0,
+    max_body_bytes: BodyOpt = 2 << 20,
+    timeout_keep_alive: KeepAliveOpt = 5.0,
+    timeout_read: ReadOpt = 30.0,
     *,
     run: RunConfig,
 ) -> None:
@@ -49,6 +61,9 @@ def serve(
             served_model_name=served_model_name,
             max_waiting_requests=max_waiting_requests,
             shutdown_timeout_s=shutdown_timeout,
+            max_body_bytes=max_body_bytes,
+            timeout_keep_alive_s=timeout_keep_alive,
+            timeout_read_s=timeout_read,
         )
         if not api_key and not _is_loopback(config.host):
             err.print(

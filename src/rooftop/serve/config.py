@@ -20,8 +20,10 @@ class ServeConfig:
     api_key: str | None = None
     served_model_name: str | None = None  # default: --model as given, or the bundled model's name
     max_waiting_requests: int = 256  # requests waiting for a free slot; beyond it, new ones get 429
-    max_body_bytes: int = 2 << 20
-    shutdown_timeout_s: float = 30.0  # on SIGINT/SIGTERM, in-flight requests get this long to finish
+    max_body_bytes: int = 2 << 20  # a larger body gets 413 before it is read in full
+    shutdown_timeout_s: float = 5.0  # on SIGINT/SIGTERM, in-flight requests get this long to finish
+    timeout_keep_alive_s: float = 5.0  # an idle connection (before its first request or between two) is closed
+    timeout_read_s: float = 30.0  # a request must arrive in full this long after its first byte, else 408
 
     def __post_init__(self) -> None:
         if self.host is None:
@@ -36,3 +38,5 @@ class ServeConfig:
             )
         if self.max_body_bytes < 1 or self.shutdown_timeout_s < 0:
             raise InvalidRequestError("max_body_bytes must be >= 1 and shutdown_timeout_s >= 0")
+        if not self.timeout_keep_alive_s > 0 or not self.timeout_read_s > 0:
+            raise InvalidRequestError("timeout_keep_alive_s and timeout_read_s must be > 0")
