@@ -22,7 +22,7 @@ from rooftop.serve.engine_loop import (
     QueueFullError,
     RequestStream,
 )
-from rooftop.serve.errors import ApiError, Body, error_body, parse_body, read_body
+from rooftop.serve.errors import ApiError, Body, check_json, error_body, parse_body, read_body
 from rooftop.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rooftop.serve.responses import Responses, sse, timings
 from rooftop.serve.state import Ready, ServerState
@@ -35,9 +35,11 @@ def server(request: Request) -> ServerState:
 
 
 async def accept(request: Request, model: type[Body]) -> tuple[Ready, Body]:
-    """What every POST handler starts with: the model loaded, the body read and parsed, its model name known."""
+    """What every POST handler starts with: the model loaded, the body declared JSON, read within its limit and
+    parsed, its model name known."""
     state = server(request)
     ready = state.require_ready()
+    check_json(request)
     body = parse_body(await read_body(request, state.config.max_body_bytes), model)
     state.check_model(body.model)
     return ready, body
@@ -45,6 +47,11 @@ async def accept(request: Request, model: type[Body]) -> tuple[Ready, Body]:
 
 def authorized(request: Request) -> None:
     server(request).check_api_key(request.headers.get("authorization"))
+
+
+def authorized_browser(request: Request) -> None:
+    """For the dashboard's routes: a browser without the key is asked for it (HTTP Basic)."""
+    server(request).check_api_key(request.headers.get("authorization"), browser=True)
 
 
 router = APIRouter(dependencies=[Depends(authorized)])
