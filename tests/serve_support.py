@@ -78,6 +78,24 @@ def held_server(
             hold.release()
 
 
+@contextlib.contextmanager
+def spied_server(model: Path, **config) -> Iterator[tuple[str, list[int]]]:
+    """A real server for `model` (256-token context, 64 KiB bodies) whose tokenizer records the length of each text
+    it encodes; yields the URL and that list."""
+    from rooftop import LLM
+
+    llm = LLM(model=model, kv_cache_bytes=KV_BYTES, max_model_len=256)
+    encode, seen = llm.tokenizer.encode, []
+
+    def spy(text, *args):
+        seen.append(len(text))
+        return encode(text, *args)
+
+    llm.tokenizer.encode = spy
+    with running_server(model, llm=llm, **{"max_body_bytes": 64 << 10, **config}) as url:
+        yield url, seen
+
+
 @pytest.fixture(scope="module")
 def server(long_gguf) -> Iterator[str]:
     """The shared server of a test module: the tiny model, a 256-token context, at most 64 requests in a step,
@@ -95,6 +113,14 @@ def metrics(url: str) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
             samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return samples
+
+
+def api_error(response: httpx.Response, status: int) -> dict:
+    """The OpenAI-style error of `response`, which must have `status`."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and set(error) == {"message", "type", "param", "code"}
+    return error
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[str]:

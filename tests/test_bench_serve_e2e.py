@@ -105,7 +105,7 @@ def test_completions_through_the_real_command(rooftop_server, tiny_gguf, tmp_pat
     assert r.returncode == 0, r.stderr
     assert "Successful requests" in r.stdout and "Traceback" not in r.stderr
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["config"]["model"] == str(tiny_gguf)  # asked of GET /v1/models
+    assert data["config"]["model"] == "tiny"  # asked of GET /v1/models: the file's name, never its path
     check_run(data, 8, 6, chat=False)
     assert data["summary"]["peak_concurrent_requests"] <= 4
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from gguf_factory import write_tiny_gguf
 from serve_support import sse_events
 
@@ -121,7 +122,7 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(tmp_path):
     try:
         statuses = wait_healthy(url, process)
         assert set(statuses) <= {503, 200}
-        assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == str(model)
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "tiny-8k"  # the file's name, not its path
         short, long, started = [], [], [threading.Event(), threading.Event()]
         greedy = {"temperature": 0, "ignore_eos": True, "stream": True, "logprobs": 1}  # an event for every token
         bodies = [{"prompt": "short", "max_tokens": 8, **greedy}, {"prompt": "long", "max_tokens": 8000, **greedy}]
@@ -147,6 +148,35 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(tmp_path):
     assert short[-1] == "[DONE]" and '"finish_reason": "length"' in short[-2]  # finished within the grace period
     assert long[-1] == "[DONE]" and "the server shut down" in long[-2]  # aborted when the grace period ran out
     assert not any('"finish_reason": "length"' in event for event in long)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_exits_at_once_without_abort(tmp_path, sig):
+    """A stream is held in flight and the grace period is a minute: only the second signal can end the server
+    within the test's bounds, with 128 + the signal's number and no C++ runtime dying on the way out."""
+    model = tmp_path / "tiny-long.gguf"
+    write_tiny_gguf(model, context_length=2048)
+    port, release = free_port(), tmp_path / "release"  # never released: the stream stays in flight
+    url = f"http://127.0.0.1:{port}"
+    process = start_held(release, "--model", str(model), "--port", str(port), "--shutdown-timeout", "60")
+    try:
+        wait_healthy(url, process)
+        events, started = [], threading.Event()
+        body = {"prompt": "long", "max_tokens": 2000, "stream": True, "ignore_eos": True, "logprobs": 1}
+        reader = threading.Thread(target=read_stream, args=(url, body, events, started))
+        reader.start()
+        assert started.wait(60) and "[DONE]" not in events
+        process.send_signal(sig)
+        wait_refused(port)  # the graceful stop has begun, the stream still runs
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=20)
+        reader.join(60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + sig, stderr
+    assert "exiting now" in stderr
+    assert "terminate called" not in stderr and "Traceback" not in stderr
+    assert "[DONE]" not in events
 
 
 def serve_in_process(*args: str):

@@ -76,20 +76,46 @@ CASES = [
 ]
 
 
-PARAMS = {  # the field each refusal names, as OpenAI's `param`
+PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the body as a whole is to blame
+    "malformed JSON": None,
+    "not an object": None,
+    "empty body": None,
+    "unknown model": "model",
+    "missing messages": "messages",
+    "missing prompt": "prompt",
+    "no messages": "messages",
+    "empty prompt": "prompt",
+    "messages not a list": "messages",
     "temperature a string": "temperature",
+    "max_tokens a string": "max_tokens",
+    "stream a string": "stream",
+    "content a number": "messages[0].content",
+    "NaN temperature": "temperature",
     "negative temperature": "temperature",
     "top_p 0": "top_p",
+    "top_p above 1": "top_p",
     "max_tokens 0": "max_tokens",
     "max_completion_tokens 0": "max_completion_tokens",
     "seed beyond 64 bits": "seed",
+    "seed below -2**63": "seed",
+    "top_k below -1": "top_k",
+    "min_p above 1": "min_p",
+    "presence_penalty 3": "presence_penalty",
     "repetition_penalty 0": "repetition_penalty",
+    "top_logprobs 50": "top_logprobs",
     "top_logprobs alone": "top_logprobs",
+    "logprobs 21": "logprobs",
     "empty stop string": "stop",
     "stop an empty string": "stop",
     "n 2": "n",
-    "echo": "echo",
+    "unknown role": "messages[0].role",
+    "image part": "messages[0].content",
+    "chat prompt too long": "messages",
     "prompt too long": "prompt",
+    "token id out of range": "prompt",
+    "a batch of prompts": "prompt",
+    "echo": "echo",
+    "oversized body": None,
 }
 
 
@@ -101,7 +127,7 @@ def test_bad_input_gets_its_status_and_an_error_body(server, name, path, body, s
     error = response.json()["error"]
     assert words in error["message"]
     assert error["code"] == status and set(error) == {"message", "type", "param", "code"}
-    assert error["param"] == PARAMS.get(name, error["param"])
+    assert error["param"] == PARAMS[name]
     ok = httpx.post(f"{server}{TEXT}", json={"prompt": "still there?", "max_tokens": 2}, timeout=30)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 

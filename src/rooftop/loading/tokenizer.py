@@ -74,11 +74,31 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; special tokens written in the text (e.g. `<|im_start|>`) become their ids."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        """Token ids of `text`; special tokens written in the text (e.g. `<|im_start|>`) become their ids. Through
+        `encode_batch`, even for one text: it releases the GIL while it works and `encode` does not (a 2 MB prompt
+        held every other thread, a server's event loop and engine among them, for over a second); same ids."""
+        ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of text one token can stand for: a text of more than n times this many bytes (counted by
+        `text_bytes`) has more than n tokens, which a server can tell without tokenizing it. A token's UTF-8 length
+        never undercounts what it covers (a byte-level character or '\u2581' is one byte of text spelled in two
+        or three, '<0x0A>' one in six). None where no such bound holds: a model that is not BPE, or a BPE that
+        turns a run of unknown text into one unknown token (an unknown token without byte fallback)."""
+        model = self.backend.model
+        if not isinstance(model, models.BPE) or (model.unk_token and not model.byte_fallback):
+            return None
+        return max(len(token.encode()) for token in self.backend.get_vocab(with_added_tokens=True))
+
+    def text_bytes(self, text: str) -> int:
+        """The UTF-8 length of `text` as the vocabulary sees it: after the tokenizer's normalizer, if it has one
+        (NFC, say, can shorten a text threefold)."""
+        normalizer = self.backend.normalizer
+        return len((text if normalizer is None else normalizer.normalize_str(text)).encode())
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)

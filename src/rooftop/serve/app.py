@@ -1,5 +1,6 @@
 """create_app: the FastAPI app of `rooftop serve` (OpenAI routes, /health, /metrics, /tokenize, /detokenize, the
-dashboard) and its error handlers, which answer every failure with OpenAI-style JSON."""
+dashboard), its error handlers, which answer every failure with OpenAI-style JSON, and the checks every request
+passes first (Host and Origin; CORS headers for the allowed origins)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from rooftop.engine.llm import LLM
@@ -20,10 +22,11 @@ from rooftop.errors import InvalidRequestError
 from rooftop.serve import openai_routes
 from rooftop.serve.config import ServeConfig
 from rooftop.serve.errors import ApiError, InternalErrors, error_response
+from rooftop.serve.guard import Hosts, LocalGuard
 from rooftop.serve.metrics import create_metrics
-from rooftop.serve.openai_routes import accept, authorized, server
+from rooftop.serve.openai_routes import accept, authorized, authorized_browser, server
 from rooftop.serve.protocol import DetokenizeRequest, TokenizeRequest
-from rooftop.serve.state import ServerState
+from rooftop.serve.state import LOAD_FAILED, ServerState
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -53,6 +56,17 @@ def create_app(
             state.metrics.requests.labels(outcome=FinishReason.ERROR).inc()
 
     app.add_middleware(InternalErrors, on_error=count_error)
+    if config.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=config.allowed_origins,
+            allow_methods=["GET", "HEAD", "POST"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
+    app.add_middleware(
+        LocalGuard, hosts=Hosts.of(config.host, config.allowed_hosts), origins=config.allowed_origins
+    )  # the outermost: a refused request reaches nothing else
     return app
 
 
@@ -75,37 +89,38 @@ def _other_routes() -> APIRouter:
     async def tokenize(request: Request) -> dict:
         ready, body = await accept(request, TokenizeRequest)
         if (body.prompt is None) == (body.messages is None):
-            raise ApiError(400, "send either prompt or messages")
-        tokenizer = ready.llm.tokenizer
-        if body.messages is not None:
-            messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+            raise ApiError(400, "send either prompt or messages", "prompt")
+        if body.messages is None:
+            text, param = body.prompt, "prompt"
         else:
-            text = body.prompt
-        ids = await asyncio.to_thread(tokenizer.encode, text, body.add_special_tokens)
+            param = "messages"
+            try:
+                messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
+                text = ready.llm.tokenizer.apply_chat_template(messages, body.add_generation_prompt)
+            except InvalidRequestError as e:
+                raise ApiError(400, str(e), e.param or param) from None
+        ids = await ready.prompts.encode(text, param, body.add_special_tokens)
         return {"count": len(ids), "max_model_len": ready.llm.max_model_len, "tokens": ids}
 
     @router.post("/detokenize", dependencies=[Depends(authorized)])
     async def detokenize(request: Request) -> dict:
         ready, body = await accept(request, DetokenizeRequest)
-        vocab = ready.llm.config.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise ApiError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
-        return {"prompt": ready.llm.tokenizer.decode(body.tokens)}
+        return {"prompt": await ready.prompts.decode(body.tokens, "tokens")}
 
-    @router.api_route("/", methods=["GET", "HEAD"])
+    dashboard_auth = [Depends(authorized_browser)]
+
+    @router.api_route("/", methods=["GET", "HEAD"], dependencies=dashboard_auth)
     async def dashboard() -> Response:
         return FileResponse(DASHBOARD / "index.html", media_type="text/html")
 
-    @router.api_route("/dashboard/state", methods=["GET", "HEAD"])
+    @router.api_route("/dashboard/state", methods=["GET", "HEAD"], dependencies=dashboard_auth)
     async def dashboard_state(request: Request) -> dict:
         state = server(request)
         if state.ready is None:
-            return {"ready": False, "load_error": state.load_error}
+            return {"ready": False, "load_error": None if state.load_error is None else LOAD_FAILED}
         return {"ready": True, "model": state.ready.model_name, **state.ready.monitor.snapshot()}
 
-    @router.api_route("/dashboard/{name}", methods=["GET", "HEAD"])
+    @router.api_route("/dashboard/{name}", methods=["GET", "HEAD"], dependencies=dashboard_auth)
     async def dashboard_file(name: str) -> Response:
         if name not in DASHBOARD_FILES:
             raise ApiError(404, f"no dashboard file {name!r}")

@@ -15,14 +15,40 @@ from rooftop.errors import RooftopError
 HostOpt = Annotated[str | None, typer.Option(help="address to bind (default: 127.0.0.1; 0.0.0.0 with --api-key)")]
 ApiKeyOpt = Annotated[
     str | None,
-    typer.Option(envvar="ROOFTOP_API_KEY", help="require 'Authorization: Bearer KEY' on /v1 and /tokenize"),
+    typer.Option(
+        envvar="ROOFTOP_API_KEY",
+        help="require 'Authorization: Bearer KEY' everywhere but /health and /metrics (the dashboard: KEY as password)",
+    ),
 ]
 NameOpt = Annotated[
     str | None,
-    typer.Option(help="the model name clients send (default: --model as given, or the bundled file's name)"),
+    typer.Option(help="the model name clients send (default: the model file's name without .gguf, or its directory's)"),
 ]
 WaitingOpt = Annotated[int, typer.Option(help="requests that may wait for a slot; more get 429")]
-ShutdownOpt = Annotated[float, typer.Option(help="seconds in-flight requests get to finish on SIGINT/SIGTERM")]
+ShutdownOpt = Annotated[
+    float, typer.Option(help="seconds in-flight requests get to finish on SIGINT/SIGTERM (a second signal: at once)")
+]
+BodyOpt = Annotated[int, typer.Option(help="largest request body in bytes; a larger one gets 413 before it is read")]
+KeepAliveOpt = Annotated[
+    float, typer.Option(help="seconds an idle connection stays open, before its first request or between two")
+]
+ReadOpt = Annotated[
+    float, typer.Option(help="seconds a client has to send a whole request (headers and body) once it begins; then 408")
+]
+OriginsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="browser origins (scheme://host:port) whose pages may call this server, with CORS headers; repeat or "
+        "comma-separate, '*' for any (default: none; requests without an Origin, curl's and the SDKs', are unaffected)"
+    ),
+]
+HostsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="names the Host header may carry besides the bound address (and localhost; with --host 0.0.0.0 this "
+        "machine's name and addresses); repeat or comma-separate, '*' for any; against DNS rebinding"
+    ),
+]
 
 
 @with_run_config
@@ -32,7 +58,12 @@ def serve(
     api_key: ApiKeyOpt = None,
     served_model_name: NameOpt = None,
     max_waiting_requests: WaitingOpt = 256,
-    shutdown_timeout: ShutdownOpt = 30.0,
+    shutdown_timeout: ShutdownOpt = 5.0,
+    max_body_bytes: BodyOpt = 2 << 20,
+    timeout_keep_alive: KeepAliveOpt = 5.0,
+    timeout_read: ReadOpt = 30.0,
+    allowed_origins: OriginsOpt = None,
+    allowed_hosts: HostsOpt = None,
     *,
     run: RunConfig,
 ) -> None:
@@ -49,6 +80,11 @@ def serve(
             served_model_name=served_model_name,
             max_waiting_requests=max_waiting_requests,
             shutdown_timeout_s=shutdown_timeout,
+            max_body_bytes=max_body_bytes,
+            timeout_keep_alive_s=timeout_keep_alive,
+            timeout_read_s=timeout_read,
+            allowed_origins=allowed_origins or [],
+            allowed_hosts=allowed_hosts or [],
         )
         if not api_key and not _is_loopback(config.host):
             err.print(

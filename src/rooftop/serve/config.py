@@ -18,10 +18,14 @@ class ServeConfig:
     host: str | None = None
     port: int = 8000
     api_key: str | None = None
-    served_model_name: str | None = None  # default: --model as given, or the bundled model's name
+    served_model_name: str | None = None  # default: the model file's name (without .gguf) or directory's name
     max_waiting_requests: int = 256  # requests waiting for a free slot; beyond it, new ones get 429
-    max_body_bytes: int = 2 << 20
-    shutdown_timeout_s: float = 30.0  # on SIGINT/SIGTERM, in-flight requests get this long to finish
+    max_body_bytes: int = 2 << 20  # a larger body gets 413 before it is read in full
+    shutdown_timeout_s: float = 5.0  # on SIGINT/SIGTERM, in-flight requests get this long to finish
+    timeout_keep_alive_s: float = 5.0  # an idle connection (before its first request or between two) is closed
+    timeout_read_s: float = 30.0  # a request must arrive in full this long after its first byte, else 408
+    allowed_origins: list[str] = field(default_factory=list)  # browser origins that may call; "*" any
+    allowed_hosts: list[str] = field(default_factory=list)  # Host names besides the bound address; "*" any
 
     def __post_init__(self) -> None:
         if self.host is None:
@@ -36,3 +40,13 @@ class ServeConfig:
             )
         if self.max_body_bytes < 1 or self.shutdown_timeout_s < 0:
             raise InvalidRequestError("max_body_bytes must be >= 1 and shutdown_timeout_s >= 0")
+        if not self.timeout_keep_alive_s > 0 or not self.timeout_read_s > 0:
+            raise InvalidRequestError("timeout_keep_alive_s and timeout_read_s must be > 0")
+        # As browsers send an Origin: 'HTTP://App.example:3000/' is 'http://app.example:3000'.
+        self.allowed_origins = [o.strip().rstrip("/").lower() for o in _items(self.allowed_origins)]
+        self.allowed_hosts = [h.strip().lower() for h in _items(self.allowed_hosts)]
+
+
+def _items(values: list[str]) -> list[str]:
+    """Repeated and comma-separated alike: ['a,b', 'c'] -> ['a', 'b', 'c']."""
+    return [v for value in values for v in value.split(",") if v.strip()]

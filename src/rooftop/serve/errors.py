@@ -14,9 +14,12 @@ from starlette.responses import JSONResponse
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
@@ -26,14 +29,15 @@ log = logging.getLogger("rooftop.serve")
 
 
 class ApiError(Exception):
-    """An error response: its status, a message that names the problem, and the offending field if any."""
+    """An error response: its status, a message that names the problem, the offending field if any, and headers
+    beyond its status's own."""
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.headers = status, message, param, headers
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.param)
+        return error_response(self.status, self.message, self.param, self.headers)
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
@@ -48,11 +52,23 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
 
 
 RETRY_AFTER_S = 1  # a 429's hint: a slot frees as soon as a running request finishes
+STATUS_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": str(RETRY_AFTER_S)}}
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    headers = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": str(RETRY_AFTER_S)}}.get(status)
+def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
+    headers = STATUS_HEADERS.get(status, {}) | (headers or {})
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def check_json(request: Request) -> None:
+    """415 unless the body is declared JSON (application/json or a +json type) or not declared (raw bytes). A web
+    page may POST a form or text/plain anywhere without a CORS preflight: those never reach a handler."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return
+    media = declared.partition(";")[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        raise ApiError(415, f"the body must be JSON: send Content-Type: application/json, not {declared[:80]!r}")
 
 
 async def read_body(request: Request, limit: int) -> bytes:

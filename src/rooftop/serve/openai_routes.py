@@ -22,7 +22,7 @@ from rooftop.serve.engine_loop import (
     QueueFullError,
     RequestStream,
 )
-from rooftop.serve.errors import ApiError, Body, error_body, parse_body, read_body
+from rooftop.serve.errors import ApiError, Body, check_json, error_body, parse_body, read_body
 from rooftop.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rooftop.serve.responses import Responses, sse, timings
 from rooftop.serve.state import Ready, ServerState
@@ -35,9 +35,11 @@ def server(request: Request) -> ServerState:
 
 
 async def accept(request: Request, model: type[Body]) -> tuple[Ready, Body]:
-    """What every POST handler starts with: the model loaded, the body read and parsed, its model name known."""
+    """What every POST handler starts with: the model loaded, the body declared JSON, read within its limit and
+    parsed, its model name known."""
     state = server(request)
     ready = state.require_ready()
+    check_json(request)
     body = parse_body(await read_body(request, state.config.max_body_bytes), model)
     state.check_model(body.model)
     return ready, body
@@ -45,6 +47,11 @@ async def accept(request: Request, model: type[Body]) -> tuple[Ready, Body]:
 
 def authorized(request: Request) -> None:
     server(request).check_api_key(request.headers.get("authorization"))
+
+
+def authorized_browser(request: Request) -> None:
+    """For the dashboard's routes: a browser without the key is asked for it (HTTP Basic)."""
+    server(request).check_api_key(request.headers.get("authorization"), browser=True)
 
 
 router = APIRouter(dependencies=[Depends(authorized)])
@@ -76,11 +83,11 @@ async def chat_completions(request: Request) -> Response:
     try:
         text = ready.llm.apply_chat_template(body.chat_messages())
     except InvalidRequestError as e:
-        raise ApiError(400, str(e), "messages") from None
-    ids = await asyncio.to_thread(ready.llm.tokenizer.encode, text)
+        raise ApiError(400, str(e), e.param or "messages") from None
+    ids = await ready.prompts.encode(text, "messages")  # the rendered template is what must fit
     params = body.to_sampling_params(default_max_tokens=room(ready, len(ids)))
     out = Responses("chat", f"chatcmpl-{uuid.uuid4().hex}", ready.model_name, ready.llm.tokenizer, body.include_usage)
-    return await respond(request, ready, out, ids, params, arrival, body.stream, "messages")
+    return await respond(request, ready, out, ids, params, arrival, body)
 
 
 @router.post("/v1/completions")
@@ -88,10 +95,13 @@ async def completions(request: Request) -> Response:
     arrival = time.perf_counter()
     ready, body = await accept(request, CompletionRequest)
     prompt = body.single_prompt()
-    ids = await asyncio.to_thread(ready.llm.tokenizer.encode, prompt) if isinstance(prompt, str) else prompt
+    if isinstance(prompt, str):
+        ids = await ready.prompts.encode(prompt, "prompt")
+    else:
+        ids = ready.prompts.check_ids(prompt, "prompt")
     params = body.to_sampling_params(default_max_tokens=min(16, room(ready, len(ids))))  # OpenAI's default: 16
     out = Responses("text", f"cmpl-{uuid.uuid4().hex}", ready.model_name, ready.llm.tokenizer, body.include_usage)
-    return await respond(request, ready, out, ids, params, arrival, body.stream, "prompt")
+    return await respond(request, ready, out, ids, params, arrival, body)
 
 
 def room(ready: Ready, prompt_tokens: int) -> int:
@@ -106,19 +116,20 @@ async def respond(
     ids: list[int],
     params: SamplingParams,
     arrival: float,
-    stream: bool,
-    prompt_param: str,
+    body: ChatCompletionRequest | CompletionRequest,
 ) -> Response:
     try:
         rs = await ready.engine_loop.add(out.id, ids, params, arrival)
     except PromptTooLongError as e:
-        raise ApiError(400, str(e), prompt_param) from None
+        raise ApiError(400, str(e), body.prompt_field) from None
+    except InvalidRequestError as e:  # the prompt is checked by now: what is left is the KV pool's "lower max_tokens"
+        raise ApiError(400, str(e), e.param or body.max_tokens_field) from None
     except QueueFullError as e:
         raise ApiError(429, str(e)) from None
     except EngineStoppedError as e:
         raise ApiError(503, str(e)) from None
     with_logprobs = params.logprobs is not None
-    if stream:
+    if body.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(
             events(request, rs, out, with_logprobs), media_type="text/event-stream", headers=headers

@@ -3,7 +3,7 @@ not a temperature. Unknown fields are ignored, as OpenAI-compatible servers do."
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,7 +37,8 @@ class Message(Body):
             for part in self.content:
                 if part.type != "text" or part.text is None:
                     raise InvalidRequestError(
-                        f"messages[{index}].content: only text parts are supported, got a {part.type!r} part"
+                        f"messages[{index}].content: only text parts are supported, got a {part.type!r} part",
+                        f"messages[{index}].content",
                     )
             return {"role": self.role, "content": "".join(p.text for p in self.content)}
         return {"role": self.role, "content": self.content or ""}
@@ -67,6 +68,11 @@ class SamplingFields(Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def max_tokens_field(self) -> str:
+        """The field that asked for the output's length, as OpenAI's `param` names it."""
+        return "max_tokens"
+
     def sampling_params(self, max_tokens: int | None, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
         """SamplingParams (whose validation names the bad value); n > 1 is refused: one completion per request."""
         if self.n is not None and self.n != 1:
@@ -89,10 +95,15 @@ class SamplingFields(Body):
 
 
 class ChatCompletionRequest(SamplingFields):
+    prompt_field: ClassVar[str] = "messages"  # the field a too-long prompt is blamed on
     messages: list[Message]
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+
+    @property
+    def max_tokens_field(self) -> str:
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
 
     def chat_messages(self) -> list[dict]:
         if not self.messages:
@@ -123,6 +134,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
+    prompt_field: ClassVar[str] = "prompt"
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False

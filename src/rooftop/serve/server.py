@@ -1,16 +1,21 @@
-"""Running the app with uvicorn: `run` for `rooftop serve` (SIGINT/SIGTERM stop it gracefully, with exit status 0)
-and `serve_in_thread` for tests and embedding (a real server on a loopback port)."""
+"""Running the app with uvicorn: `run` for `rooftop serve` (SIGINT/SIGTERM stop it gracefully, with exit status 0;
+a second one exits at once) and `serve_in_thread` for tests and embedding (a real server on a loopback port)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import copy
+import functools
+import logging
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import NoReturn
 
 import uvicorn
 from fastapi import FastAPI
@@ -19,20 +24,29 @@ from rooftop.engine.llm import LLM
 from rooftop.errors import RooftopError
 from rooftop.serve.app import create_app
 from rooftop.serve.config import ServeConfig
+from rooftop.serve.connection import TimedH11Protocol
 from rooftop.serve.state import ServerState
 
 BACKSTOP_S = 5.0  # after the grace period and the engine's abort, uvicorn cancels whatever is somehow still running
+log = logging.getLogger("rooftop.serve")
 
 
 class Server(uvicorn.Server):
     """uvicorn's server, with two changes to stopping. It does not re-raise SIGINT/SIGTERM after shutting down: a
     server asked to stop that stopped cleanly has succeeded (exit status 0). And `grace_s` after the stop begins,
     the engine aborts what is still running, so those requests end with an error event or a 503 rather than by
-    uvicorn cancelling their tasks. A second Ctrl-C still forces the exit."""
+    uvicorn cancelling their tasks. A second SIGINT or SIGTERM exits at once (see exit_now)."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState, grace_s: float):
         super().__init__(config)
         self.state, self.grace_s = state, grace_s
+        self.signals = 0
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            exit_now(sig)
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -67,8 +81,9 @@ def run(config: ServeConfig, llm: LLM | None = None) -> str | None:
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # rooftop's own lines, formatted as uvicorn's
     log_config["loggers"]["rooftop"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     server = Server(
-        uvicorn.Config(
+        uvicorn_config(
             app,
+            config,
             host=config.host,
             port=config.port,
             timeout_graceful_shutdown=config.shutdown_timeout_s + BACKSTOP_S,
@@ -83,6 +98,24 @@ def run(config: ServeConfig, llm: LLM | None = None) -> str | None:
     return app.state.server.load_error
 
 
+def uvicorn_config(app: FastAPI, config: ServeConfig, **options) -> uvicorn.Config:
+    """uvicorn's settings for `app`: h11 with the read deadline (TimedH11Protocol) and the keep-alive timeout."""
+    protocol = functools.partial(TimedH11Protocol, timeout_read_s=config.timeout_read_s)
+    return uvicorn.Config(app, http=protocol, timeout_keep_alive=config.timeout_keep_alive_s, **options)
+
+
+def exit_now(sig: int) -> NoReturn:
+    """The second SIGINT/SIGTERM: exit at once with 128 + the signal's number (130, 143, as a shell reports a
+    process killed by it), after flushing the logs. os._exit, because a normal exit runs the C++ destructors of
+    threads still at work (the engine's, OpenMP's), which abort the process: "terminate called without an active
+    exception", then SIGABRT."""
+    log.warning("a second %s: exiting now, without waiting for the requests in flight", signal.Signals(sig).name)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + sig)
+
+
 @contextlib.contextmanager
 def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", timeout_s: float = 120.0) -> Iterator[str]:
     """Run `app` (from `create_app`) on a free port of `host` in a background thread while the block runs; yields
@@ -91,7 +124,9 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", timeout_s: float = 12
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     state = app.state.server
-    config = uvicorn.Config(app, log_config=None, log_level="warning", timeout_graceful_shutdown=BACKSTOP_S + 1)
+    config = uvicorn_config(
+        app, state.config, log_config=None, log_level="warning", timeout_graceful_shutdown=BACKSTOP_S + 1
+    )
     server = Server(config, state, grace_s=1.0)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="rooftop-http", daemon=True)
     thread.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import logging
 from collections.abc import Callable
@@ -16,18 +18,22 @@ from rooftop.serve.engine_loop import EngineLoop
 from rooftop.serve.errors import ApiError
 from rooftop.serve.metrics import ServerMetrics
 from rooftop.serve.monitor import Monitor
+from rooftop.serve.prompts import Prompts
 
 log = logging.getLogger("rooftop.serve")
+LOAD_FAILED = "the model failed to load (the server's log says why)"  # the error itself may name server paths
+BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="rooftop", charset="UTF-8"'}
 
 
 @dataclass
 class Ready:
-    """The loaded model and the thread that runs it."""
+    """The loaded model, the thread that runs it and the tokenizing in front of it."""
 
     llm: LLM
     monitor: Monitor
     engine_loop: EngineLoop
     model_name: str
+    prompts: Prompts
 
 
 @dataclass
@@ -55,32 +61,61 @@ class ServerState:
         monitor = Monitor(self.metrics, llm.config, llm.precision, hardware)
         engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests)
         engine_loop.start()
-        name = c.served_model_name or c.run.model or Path(llm.model_path).stem
-        self.ready = Ready(llm, monitor, engine_loop, name)
+        name = c.served_model_name or _file_name(c.run.model or llm.model_path)
+        prompts = Prompts(llm.tokenizer, llm.max_model_len, llm.config.vocab_size)
+        self.ready = Ready(llm, monitor, engine_loop, name, prompts)
         log.info("serving %s on http://%s:%d (dashboard at /)", name, c.host, c.port)
 
     def require_ready(self) -> Ready:
         if self.ready is None:
             if self.load_error is not None:
-                raise ApiError(503, f"the model failed to load: {self.load_error}")
+                raise ApiError(503, LOAD_FAILED)
             raise ApiError(503, "the model is still loading; retry when GET /health returns 200")
         if self.ready.engine_loop.stopped:
             raise ApiError(503, "the server is shutting down")
         return self.ready
 
     def check_model(self, name: str | None) -> None:
-        """Requests name the served model (or omit it); any other name is a 404, as in OpenAI and vLLM."""
+        """Requests name the served model (or omit it, or send --model as given); any other name is a 404, as in
+        OpenAI and vLLM."""
         served = self.require_ready().model_name
-        if name is not None and name != served:
+        if name is not None and name not in (served, self.config.run.model):
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {served!r}", "model")
 
-    def check_api_key(self, authorization: str | None) -> None:
+    def check_api_key(self, authorization: str | None, browser: bool = False) -> None:
+        """The key as a Bearer token, or as the password of HTTP Basic auth (any user name): a browser asks for
+        that itself when `browser` routes (the dashboard) answer 401 with a Basic challenge, then sends it along
+        with the dashboard's own requests."""
         key = self.config.api_key
         if key is None:
             return
-        if not hmac.compare_digest((authorization or "").encode(), f"Bearer {key}".encode()):
-            raise ApiError(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'")
+        sent = authorization or ""
+        if hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
+            return
+        if hmac.compare_digest(_basic_password(sent).encode(), key.encode()):
+            return
+        if browser:
+            message = "the dashboard needs this server's API key: give it as the password (any user name)"
+            raise ApiError(401, message, headers=BASIC_CHALLENGE)
+        raise ApiError(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'")
 
     def stop(self) -> None:
         if self.ready is not None:
             self.ready.engine_loop.stop()
+
+
+def _file_name(model: str) -> str:
+    """The served name by default: the model file's name without .gguf, or the directory's name; never a path."""
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def _basic_password(authorization: str) -> str:
+    """The password of 'Basic base64(user:password)', or "" if that is not what was sent."""
+    scheme, _, encoded = authorization.partition(" ")
+    if scheme.lower() != "basic":
+        return ""
+    try:
+        return base64.b64decode(encoded, validate=True).decode().partition(":")[2]
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
