@@ -203,17 +203,18 @@ def async_client(url: str, deadline_s: float, headers: dict | None = None) -> ht
 # --- batched against alone -------------------------------------------------------------------------------------
 
 
-def prompts(seed: int, count: int) -> list[str]:
-    """`count` distinct short prompts, the same for a seed on every host."""
+def prompts(seed: int, count: int, sentences: int = 1) -> list[str]:
+    """`count` distinct prompts of `sentences` short sentences each, the same for a seed on every host."""
     rng = random.Random(seed)
     subjects = ["The river", "A small robot", "My grandmother", "The old lighthouse", "Every morning the baker"]
     subjects += ["In the year 3000, cities", "The recipe for bread", "A letter to the mayor", "The chess match"]
     verbs = ["begins with", "explains why", "remembers how", "describes", "argues that", "wonders whether"]
     objects = ["the rain", "a broken clock", "seven ships", "the market", "quiet snow", "the last train", "numbers"]
-    return [
-        f"{i}. {rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}{'.' * rng.randint(0, 2)}"
-        for i in range(count)
-    ]
+
+    def sentence() -> str:
+        return f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}{'.' * rng.randint(0, 2)}"
+
+    return [f"{i}. " + " ".join(sentence() for _ in range(sentences)) for i in range(count)]
 
 
 def completion_body(prompt: str, max_tokens: int, seed: int | None = None, logprobs: int = 1, **extra) -> dict:
@@ -261,6 +262,7 @@ class Comparison:
     requests: int = 0
     exact: int = 0
     within_tie: int = 0
+    of_which_same_tokens: int = 0  # within_tie with every token equal, the logprobs further apart than `tol`
     differ: int = 0
     failed: int = 0  # either run did not answer
     worst_logprob_gap: float = 0.0  # over the requests whose tokens agree
@@ -292,6 +294,7 @@ def compare(
             margin = None if part is None else part[1]
             if tie is not None and (part is None or (margin is not None and margin < tie)):  # a rule about tokens
                 c.within_tie += 1
+                c.of_which_same_tokens += part is None
                 continue
             c.differ += 1
             if part is not None:
@@ -476,7 +479,9 @@ def _junk_string(rng: random.Random, max_len: int) -> str:
         pool += [0x10FFFF, 0xE000, 0x0301, 0x4E2D]
         n = rng.randint(1, 64)
         return "".join(chr(rng.choice(pool) if rng.random() < 0.5 else rng.randint(32, 0x2FFF)) for _ in range(n))
-    return rng.choice("ab x\n") * rng.randint(1000, max(1000, max_len))  # oversized
+    if pick < 0.95 or max_len <= 1000:
+        return "".join(rng.choice('ab x\n{}"\\') for _ in range(rng.randint(1, 1000)))
+    return rng.choice("ab x\n") * int(10 ** rng.uniform(3, math.log10(max_len)))  # long, up to max_len
 
 
 def _junk(rng: random.Random, max_len: int, depth: int = 0) -> object:
@@ -651,6 +656,7 @@ class FuzzTally:
     transport: Counter = field(default_factory=Counter)  # reset, hang
     param_null_400: int = 0  # 400s that name no field (issue 14's Must 3 wants `param` set for invalid values)
     first_500: FuzzCase | None = None
+    slowest: list[tuple[float, int, str]] = field(default_factory=list)  # (seconds, status, what), the 5 slowest
 
     def as_dict(self) -> dict:
         return {
@@ -661,6 +667,7 @@ class FuzzTally:
             "resets": self.transport["reset"],
             "hangs": self.transport["hang"],
             "param_null_400": self.param_null_400,
+            "slowest": [{"seconds": round(t, 2), "status": st, "case": what} for t, st, what in self.slowest],
         }
 
 
@@ -673,6 +680,7 @@ async def fuzz(
     async def one(case: FuzzCase) -> None:
         headers = {} if case.content_type is None else {"Content-Type": case.content_type}
         async with gate:
+            start = time.perf_counter()
             try:
                 response = await asyncio.wait_for(
                     client.post(case.path, content=case.content, headers=headers), deadline_s
@@ -690,6 +698,8 @@ async def fuzz(
                 if on_done is not None:
                     on_done()
         tally.statuses[response.status_code] += 1
+        what = f"{case.path} [{case.kind}] {len(case.content)} bytes"
+        tally.slowest = sorted([*tally.slowest, (time.perf_counter() - start, response.status_code, what)])[-5:]
         why = check_answer(case.path, response.status_code, response.headers.get("content-type", ""), response.content)
         if why is not None:
             tally.problems.append(f"{case.path} [{case.kind}] {why}")
