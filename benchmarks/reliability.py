@@ -10,9 +10,9 @@ and talks to it with httpx, and with the openai client for half of the concurren
      greedy streams (max_tokens 32, distinct prompts, logprobs), then 64 seeded ones (temperature 0.8, a seed per
      request), each compared with the same request sent alone: the same tokens, logprobs within 1e-4. Prefix
      caching is off (--prefix-caching turns it on) so that a difference is the batch's, not a reused block's.
-  b  overload: capacity (req/s) from a short closed loop, then 600 requests with Poisson arrivals at 2.4x it,
-     streamed and not: 429s are fine; 5xx, error events, resets, refused connections and hangs (past --deadline)
-     are not; afterwards nothing runs and no KV block is held.
+  b  overload: capacity (req/s) from a short closed loop of 64 clients (a full batch), then 600 requests, streamed
+     and not, with Poisson arrivals at 2.4x it: 429s are fine; 5xx, error events, resets, refused connections and
+     hangs (past --deadline) are not; afterwards nothing runs and no KV block is held.
   c  140 clients that leave: mid-stream after 1-8 events, after the headers, or non-streamed (the socket closed);
      then running, waiting (/metrics, /dashboard/state) and KV blocks must fall back to 0, and a request works.
   d  preemption, in every --weights format: a tiny KV pool (--kv-blocks) and 32 concurrent requests against each
@@ -22,8 +22,9 @@ and talks to it with httpx, and with the openai client for half of the concurren
   e  SIGTERM under load with the default options: exit status 0 within 10 s, every stream ends with [DONE] (after
      an error event is fine). Also reported (issue 14, Must 5): a second SIGTERM, and a double SIGINT, exit at once
      with a non-zero status and without SIGABRT.
-  f  5,000 seeded fuzzed bodies on the four POST routes (--max-model-len 256): no 5xx, every 4xx an OpenAI-style
-     error body, every 2xx the route's body, no reset or hang, and a normal request works after.
+  f  5,000 seeded fuzzed bodies on the four POST routes (--max-model-len 128, so that a valid body without
+     max_tokens stays short): no 5xx, every 4xx an OpenAI-style error body, every 2xx the route's body, no reset
+     or hang, and a normal request works after. The report lists what each failure sent.
   g  raw HTTP over a socket: broken request lines and headers, pipelining, keep-alive reuse after a 400/404/405/413
      and after a 500 if the fuzz or a list of suspects provokes one; half-sent headers and bodies (others must still
      be served; whether the server times them out is reported, Must 5).
@@ -104,6 +105,7 @@ except ImportError:  # httpx only
 console = Console(width=shutil.get_terminal_size((140, 40)).columns)
 SIGTERM_EXIT_S = 10.0  # issue 14's target
 SECOND_SIGNAL_S = 3.0  # "at once", with room for a loaded host
+FUZZ_MAX_MODEL_LEN = 128  # a valid fuzzed body without max_tokens generates at most this many tokens
 SUSPECT_500 = [  # valid-looking bodies that could reach a corner of the engine (issue 14, Must 3)
     {"prompt": "hi", "max_tokens": 2, "stop_token_ids": [2**63 - 1]},
     {"prompt": "hi", "max_tokens": 2, "stop_token_ids": [-1]},
@@ -128,8 +130,8 @@ SUSPECT_500 = [  # valid-looking bodies that could reach a corner of the engine 
 class Sizes:
     streams: int = 64
     max_tokens: int = 32
-    capacity_requests: int = 96
-    capacity_concurrency: int = 32
+    capacity_requests: int = 128
+    capacity_concurrency: int = 64  # the default --max-num-seqs: the throughput of a full batch
     poisson: int = 600
     overload: float = 2.4
     disconnects: int = 140
@@ -184,7 +186,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         cmd = [sys.executable, "-m", "rooftop", "serve", "--host", "127.0.0.1", "--port", str(self.port), *self.args]
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.log = open(self.log_path, "wb")  # closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_s
         while True:
@@ -303,6 +305,9 @@ class Run:
         task = self.progress.add_task(f"[dim]starting server {name}", total=None)
         try:
             srv.start()
+        except BaseException:
+            srv.stop()
+            raise
         finally:
             self.progress.remove_task(task)
         try:
@@ -806,7 +811,7 @@ async def run_checks(run: Run, checks: str, weights: list[str]) -> None:
         keep(await guarded("e", "SIGTERM under load", run.sigterm()))
     if "f" in checks or "g" in checks:
         try:
-            with run.server("fg-fuzz", ["--max-model-len", "256"]) as srv:
+            with run.server("fg-fuzz", ["--max-model-len", str(FUZZ_MAX_MODEL_LEN)]) as srv:
                 first_500 = None
                 if "f" in checks:
                     got = await guarded("f", "fuzzed bodies", run.fuzz(srv))

@@ -654,7 +654,10 @@ class FuzzTally:
     statuses: Counter = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)  # 5xx, 4xx without an error body, bad 2xx
     transport: Counter = field(default_factory=Counter)  # reset, hang
-    param_null_400: int = 0  # 400s that name no field (issue 14's Must 3 wants `param` set for invalid values)
+    # 400s about a value that name no field (issue 14's Must 3 wants `param` set); refusals of the body as a whole
+    # (not JSON, not an object: this server's messages start "the body") need none and are not counted
+    param_null_400: int = 0
+    param_null_examples: list[str] = field(default_factory=list)
     first_500: FuzzCase | None = None
     slowest: list[tuple[float, int, str]] = field(default_factory=list)  # (seconds, status, what), the 5 slowest
 
@@ -667,6 +670,7 @@ class FuzzTally:
             "resets": self.transport["reset"],
             "hangs": self.transport["hang"],
             "param_null_400": self.param_null_400,
+            "param_null_examples": self.param_null_examples,
             "slowest": [{"seconds": round(t, 2), "status": st, "case": what} for t, st, what in self.slowest],
         }
 
@@ -687,11 +691,11 @@ async def fuzz(
                 )
             except (asyncio.TimeoutError, httpx.TimeoutException):
                 tally.transport["hang"] += 1
-                tally.problems.append(f"hang: {case.path} {case.kind}")
+                tally.problems.append(f"hang: {case.path} [{case.kind}] {case.content[:200]!r}")
                 return
             except httpx.TransportError as e:
                 tally.transport["reset"] += 1
-                tally.problems.append(f"{type(e).__name__}: {case.path} {case.kind}")
+                tally.problems.append(f"{type(e).__name__}: {case.path} [{case.kind}] {case.content[:200]!r}")
                 return
             finally:
                 tally.sent += 1
@@ -705,8 +709,13 @@ async def fuzz(
             tally.problems.append(f"{case.path} [{case.kind}] {why}")
             if response.status_code >= 500 and tally.first_500 is None:
                 tally.first_500 = case
-        if response.status_code == 400 and (error_object(response.content) or {}).get("param") is None:
+        error = error_object(response.content) or {}
+        whole_body = str(error.get("message", "")).startswith("the body ")
+        if response.status_code == 400 and error.get("param") is None and not whole_body:
             tally.param_null_400 += 1
+            message = str(error.get("message"))[:100]
+            if len(tally.param_null_examples) < 8 and message not in tally.param_null_examples:
+                tally.param_null_examples.append(message)
 
     await asyncio.gather(*(one(c) for c in cases))
     return tally

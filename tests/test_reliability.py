@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import httpx
 import openai
 import pytest
 from reliability_support import (
@@ -108,6 +109,14 @@ async def gauge(client, name: str) -> float:
     return parse_metrics((await client.get("/metrics")).text)[name]
 
 
+async def _waiting_is(client, n: int) -> bool:
+    return await gauge(client, "rooftop_num_requests_waiting") == n
+
+
+async def _aborted_is(client, n: int) -> bool:
+    return await gauge(client, 'rooftop_requests_total{outcome="abort"}') == n
+
+
 def assert_engine_idle(llm) -> None:
     stats = llm.engine.stats()
     assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0), stats
@@ -150,21 +159,11 @@ def test_concurrent_streams_equal_each_alone(gated_server, sampling):
             return alone, batched
 
     alone, batched = asyncio.run(run())
-    step = max(s["batch"] for s in httpx_state(url)["steps"])
+    step = max(s["batch"] for s in httpx.get(f"{url}/dashboard/state", timeout=30).json()["steps"])
     assert step == STREAMS, f"the streams did not share a step (largest step: {step} sequences)"
     c = compare(batched, alone, tol=LOGPROB_TOL)
     assert c.passed, f"{weights} {sampling}: {c.differ + c.failed} of {c.requests} differ from alone: {c.examples}"
     assert_engine_idle(llm)
-
-
-async def _waiting_is(client, n: int) -> bool:
-    return await gauge(client, "rooftop_num_requests_waiting") == n
-
-
-def httpx_state(url: str) -> dict:
-    import httpx
-
-    return httpx.get(f"{url}/dashboard/state", timeout=30).json()
 
 
 def test_poisson_overload_answers_every_request_and_frees_everything(long_gguf):
@@ -250,10 +249,6 @@ def test_clients_that_leave_mid_stream_are_aborted_and_free_everything(long_gguf
     assert idle, state
     assert after.kind == "ok"
     assert_engine_idle(llm)
-
-
-async def _aborted_is(client, n: int) -> bool:
-    return await gauge(client, 'rooftop_requests_total{outcome="abort"}') == n
 
 
 def test_fuzzed_bodies_get_4xx_with_an_error_body_and_never_5xx(server):
