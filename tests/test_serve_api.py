@@ -178,6 +178,28 @@ def test_32_concurrent_streams_each_equal_alone(server):
     assert after['rooftop_requests_total{outcome="length"}'] - before['rooftop_requests_total{outcome="length"}'] == 32
 
 
+def test_preempted_streams_equal_alone_and_the_preemptions_are_counted(long_gguf):
+    """A pool of 12 blocks for 4 requests that grow to 7 blocks each: preemptions, counted in /metrics, and with
+    batch invariance (replayed decodes) every stream is exactly its request alone."""
+    prompts = [f"Request {i}: " + "abcdefgh" * 4 for i in range(4)]
+    with running_server(long_gguf, {"num_kv_blocks": 12, "block_size": 16}) as url:
+        c = client(url)
+        alone = [
+            c.completions.create(model="tiny-long", prompt=p, max_tokens=60, **GREEDY).choices[0].text for p in prompts
+        ]
+        assert metrics(url)["rooftop_num_preemptions_total"] == 0
+
+        async def all_at_once() -> list[str]:
+            async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as ac:
+                outs = await asyncio.gather(
+                    *(ac.completions.create(model="tiny-long", prompt=p, max_tokens=60, **GREEDY) for p in prompts)
+                )
+            return [o.choices[0].text for o in outs]
+
+        assert asyncio.run(all_at_once()) == alone
+        assert metrics(url)["rooftop_num_preemptions_total"] > 0
+
+
 def test_metrics_parse_and_move_as_requests_complete(server):
     before = metrics(server)
     out = client(server).completions.create(model="tiny-long", prompt="count me", max_tokens=5, **GREEDY)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rooftop.models.kv_cache import AttentionMetadata, table_slots
+from rooftop.models.kv_cache import AttentionMetadata
 
 
 def paged_attention(
@@ -48,10 +48,9 @@ def prefill_chunks(
 
 def each_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """The decodes' attention one sequence at a time, each over exactly its own keys. q: (B, heads, hd)."""
-    slots = table_slots(meta.decode_tables, meta.block_size)
     out = torch.empty_like(q)
-    for b, length in enumerate(meta.decode_lengths.tolist()):
-        keys, values = gather(k_pool, v_pool, slots[b, :length])
+    for b, slots in enumerate(meta.decode_own_slots):
+        keys, values = gather(k_pool, v_pool, slots)
         out[b] = decode_attention(q[b : b + 1], keys[None], values[None], None)[0]
     return out
 

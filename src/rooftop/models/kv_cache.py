@@ -75,6 +75,12 @@ class AttentionMetadata:
         return (slots if self.decode_mask is None else slots.masked_fill(~self.decode_mask[:, 0, 0, :], 0)).contiguous()
 
     @functools.cached_property
+    def decode_own_slots(self) -> list[torch.Tensor]:
+        """Each decode sequence's pool slots, exactly its own length (for `decodes_alone`); made once per step."""
+        slots = table_slots(self.decode_tables, self.block_size)
+        return [slots[b, :length] for b, length in enumerate(self.decode_lengths.tolist())]
+
+    @functools.cached_property
     def decode_mask(self) -> torch.Tensor | None:
         """(B, 1, 1, S) True where a slot is a real token; None when no sequence is padded."""
         width = int(self.decode_lengths.max())

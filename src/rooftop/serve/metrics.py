@@ -30,6 +30,7 @@ class ServerMetrics:
     kv_cache_usage: Gauge
     prefix_cache_queries: Counter
     prefix_cache_hits: Counter
+    preemptions: Counter
     steps: Counter  # label phase
     achieved_flops: Gauge  # label phase: FLOPs / measured seconds over the phase's recent steps
     achieved_bytes: Gauge
@@ -65,6 +66,7 @@ def create_metrics() -> ServerMetrics:
             "rooftop_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r
         ),
         prefix_cache_hits=Counter("rooftop_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r),
+        preemptions=Counter("rooftop_num_preemptions", "Sequences preempted for KV blocks (recomputed)", registry=r),
         steps=Counter("rooftop_steps", "Engine steps by phase", ["phase"], registry=r),
         achieved_flops=Gauge("rooftop_achieved_flops_per_second", "FLOP/s of recent steps", ["phase"], registry=r),
         achieved_bytes=Gauge("rooftop_achieved_bytes_per_second", "Bytes/s of recent steps", ["phase"], registry=r),

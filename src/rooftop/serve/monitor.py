@@ -52,7 +52,7 @@ class Monitor:
         self.finished: deque[FinishedPoint] = deque(maxlen=10_000)
         self.state = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0}
         self.outcomes = {outcome: 0 for outcome in FinishReason}
-        self._prefix_seen = (0, 0)
+        self._counted = (0, 0, 0)  # the engine's prefix queries, prefix hits and preemptions already counted
         # quantized weights: decode runs the weight-only kernels, large (prefill) steps widen them to float matmuls
         computes = sorted({precision.compute, precision.at(1 << 30).compute})
         self.peaks = {compute: hardware.peak(compute) for compute in computes}
@@ -87,9 +87,12 @@ class Monitor:
         m.running.set(stats.running)
         m.waiting.set(stats.waiting)
         m.kv_cache_usage.set(stats.kv_cache_usage)
-        m.prefix_cache_queries.inc(stats.prefix_queries - self._prefix_seen[0])
-        m.prefix_cache_hits.inc(stats.prefix_hits - self._prefix_seen[1])
-        self._prefix_seen = (stats.prefix_queries, stats.prefix_hits)
+        now = (stats.prefix_queries, stats.prefix_hits, stats.preemptions)
+        for counter, value, counted in zip(
+            (m.prefix_cache_queries, m.prefix_cache_hits, m.preemptions), now, self._counted, strict=True
+        ):
+            counter.inc(value - counted)
+        self._counted = now
         with self.lock:
             self.state = {
                 "running": stats.running,

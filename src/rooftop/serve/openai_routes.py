@@ -118,6 +118,15 @@ async def respond(
     arrival: float,
     body: ChatCompletionRequest | CompletionRequest,
 ) -> Response:
+    context = ready.llm.max_model_len
+    if len(ids) < context < len(ids) + params.max_tokens:  # vLLM's and OpenAI's 400, not a silent cut at the context
+        field = body.max_tokens_field
+        raise ApiError(
+            400,
+            f"this model's context holds {context} tokens; the prompt has {len(ids)} and {field} asks for "
+            f"{params.max_tokens} more: lower {field} to at most {context - len(ids)}",
+            field,
+        )
     try:
         rs = await ready.engine_loop.add(out.id, ids, params, arrival)
     except PromptTooLongError as e:
