@@ -125,6 +125,9 @@ SUSPECT_500 = [  # valid-looking bodies that could reach a corner of the engine 
 ]
 
 
+READ_TIMEOUT_S = 5  # f/g's server: --timeout-read under the half-sent probes' wait (the default, 30 s, is longer)
+
+
 @dataclass
 class Sizes:
     streams: int = 64
@@ -806,7 +809,8 @@ async def run_checks(run: Run, checks: str, weights: list[str]) -> None:
         keep(await guarded("e", "SIGTERM under load", run.sigterm()))
     if "f" in checks or "g" in checks:
         try:
-            with run.server("fg-fuzz", ["--max-model-len", str(FUZZ_MAX_MODEL_LEN)]) as srv:
+            fg_args = ["--max-model-len", str(FUZZ_MAX_MODEL_LEN), "--timeout-read", str(READ_TIMEOUT_S)]
+            with run.server("fg-fuzz", fg_args) as srv:
                 first_500 = None
                 if "f" in checks:
                     got = await guarded("f", "fuzzed bodies", run.fuzz(srv))

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from gguf_factory import write_tiny_gguf
-from prometheus_client.parser import text_string_to_metric_families
+from reliability_support import parse_metrics
 
 from rooftop.engine.outputs import StepOutput
 
@@ -106,13 +106,7 @@ def server(long_gguf) -> Iterator[str]:
 
 def metrics(url: str) -> dict[str, float]:
     """Every sample of GET /metrics, parsed by prometheus-client: {'name{label="v"}': value}."""
-    text = httpx.get(f"{url}/metrics").text
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
+    return parse_metrics(httpx.get(f"{url}/metrics").text)
 
 
 def api_error(response: httpx.Response, status: int) -> dict:
