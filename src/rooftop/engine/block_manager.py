@@ -71,15 +71,13 @@ class BlockManager:
         per_unit = (unit or self.block_size) // self.block_size
         return found[: len(found) - len(found) % per_unit]
 
-    def allocate(
-        self, token_ids: list[int], most: int | None = None, unit: int | None = None
-    ) -> tuple[list[int], int] | None:
-        """A block table for a sequence about to compute `token_ids`, reusing cached prefix blocks (`most` and
-        `unit` as in `cached_prefix`).
+    def allocate(self, token_ids: list[int], hits: list[int] | None = None) -> tuple[list[int], int] | None:
+        """A block table for a sequence about to compute `token_ids`, reusing the cached prefix blocks `hits` (a
+        `cached_prefix` of them; by default the longest).
 
         Returns (block table, tokens already cached) or None when the pool cannot hold the rest now.
         """
-        hits = self.cached_prefix(token_ids, most, unit)
+        hits = self.cached_prefix(token_ids) if hits is None else hits
         fresh = self.blocks_needed(len(token_ids)) - len(hits)
         reusable_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         if fresh > self.num_free - reusable_free:

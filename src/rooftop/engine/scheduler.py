@@ -121,11 +121,11 @@ class Scheduler:
             budget -= n
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            hit = len(self.blocks.cached_prefix(seq.all_token_ids, *self.reusable_prefix(seq))) * self.blocks.block_size
-            n = self.tokens_this_step(seq, hit, Phase.PREFILL, budget)
+            hits = self.blocks.cached_prefix(seq.all_token_ids, *self.reusable_prefix(seq))
+            n = self.tokens_this_step(seq, len(hits) * self.blocks.block_size, Phase.PREFILL, budget)
             if n == 0:  # its first chunk does not fit in this step: it stays first in line
                 break
-            allocation = self.blocks.allocate(seq.all_token_ids, *self.reusable_prefix(seq))
+            allocation = self.blocks.allocate(seq.all_token_ids, hits)
             if allocation is None:
                 break
             seq.block_table, seq.cached = allocation
