@@ -13,7 +13,11 @@ from rooftop.bench.serve.datasets import SampleRequest, load_tokenizer
 from rooftop.bench.serve.metrics import summarize
 from rooftop.bench.serve.runner import run_load
 
-EARLY_S, LATE_S = 0.005, 0.1  # a chunk never comes much before its script; on 2 busy cores it can come well after
+# A chunk never comes before its script (the server sleeps first); how late it comes is the host's business: 130 ms
+# has been seen on 2 busy cores. The upper bound only catches a clock started at the wrong moment.
+EARLY_S, LATE_S = 0.005, 1.0
+# The server sleeps between chunks, so only times counted from the request are bounded below: a first chunk that
+# reaches the client late makes the next gap look short. Gaps are checked through their sum, e2el.
 
 
 def near(measured: float, scripted: float, late: float = LATE_S) -> bool:
@@ -52,7 +56,8 @@ def test_metrics_equal_the_hand_computation_and_the_script(tok):
         assert len(r.itl_s) == 4  # five token chunks; the finish_reason, usage and [DONE] chunks carry none
         assert r.e2el_s == pytest.approx(r.ttft_s + sum(r.itl_s), abs=1e-9)
         assert near(r.ttft_s, 0.05) and r.ttft_s >= 0.05  # the server sleeps 50 ms before its first chunk
-        assert near(np.median(r.itl_s), 0.02) and near(r.tpot_s, 0.02)
+        assert r.tpot_s == pytest.approx((r.e2el_s - r.ttft_s) / 4)
+        assert near(r.e2el_s, 0.05 + 4 * 0.02)
     s = summarize(rs, out.duration_s)
     ms = lambda values: np.asarray(values) * 1e3  # noqa: E731
     assert s["ttft_ms_mean"] == pytest.approx(ms([r.ttft_s for r in rs]).mean())
@@ -60,7 +65,7 @@ def test_metrics_equal_the_hand_computation_and_the_script(tok):
     assert s["tpot_ms_median"] == pytest.approx(np.median(ms([(r.e2el_s - r.ttft_s) / 4 for r in rs])))
     assert s["itl_ms_p90"] == pytest.approx(np.percentile(ms([g for r in rs for g in r.itl_s]), 90))
     assert s["e2el_ms_mean"] == pytest.approx(ms([r.e2el_s for r in rs]).mean())
-    assert near(s["itl_ms_median"] / 1e3, 0.02)
+    assert s["itl_ms_median"] == pytest.approx(np.median(ms([g for r in rs for g in r.itl_s])))
     assert s["total_output_tokens"] == 20 and s["output_throughput_tok_per_s"] == pytest.approx(20 / out.duration_s)
     # two at a time: the second pair is sent when the first finishes, ~0.05 + 4 * 0.02 = 0.13 s in
     assert s["peak_concurrent_requests"] == 2
@@ -99,7 +104,7 @@ def test_chunks_of_several_tokens(tok):
         out = run(server, ["hi"], tok, max_tokens=6)
     r = out.records[0]
     assert r.output_tokens == 6 and len(r.itl_s) == 2  # three chunks of two tokens
-    assert r.tpot_s == pytest.approx((r.e2el_s - r.ttft_s) / 5) and near(r.tpot_s * 5, 0.06)
+    assert r.tpot_s == pytest.approx((r.e2el_s - r.ttft_s) / 5) and near(r.e2el_s, 0.03 + 2 * 0.03)
 
 
 def test_arrivals_follow_the_schedule(tok):
