@@ -227,6 +227,40 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
         assert a.token_id in theirs
 
 
+def block_format_calls() -> list:
+    """block_linear and block_dequantize of every stored block format, on random blocks (5 rows: a group of 4 and
+    a single; K = 768: whole 256-blocks, and for the 32-blocks a tail of 0 groups after 6 chunks; 96: a tail of 3)."""
+    from gguf import GGMLQuantizationType as QType
+    from test_block_formats import random_blocks
+
+    from rooftop.quant.weights import BLOCK_FORMATS
+
+    calls = []
+    for fmt_id, name in enumerate(BLOCK_FORMATS):
+        for k in (768,) if name.endswith("_k") else (768, 96):
+            data = torch.from_numpy(random_blocks(QType[name.upper()], 16, k, seed=fmt_id))
+            x = torch.randn(5, k, generator=torch.Generator().manual_seed(k))
+            calls.append(lambda m, x=x, data=data, f=fmt_id: m.block_linear(x, data, f, None, None))
+            calls.append(lambda m, data=data, f=fmt_id, k=k: m.block_dequantize(data, f, k))
+    return calls
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not {"avx512_vnni", "avx_vnni"} & set(open("/proc/cpuinfo").read().split()), reason="needs a CPU with VNNI"
+)
+def test_the_avx2_dot_products_match_vnni():
+    """On a VNNI host the kernels' integer dots are one dpbusd; AVX2 hosts multiply byte pairs into int16 first
+    (maddubs). Built here without VNNI (~50 s, cached), every quantized linear must give the same numbers."""
+    avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.header_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
+    gen = torch.Generator().manual_seed(13)
+    w, x = torch.randn(48, 96, generator=gen), torch.randn(5, 96, generator=gen)
+    q4, q8 = Q4Linear.from_weight(quantize_int4(w), None), Q8Linear.from_weight(w, None)
+    calls = [lambda k: k.q4_linear(x, q4.qs, q4.dm, None, None), lambda k: k.q8_linear(x, q8.q, q8.d, None, None)]
+    for call in calls + block_format_calls():
+        assert torch.equal(call(avx2), call(kernels))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"), reason="needs an x86 CPU with AVX2"
@@ -234,7 +268,7 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
 def test_the_portable_loops_match_the_vector_kernels():
     """Without AVX2 and F16C (an ARM machine, an old x86) cpu.cpp compiles to plain C++ loops: built here for
     baseline x86-64 (~45 s, cached), every kernel must give what the vector code gives."""
-    portable = cpu.build("rooftop_cpu_portable", "-march=x86-64")
+    portable = cpu.build(f"rooftop_cpu_portable_{cpu.header_version()}", "-march=x86-64")
     gen = torch.Generator().manual_seed(12)
     w = torch.randn(48, 96, generator=gen)
     x, residual = torch.randn(5, 96, generator=gen), torch.randn(5, 48, generator=gen)
@@ -248,6 +282,8 @@ def test_the_portable_loops_match_the_vector_kernels():
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
     ):
         torch.testing.assert_close(module_call(portable), module_call(kernels), atol=1e-4, rtol=1e-4)
+    for call in block_format_calls():
+        torch.testing.assert_close(call(portable), call(kernels), atol=1e-4, rtol=1e-4)
     qkv = torch.randn(2, (4 + 2 * 2) * 16, generator=gen)
     cos, sin = torch.randn(8, 16, generator=gen), torch.randn(8, 16, generator=gen)
     rotated = [qkv.clone(), qkv.clone()]

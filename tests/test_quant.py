@@ -143,17 +143,22 @@ def test_int8_bundled_model_agrees_with_float32(bundled_llm):
 
 
 def test_gguf_q4_blocks_become_int4_exactly():
-    """Q4_1's d·q + m is (q - 8)·d + (m + 8d): the same values, before the kernel rounds s and z to bfloat16."""
+    """Q4_1's d·q + m is (q - 8)·d + (m + 8d), and a stored Q4_0 block's d·(q - 8) has zero 0: the same values,
+    before the kernel rounds s and z to bfloat16."""
     import gguf
     import numpy as np
 
     from rooftop.loading.gguf import group_weight
     from rooftop.loading.gguf_file import TensorInfo
+    from rooftop.quant.gguf_blocks import q4_0_as_int4, stored_blocks
 
     data = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
     for qtype in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_0):
         raw = gguf.quants.quantize(data, qtype)
-        w = group_weight(TensorInfo("t", (16, 64), qtype, raw.reshape(-1)))
+        if qtype == gguf.GGMLQuantizationType.Q4_1:
+            w = group_weight(TensorInfo("t", (16, 64), qtype, raw.reshape(-1)))
+        else:
+            w = q4_0_as_int4(stored_blocks(raw, qtype, (16, 64)))
         expected = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
         torch.testing.assert_close(w.dequantize(), expected, atol=1e-6, rtol=1e-6)
         assert w.q.dtype == torch.uint8 and int(w.q.max()) <= 15

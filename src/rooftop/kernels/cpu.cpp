@@ -2,60 +2,17 @@
 //
 // Decode reads every weight once per token, so its time is the weight bytes and the overhead around them.
 // The linears here read 4-bit (Q4_1-style) or 8-bit (Q8_0-style) weight groups and dot them with the
-// activations quantized to int8 per group of 32, as llama.cpp does: AVX2's maddubs multiplies 32 byte pairs
-// per instruction, so the nibbles are never widened to floats. The small ops around them (RMSNorm, RoPE,
-// SiLU-mul, attention over the paged cache) are one call each instead of a handful of PyTorch ops.
+// activations quantized to int8 per group of 32, as llama.cpp does: AVX2's maddubs (VNNI's dpbusd) multiplies 32
+// byte pairs per instruction, so the nibbles are never widened to floats; GGUF's other block formats are in
+// blocks.cpp. The small ops around them (RMSNorm, RoPE, SiLU-mul, attention over the paged cache) are one call
+// each instead of a handful of PyTorch ops.
 // Compiled on first use by rooftop/kernels/cpu.py with -march=native; without AVX2 and F16C plain loops run.
 
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-
-#include <cmath>
-#include <cstring>
-#include <vector>
-
-#if defined(__AVX2__) && defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "quantized.h"
 
 namespace {
 
-constexpr int64_t GROUP = 32;
-constexpr int64_t ROWS_AT_ONCE = 4;  // activation rows dotted with each weight row as it is read
-
-// Activation rows quantized per group of 32: x ~= d * q, with s = d * sum(q) for the min term of Q4_1 weights.
-struct QuantizedRows {
-  std::vector<int8_t> q;
-  std::vector<float> d, s;
-};
-
-QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
-  const int64_t groups = k / GROUP;
-  QuantizedRows out{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups), std::vector<float>(rows * groups)};
-  for (int64_t g = 0; g < rows * groups; ++g) {
-    const float* v = x + g * GROUP;
-    float amax = 0.f;
-    for (int64_t i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-    int sum = 0;
-    for (int64_t i = 0; i < GROUP; ++i) {
-      const int q = static_cast<int>(std::nearbyint(v[i] * inv));
-      out.q[g * GROUP + i] = static_cast<int8_t>(q);
-      sum += q;
-    }
-    out.d[g] = d;
-    out.s[g] = d * static_cast<float>(sum);
-  }
-  return out;
-}
-
-#if defined(__AVX2__) && defined(__F16C__)
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+#ifdef ROOFTOP_AVX2
 
 // 32 bytes of nibbles -> two groups of 32 unsigned bytes: the low nibbles and the high nibbles.
 inline void unpack_pair(const uint8_t* p, __m256i& low, __m256i& high) {
@@ -64,12 +21,6 @@ inline void unpack_pair(const uint8_t* p, __m256i& low, __m256i& high) {
   low = _mm256_and_si256(b, mask);
   high = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
 }
-
-inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-// Four and eight float16 scales as float32 (F16C): the scales stay at the file's 16 bits, a fifth of Q4's bytes.
-inline __m128 half4(const at::Half* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-inline __m256 half8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // e^x as 2^n * 2^f (n = round(x log2 e), |f| <= 1/2) with 2^f's Taylor series to degree 6: relative error
 // ~1e-7, float32's own. libm's scalar expf made SiLU-mul cost 15 µs per layer of the bundled model.
@@ -83,17 +34,6 @@ inline __m256 exp_ps(__m256 x) {
   for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c[i]));
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
-}
-
-// Dot products of 32 unsigned x signed bytes, as 8 int32 lanes.
-inline __m256i dot_i32(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
-
-// Four groups' int32 lanes reduced to [g0 g1 g2 g3 | g0 g1 g2 g3] (each half holds half of each group's sum),
-// converted once and multiplied by the four groups' scales in one FMA, instead of a conversion, a scalar scale
-// product and an FMA per group: the multiply ports, not the bytes, bound these kernels on 2 AVX2 cores.
-inline __m256 fma4(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m128 scales, __m256 acc) {
-  const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set_m128(scales, scales), acc);
 }
 #endif
 
@@ -114,7 +54,7 @@ struct Q4Weights {
     const at::Half *d = dm + n * 2 * groups, *m = d + groups;
     const int8_t* xq = a->q.data() + r0 * groups * GROUP;
     const float *xd = a->d.data() + r0 * groups, *xs = a->s.data() + r0 * groups;
-#if defined(__AVX2__) && defined(__F16C__)
+#ifdef ROOFTOP_AVX2
     __m256 sum[R];
     for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
     int64_t g = 0;
@@ -176,7 +116,7 @@ struct Q8Weights {
     const at::Half* dw = d + n * groups;
     const int8_t* xq = a->q.data() + r0 * groups * GROUP;
     const float* xd = a->d.data() + r0 * groups;
-#if defined(__AVX2__) && defined(__F16C__)
+#ifdef ROOFTOP_AVX2
     __m256 sum[R];
     for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
     auto signed_dot = [](__m256i wv, const int8_t* x) {
@@ -214,56 +154,6 @@ struct Q8Weights {
 #endif
   }
 };
-
-// out[r, n] = sum_k w[n, k] x[r, k] (+ bias[n]) (+ residual[r, n]) for every row r and n in [n0, n1);
-// each weight row is read once per ROWS_AT_ONCE activation rows.
-template <typename Weights>
-void linear_rows(const Weights& w, int64_t rows, int64_t n0, int64_t n1, const float* bias, const float* residual,
-                 float* out, int64_t n_total) {
-  float acc[ROWS_AT_ONCE];
-  for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t r0 = 0; r0 < rows; r0 += ROWS_AT_ONCE) {
-      const int64_t r_count = std::min(ROWS_AT_ONCE, rows - r0);
-      switch (r_count) {
-        case 4: w.template dot<4>(n, r0, acc); break;
-        case 3: w.template dot<3>(n, r0, acc); break;
-        case 2: w.template dot<2>(n, r0, acc); break;
-        default: w.template dot<1>(n, r0, acc);
-      }
-      for (int64_t r = 0; r < r_count; ++r) {
-        const float y = acc[r] + (bias ? bias[n] : 0.f);
-        const int64_t at = (r0 + r) * n_total + n;
-        out[at] = residual ? y + residual[at] : y;
-      }
-    }
-  }
-}
-
-void check_linear_inputs(const at::Tensor& x, const c10::optional<at::Tensor>& bias,
-                         const c10::optional<at::Tensor>& residual, int64_t n) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 (rows, K)");
-  TORCH_CHECK(x.size(1) % GROUP == 0, "K must be a multiple of 32");
-  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous()), "bias must be float32 (N,)");
-  TORCH_CHECK(!residual || (residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
-                            residual->size(0) == x.size(0) && residual->size(1) == n),
-              "residual must be contiguous float32 (rows, N)");
-}
-
-template <typename Weights>
-at::Tensor run_linear(Weights w, const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
-                      const c10::optional<at::Tensor>& residual) {
-  const int64_t rows = x.size(0), k = x.size(1);
-  const QuantizedRows a = quantize_rows(x.data_ptr<float>(), rows, k);
-  w.a = &a;
-  auto out = at::empty({rows, n}, x.options());
-  const float* b = bias ? bias->data_ptr<float>() : nullptr;
-  const float* res = residual ? residual->data_ptr<float>() : nullptr;
-  float* o = out.data_ptr<float>();
-  // chunks of output rows per thread; a small matrix stays on one thread
-  const int64_t grain = std::max<int64_t>(16, (1 << 16) / k);
-  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { linear_rows(w, rows, n0, n1, b, res, o, n); });
-  return out;
-}
 
 }  // namespace
 
@@ -386,7 +276,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       const float* g = in + r * 2 * f;
       float* y = o + r * f;
       int64_t i = 0;
-#if defined(__AVX2__) && defined(__F16C__)
+#ifdef ROOFTOP_AVX2
       for (; i + 8 <= f; i += 8) {
         const __m256 gate = _mm256_loadu_ps(g + i);
         const __m256 sig = _mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.f), exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), gate))));
@@ -406,7 +296,7 @@ namespace {
 void scores(const float* q, const float* base, const int64_t* rows, int64_t stride, int64_t n, int64_t dim, float scale,
             float* p) {
   int64_t s = 0;
-#if defined(__AVX2__) && defined(__F16C__)
+#ifdef ROOFTOP_AVX2
   if (dim % 8 == 0) {
     for (; s + 4 <= n; s += 4) {
       const float *k0 = base + rows[s] * stride, *k1 = base + rows[s + 1] * stride;
@@ -435,7 +325,7 @@ void scores(const float* q, const float* base, const int64_t* rows, int64_t stri
 // registers over all n values.
 void weighted_sum(const float* p, const float* base, const int64_t* rows, int64_t stride, int64_t n, int64_t dim, float* y) {
   int64_t d0 = 0;
-#if defined(__AVX2__) && defined(__F16C__)
+#ifdef ROOFTOP_AVX2
   for (; d0 + 32 <= dim; d0 += 32) {
     __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
     for (int64_t s = 0; s < n; ++s) {
@@ -463,7 +353,7 @@ void softmax_(float* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) top = std::max(top, p[i]);
   float total = 0.f;
   int64_t i = 0;
-#if defined(__AVX2__) && defined(__F16C__)
+#ifdef ROOFTOP_AVX2
   __m256 sums = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
     const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p + i), _mm256_set1_ps(top)));
@@ -534,7 +424,15 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
   return out;
 }
 
+// GGUF's block formats (blocks.cpp).
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& data, int64_t format,
+                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
+at::Tensor block_dequantize(const at::Tensor& data, int64_t format, int64_t k);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("block_linear", &block_linear, "x @ GGUF block weights^T (+bias) (+residual)", py::arg("x"), py::arg("data"),
+        py::arg("format"), py::arg("bias") = py::none(), py::arg("residual") = py::none());
+  m.def("block_dequantize", &block_dequantize, "GGUF block rows -> float32 (N, K)");
   m.def("q4_linear", &q4_linear, "x @ Q4 weights^T (+bias) (+residual)", py::arg("x"), py::arg("qs"), py::arg("dm"),
         py::arg("bias") = py::none(), py::arg("residual") = py::none());
   m.def("q8_linear", &q8_linear, "x @ Q8_0 weights^T (+bias) (+residual)", py::arg("x"), py::arg("q"), py::arg("d"),

@@ -1,4 +1,4 @@
-"""rooftop's CPU kernels (cpu.cpp), compiled for this machine on first use and cached by PyTorch.
+"""rooftop's CPU kernels (cpu.cpp, blocks.cpp), compiled for this machine on first use and cached by PyTorch.
 
 In PyTorch's eager ops a decode step of the bundled model was ~1,800 small operations around ~100 MB of 4-bit
 weights, at ~5-10 µs each from Python, and PyTorch's int4 kernel computes in emulated bfloat16: the step was bound
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import shutil
 import sys
@@ -21,7 +22,8 @@ from types import ModuleType
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu.cpp", "blocks.cpp")]
+HEADER = Path(__file__).with_name("quantized.h")
 
 
 def enabled() -> bool:
@@ -34,7 +36,7 @@ def ops() -> ModuleType | None:
     if not enabled():
         return None
     # -march=native: the build is for this CPU; the name keeps builds for different vector widths apart.
-    name = f"rooftop_cpu_{torch.backends.cpu.get_cpu_capability().lower()}"
+    name = f"rooftop_cpu_{torch.backends.cpu.get_cpu_capability().lower()}_{header_version()}"
     try:
         return build(name, "-march=native")
     except (OSError, RuntimeError, ImportError) as error:  # no compiler or ninja, or a failed build
@@ -42,8 +44,13 @@ def ops() -> ModuleType | None:
         return None
 
 
+def header_version() -> str:
+    """A hash of the shared header: PyTorch rebuilds when a source changes, but does not look at what they include."""
+    return hashlib.sha256(HEADER.read_bytes()).hexdigest()[:8]
+
+
 def build(name: str, arch_flag: str) -> ModuleType:
-    """Compile cpu.cpp as module `name` for `arch_flag` (-march=native here; the tests also build the portable
+    """Compile the sources as module `name` for `arch_flag` (compiler flags: -march=native here; the tests also build the portable
     loops that machines without AVX2 and F16C run, e.g. with -march=x86-64)."""
     from torch.utils import cpp_extension
 
@@ -54,8 +61,8 @@ def build(name: str, arch_flag: str) -> ModuleType:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     return cpp_extension.load(
         name=name,
-        sources=[str(SOURCE)],
-        extra_cflags=["-O3", arch_flag, "-fopenmp"],
+        sources=[str(source) for source in SOURCES],
+        extra_cflags=["-O3", *arch_flag.split(), "-fopenmp"],
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )

@@ -14,10 +14,14 @@ from rooftop.loading.gguf_config import config_from_gguf
 from rooftop.loading.gguf_file import TensorInfo, read_gguf
 from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.tokenizer import Tokenizer
-from rooftop.quant.gguf_blocks import dequantize, q4_0_parts, q4_1_parts, q8_0_parts
-from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight
+from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize, q4_1_parts, q8_0_parts, stored_blocks
+from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight, quantize_int4
 
-GROUP_TYPES = (QType.Q4_0, QType.Q4_1, QType.Q8_0)
+GROUP_TYPES = (QType.Q4_1, QType.Q8_0)
+FLOAT_TYPES = (QType.F32, QType.F16, QType.BF16)
+# Quantized types rooftop's kernels do not run (the 2- and 3-bit K-quants, the IQ and ternary types, ...) become
+# rooftop's own group-32 int4 (Q4_1) at load, one tensor in float32 at a time.
+CONVERTED_TO = "Q4_1"
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -54,27 +58,36 @@ def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def group_weight(t: TensorInfo) -> Int4Weight | Int8GroupWeight:
-    """A Q4_0 / Q4_1 / Q8_0 matrix as its integers with per-32 scales (and zeros), never widened to floats."""
+    """A Q4_1 / Q8_0 matrix as its integers with per-32 scales (and zeros), never widened to floats."""
     rows, cols = t.shape
     groups = cols // 32
     if t.qtype == QType.Q8_0:
         d, q = q8_0_parts(t.data, t.numel)
         return Int8GroupWeight(q.reshape(rows, cols), d.reshape(rows, groups))
-    if t.qtype == QType.Q4_1:
-        d, m, q = q4_1_parts(t.data, t.numel)
-        zero = m + 8 * d  # d·q + m == (q - 8)·d + (m + 8d)
-    else:
-        d, q = q4_0_parts(t.data, t.numel)
-        zero = torch.zeros_like(d)
+    d, m, q = q4_1_parts(t.data, t.numel)
+    zero = m + 8 * d  # d·q + m == (q - 8)·d + (m + 8d)
     return Int4Weight(q.reshape(rows, cols), d.reshape(rows, groups), zero.reshape(rows, groups))
 
 
+def converted(t: TensorInfo) -> bool:
+    """Whether a matrix is of a type the kernels do not run, and so converted at load."""
+    return len(t.shape) == 2 and t.qtype not in (*FLOAT_TYPES, *GROUP_TYPES, *STORED_TYPES) and t.shape[1] % 32 == 0
+
+
+def read_matrix(t: TensorInfo) -> Weight:
+    """A 2-D tensor as the engine keeps it: Q4_1/Q8_0 as integer groups, the stored block formats as their rows of
+    blocks, the rarer quantized types converted to Q4_1 (one tensor in float32 at a time), float types as float32."""
+    if t.qtype in GROUP_TYPES:
+        return group_weight(t)
+    if t.qtype in STORED_TYPES:
+        return stored_blocks(t.data, t.qtype, t.shape, t.name)
+    values = dequantize(t.data, t.qtype, t.shape, t.name)
+    return quantize_int4(values) if converted(t) else values
+
+
 def read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
-    """One tensor under its HF layout: quantized matrices as their groups, everything else as float32."""
-    if t.qtype in GROUP_TYPES and len(t.shape) == 2:
-        w = group_weight(t)
-    else:
-        w = dequantize(t.data, t.qtype, t.shape, t.name)
+    """One tensor under its HF layout: quantized matrices in a form the kernels run, everything else as float32."""
+    w = read_matrix(t) if len(t.shape) == 2 else dequantize(t.data, t.qtype, t.shape, t.name)
     if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = config.num_heads if "q_proj" in name else config.num_kv_heads
         if isinstance(w, torch.Tensor):
@@ -85,18 +98,24 @@ def read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
 
 
 def native_format(tensors: list[TensorInfo]) -> str:
-    """The engine's weight format closest to what the file's transformer blocks hold (most of their elements)."""
+    """The engine's weight policy closest to what the file's transformer blocks hold (most of their elements):
+    int8 for Q8_0, float for float types, int4 for the 4-, 5- and 6-bit block formats (which run as stored)."""
     held: dict[QType, int] = {}
     for t in tensors:
         if t.name.startswith("blk.") and len(t.shape) == 2:
             held[t.qtype] = held.get(t.qtype, 0) + t.numel
     most = max(held, key=held.get, default=QType.F32)
-    return {QType.Q4_0: "int4", QType.Q4_1: "int4", QType.Q8_0: "int8"}.get(most, "float")
+    return "float" if most in FLOAT_TYPES else "int8" if most == QType.Q8_0 else "int4"
+
+
+def conversions(tensors: list[TensorInfo]) -> dict[str, str]:
+    """HF name -> "Q3_K -> Q4_1" for each matrix converted at load (what the run reports beside its formats)."""
+    return {hf_name(t.name): f"{t.qtype.name} -> {CONVERTED_TO}" for t in tensors if converted(t) and hf_name(t.name)}
 
 
 def load_gguf(path: Path) -> LoadedModel:
     """Read a GGUF file's config and tokenizer now, and its tensors (under HF names and layout) when the model
-    asks for each: Q4_0/Q4_1/Q8_0 matrices come as their integer groups, the rest as float32."""
+    asks for each: quantized matrices in a form the kernels run (read_matrix), the rest as float32."""
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
     config = config_from_gguf(gguf_file)
@@ -114,4 +133,11 @@ def load_gguf(path: Path) -> LoadedModel:
         raise
     except Exception as e:  # the tokenizers library raises its own exception types on a bad vocabulary or merges
         raise ModelLoadError(f"{path}: the GGUF tokenizer data is invalid ({type(e).__name__}: {e})") from None
-    return LoadedModel(config, LazyWeights(readers), tokenizer, str(path), native_format(gguf_file.tensors))
+    return LoadedModel(
+        config,
+        LazyWeights(readers),
+        tokenizer,
+        str(path),
+        native_format(gguf_file.tensors),
+        conversions(gguf_file.tensors),
+    )

@@ -30,10 +30,11 @@ class LazyWeights(Mapping[str, Weight]):
 @dataclass
 class LoadedModel:
     """What a model file holds: its config, its weights (Hugging Face names and layout; float tensors, or a
-    GGUF's Q4_0/Q4_1/Q8_0 groups as they are), its tokenizer, and the weight format closest to the file."""
+    a GGUF's quantized blocks as they are), its tokenizer, and the weight format closest to the file."""
 
     config: ModelConfig
     weights: Mapping[str, Weight]
     tokenizer: Tokenizer
     source: str
-    native_format: str = field(default="float")  # "int4" for a mostly-Q4 GGUF, "int8" for Q8_0, else "float"
+    native_format: str = field(default="float")  # "int4" for a mostly 4-6-bit GGUF, "int8" for Q8_0, else "float"
+    conversions: dict[str, str] = field(default_factory=dict)  # HF name -> "Q3_K -> Q4_1": converted at load

@@ -14,17 +14,23 @@ from rooftop.models.blocks import DecoderBlock
 from rooftop.models.ops import choose_ops
 from rooftop.models.rope import cos_sin_table
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import make_linear, weight_policy
+from rooftop.quant.linear import Linear, as_stored, make_linear, weight_policy
 from rooftop.quant.weights import Weight, to_float
 
 
 class _Tensors:
-    """The file's tensors in the form the model keeps: float tensors in its dtype on its device, 4/8-bit groups as
-    they are where the CPU kernels read them (float linears and other devices get them dequantized)."""
+    """The file's tensors in the form the model keeps: float tensors in its dtype on its device, quantized groups and
+    blocks as they are where the CPU kernels read them (float linears and other devices get them dequantized).
+    `stored` (the `auto` weight choice): each quantized matrix runs in the format the file holds it in."""
 
-    def __init__(self, weights: Mapping[str, Weight], dtype: torch.dtype, device: torch.device, policy: str):
-        self.weights, self.dtype, self.device = weights, dtype, device
+    def __init__(
+        self, weights: Mapping[str, Weight], dtype: torch.dtype, device: torch.device, policy: str, stored: bool
+    ):
+        self.weights, self.dtype, self.device, self.policy, self.stored = weights, dtype, device, policy, stored
         self.keep_groups = policy != "float" and device.type == "cpu"
+
+    def linear(self, weight: Weight | list[Weight], bias: torch.Tensor | None, lm_head: bool = False) -> Linear:
+        return make_linear(weight, bias, self.policy, lm_head, self.stored)
 
     def take(self, name: str, shape: tuple[int, ...] | None, required: bool = True) -> Weight | None:
         w = self.weights.get(name)
@@ -38,17 +44,20 @@ class _Tensors:
             w = w.dequantize()
         return w.to(device=self.device, dtype=self.dtype).contiguous() if isinstance(w, torch.Tensor) else w
 
-    def cat(self, *parts: Weight | None) -> Weight | None:
-        """Fused projections: one matrix from several, kept in their common form when they share one."""
+    def cat(self, *parts: Weight | None) -> Weight | list[Weight] | None:
+        """Fused projections: one matrix from several, kept in their common form when they share one; the parts
+        themselves when each runs as stored in a different format."""
         if any(t is None for t in parts):
             return None
-        kind = type(parts[0])
-        if kind is not torch.Tensor and all(type(t) is kind for t in parts):
-            return kind.cat(list(parts))
+        form = {(type(t), getattr(t, "format", None)) for t in parts}
+        if len(form) == 1 and not isinstance(parts[0], torch.Tensor):
+            return type(parts[0]).cat(list(parts))
+        if self.stored and any(as_stored(t, self.policy) for t in parts):
+            return list(parts)
         return torch.cat([to_float(t).to(device=self.device, dtype=self.dtype) for t in parts], dim=0).contiguous()
 
 
-def _decoder_block(t: _Tensors, c: ModelConfig, i: int, policy: str) -> DecoderBlock:
+def _decoder_block(t: _Tensors, c: ModelConfig, i: int) -> DecoderBlock:
     """Layer i of a Llama / Qwen2 / Qwen3 checkpoint under Hugging Face's names."""
     d, qs, kvs, ff = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
     p = f"model.layers.{i}."
@@ -64,14 +73,14 @@ def _decoder_block(t: _Tensors, c: ModelConfig, i: int, policy: str) -> DecoderB
         qk_norm = torch.cat([q_norm.expand(c.num_heads, -1), k_norm.expand(c.num_kv_heads, -1)]).contiguous()
     return DecoderBlock(
         attn_norm=t.take(p + "input_layernorm.weight", (d,)),
-        qkv=make_linear(qkv, t.cat(*(t.take(a + f"{n}_proj.bias", None, False) for n in "qkv")), policy),
-        o=make_linear(t.take(a + "o_proj.weight", (d, qs)), t.take(a + "o_proj.bias", (d,), False), policy),
+        qkv=t.linear(qkv, t.cat(*(t.take(a + f"{n}_proj.bias", None, False) for n in "qkv"))),
+        o=t.linear(t.take(a + "o_proj.weight", (d, qs)), t.take(a + "o_proj.bias", (d,), False)),
         qk_norm=qk_norm,
         mlp_norm=t.take(p + "post_attention_layernorm.weight", (d,)),
-        gate_up=make_linear(
-            t.cat(t.take(p + "mlp.gate_proj.weight", (ff, d)), t.take(p + "mlp.up_proj.weight", (ff, d))), None, policy
+        gate_up=t.linear(
+            t.cat(t.take(p + "mlp.gate_proj.weight", (ff, d)), t.take(p + "mlp.up_proj.weight", (ff, d))), None
         ),
-        down=make_linear(t.take(p + "mlp.down_proj.weight", (d, ff)), None, policy),
+        down=t.linear(t.take(p + "mlp.down_proj.weight", (d, ff)), None),
     )
 
 
@@ -84,12 +93,12 @@ def build_model(
     policy = weight_policy(weights, loaded.native_format, device, dtype)
     if policy == "int4" and device.type != "cpu":
         raise UnsupportedModelError("int4 weights run on PyTorch's CPU kernels only for now; use int8 or float")
-    t = _Tensors(loaded.weights, dtype, device, policy)
+    t = _Tensors(loaded.weights, dtype, device, policy, stored=weights == "auto")
     embed = t.take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))  # a lookup table, in the file's form
     norm = t.take("model.norm.weight", (c.hidden_size,))
     head = embed if c.tie_word_embeddings else t.take("lm_head.weight", (c.vocab_size, c.hidden_size))
-    lm_head = make_linear(head, None, policy, lm_head=True)
-    blocks = [_decoder_block(t, c, i, policy) for i in range(c.num_layers)]
+    lm_head = t.linear(head, None, lm_head=True)
+    blocks = [_decoder_block(t, c, i) for i in range(c.num_layers)]
     cos, sin = cos_sin_table(c, c.max_position_embeddings, dtype, device)
     ops = choose_ops(c, dtype, device, cos, sin)
-    return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy)
+    return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy, loaded.conversions)

@@ -18,7 +18,7 @@ from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.ops import Ops
 from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, row_plan
 from rooftop.quant.weights import Weight
-from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, precision
+from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, mixed_format, precision
 
 
 class Transformer:
@@ -35,23 +35,41 @@ class Transformer:
         lm_head: Linear,
         ops: Ops,
         weight_policy: str,
+        conversions: dict[str, str] | None = None,
     ):
         self.config, self.dtype, self.device = config, dtype, device
         self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
         self.ops = ops
         self.weight_policy = weight_policy  # the policy its linears were built under: float, int8 or int4
+        self.conversions = conversions or {}  # HF name -> "Q3_K -> Q4_1": matrices the loader converted
+
+    def bytes_by_format(self) -> dict[str, int]:
+        """The block linears' bytes per format they run in (several for a mixed file such as a Q4_K_M)."""
+        held: dict[str, int] = {}
+        for layer in self.layers:
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                for part in getattr(linear, "parts", [linear]):
+                    held[part.format] = held.get(part.format, 0) + part.nbytes
+        return held
 
     @property
     def precision(self) -> Precision:
         """What the steps read and compute in, as the linears report it: activations and KV cache in the dtype, the
-        block linears' format and the lm_head's, and the step size from which quantized linears widen to floats."""
+        block linears' format (their mix, by bytes, in a mixed file) and the lm_head's, and the step size from which
+        quantized linears widen to floats."""
         fmt = FLOAT_FORMATS[self.dtype]
-        linear = self.layers[0].qkv  # every block linear has one format
-        weights, head = WEIGHT_FORMATS[linear.format], WEIGHT_FORMATS[self.lm_head.format]
+        c = self.config
+        per_layer = (
+            (c.q_size + 2 * c.kv_size) * c.hidden_size
+            + c.hidden_size * c.q_size
+            + 3 * c.intermediate_size * c.hidden_size
+        )
+        weights = mixed_format(self.bytes_by_format(), per_layer * c.num_layers)
+        head = WEIGHT_FORMATS[self.lm_head.format]
         return replace(
             precision(fmt, fmt),
             weights=weights,
-            widen_rows=linear.widen_rows,
+            widen_rows=self.layers[0].qkv.widen_rows,
             lm_head=None if head == weights else head,
         )
 

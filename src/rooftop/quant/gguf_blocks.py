@@ -1,21 +1,42 @@
-"""Vectorized decoding of GGUF tensor data (F32, F16, BF16, Q8_0, Q4_0, Q4_1) into torch tensors.
+"""Decoding GGUF tensor data into torch tensors: Q8_0 and Q4_1 into their integers and scales (vectorized here),
+the block formats rooftop's kernels run as stored into their rows of blocks, and every type gguf's reader can
+decode (the other K-quants, the IQ and ternary types, ...) into float32 through gguf's own dequantizer.
 
-The quantized formats store blocks of 32 weights along each row: a float16 scale `d` (Q4_1 also a float16
-minimum `m`) followed by the packed integers. Q4 packs two weights per byte: the low nibbles are weights
-0..15 of the block and the high nibbles weights 16..31.
+Q8_0 and Q4_1 store blocks of 32 weights along each row: a float16 scale `d` (Q4_1 also a float16 minimum `m`)
+followed by the packed integers. Q4 packs two weights per byte: the low nibbles are weights 0..15 of the block
+and the high nibbles weights 16..31.
 """
 
 from __future__ import annotations
 
+import functools
+
+import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QType
 
 from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.quant.weights import BLOCK_FORMATS, BlockWeight, Int4Weight
 
 BLOCK = 32
 _BLOCK_BYTES = {QType.Q8_0: 2 + 32, QType.Q4_0: 2 + 16, QType.Q4_1: 2 + 2 + 16}
-SUPPORTED_TYPES = (QType.F32, QType.F16, QType.BF16, *_BLOCK_BYTES)
+STORED_TYPES = {QType[name.upper()]: name for name in BLOCK_FORMATS}  # run by the kernels as the file holds them
+
+
+@functools.cache
+def supported_types() -> tuple[QType, ...]:
+    """Every type gguf's dequantizer decodes (it raises NotImplementedError for the rest), found by decoding one
+    block of zeros of each, so a newer gguf brings its new types along."""
+    decodable = []
+    for qtype in QType:
+        block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
+        try:
+            gguf.quants.dequantize(np.zeros(block_bytes, dtype=np.uint8), qtype)
+        except NotImplementedError:
+            continue
+        decodable.append(qtype)
+    return tuple(decodable)
 
 
 def _blocks(raw: np.ndarray, qtype: QType, numel: int) -> np.ndarray:
@@ -53,11 +74,32 @@ def q4_0_parts(raw: np.ndarray, numel: int) -> tuple[torch.Tensor, torch.Tensor]
     return _scale(blocks, 0), _nibbles(blocks[:, 2:])
 
 
+def q4_0_as_int4(w: BlockWeight) -> Int4Weight:
+    """A stored Q4_0 matrix as the Int4Weight of the same values (x = d·(q - 8): scale d, zero 0), for the paths
+    that run int4 as Q4_1-style groups (explicit `--weights int4`, PyTorch's kernels)."""
+    rows, cols = w.shape
+    d, q = q4_0_parts(w.q.numpy(), rows * cols)
+    return Int4Weight(q.reshape(rows, cols), d.reshape(rows, cols // BLOCK), torch.zeros(rows, cols // BLOCK))
+
+
 def q8_0_parts(raw: np.ndarray, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Q8_0 as (d, q) with x = d * q: scale (nblocks, 1) and q (nblocks, 32) int8."""
     blocks = _blocks(raw, QType.Q8_0, numel)
     q = np.ascontiguousarray(blocks[:, 2:]).view(np.int8)
     return _scale(blocks, 0), torch.from_numpy(q)
+
+
+def stored_blocks(raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: str = "tensor") -> BlockWeight:
+    """A matrix of one of STORED_TYPES as its rows of blocks, copied out of the file unchanged."""
+    rows, cols = shape
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    if cols % block_weights:
+        raise ModelLoadError(f"{name}: {qtype.name} rows of {cols} weights are not whole {block_weights}-weight blocks")
+    flat = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    row_bytes = cols // block_weights * block_bytes
+    if flat.size != rows * row_bytes:
+        raise ModelLoadError(f"{name}: {qtype.name} tensor holds {flat.size} bytes, expected {rows * row_bytes}")
+    return BlockWeight(torch.from_numpy(flat.reshape(rows, row_bytes).copy()), STORED_TYPES[qtype], cols)
 
 
 def dequantize(raw: np.ndarray, qtype: QType, shape: tuple[int, ...], name: str = "tensor") -> torch.Tensor:
@@ -79,8 +121,17 @@ def dequantize(raw: np.ndarray, qtype: QType, shape: tuple[int, ...], name: str 
     elif qtype == QType.Q4_1:
         d, m, q = q4_1_parts(raw, numel)
         out = d * q.float() + m
+    elif qtype in supported_types():
+        block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        flat = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+        if numel % block_weights or flat.size != numel // block_weights * block_bytes:
+            raise ModelLoadError(
+                f"{name}: {qtype.name} tensor holds {flat.size} bytes, its shape {tuple(shape)} needs "
+                f"{numel // block_weights * block_bytes} in whole {block_weights}-weight blocks"
+            )
+        out = torch.from_numpy(gguf.quants.dequantize(flat, qtype).astype(np.float32, copy=False).reshape(-1))
     else:
-        supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+        supported = ", ".join(t.name for t in supported_types())
         raise UnsupportedModelError(f"{name}: GGUF tensor type {qtype.name} is not supported (supported: {supported})")
     if out.numel() != numel:
         raise ModelLoadError(f"{name}: holds {out.numel()} values, its shape {tuple(shape)} needs {numel}")

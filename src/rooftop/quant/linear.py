@@ -24,8 +24,11 @@ import torch.nn.functional as F
 
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
 from rooftop.kernels import cpu
+from rooftop.quant.gguf_blocks import q4_0_as_int4
 from rooftop.quant.weights import (
+    BLOCK_FORMATS,
     GROUP,
+    BlockWeight,
     Int4Weight,
     Int8GroupWeight,
     Weight,
@@ -362,7 +365,54 @@ class Q8Linear(_KernelLinear):
         )
 
 
-Linear = FloatLinear | Int8Linear | Int4Linear | Fp16Linear | Q4Linear | Q8Linear
+@dataclass
+class BlockLinear(_KernelLinear):
+    """A GGUF block format (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) run by rooftop's kernels on the file's own rows of blocks,
+    against int8-quantized activations (kernels/blocks.cpp); prefill-sized chunks widen to float32 sgemm."""
+
+    weight: BlockWeight
+    bias: torch.Tensor | None = None
+
+    @property
+    def format(self) -> str:
+        return self.weight.format
+
+    def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        return cpu.ops().block_linear(x, self.weight.q, BLOCK_FORMATS.index(self.format), self.bias, residual)
+
+    def dequantize(self) -> torch.Tensor:
+        return cpu.ops().block_dequantize(self.weight.q, BLOCK_FORMATS.index(self.format), self.weight.k)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.q.nbytes
+
+    @classmethod
+    def from_weight(cls, w: BlockWeight, bias: torch.Tensor | None) -> BlockLinear:
+        return cls(w, None if bias is None else bias.float().contiguous())
+
+
+@dataclass
+class ConcatLinear:
+    """Fused projections whose parts the file stores in different formats (a Q4_K_M file's Q and K in Q4_K, its V
+    in Q6_K): each part runs as stored and the outputs are concatenated, instead of requantizing them to one."""
+
+    parts: list
+    widen_rows: ClassVar[int | None] = WIDEN_ROWS
+
+    @property
+    def format(self) -> str:
+        return "+".join(dict.fromkeys(p.format for p in self.parts))
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        return with_residual(torch.cat([p(x, plan=plan) for p in self.parts], dim=-1), residual)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+Linear = FloatLinear | Int8Linear | Int4Linear | Fp16Linear | Q4Linear | Q8Linear | BlockLinear | ConcatLinear
 
 
 def linear_kind(policy: str, device: torch.device, lm_head: bool = False) -> type[Linear]:
@@ -403,10 +453,39 @@ def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.d
     raise UnsupportedModelError(f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here})")
 
 
-def make_linear(weight: Weight, bias: torch.Tensor | None, policy: str, lm_head: bool = False) -> Linear:
-    """A linear of the class `linear_kind` picks, from a weight in any form (float, or a file's 4-bit / 8-bit
-    groups), one tensor at a time. int4 keeps a GGUF's Q4 weights as they are and quantizes any other block linear
-    to group-32 int4; int8 keeps a GGUF's Q8_0 groups on rooftop's kernels."""
+def as_stored(weight: Weight, policy: str) -> bool:
+    """Whether a file's quantized matrix runs in its own format: the block formats and Q8_0 do on rooftop's kernels
+    under a quantized policy, so a mixed file (Q4_K_M: Q4_K, Q6_K, Q5_0, Q8_0) runs each tensor as it holds it."""
+    return policy != "float" and cpu.ops() is not None and isinstance(weight, (BlockWeight, Int8GroupWeight, list))
+
+
+def _int4(weight: Weight) -> Int4Weight:
+    if isinstance(weight, Int4Weight):
+        return weight
+    if isinstance(weight, BlockWeight) and weight.format == "q4_0":
+        return q4_0_as_int4(weight)  # the same values
+    return quantize_int4(to_float(weight))
+
+
+def make_linear(
+    weight: Weight | list[Weight], bias: torch.Tensor | None, policy: str, lm_head: bool = False, stored: bool = False
+) -> Linear:
+    """A linear of the class `linear_kind` picks, from a weight in any form (float, or a file's quantized groups
+    or blocks; a list: fused parts the file holds in different formats), one tensor at a time. With `stored` (the
+    `auto` choice) a file's quantized matrices run in their own format where `as_stored` says they can. Otherwise
+    int4 keeps a GGUF's Q4_1 weights as they are and quantizes any other block linear to group-32 int4; int8 keeps
+    a GGUF's Q8_0 groups on rooftop's kernels."""
+    if stored and as_stored(weight, policy):
+        if isinstance(weight, list):
+            biases = [None] * len(weight) if bias is None else torch.split(bias, [w.shape[0] for w in weight])
+            return ConcatLinear(
+                [make_linear(w, b, policy, lm_head, stored) for w, b in zip(weight, biases, strict=True)]
+            )
+        if isinstance(weight, BlockWeight):
+            return BlockLinear.from_weight(weight, bias)
+        return Q8Linear.from_weight(weight, bias)
+    if isinstance(weight, list):
+        weight = torch.cat([to_float(w) for w in weight])
     device = weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")  # groups live on the CPU
     kind = linear_kind(policy, device, lm_head)
     if kind is FloatLinear:
@@ -414,14 +493,12 @@ def make_linear(weight: Weight, bias: torch.Tensor | None, policy: str, lm_head:
             raise InvalidRequestError("float linears take float tensors: dequantize a file's groups first")
         return FloatLinear(weight, bias)
     if kind is Q4Linear:
-        return Q4Linear.from_weight(weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight)), bias)
+        return Q4Linear.from_weight(_int4(weight), bias)
     if kind is Q8Linear:
         return Q8Linear.from_weight(weight, bias)
     if kind is Fp16Linear:
         return Fp16Linear.from_weight(to_float(weight), bias)
     if kind is Int4Linear:
-        return Int4Linear.from_weight(
-            weight if isinstance(weight, Int4Weight) else quantize_int4(to_float(weight)), bias
-        )
+        return Int4Linear.from_weight(_int4(weight), bias)
     q, scales = quantize_int8(to_float(weight))
     return Int8Linear(q, scales, bias)

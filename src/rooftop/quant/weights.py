@@ -1,6 +1,8 @@
-"""Weights as a file holds them: 4-bit and 8-bit integers with one scale (and zero) per group of 32 weights.
+"""Weights as a file holds them: 4-bit and 8-bit integers with one scale (and zero) per group of 32 weights, or
+GGUF's other block formats byte for byte.
 
-GGUF Q4_0/Q4_1 load as `Int4Weight` and Q8_0 as `Int8GroupWeight`, never widened to float32 as a whole model;
+GGUF Q4_1 loads as `Int4Weight`, Q8_0 as `Int8GroupWeight`, and Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K as `BlockWeight`
+(the file's rows of blocks, which rooftop's kernels read as they are), never widened to float32 as a whole model;
 a linear layer or the embedding then takes the form it runs in (see quant/linear.py), one tensor at a time.
 """
 
@@ -8,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import gguf
+import numpy as np
 import torch
 
 GROUP = 32
@@ -62,7 +66,40 @@ class Int8GroupWeight(_Groups):
         return self.q[rows].float() * expand_groups(self.scale[rows])
 
 
-GroupWeight = Int4Weight | Int8GroupWeight
+# The GGUF block formats rooftop's kernels run as stored (kernels/blocks.cpp; the index is the kernel's format id).
+BLOCK_FORMATS = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+
+
+@dataclass
+class BlockWeight(_Groups):
+    """A matrix in one of BLOCK_FORMATS: each row is the file's row of blocks (super-blocks of 256 weights with
+    their packed sub-block scales for the K-quants, blocks of 32 for Q4_0/Q5_0/Q5_1), unchanged. The float values come
+    from gguf's own dequantizer."""
+
+    q: torch.Tensor  # (N, bytes per row) uint8: the rows of blocks (named q so rows/cat apply as to the others)
+    format: str  # one of BLOCK_FORMATS
+    k: int  # weights per row
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.q.shape[0], self.k)
+
+    def lookup(self, rows: torch.Tensor | slice) -> torch.Tensor:
+        raw = self.q[rows].numpy()
+        values = gguf.quants.dequantize(raw.reshape(-1, raw.shape[-1]), gguf.GGMLQuantizationType[self.format.upper()])
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(*raw.shape[:-1], self.k)
+
+    def rows(self, order: torch.Tensor) -> BlockWeight:
+        return BlockWeight(self.q[order], self.format, self.k)
+
+    @classmethod
+    def cat(cls, weights: list[BlockWeight]) -> BlockWeight:
+        if len({(w.format, w.k) for w in weights}) != 1:
+            raise ValueError("only matrices of one block format and width concatenate")
+        return cls(torch.cat([w.q for w in weights]), weights[0].format, weights[0].k)
+
+
+GroupWeight = Int4Weight | Int8GroupWeight | BlockWeight
 Weight = torch.Tensor | GroupWeight
 
 

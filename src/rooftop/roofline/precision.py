@@ -13,7 +13,7 @@ class WeightFormat:
     """`bits` per weight plus `overhead_bits` per group of `group` weights (group 0: one group per output row)."""
 
     name: str
-    bits: int
+    bits: float  # a mix of formats (a Q4_K_M file) has a fractional mean
     compute: str  # the peak that does the math: weight-only kernels dequantize and multiply in bf16 (Hardware.peak)
     group: int = 0
     overhead_bits: int = 0
@@ -41,6 +41,12 @@ WEIGHT_FORMATS = {
         WeightFormat("q8_0", 8, "int8_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 8.5 bits
         WeightFormat("q4_0", 4, "int4_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 4.5 bits
         WeightFormat("q4_1", 4, "int4_weight_only", group=32, overhead_bits=32),  # GGUF: fp16 d, m per 32 -> 5 bits
+        WeightFormat("q5_0", 5, "int8_weight_only", group=32, overhead_bits=16),  # GGUF: fp16 d per 32 -> 5.5 bits
+        WeightFormat("q5_1", 5, "int8_weight_only", group=32, overhead_bits=32),  # GGUF: fp16 d, m per 32 -> 6 bits
+        # K-quants: per 256, fp16 d and dmin + 12 bytes of 6-bit scales/mins (Q4_K, Q5_K); 16 int8 scales + d (Q6_K)
+        WeightFormat("q4_k", 4, "int4_weight_only", group=256, overhead_bits=128),  # 4.5 bits
+        WeightFormat("q5_k", 5, "int8_weight_only", group=256, overhead_bits=128),  # 5.5 bits
+        WeightFormat("q6_k", 6, "int8_weight_only", group=256, overhead_bits=144),  # 6.5625 bits
     )
 }
 
@@ -58,6 +64,16 @@ WEIGHTS_HELP = (
     "groups of 32 on its CPU kernels, else int8 per row / int4 per 32; on a datasheet device int8 per row, int4 per "
     f"128), or an exact format: {', '.join(WEIGHT_CHOICES[4:])} (the engine refuses one it cannot run here)"
 )
+
+
+def mixed_format(bytes_by_format: dict[str, float], weights: int) -> WeightFormat:
+    """One format standing for several (a Q4_K_M file's Q4_K, Q6_K, Q5_0, Q8_0): their mean bits per weight, the
+    compute of the one holding the most bytes, named after all of them, most bytes first."""
+    if len(bytes_by_format) == 1:
+        return WEIGHT_FORMATS[next(iter(bytes_by_format))]
+    names = sorted(bytes_by_format, key=bytes_by_format.get, reverse=True)
+    total = sum(bytes_by_format.values())
+    return WeightFormat("+".join(names), total * 8 / weights, WEIGHT_FORMATS[names[0]].compute)
 
 
 def check_weight_choice(choice: str) -> str:

@@ -1,0 +1,304 @@
+// GGUF's block formats run as the file stores them: Q4_0, Q5_0 and Q5_1 (blocks of 32 weights with a float16 scale) and
+// the K-quants Q4_K, Q5_K and Q6_K (super-blocks of 256 weights whose sub-block scales are packed in 6 or 8 bits).
+// A weight row is the file's row of blocks, unchanged; the kernels unpack each group of 32 weights into unsigned
+// bytes u and dot them with the int8 activations (quantized.h).
+//
+// Every format reads as x = a*u - b, with a and b constant over each 16 weights: Q4_0 a = d, b = 8d; Q5_0 a = d,
+// b = 16d; Q5_1 a = d, b = -m; Q4_K and Q5_K a = d*scale, b = dmin*min of the sub-block; Q6_K a = d*scale, b = 32*d*scale. So one
+// loop serves them all: sum_i x_i * xq_i * xd = a * xd * dot(u, xq) - b * s16, where s16 = xd * sum(xq) over the
+// 16 activations comes with the quantized activations. Groups go four at a time (128 weights, a "chunk") so that
+// fma4 converts and scales four groups' sums in one go.
+
+#include "quantized.h"
+
+namespace {
+
+inline float half_at(const uint8_t* p) {
+  at::Half h;
+  std::memcpy(&h, p, 2);
+  return static_cast<float>(h);
+}
+
+// Q4_K and Q5_K pack 8 six-bit scales and 8 six-bit mins in 12 bytes: sub-blocks 0-3 in the low 6 bits of bytes
+// 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 in bytes 8-11's nibbles plus the top 2 bits of bytes 0-7.
+inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
+  if (j < 4) {
+    scale = q[j] & 63, min = q[j + 4] & 63;
+  } else {
+    scale = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+    min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q4_0: per 32 weights a float16 d and 16 bytes whose low nibbles are weights 0-15 and high nibbles 16-31.
+// Q5_0 puts a 32-bit mask of fifth bits between them; Q5_1 has a float16 minimum m after d, then the mask.
+// x = d * (u - 8), d * (u - 16) and d * u + m.
+template <bool FifthBit, bool Min>
+struct Block32 {
+  static constexpr int64_t QK = 32, HIGH = Min ? 4 : 2, QS = HIGH + (FifthBit ? 4 : 0), BYTES = QS + 16;
+
+  static float offset(const uint8_t* blk) { return Min ? -half_at(blk + 2) : half_at(blk) * (FifthBit ? 16.f : 8.f); }
+
+  static void decode(const uint8_t* row, int64_t g, uint8_t* u, float* a, float* b) {
+    const uint8_t* blk = row + g * BYTES;
+    const uint8_t* qs = blk + QS;
+    uint32_t high = 0;
+    if (FifthBit) std::memcpy(&high, blk + HIGH, 4);
+    for (int i = 0; i < 16; ++i) {
+      u[i] = (qs[i] & 15) | (((high >> i) & 1) << 4);
+      u[i + 16] = (qs[i] >> 4) | (((high >> (i + 16)) & 1) << 4);
+    }
+    a[0] = a[1] = half_at(blk);
+    b[0] = b[1] = offset(blk);
+  }
+
+  static void chunk_scales(const uint8_t* row, int64_t c, float* a, float* b) {
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* blk = row + (4 * c + j) * BYTES;
+      a[2 * j] = a[2 * j + 1] = half_at(blk);
+      b[2 * j] = b[2 * j + 1] = offset(blk);
+    }
+  }
+
+#ifdef ROOFTOP_AVX2
+  static __m256i block(const uint8_t* row, int64_t g) {
+    const uint8_t* blk = row + g * BYTES;
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + QS));
+    const __m128i mask = _mm_set1_epi8(15);
+    __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
+    if (FifthBit) {  // bit i of the mask -> 16 in byte i: broadcast, pick byte i / 8 into lane i, test bit i % 8
+      uint32_t high;
+      std::memcpy(&high, blk + HIGH, 4);
+      const __m256i spread = _mm256_shuffle_epi8(
+          _mm256_set1_epi32(static_cast<int>(high)),
+          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      u = _mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    return u;
+  }
+
+  template <int J>
+  static __m256i group(const uint8_t* row, int64_t c) { return block(row, 4 * c + J); }
+#endif
+};
+
+// Q4_K (144 bytes per 256 weights): d, dmin (float16), the 12 bytes of packed scales and mins, then 128 bytes in
+// which each 32 hold two sub-blocks: low nibbles sub-block 2p, high nibbles 2p + 1. Q5_K (176 bytes) puts 32
+// bytes of fifth bits before them: bit j of byte l is the fifth bit of weight l of sub-block j.
+template <bool FifthBit>
+struct BlockK4 {
+  static constexpr int64_t QK = 256, BYTES = FifthBit ? 176 : 144;
+  static constexpr int64_t QS = FifthBit ? 48 : 16;
+
+  static void sub_block(const uint8_t* sb, int j, float& a, float& b) {
+    int scale, min;
+    scale_min_k4(j, sb + 4, scale, min);
+    a = half_at(sb) * scale, b = half_at(sb + 2) * min;
+  }
+
+  static void decode(const uint8_t* row, int64_t g, uint8_t* u, float* a, float* b) {
+    const uint8_t* sb = row + (g / 8) * BYTES;
+    const int j = g % 8;
+    const uint8_t* qs = sb + QS + (j / 2) * 32;
+    for (int l = 0; l < 32; ++l) {
+      u[l] = (j % 2 ? qs[l] >> 4 : qs[l] & 15) | (FifthBit ? ((sb[16 + l] >> j) & 1) << 4 : 0);
+    }
+    sub_block(sb, j, a[0], b[0]);
+    a[1] = a[0], b[1] = b[0];
+  }
+
+  static void chunk_scales(const uint8_t* row, int64_t c, float* a, float* b) {
+    const uint8_t* sb = row + (c / 2) * BYTES;
+    for (int j = 0; j < 4; ++j) {
+      sub_block(sb, 4 * (c % 2) + j, a[2 * j], b[2 * j]);
+      a[2 * j + 1] = a[2 * j], b[2 * j + 1] = b[2 * j];
+    }
+  }
+
+#ifdef ROOFTOP_AVX2
+  template <int J>
+  static __m256i group(const uint8_t* row, int64_t c) {
+    const uint8_t* sb = row + (c / 2) * BYTES;
+    const int j = 4 * (c % 2) + J;
+    const __m256i q = load32(sb + QS + (j / 2) * 32);
+    const __m256i mask = _mm256_set1_epi8(15);
+    __m256i u = J % 2 ? _mm256_and_si256(_mm256_srli_epi16(q, 4), mask) : _mm256_and_si256(q, mask);
+    if (FifthBit) {
+      const __m256i bits = _mm256_srl_epi16(load32(sb + 16), _mm_cvtsi32_si128(j));
+      u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(bits, _mm256_set1_epi8(1)), 4));
+    }
+    return u;
+  }
+#endif
+};
+
+// Q6_K (210 bytes per 256 weights): 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales (one
+// per 16 weights) and d (float16) last; x = d * scale * (u - 32). Each half of 128 weights reads 64 low-nibble
+// bytes ql and 32 high-bit bytes qh: its group J takes the low (J < 2) or high nibbles of ql[32 (J % 2) + l] and
+// bits 2J, 2J + 1 of qh[l].
+struct BlockQ6K {
+  static constexpr int64_t QK = 256, BYTES = 210;
+
+  static void decode(const uint8_t* row, int64_t g, uint8_t* u, float* a, float* b) {
+    const uint8_t* sb = row + (g / 8) * BYTES;
+    const int half = (g % 8) / 4, j = g % 4;
+    const uint8_t *ql = sb + 64 * half + 32 * (j % 2), *qh = sb + 128 + 32 * half;
+    for (int l = 0; l < 32; ++l) u[l] = (j < 2 ? ql[l] & 15 : ql[l] >> 4) | (((qh[l] >> (2 * j)) & 3) << 4);
+    const float d = half_at(sb + 208);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(sb + 192) + 8 * half + 2 * j;
+    for (int h = 0; h < 2; ++h) a[h] = d * scales[h], b[h] = 32.f * a[h];
+  }
+
+  static void chunk_scales(const uint8_t* row, int64_t c, float* a, float* b) {
+    const uint8_t* sb = row + (c / 2) * BYTES;
+    const float d = half_at(sb + 208);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(sb + 192) + 8 * (c % 2);
+    for (int i = 0; i < 8; ++i) a[i] = d * scales[i], b[i] = 32.f * a[i];
+  }
+
+#ifdef ROOFTOP_AVX2
+  template <int J>
+  static __m256i group(const uint8_t* row, int64_t c) {
+    const uint8_t* sb = row + (c / 2) * BYTES;
+    const int half = c % 2;
+    const __m256i ql = load32(sb + 64 * half + 32 * (J % 2)), qh = load32(sb + 128 + 32 * half);
+    const __m256i mask = _mm256_set1_epi8(15);
+    const __m256i low = J < 2 ? _mm256_and_si256(ql, mask) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), mask);
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * J), _mm256_set1_epi8(3));
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+  }
+#endif
+};
+
+// One output row of format F dotted with R activation rows: chunks of four groups through fma4 with each half
+// group's scale a, the offsets b dotted with the activations' 16-sums once per chunk; a tail of 1-3 groups
+// (block-32 formats whose K is not a multiple of 128) singly.
+template <typename F>
+struct BlockWeights {
+  const uint8_t* data;  // (N, K / QK * BYTES): the file's rows of blocks
+  const QuantizedRows* a;
+  int64_t groups;
+
+  template <int R>
+  void dot(int64_t n, int64_t r0, float* acc) const {
+    const uint8_t* row = data + n * (groups * GROUP / F::QK) * F::BYTES;
+    const int8_t* xq = a->q.data() + r0 * groups * GROUP;
+    const float *xd = a->d.data() + r0 * groups, *xs = a->s16.data() + r0 * groups * 2;
+    const int64_t chunks = groups / 4;
+#ifdef ROOFTOP_AVX2
+    __m256 sum[R], off[R];
+    for (int r = 0; r < R; ++r) sum[r] = off[r] = _mm256_setzero_ps();
+    const __m256i halves = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // fma4's order: first halves, then second
+    alignas(32) float av[8], bv[8];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m256i w0 = F::template group<0>(row, c), w1 = F::template group<1>(row, c);
+      const __m256i w2 = F::template group<2>(row, c), w3 = F::template group<3>(row, c);
+      F::chunk_scales(row, c, av, bv);
+      const __m256 scales = _mm256_permutevar8x32_ps(_mm256_load_ps(av), halves), offsets = _mm256_load_ps(bv);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + 4 * c;
+        const int8_t* x = xq + ag * GROUP;
+        const __m128 d4 = _mm_loadu_ps(xd + ag);
+        sum[r] = fma4(dot_i32(w0, load32(x)), dot_i32(w1, load32(x + 32)), dot_i32(w2, load32(x + 64)),
+                      dot_i32(w3, load32(x + 96)), _mm256_mul_ps(scales, _mm256_set_m128(d4, d4)), sum[r]);
+        off[r] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(xs + 2 * ag), off[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) acc[r] = hsum(sum[r]) - hsum(off[r]);
+#else
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    uint8_t u[32];
+    float av[2], bv[2];
+    for (int64_t g = 0; g < 4 * chunks; ++g) {
+      F::decode(row, g, u, av, bv);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        for (int h = 0; h < 2; ++h) {
+          int isum = 0;
+          for (int i = 0; i < 16; ++i) isum += u[16 * h + i] * xq[ag * GROUP + 16 * h + i];
+          acc[r] += av[h] * xd[ag] * isum - bv[h] * xs[2 * ag + h];
+        }
+      }
+    }
+#endif
+    uint8_t tail[32];
+    float at[2], bt[2];
+    for (int64_t g = 4 * chunks; g < groups; ++g) {
+      F::decode(row, g, tail, at, bt);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        for (int h = 0; h < 2; ++h) {
+          int isum = 0;
+          for (int i = 0; i < 16; ++i) isum += tail[16 * h + i] * xq[ag * GROUP + 16 * h + i];
+          acc[r] += at[h] * xd[ag] * isum - bt[h] * xs[2 * ag + h];
+        }
+      }
+    }
+  }
+};
+
+template <typename F>
+void dequantize_rows(const uint8_t* data, int64_t n, int64_t k, float* out) {
+  const int64_t groups = k / GROUP, row_bytes = k / F::QK * F::BYTES;
+  at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
+    uint8_t u[32];
+    float a[2], b[2];
+    for (int64_t row = n0; row < n1; ++row) {
+      for (int64_t g = 0; g < groups; ++g) {
+        F::decode(data + row * row_bytes, g, u, a, b);
+        float* y = out + row * k + g * GROUP;
+        for (int i = 0; i < GROUP; ++i) y[i] = a[i / 16] * u[i] - b[i / 16];
+      }
+    }
+  });
+}
+
+enum class Format : int64_t { Q4_0 = 0, Q5_0 = 1, Q5_1 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5 };
+
+template <typename Fn>
+auto by_format(int64_t format, Fn&& fn) {
+  switch (static_cast<Format>(format)) {
+    case Format::Q4_0: return fn(Block32<false, false>{});
+    case Format::Q5_0: return fn(Block32<true, false>{});
+    case Format::Q5_1: return fn(Block32<true, true>{});
+    case Format::Q4_K: return fn(BlockK4<false>{});
+    case Format::Q5_K: return fn(BlockK4<true>{});
+    case Format::Q6_K: return fn(BlockQ6K{});
+  }
+  TORCH_CHECK(false, "unknown block format ", format);
+}
+
+template <typename F>
+void check_blocks(const at::Tensor& data, int64_t k) {
+  TORCH_CHECK(k % F::QK == 0, "K = ", k, " is not a multiple of the format's ", F::QK, "-weight blocks");
+  TORCH_CHECK(data.dim() == 2 && data.scalar_type() == at::kByte && data.is_contiguous() && data.size(1) == k / F::QK * F::BYTES,
+              "blocks must be contiguous uint8 (N, K / ", F::QK, " * ", F::BYTES, ")");
+}
+
+}  // namespace
+
+// x (rows, K) float32 @ the block rows `data` (N, bytes per row) of `format` (0 Q4_0, 1 Q5_0, 2 Q5_1, 3 Q4_K,
+// 4 Q5_K, 5 Q6_K: quant/weights.py's BLOCK_FORMATS), transposed (+bias) (+residual).
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& data, int64_t format,
+                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+  const int64_t k = x.size(1), n = data.size(0);
+  check_linear_inputs(x, bias, residual, n);
+  return by_format(format, [&](auto f) {
+    using F = decltype(f);
+    check_blocks<F>(data, k);
+    return run_linear(BlockWeights<F>{data.data_ptr<uint8_t>(), nullptr, k / GROUP}, x, n, bias, residual);
+  });
+}
+
+// Float32 (N, K) from block rows: the weights a prefill chunk widens to run as one sgemm.
+at::Tensor block_dequantize(const at::Tensor& data, int64_t format, int64_t k) {
+  return by_format(format, [&](auto f) {
+    using F = decltype(f);
+    check_blocks<F>(data, k);
+    auto out = at::empty({data.size(0), k}, data.options().dtype(at::kFloat));
+    dequantize_rows<F>(data.data_ptr<uint8_t>(), data.size(0), k, out.data_ptr<float>());
+    return out;
+  });
+}

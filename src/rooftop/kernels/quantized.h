@@ -1,0 +1,147 @@
+// What every quantized linear of rooftop's CPU kernels shares: activations quantized to int8 per group of 32,
+// the integer dot products (AVX2's maddubs, or VNNI's dpbusd where the host has it), and the loop that reads each
+// weight row once for a few activation rows. cpu.cpp (Q4_1, Q8_0) and blocks.cpp (GGUF's block formats) include it.
+
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define ROOFTOP_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t GROUP = 32;
+constexpr int64_t ROWS_AT_ONCE = 4;  // activation rows dotted with each weight row as it is read
+
+// Activation rows quantized per group of 32: x ~= d * q. Formats whose weights carry an offset (x = a*u - b, with
+// u unsigned) subtract b times the sum of the activations it meets: s = d * sum(q) per 32 (Q4_1's min term), and
+// s16 = d * sum(q) per 16 (K-quants whose scales change every 16 weights).
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, s, s16;
+};
+
+inline QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t groups = k / GROUP;
+  QuantizedRows out{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups), std::vector<float>(rows * groups),
+                    std::vector<float>(rows * groups * 2)};
+  for (int64_t g = 0; g < rows * groups; ++g) {
+    const float* v = x + g * GROUP;
+    float amax = 0.f;
+    for (int64_t i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+    int sum[2] = {0, 0};
+    for (int64_t i = 0; i < GROUP; ++i) {
+      const int q = static_cast<int>(std::nearbyint(v[i] * inv));
+      out.q[g * GROUP + i] = static_cast<int8_t>(q);
+      sum[i / 16] += q;
+    }
+    out.d[g] = d;
+    out.s[g] = d * static_cast<float>(sum[0] + sum[1]);
+    out.s16[2 * g] = d * static_cast<float>(sum[0]);
+    out.s16[2 * g + 1] = d * static_cast<float>(sum[1]);
+  }
+  return out;
+}
+
+#ifdef ROOFTOP_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Four and eight float16 scales as float32 (F16C): the scales stay at the file's 16 bits, a fifth of Q4's bytes.
+inline __m128 half4(const at::Half* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 half8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// Dot products of 32 unsigned x signed bytes, as 8 int32 lanes (lane i: bytes 4i..4i+3). VNNI does it in one
+// instruction; AVX2 multiplies byte pairs into int16 first, which never saturates for rooftop's formats (unsigned
+// weights of at most 8 bits against activations in -127..127), so both give the same integers.
+inline __m256i dot_i32(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// Four groups' int32 lanes reduced to [g0 g1 g2 g3 | g0 g1 g2 g3]: the low half holds each group's first 16
+// products, the high half its last 16. They are converted once and multiplied by `scales` (per half, so formats
+// with a scale per 16 weights fit too) in one FMA, instead of a conversion, a scalar scale product and an FMA per
+// group: the multiply ports, not the bytes, bound these kernels on 2 AVX2 cores.
+inline __m256 fma4(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256 scales, __m256 acc) {
+  const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scales, acc);
+}
+
+inline __m256 fma4(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m128 scales, __m256 acc) {
+  return fma4(p0, p1, p2, p3, _mm256_set_m128(scales, scales), acc);
+}
+#endif
+
+// out[r, n] = sum_k w[n, k] x[r, k] (+ bias[n]) (+ residual[r, n]) for every row r and n in [n0, n1);
+// each weight row is read once per ROWS_AT_ONCE activation rows.
+template <typename Weights>
+void linear_rows(const Weights& w, int64_t rows, int64_t n0, int64_t n1, const float* bias, const float* residual,
+                 float* out, int64_t n_total) {
+  float acc[ROWS_AT_ONCE];
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS_AT_ONCE) {
+      const int64_t r_count = std::min(ROWS_AT_ONCE, rows - r0);
+      switch (r_count) {
+        case 4: w.template dot<4>(n, r0, acc); break;
+        case 3: w.template dot<3>(n, r0, acc); break;
+        case 2: w.template dot<2>(n, r0, acc); break;
+        default: w.template dot<1>(n, r0, acc);
+      }
+      for (int64_t r = 0; r < r_count; ++r) {
+        const float y = acc[r] + (bias ? bias[n] : 0.f);
+        const int64_t at = (r0 + r) * n_total + n;
+        out[at] = residual ? y + residual[at] : y;
+      }
+    }
+  }
+}
+
+inline void check_linear_inputs(const at::Tensor& x, const c10::optional<at::Tensor>& bias,
+                                const c10::optional<at::Tensor>& residual, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 (rows, K)");
+  TORCH_CHECK(x.size(1) % GROUP == 0, "K must be a multiple of 32");
+  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous()), "bias must be float32 (N,)");
+  TORCH_CHECK(!residual || (residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
+                            residual->size(0) == x.size(0) && residual->size(1) == n),
+              "residual must be contiguous float32 (rows, N)");
+}
+
+template <typename Weights>
+at::Tensor run_linear(Weights w, const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
+                      const c10::optional<at::Tensor>& residual) {
+  const int64_t rows = x.size(0), k = x.size(1);
+  const QuantizedRows a = quantize_rows(x.data_ptr<float>(), rows, k);
+  w.a = &a;
+  auto out = at::empty({rows, n}, x.options());
+  const float* b = bias ? bias->data_ptr<float>() : nullptr;
+  const float* res = residual ? residual->data_ptr<float>() : nullptr;
+  float* o = out.data_ptr<float>();
+  // chunks of output rows per thread; a small matrix stays on one thread
+  const int64_t grain = std::max<int64_t>(16, (1 << 16) / k);
+  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { linear_rows(w, rows, n0, n1, b, res, o, n); });
+  return out;
+}
+
+}  // namespace

@@ -1,0 +1,118 @@
+"""GGUF's block formats: the ones rooftop's kernels run as stored (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) against gguf's
+own dequantizer and the exact matmul on the kernels' int8 activations; the rarer types gguf decodes, converted at
+load to rooftop's int4; bad blocks refused with the reason."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QType
+
+from rooftop.errors import ModelLoadError
+from rooftop.kernels import cpu
+from rooftop.loading.gguf import read_matrix
+from rooftop.loading.gguf_file import TensorInfo
+from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize, stored_blocks, supported_types
+from rooftop.quant.linear import BlockLinear, RowPlan, make_linear
+from rooftop.quant.weights import BLOCK_FORMATS, Int4Weight
+
+kernels = cpu.ops()
+needs_kernels = pytest.mark.skipif(kernels is None, reason="rooftop's CPU kernels did not build on this machine")
+SCALE_OFFSETS = {
+    QType.Q4_0: [0],
+    QType.Q5_0: [0],
+    QType.Q5_1: [0, 2],
+    QType.Q4_K: [0, 2],
+    QType.Q5_K: [0, 2],
+    QType.Q6_K: [208],
+}
+
+
+def random_blocks(qtype: QType, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random bytes in every field, with finite float16 scales where the format keeps them (rows, bytes per row)."""
+    rng = np.random.default_rng(seed)
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block, nbytes), dtype=np.uint8)
+    for offset in SCALE_OFFSETS.get(qtype, []):
+        scales = rng.uniform(1e-3, 1e-2, size=(rows, cols // block)).astype(np.float16)
+        raw[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, cols // block, 2)
+    return raw.reshape(rows, -1)
+
+
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the kernels dot the weights with: x rounded to int8 per group of 32 (scale max|x| / 127)."""
+    groups = x.reshape(x.shape[0], -1, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(groups / torch.where(scale > 0, scale, 1)) * scale).reshape(x.shape)
+
+
+def widths(qtype: QType) -> list[int]:
+    return [256, 768] if GGML_QUANT_SIZES[qtype][0] == 256 else [64, 96, 576]  # 96, 576: a tail of 1-3 blocks
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", list(STORED_TYPES), ids=lambda t: t.name)
+def test_stored_blocks_run_exactly_as_gguf_decodes_them(qtype):
+    for k in widths(qtype):
+        raw = random_blocks(qtype, 24, k, seed=k)
+        reference = torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
+        w = stored_blocks(raw, qtype, (24, k))
+        assert w.format == STORED_TYPES[qtype] and w.shape == (24, k)
+        assert torch.equal(w.dequantize(), reference)
+        lin = BlockLinear.from_weight(w, torch.randn(24, generator=torch.Generator().manual_seed(1)))
+        assert torch.equal(lin.dequantize(), reference)  # the kernel's own decoding, which prefill widens with
+        assert lin.nbytes == raw.nbytes
+        gen = torch.Generator().manual_seed(k)
+        for rows in (1, 3, 4, 5, 9):
+            x, residual = torch.randn(rows, k, generator=gen), torch.randn(rows, 24, generator=gen)
+            exact = int8_activations(x).double() @ reference.double().t() + lin.bias.double() + residual.double()
+            torch.testing.assert_close(lin(x, residual=residual), exact.float(), atol=1e-4, rtol=1e-4)
+        wide = lin(x, plan=RowPlan((rows,)))  # a widened prefill chunk: float32 sgemm on the decoded weights
+        torch.testing.assert_close(wide, x @ reference.t() + lin.bias, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "qtype", [QType.Q2_K, QType.Q3_K, QType.IQ4_NL, QType.IQ4_XS, QType.TQ2_0], ids=lambda t: t.name
+)
+def test_rarer_types_decode_as_gguf_does_and_convert_to_rooftops_int4(qtype):
+    assert qtype in supported_types()
+    shape = (8, 512)
+    block, nbytes = GGML_QUANT_SIZES[qtype]  # gguf cannot write these: random blocks
+    raw = random_blocks(qtype, *shape, seed=6).reshape(shape[0], -1, nbytes)
+    with np.errstate(all="ignore"):
+        decoded = gguf.quants.dequantize(raw.reshape(shape[0], -1), qtype).reshape(shape[0], -1, block)
+    raw[~(np.abs(decoded) < 100).all(axis=-1)] = 0  # blocks whose random float16 scales are huge or not finite
+    raw = raw.reshape(shape[0], -1)
+    reference = torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
+    assert torch.equal(dequantize(raw.reshape(-1), qtype, shape), reference)
+    w = read_matrix(TensorInfo("blk.0.ffn_up.weight", shape, qtype, raw.reshape(-1)))
+    assert isinstance(w, Int4Weight)  # Q4_1's groups of 32, which rooftop's kernel runs
+    error = (w.dequantize() - reference).norm() / reference.norm().clamp(min=1e-12)
+    assert float(error) < 0.15  # one more rounding, at 4 bits
+
+
+@needs_kernels
+def test_fused_parts_in_different_formats_run_each_as_stored():
+    q = stored_blocks(random_blocks(QType.Q4_K, 16, 256, 1), QType.Q4_K, (16, 256))
+    v = stored_blocks(random_blocks(QType.Q6_K, 8, 256, 2), QType.Q6_K, (8, 256))
+    lin = make_linear([q, v], torch.arange(24.0), "int4", stored=True)
+    assert [p.format for p in lin.parts] == ["q4_k", "q6_k"]
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3))
+    reference = torch.cat([q.dequantize(), v.dequantize()])
+    exact = int8_activations(x).double() @ reference.double().t() + torch.arange(24.0).double()
+    torch.testing.assert_close(lin(x), exact.float(), atol=1e-4, rtol=1e-4)
+
+
+@needs_kernels
+def test_bad_blocks_are_refused_with_the_reason():
+    raw = random_blocks(QType.Q4_K, 4, 256, 7)
+    with pytest.raises(ModelLoadError, match="Q4_K tensor holds 572 bytes, expected 576"):
+        stored_blocks(raw.reshape(-1)[:-4], QType.Q4_K, (4, 256), "blk.0.attn_q.weight")
+    with pytest.raises(ModelLoadError, match="Q6_K rows of 96 weights are not whole 256-weight blocks"):
+        stored_blocks(raw, QType.Q6_K, (4, 96))
+    data = torch.from_numpy(raw)
+    with pytest.raises(RuntimeError, match="K = 128 is not a multiple of the format's 256-weight blocks"):
+        kernels.block_linear(torch.randn(1, 128), data, BLOCK_FORMATS.index("q4_k"), None, None)
+    with pytest.raises(RuntimeError, match="blocks must be contiguous uint8"):
+        kernels.block_linear(torch.randn(1, 512), data, BLOCK_FORMATS.index("q4_k"), None, None)
