@@ -149,3 +149,27 @@ def test_many_rows_go_through_in_chunks():
     whole = quantize(x, T.Q5_K)
     np.testing.assert_array_equal(whole[299], quantize(x[299:], T.Q5_K)[0])
     np.testing.assert_array_equal(whole[:3], quantize(x[:3], T.Q5_K))
+
+
+def test_tiny_gguf_takes_a_k_quant_or_a_per_tensor_mix(tmp_path):
+    """The test factory writes real K-quant blocks, one type for all matrices or one per tensor name."""
+    from gguf_factory import write_tiny_gguf
+
+    def mix(name: str) -> T:
+        return T.Q6_K if name.endswith("ffn_down.weight") else T.Q4_K
+
+    for qtype, want in ((T.Q3_K, {"blk.0.attn_q.weight": T.Q3_K, "token_embd.weight": T.F32}), (mix, None)):
+        path = tmp_path / "tiny.gguf"
+        weights = write_tiny_gguf(path, qtype=qtype)
+        r = gguf.GGUFReader(path)
+        types = {t.name: T(t.tensor_type) for t in r.tensors}
+        if want is None:
+            want = {"blk.1.ffn_down.weight": T.Q6_K, "blk.1.ffn_up.weight": T.Q4_K, "token_embd.weight": T.Q4_K}
+        assert {name: types[name] for name in want} == want and types["output_norm.weight"] == T.F32
+        t = next(t for t in r.tensors if t.name == "blk.1.ffn_up.weight")
+        got = gguf.quants.dequantize(t.data, T(t.tensor_type)).reshape(256, 256)
+        x = weights["model.layers.1.mlp.up_proj.weight"]
+        assert rms(got - x) < 0.2 * rms(x)
+    write_tiny_gguf(path, qtype={"blk.0.ffn_up.weight": T.IQ4_XS})
+    types = {t.name: T(t.tensor_type) for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.0.ffn_up.weight"] == T.IQ4_XS and types["blk.0.ffn_gate.weight"] == T.F32
