@@ -231,7 +231,7 @@ def smollm2_vocabulary(size: int) -> Vocabulary:
     if size < SMOLLM2_ALPHABET:
         raise SystemExit(f"--vocab {size}: the SmolLM2 tokenizer needs at least {SMOLLM2_ALPHABET} tokens")
     if size <= len(tokens):
-        kept = {t: i for i, t in enumerate(tokens[:size])}
+        kept = set(tokens[:size])
         merges = [m for m in merges if all(p in kept for p in (*m.split(" ", 1), m.replace(" ", "", 1)))]
         return Vocabulary(tokens[:size], types[:size], merges)
     pad = range(len(tokens), size)
