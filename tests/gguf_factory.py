@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import gguf
 import numpy as np
 
+from rooftop.quant.gguf_quantize import QUANTIZERS, quantize
+
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-QUANTIZABLE = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
+T = gguf.GGMLQuantizationType
+# what rooftop.quant.gguf_quantize writes: its own K-quants and IQ4s, and the types it hands to gguf.quants
+QUANTIZABLE = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.BF16, *QUANTIZERS)
+TensorTypes = T | Mapping[str, T] | Callable[[str], T]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -35,15 +41,29 @@ def llama_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def tensor_types(qtype: TensorTypes) -> Callable[[str], T]:
+    """GGUF tensor name -> its type. One type covers every matrix but the embedding (kept F32, as the first
+    callers expect); a mapping names the matrices it quantizes (the rest F32); a callable decides each."""
+    if isinstance(qtype, T):
+        return lambda name: T.F32 if name == "token_embd.weight" else qtype
+    if isinstance(qtype, Mapping):
+        return lambda name: qtype.get(name, T.F32)
+    return qtype
+
+
 def write_tiny_gguf(
     path: Path,
     arch: str = "llama",
-    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    qtype: TensorTypes = T.F32,
     context_length: int = 64,
     seed: int = 0,
     tokenizer_model: str = "gpt2",
 ) -> dict[str, np.ndarray]:
-    """Write the file; return the float32 weights (HF layout, HF names) it was made from, before quantization."""
+    """Write the file; return the float32 weights (HF layout, HF names) it was made from, before quantization.
+
+    `qtype`: the matrices' type, or a per-tensor choice by GGUF name (see tensor_types); norms are always F32.
+    """
+    type_of = tensor_types(qtype)
     rng = np.random.default_rng(seed)
     d, ff, layers, heads, kv_heads = 256, 256, 2, 4, 2  # 256: a whole K-quant super-block per row
     hd = d // heads
@@ -73,23 +93,24 @@ def write_tiny_gguf(
 
     weights: dict[str, np.ndarray] = {}
 
-    def add(gguf_name: str, hf_name: str, shape: tuple[int, ...], permute_heads: int = 0, quantize: bool = True):
+    def add(gguf_name: str, hf_name: str, shape: tuple[int, ...], permute_heads: int = 0):
         x = rng.normal(0.0, 0.3, size=shape).astype(np.float32)
         if len(shape) == 1:
             x = 1.0 + 0.1 * x  # norm weights near one
         weights[hf_name] = x
         stored = llama_permute(x, permute_heads) if permute_heads and arch == "llama" else x
-        if len(shape) == 1 or not quantize or qtype == gguf.GGMLQuantizationType.F32:
+        kind = T.F32 if len(shape) == 1 else type_of(gguf_name)
+        if kind == T.F32:
             w.add_tensor(gguf_name, stored)
-        elif qtype == gguf.GGMLQuantizationType.F16:
+        elif kind == T.F16:
             w.add_tensor(gguf_name, stored.astype(np.float16))
-        elif qtype not in QUANTIZABLE:  # a type rooftop must refuse: zero bytes of the right size will do
-            block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-            w.add_tensor(gguf_name, np.zeros((shape[0], shape[1] // block * nbytes), np.uint8), raw_dtype=qtype)
+        elif kind not in QUANTIZABLE:  # a type rooftop must refuse: zero bytes of the right size will do
+            block, nbytes = gguf.GGML_QUANT_SIZES[kind]
+            w.add_tensor(gguf_name, np.zeros((shape[0], shape[1] // block * nbytes), np.uint8), raw_dtype=kind)
         else:
-            w.add_tensor(gguf_name, gguf.quants.quantize(stored, qtype), raw_dtype=qtype)
+            w.add_tensor(gguf_name, quantize(stored, kind), raw_dtype=kind)
 
-    add("token_embd.weight", "model.embed_tokens.weight", (vocab, d), quantize=False)
+    add("token_embd.weight", "model.embed_tokens.weight", (vocab, d))
     add("output_norm.weight", "model.norm.weight", (d,))
     for i in range(layers):
         p, hf = f"blk.{i}.", f"model.layers.{i}."

@@ -110,6 +110,7 @@ PUBLISHED = {  # total parameters from each model card
     "qwen3-30b-a3b": 30.5e9,
     "llama-3.1-8b": 8.03e9,
     "llama-3.1-70b": 70.6e9,
+    "llama-3.2-1b": 1.24e9,
     "qwen3.6-27b": 27e9,  # the language model; the checkpoint adds a vision tower and an MTP head
     "dense-27b": 27e9,
 }
@@ -126,6 +127,7 @@ def test_parameter_count_matches_published_size(key):
 
 def test_exact_counts():
     assert parameter_count(PRESETS["smollm2-135m"]) == 134_515_008
+    assert parameter_count(PRESETS["llama-3.2-1b"]) == 1_235_814_400  # the safetensors count; tied embeddings
     # Qwen3.6-27B safetensors: 27,781,427,952 in all, less the vision tower (460,730,096) and the MTP head (424,699,392)
     assert parameter_count(PRESETS["qwen3.6-27b"]) == 26_895_998_464
 
@@ -156,6 +158,9 @@ def test_llama_3_1_rope_scaling():
         assert c.rope_scaling == RopeScaling(
             "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
         )
+    small = PRESETS["llama-3.2-1b"]
+    assert small.rope_scaling.factor == 32.0 and small.rope_theta == 500000.0 and small.tie_word_embeddings
+    assert (small.head_dim, small.max_position_embeddings, small.bos_token_id) == (64, 131072, 128000)
 
 
 def test_qwen3_6_hybrid_layers():

@@ -193,6 +193,22 @@ PRESETS: dict[str, ModelConfig] = {
             "num_key_value_heads": 8,
         },
     ),
+    # meta-llama/Llama-3.2-1B (Sept 2024): Llama 3.1's config with tied embeddings, 64-wide heads and a 32x rope
+    # stretch over the same 8192-token original context
+    "llama-3.2-1b": _hf(
+        "meta-llama/Llama-3.2-1B",
+        {
+            **_LLAMA_3_1,
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "rope_scaling": {**_LLAMA_3_1["rope_scaling"], "factor": 32.0},
+            "tie_word_embeddings": True,
+        },
+    ),
     # Qwen/Qwen3.6-27B (2026): a vision-language wrapper whose LLM is text_config; the same qwen3_5 architecture as
     # Qwen3.5-27B. 48 Gated DeltaNet layers and 16 gated full-attention layers (every 4th). The vision tower
     # (vision_config) and the MTP head are not part of the LLM and are left out.

@@ -1,0 +1,337 @@
+"""Write a random-weight GGUF of a dense model preset in any weight type, for llama.cpp and rooftop to run.
+
+    .venv/bin/python benchmarks/make_gguf.py --preset llama-3.2-1b --type q4_k_m [--vocab N] [--layers N]
+        [--seed S] [--out PATH]
+
+The file is laid out as llama.cpp's convert_hf_to_gguf.py and llama-quantize would write the real model: the same
+metadata keys, tensor names and shapes, llama's Q/K rows permuted, Llama 3's rope scaling as a `rope_freqs.weight`
+tensor, and the per-tensor types of llama.cpp's mixes. Only the numbers differ: matrices are drawn normal with std
+0.02 (each tensor from its own seed, so --layers leaves the other tensors as they were), norms are ones. The
+tokenizer is the bundled SmolLM2's (byte-level BPE, 49152 tokens) whatever the preset: a larger --vocab pads it
+with unused `<id:N>` tokens, as llama.cpp's converter pads Llama 3's vocabulary; a smaller one keeps the first N
+tokens and the merges among them. Tensors are drawn, quantized and written one at a time, so memory stays near one
+tensor in float32 (the embedding's, for large vocabularies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rooftop.config import ModelConfig
+from rooftop.loading.bundled import bundled_model_path
+from rooftop.loading.gguf_file import read_gguf
+from rooftop.quant.gguf_quantize import quantize
+from rooftop.roofline.presets import PRESETS, find_preset
+
+T = gguf.GGMLQuantizationType
+SINGLE = {
+    name: T[name.upper()]
+    for name in (
+        "f32",
+        "f16",
+        "bf16",
+        "q8_0",
+        "q4_0",
+        "q4_1",
+        "q5_0",
+        "q5_1",
+        "q2_k",
+        "q3_k",
+        "q4_k",
+        "q5_k",
+        "q6_k",
+        "iq4_nl",
+        "iq4_xs",
+    )
+}
+MIXES = {"q4_k_m": T.Q4_K, "q5_k_m": T.Q5_K}  # the mix's base type
+FILE_TYPES = {  # general.file_type, as llama-quantize labels its output
+    "f32": "ALL_F32",
+    "f16": "MOSTLY_F16",
+    "q2_k": "MOSTLY_Q2_K",
+    "q3_k": "MOSTLY_Q3_K_S",
+    "q4_k": "MOSTLY_Q4_K_S",
+    "q5_k": "MOSTLY_Q5_K_S",
+}
+# llama.cpp's fallback when a row is not whole 256-value super-blocks (SmolLM2's 576, say)
+NOT_WHOLE_SUPER_BLOCKS = {
+    T.Q2_K: T.IQ4_NL,
+    T.Q3_K: T.IQ4_NL,
+    T.IQ4_XS: T.IQ4_NL,
+    T.Q4_K: T.Q5_0,
+    T.Q5_K: T.Q5_1,
+    T.Q6_K: T.Q8_0,
+}
+ARCHITECTURES = ("llama", "qwen3")
+SMOLLM2_ALPHABET = 252  # SmolLM2's single-byte tokens end at id 251: a smaller vocabulary could not spell every text
+STD = 0.02
+
+
+@dataclass
+class Tensor:
+    """One tensor of the file: its GGUF name, numpy shape (rows, row length) and how it is drawn."""
+
+    name: str
+    shape: tuple[int, ...]
+    layer: int | None = None
+    permute_heads: int = 0  # llama's Q/K: rows reordered as the converter does, for this many heads
+    values: np.ndarray | None = None  # fixed contents (rope_freqs); None: random (matrices) or ones (norms)
+
+
+def file_type(choice: str) -> int:
+    return gguf.LlamaFileType[FILE_TYPES.get(choice, f"MOSTLY_{choice.upper()}")]
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's choice of the layers whose attn_v and ffn_down a _M mix widens: the first and last eighth, and
+    every third layer between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def tensor_type(tensor: Tensor, choice: str, layers: int, tied: bool) -> T:
+    """The type a tensor is stored in: llama.cpp's rules, simplified.
+
+    1-D tensors (norms, rope_freqs) stay F32. A single type (--type q4_k) applies to every matrix, as
+    `llama-quantize --pure` does. The mixes follow llama_tensor_get_type for Q4_K_M and Q5_K_M: output.weight (or
+    token_embd.weight where the embeddings are tied, as llama.cpp treats it as the output) is Q6_K; attn_v and
+    ffn_down are Q6_K in the layers use_more_bits picks; every other matrix is the base type (Q4_K or Q5_K).
+    llama.cpp's further rules (for GQA ratios, MoE, the falcon architecture) are left out. A K-quant that needs
+    whole 256-value super-blocks falls back as llama.cpp does where the rows are not, and to F16 where rows are not
+    even whole 32-value blocks.
+    """
+    if len(tensor.shape) == 1:
+        return T.F32
+    if choice in SINGLE:
+        qtype = SINGLE[choice]
+    else:
+        qtype = MIXES[choice]
+        is_output = tensor.name == "output.weight" or (tied and tensor.name == "token_embd.weight")
+        widened = tensor.name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(tensor.layer, layers)
+        if is_output or widened:
+            qtype = T.Q6_K
+    k = tensor.shape[-1]
+    if k % gguf.GGML_QUANT_SIZES[qtype][0]:
+        qtype = NOT_WHOLE_SUPER_BLOCKS.get(qtype, qtype)
+    if k % gguf.GGML_QUANT_SIZES[qtype][0]:
+        qtype = T.F16
+    return qtype
+
+
+def rope_factors(config: ModelConfig) -> np.ndarray:
+    """Llama 3's rope scaling as llama.cpp reads it: one divisor per frequency pair (the converter's rope_freqs).
+
+    Wavelengths shorter than the original context over high_freq_factor keep their frequency, longer than it over
+    low_freq_factor are divided by factor, and the band between blends the two.
+    """
+    s = config.rope_scaling
+    freqs = 1.0 / config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = 1 / ((1 - smooth) / s.factor + smooth)
+    low, high = (
+        s.original_max_position_embeddings / s.low_freq_factor,
+        s.original_max_position_embeddings / s.high_freq_factor,
+    )
+    return np.where(wavelen < high, 1.0, np.where(wavelen > low, s.factor, blended)).astype(np.float32)
+
+
+def tensors(config: ModelConfig) -> list[Tensor]:
+    """The model's tensors in the converter's order: rope_freqs, embeddings, the blocks, the final norm, output."""
+    d, ff = config.hidden_size, config.intermediate_size
+    llama = config.architecture == "llama"
+    out = []
+    if config.rope_scaling is not None and config.rope_scaling.rope_type == "llama3":
+        out.append(Tensor("rope_freqs.weight", (config.head_dim // 2,), values=rope_factors(config)))
+    out.append(Tensor("token_embd.weight", (config.vocab_size, d)))
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        block = [
+            Tensor(p + "attn_norm.weight", (d,)),
+            Tensor(p + "attn_q.weight", (config.q_size, d), permute_heads=config.num_heads if llama else 0),
+            Tensor(p + "attn_k.weight", (config.kv_size, d), permute_heads=config.num_kv_heads if llama else 0),
+            Tensor(p + "attn_v.weight", (config.kv_size, d)),
+            Tensor(p + "attn_output.weight", (d, config.q_size)),
+        ]
+        if config.qk_norm:
+            block += [
+                Tensor(p + "attn_q_norm.weight", (config.head_dim,)),
+                Tensor(p + "attn_k_norm.weight", (config.head_dim,)),
+            ]
+        block += [
+            Tensor(p + "ffn_norm.weight", (d,)),
+            Tensor(p + "ffn_gate.weight", (ff, d)),
+            Tensor(p + "ffn_up.weight", (ff, d)),
+            Tensor(p + "ffn_down.weight", (d, ff)),
+        ]
+        for t in block:
+            t.layer = i
+        out += block
+    out.append(Tensor("output_norm.weight", (d,)))
+    if not config.tie_word_embeddings:
+        out.append(Tensor("output.weight", (config.vocab_size, d)))
+    return out
+
+
+def values(tensor: Tensor, seed: int) -> np.ndarray:
+    """The tensor's float32 contents: fixed, ones (norms) or normal(0, STD) from a seed of its own."""
+    if tensor.values is not None:
+        return tensor.values
+    if len(tensor.shape) == 1:
+        return np.ones(tensor.shape, np.float32)
+    rng = np.random.default_rng([seed, zlib.crc32(tensor.name.encode())])
+    x = rng.standard_normal(tensor.shape, dtype=np.float32)
+    x *= STD
+    if tensor.permute_heads:  # the row order llama.cpp's converter gives HF's q_proj/k_proj
+        h = tensor.permute_heads
+        x = x.reshape(h, 2, x.shape[0] // h // 2, x.shape[1]).swapaxes(1, 2).reshape(x.shape)
+    return x
+
+
+def encode(x: np.ndarray, qtype: T) -> np.ndarray:
+    if x.ndim == 1:
+        return x.astype(np.float32)
+    return quantize(x, qtype)
+
+
+@dataclass
+class Vocabulary:
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+
+
+@functools.cache
+def smollm2_metadata() -> dict:
+    """The bundled SmolLM2 GGUF's metadata (its tokenizer is every file's), read once."""
+    return read_gguf(bundled_model_path()).metadata
+
+
+def smollm2_vocabulary(size: int) -> Vocabulary:
+    """SmolLM2's tokens cut or padded to `size`.
+
+    Padding tokens are named `<id:N>` and typed UNUSED (llama.cpp's converter pads Llama 3 the same way): never
+    produced by the tokenizer and never matched in text. Cutting keeps the first `size` tokens and only the merges
+    whose two halves and result survive (SmolLM2's merges are in the order of their result's id, so a prefix).
+    """
+    meta = smollm2_metadata()
+    tokens, types, merges = (list(meta[f"tokenizer.ggml.{k}"]) for k in ("tokens", "token_type", "merges"))
+    if size < SMOLLM2_ALPHABET:
+        raise SystemExit(f"--vocab {size}: the SmolLM2 tokenizer needs at least {SMOLLM2_ALPHABET} tokens")
+    if size <= len(tokens):
+        kept = set(tokens[:size])
+        merges = [m for m in merges if all(p in kept for p in (*m.split(" ", 1), m.replace(" ", "", 1)))]
+        return Vocabulary(tokens[:size], types[:size], merges)
+    pad = range(len(tokens), size)
+    return Vocabulary(tokens + [f"<id:{i}>" for i in pad], types + [gguf.TokenType.UNUSED] * len(pad), merges)
+
+
+def add_metadata(w: gguf.GGUFWriter, config: ModelConfig, choice: str, vocab: Vocabulary):
+    """The keys llama.cpp's converter writes for a llama/qwen3 model, and SmolLM2's tokenizer keys."""
+    w.add_type("model")
+    w.add_name(f"{config.name} (random weights)")
+    w.add_vocab_size(len(vocab.tokens))
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_block_count(config.num_layers)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_rope_dimension_count(config.head_dim)
+    w.add_head_count(config.num_heads)
+    w.add_head_count_kv(config.num_kv_heads)
+    if config.head_dim != config.hidden_size // config.num_heads:
+        w.add_key_length(config.head_dim)
+        w.add_value_length(config.head_dim)
+    w.add_rope_freq_base(config.rope_theta)
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_file_type(file_type(choice))
+    if choice not in ("f32", "f16", "bf16"):
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    smollm2 = smollm2_metadata()
+    w.add_tokenizer_model(smollm2["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(smollm2["tokenizer.ggml.pre"])
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        w.add_uint32(f"tokenizer.ggml.{key}", smollm2[f"tokenizer.ggml.{key}"])
+    w.add_add_bos_token(smollm2["tokenizer.ggml.add_bos_token"])
+    w.add_add_space_prefix(smollm2["tokenizer.ggml.add_space_prefix"])
+    w.add_chat_template(smollm2["tokenizer.chat_template"])
+
+
+def model_config(preset: str, vocab: int | None, layers: int | None) -> ModelConfig:
+    config = find_preset(preset)
+    if config.architecture not in ARCHITECTURES or config.is_moe or config.num_linear_attention_layers:
+        kind = "MoE" if config.is_moe else "hybrid" if config.num_linear_attention_layers else config.architecture
+        raise SystemExit(
+            f"--preset {preset}: a {kind} model; make_gguf writes dense {' and '.join(ARCHITECTURES)} presets only"
+        )
+    if vocab is not None:
+        config.vocab_size = vocab
+    if layers is not None:
+        if layers < 1:
+            raise SystemExit(f"--layers {layers}: needs at least one layer")
+        config.num_layers = layers
+    return config
+
+
+def write_gguf(config: ModelConfig, choice: str, path: Path, seed: int = 0, console: Console | None = None) -> Counter:
+    """Write the file; return how many tensors each type holds."""
+    vocab = smollm2_vocabulary(config.vocab_size)
+    plan = tensors(config)
+    types = [tensor_type(t, choice, config.num_layers, config.tie_word_embeddings) for t in plan]
+    w = gguf.GGUFWriter(str(path), config.architecture)
+    add_metadata(w, config, choice, vocab)
+    for t, qtype in zip(plan, types, strict=True):
+        block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+        size = math.prod(t.shape) // block * nbytes
+        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), size, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("tensors", total=len(plan))
+        for t, qtype in zip(plan, types, strict=True):
+            progress.update(task, description=f"{t.name} ({qtype.name})")
+            w.write_tensor_data(encode(values(t, seed), qtype))
+            progress.advance(task)
+    w.close()
+    return Counter(qtype.name for qtype in types)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    dense = [k for k, c in PRESETS.items() if c.architecture in ARCHITECTURES]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", required=True, help=f"a dense preset: {', '.join(dense)}")
+    parser.add_argument("--type", required=True, choices=[*SINGLE, *MIXES], help="one type for all matrices, or a mix")
+    parser.add_argument("--vocab", type=int, help="vocabulary size (default: the preset's)")
+    parser.add_argument("--layers", type=int, help="number of blocks (default: the preset's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="output file (default: PRESET-TYPE.gguf here)")
+    args = parser.parse_args(argv)
+    config = model_config(args.preset, args.vocab, args.layers)
+    path = args.out or Path(f"{args.preset}-{args.type}.gguf")
+    console = Console()
+    counts = write_gguf(config, args.type, path, args.seed, console)
+    console.print(
+        f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB): {config.name}, layers {config.num_layers}, vocabulary {config.vocab_size}"
+    )
+    console.print("tensors per type: " + ", ".join(f"{n} {name}" for name, n in counts.most_common()))
+    return path
+
+
+if __name__ == "__main__":
+    main()

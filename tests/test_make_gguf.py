@@ -1,0 +1,153 @@
+"""benchmarks/make_gguf.py: random-weight GGUFs of the presets, read back by rooftop (Q8_0, Q4_0: the types it
+loads) and by gguf's reader and dequantizers (the K-quant mixes, tensor by tensor)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from rooftop.loading.bundled import bundled_model_path
+from rooftop.loading.gguf_file import read_gguf
+from rooftop.loading.model_files import load_model
+from rooftop.loading.tokenizer import Tokenizer
+from rooftop.roofline.presets import find_preset
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+import make_gguf  # noqa: E402
+
+T = gguf.GGMLQuantizationType
+TEXT = "The roofline of a GPU, in 12 words: compute or bandwidth?"
+
+
+def as_float(w) -> np.ndarray:
+    return (w.dequantize() if hasattr(w, "dequantize") else w).to(torch.float32).numpy()
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(x, dtype=np.float64))))
+
+
+def hf_values(name: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """A matrix as drawn, before llama's Q/K permutation: what a loader that undoes it must give back."""
+    return make_gguf.values(make_gguf.Tensor(name, shape), seed)
+
+
+def small_config(preset: str, layers: int = 8):
+    """The preset with small shapes, its other fields (architecture, rope, tied embeddings) as published."""
+    config = make_gguf.model_config(preset, 300, layers)
+    config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads = 256, 512, 4, 2
+    return config
+
+
+@pytest.mark.parametrize("qtype, vocab", [("q8_0", 49152), ("q4_0", 1000)])
+def test_rooftop_loads_what_it_wrote(tmp_path, qtype, vocab):
+    path = make_gguf.main(
+        [
+            "--preset",
+            "smollm2-135m",
+            "--layers",
+            "2",
+            "--type",
+            qtype,
+            "--vocab",
+            str(vocab),
+            "--out",
+            str(tmp_path / "m.gguf"),
+        ]
+    )
+    loaded = load_model(path)
+    c, preset = loaded.config, find_preset("smollm2-135m")
+    assert (c.architecture, c.num_layers, c.vocab_size, c.tie_word_embeddings) == ("llama", 2, vocab, True)
+    for field in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "rms_norm_eps"):
+        assert getattr(c, field) == pytest.approx(getattr(preset, field)), field
+    assert (c.max_position_embeddings, c.rope_theta) == (8192, 100000.0)
+    assert read_gguf(path).metadata["general.file_type"] == gguf.LlamaFileType[f"MOSTLY_{qtype.upper()}"]
+    bundled = load_model(bundled_model_path()).tokenizer
+    ids = loaded.tokenizer.encode(TEXT)
+    assert loaded.tokenizer.decode(ids) == TEXT and loaded.tokenizer.chat_template == bundled.chat_template
+    assert ids == bundled.encode(TEXT) or vocab < 49152  # a cut vocabulary keeps fewer merges
+    assert loaded.tokenizer.eos_token_ids == bundled.eos_token_ids
+    # Q/K were permuted on the way in: rooftop's loader undoes it, giving the drawn values back
+    q = as_float(loaded.weights["model.layers.1.self_attn.q_proj.weight"])
+    want = hf_values("blk.1.attn_q.weight", (576, 576))
+    assert rms(q - want) < (0.01 if qtype == "q8_0" else 0.15) * rms(want)
+    np.testing.assert_array_equal(as_float(loaded.weights["model.norm.weight"]), np.ones(576, np.float32))
+
+
+def test_q4_k_m_follows_llama_cpp_rules(tmp_path):
+    config = small_config("llama-3.2-1b")
+    path = tmp_path / "m.gguf"
+    counts = make_gguf.write_gguf(config, "q4_k_m", path)
+    r = gguf.GGUFReader(path)
+    types = {t.name: T(t.tensor_type) for t in r.tensors}
+    assert "output.weight" not in types and types["token_embd.weight"] == T.Q6_K  # tied: the embedding is the output
+    widened = {i for i in range(8) if types[f"blk.{i}.attn_v.weight"] == T.Q6_K}
+    assert widened == {i for i in range(8) if types[f"blk.{i}.ffn_down.weight"] == T.Q6_K} == {0, 3, 6, 7}
+    assert types["blk.2.attn_q.weight"] == types["blk.2.ffn_up.weight"] == T.Q4_K
+    assert types["blk.2.attn_norm.weight"] == types["rope_freqs.weight"] == T.F32
+    assert counts == {"Q4_K": 8 * 7 - 8, "Q6_K": 9, "F32": 8 * 2 + 2}
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
+    assert meta["llama.context_length"] == 131072 and meta["llama.rope.freq_base"] == 500000.0
+    assert meta["llama.attention.head_count_kv"] == 2 and "llama.attention.key_length" not in meta
+    assert meta["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    for t in r.tensors:
+        got = gguf.quants.dequantize(t.data, T(t.tensor_type)).reshape(tuple(reversed(t.shape.tolist())))
+        want = make_gguf.values(next(x for x in make_gguf.tensors(config) if x.name == t.name), 0)
+        assert rms(got - want) <= 0.1 * rms(want), t.name
+
+
+def test_llama3_rope_factors():
+    """Llama 3.2-1B's rope_freqs, as llama.cpp's converter computes them: 1 for the short wavelengths, the
+    factor 32 for the long ones, a blend between."""
+    f = make_gguf.rope_factors(find_preset("llama-3.2-1b"))
+    assert f.shape == (32,) and f[0] == 1.0 and f[-1] == 32.0
+    assert np.all(np.diff(f) >= 0) and 1 < f[np.argmax(f > 1)] < 32
+
+
+def test_qwen3_has_qk_norms_and_no_permutation(tmp_path):
+    config = small_config("qwen3-0.6b", layers=1)
+    config.head_dim = 128  # wider than hidden/heads, as Qwen3's are
+    path = tmp_path / "m.gguf"
+    make_gguf.write_gguf(config, "q6_k", path)
+    r = gguf.GGUFReader(path)
+    names = {t.name: t for t in r.tensors}
+    assert names["blk.0.attn_q_norm.weight"].shape.tolist() == [128] and "rope_freqs.weight" not in names
+    assert r.fields["qwen3.attention.key_length"].contents() == 128
+    q = names["blk.0.attn_q.weight"]
+    got = gguf.quants.dequantize(q.data, T.Q6_K).reshape(512, 256)
+    want = hf_values("blk.0.attn_q.weight", (512, 256))
+    assert rms(got - want) < 0.03 * rms(want)
+
+
+def test_single_types_fall_back_where_rows_are_not_super_blocks():
+    def typ(choice, k):
+        return make_gguf.tensor_type(make_gguf.Tensor("blk.0.attn_q.weight", (64, k), layer=0), choice, 2, True)
+
+    assert typ("q4_k", 576) == T.Q5_0 and typ("q6_k", 576) == T.Q8_0 and typ("iq4_xs", 576) == T.IQ4_NL
+    assert typ("q4_k", 1024) == T.Q4_K and typ("q8_0", 48) == T.F16 and typ("bf16", 48) == T.BF16
+
+
+def test_vocabulary_pads_and_cuts_cleanly():
+    padded = make_gguf.smollm2_vocabulary(49160)
+    assert padded.tokens[49152:] == [f"<id:{i}>" for i in range(49152, 49160)]
+    assert set(padded.token_types[49152:]) == {gguf.TokenType.UNUSED}
+    cut = make_gguf.smollm2_vocabulary(1000)
+    assert len(cut.tokens) == 1000 and 0 < len(cut.merges) < 1000
+    kept = set(cut.tokens)
+    assert all({*m.split(" "), m.replace(" ", "")} <= kept for m in cut.merges)
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": cut.tokens, "tokenizer.ggml.merges": cut.merges}
+    tok = Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.token_type": cut.token_types})
+    assert tok.decode(tok.encode(TEXT)) == TEXT  # every byte still spells
+    with pytest.raises(SystemExit, match="at least 252"):
+        make_gguf.smollm2_vocabulary(100)
+
+
+@pytest.mark.parametrize("preset, kind", [("qwen3-30b-a3b", "MoE"), ("qwen3.6-27b", "hybrid")])
+def test_refuses_models_it_cannot_lay_out(preset, kind):
+    with pytest.raises(SystemExit, match=f"a {kind} model"):
+        make_gguf.model_config(preset, None, None)
