@@ -9,7 +9,7 @@ allocates nothing until `build_model` takes each tensor, and on the meta device 
 from __future__ import annotations
 
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -39,8 +39,8 @@ INT8_SCALE = STD / 73.6
 
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor `build_model` takes, under its Hugging Face name: lm_head only when the embeddings are not tied,
-    q/k norms for qk_norm (Qwen3), q/k/v biases for attention_bias (Qwen2). None for a model the engine does not
-    run (mixture-of-experts, hybrid): there is nothing it would build, and the analyzer needs only the config."""
+    q/k norms for qk_norm (Qwen3), q/k/v biases for attention_bias (Qwen2). Nothing for a model the engine does
+    not run (mixture-of-experts, hybrid): it would build none, and the analyzer needs only the config."""
     if not is_runnable(config):
         return {}
     d, qs, kvs, ff = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
@@ -104,7 +104,17 @@ def random_weight(
     return Int8GroupWeight(q, torch.full((rows, cols // GROUP), INT8_SCALE))
 
 
-def _gguf_source(path: Path) -> tuple[ModelConfig, str, Tokenizer]:
+@dataclass
+class Source:
+    """What a dummy model takes from where `--model` points: everything but weights."""
+
+    config: ModelConfig
+    name: str  # the path or the preset name, as LoadedModel.source
+    native_format: str = "float"  # a GGUF's closest weight format (what --weights auto then makes)
+    tokenizer: Tokenizer | None = None  # the file's own, where it has one
+
+
+def _gguf_source(path: Path) -> Source:
     """A GGUF's config, weight format and tokenizer, all from its header; `rope_freqs` (a config value GGUF stores
     as a tensor of a few hundred bytes) is the one tensor read."""
     gguf_file = read_gguf(path)
@@ -112,34 +122,32 @@ def _gguf_source(path: Path) -> tuple[ModelConfig, str, Tokenizer]:
     for t in gguf_file.tensors:
         if t.name == "rope_freqs.weight":
             config.rope_freq_factors = dequantize(t.data, t.qtype, t.shape, t.name).tolist()
-    return config, native_format(gguf_file.tensors), Tokenizer.from_gguf_metadata(gguf_file.metadata)
+    tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
+    return Source(config, str(path), native_format(gguf_file.tensors), tokenizer)
 
 
-def _hf_source(path: Path) -> tuple[ModelConfig, str, Tokenizer | None]:
+def _hf_source(path: Path) -> Source:
     """A Hugging Face directory's config.json (and generation_config.json) and, where it has one, tokenizer.json."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model directory?)")
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
     config = read_hf_config(path / "config.json", generation)
-    tokenizer = None
-    if (path / "tokenizer.json").is_file():
-        tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
-        config.eos_token_ids = config.eos_token_ids or tokenizer.eos_token_ids
-    return config, "float", tokenizer
+    if not (path / "tokenizer.json").is_file():
+        return Source(config, str(path))
+    tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
+    config.eos_token_ids = config.eos_token_ids or tokenizer.eos_token_ids
+    return Source(config, str(path), tokenizer=tokenizer)
 
 
-def _source(model: str | Path | None) -> tuple[ModelConfig, str, Tokenizer | None, str]:
-    """(config, the file's weight format, its own tokenizer if it has one, the source's name) of `model`: the
-    bundled model (None), a GGUF file, an HF directory, a config.json, or a preset name of the analyzer."""
+def find_source(model: str | Path | None) -> Source:
+    """The bundled model (None), a GGUF file, an HF directory, a config.json, or a preset name of the analyzer."""
     path = bundled_model_path() if model is None else Path(model)
     if path.is_dir():
-        return *_hf_source(path), str(path)
+        return _hf_source(path)
     if path.is_file():
-        if path.suffix == ".json":
-            return read_hf_config(path), "float", None, str(path)
-        return *_gguf_source(path), str(path)
+        return Source(read_hf_config(path), str(path)) if path.suffix == ".json" else _gguf_source(path)
     try:
-        return find_preset(str(model)), "float", None, str(model)
+        return Source(find_preset(str(model)), str(model))
     except InvalidRequestError as e:
         raise ModelLoadError(f"{model}: no such file or directory, and {e}") from None
 
@@ -158,10 +166,11 @@ def load_dummy(
     form the `weights` choice runs on `device` (int4/int8 groups as integers with group scales, floats in `dtype`).
     Loading reads no weight file and allocates no tensor; a model the engine does not run loads its config (and no
     tensors), and `build_model` refuses it."""
-    config, native, tokenizer, source = _source(model)
-    policy = weight_policy(weights, native, device, dtype)
+    source = find_source(model)
+    policy = weight_policy(weights, source.native_format, device, dtype)
     readers = {
         name: partial(random_weight, name, shape, tensor_form(name, shape, policy, device), dtype, device, seed)
-        for name, shape in tensor_shapes(config).items()
+        for name, shape in tensor_shapes(source.config).items()
     }
-    return LoadedModel(config, LazyWeights(readers), tokenizer or bundled_tokenizer(config), source, native)
+    tokenizer = source.tokenizer or bundled_tokenizer(source.config)
+    return LoadedModel(source.config, LazyWeights(readers), tokenizer, source.name, source.native_format)
