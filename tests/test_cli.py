@@ -159,6 +159,8 @@ ENGINE_OPTIONS = (
     "--num-kv-blocks",
     "--enable-prefix-caching",
     "--max-model-len",
+    "--load-format",
+    "--dummy-seed",
 )
 
 

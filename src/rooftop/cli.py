@@ -41,9 +41,10 @@ def load(run: RunConfig) -> LLM:
     with err.status("loading model (a machine's first run also builds rooftop's CPU kernels: about a minute)..."):
         llm = LLM.from_config(run)
     c = llm.config
+    dummy = f" (dummy weights, seed {run.dummy_seed})" if run.load_format == "dummy" else ""
     err.print(
         f"[dim]{escape(c.name or c.architecture)} ({c.architecture}, {c.num_layers} layers, d={c.hidden_size}) from "
-        f"{escape(llm.model_path)}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}, "
+        f"{escape(llm.model_path)}{dummy}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}, "
         f"weights {llm.precision.weights.name}, "
         f"loaded in {time.perf_counter() - t0:.1f} s[/]"
     )

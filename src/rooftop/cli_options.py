@@ -11,16 +11,26 @@ from typing import Annotated, Any, get_type_hints
 
 import typer
 
-from rooftop.config import DTYPES, EngineConfig, RunConfig
+from rooftop.config import DTYPES, LOAD_FORMATS, EngineConfig, RunConfig
 from rooftop.console import user_errors
 from rooftop.roofline.precision import WEIGHTS_HELP, check_weight_choice
 
 RUN_HELP = {
-    "model": ("--model", "-m", "GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)"),
+    "model": (
+        "--model",
+        "-m",
+        "GGUF file or Hugging Face directory, with --load-format dummy also a preset name or a config.json "
+        "(default: the bundled SmolLM2-135M-Instruct)",
+    ),
     "dtype": (f"{', '.join(DTYPES)} (auto: float32 on CPU, bfloat16 on a GPU)",),
     "device": ("torch device: cpu, cuda, cuda:1 ...",),
     "weights": (WEIGHTS_HELP,),
     "threads": ("CPU threads for the model's ops (llama.cpp's --threads; default: the cores this process may use)",),
+    "load_format": (
+        f"{', '.join(LOAD_FORMATS)} (vLLM's): auto reads the weights from the model's file; dummy makes seeded "
+        "random weights in the --weights format and reads no weight file",
+    ),
+    "dummy_seed": ("seed of --load-format dummy's weights: the same seed, the same weights",),
 }
 ENGINE_HELP = {
     "max_num_seqs": "most sequences in one step",

@@ -122,9 +122,15 @@ class ModelConfig:
         return self.num_layers - self.num_full_attention_layers
 
 
-def check_runnable(config: ModelConfig) -> None:
+def is_runnable(config: ModelConfig) -> bool:
     """The engine runs dense full-attention Llama / Qwen2 / Qwen3; the analyzer takes more."""
-    if config.architecture not in RUNNABLE_ARCHITECTURES or config.is_moe or config.num_linear_attention_layers:
+    return (
+        config.architecture in RUNNABLE_ARCHITECTURES and not config.is_moe and not config.num_linear_attention_layers
+    )
+
+
+def check_runnable(config: ModelConfig) -> None:
+    if not is_runnable(config):
         raise UnsupportedModelError(
             f"{config.architecture!r} models can be analyzed (`rooftop roofline`) but not run; "
             f"the engine runs {', '.join(RUNNABLE_ARCHITECTURES)}"
@@ -174,6 +180,7 @@ class EngineConfig:
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DEFAULT_CHUNK = 256  # batch-invariant prefill chunks (and prefix-cache reuse) in tokens; docs/PERFORMANCE.md
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU (the reference), bfloat16 on a GPU
+LOAD_FORMATS = ("auto", "dummy")  # vLLM's --load-format values: read the file's weights, or make seeded random ones
 
 
 @dataclass
@@ -181,11 +188,13 @@ class RunConfig:
     """What runs and how: the model, its compute dtype, device and weight format, and the engine's batching.
     One value shared by `LLM`, every CLI command that starts an engine, and the server."""
 
-    model: str | None = None  # GGUF file or Hugging Face directory; None is the bundled model
+    model: str | None = None  # GGUF file or Hugging Face directory (dummy: also a preset or config.json); None: bundled
     dtype: str = "auto"
     device: str = "cpu"
     weights: str = "auto"  # one of roofline.precision.WEIGHT_CHOICES (checked where the model is built)
     threads: int | None = None  # CPU threads for the model's ops (llama.cpp's --threads); None: the cores we may use
+    load_format: str = "auto"  # one of LOAD_FORMATS
+    dummy_seed: int = 0  # the seed of dummy weights: the same seed, the same weights
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -193,6 +202,12 @@ class RunConfig:
             self.model = str(self.model)
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise InvalidRequestError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}", "load_format"
+            )
+        if not isinstance(self.dummy_seed, int) or self.dummy_seed < 0:
+            raise InvalidRequestError(f"dummy_seed must be an integer >= 0, got {self.dummy_seed!r}", "dummy_seed")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidRequestError(f"threads must be an integer >= 1, got {self.threads!r}", "threads")
         if not isinstance(self.device, str) or not self.device:

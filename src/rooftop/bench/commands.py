@@ -121,7 +121,7 @@ def bench(
 
 def _print_quick(console: Console, machine: dict, s: dict) -> None:
     table = Table("model", "weights", "threads", "test", "t/s", "TPOT")
-    name = machine["model"]
+    name = machine["model"] + (" (dummy weights)" if machine["load_format"] == "dummy" else "")
     table.add_row(
         name,
         machine["weights_format"],

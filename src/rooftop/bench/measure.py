@@ -77,6 +77,7 @@ def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:
         "python": platform.python_version(),
         "model": llm.config.name or llm.model_path,
         "model_path": llm.model_path,
+        "load_format": llm.run_config.load_format,  # "dummy": random weights, the speed of the shapes only
         "dtype": str(llm.dtype).removeprefix("torch."),
         "weights_format": llm.precision.weights.name,
         "roofs": {"name": hw.name, "peak_flops_per_s": hw.peak_flops, "bandwidth_bytes_per_s": hw.memory_bandwidth},

@@ -18,6 +18,7 @@ from rooftop.engine.outputs import RequestDelta, RequestOutput, StepRecord
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
+from rooftop.loading.dummy import load_dummy
 from rooftop.loading.model_files import load_model
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
@@ -66,6 +67,9 @@ class LLM:
     runs here (e.g. "q4_1", "q8_0").
     `threads`: CPU threads for the model's ops (default: the cores this process may use); it sets PyTorch's one
     intra-op pool, so it holds for the whole process.
+    `load_format` (vLLM's): "auto" reads the weights from the model's file; "dummy" makes seeded random ones
+    (`dummy_seed`) in the `weights` format and reads no weight file, and `model` may then also be a preset name of
+    the analyzer (`rooftop.roofline.presets`) or a config.json.
     Engine options (vLLM's names, EngineConfig's fields): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or
     num_kv_blocks, block_size, enable_prefix_caching, max_model_len. `LLM.from_config(RunConfig(...))` takes the
     same as one value.
@@ -78,11 +82,14 @@ class LLM:
         device: str | torch.device = "cpu",
         weights: str = "auto",
         threads: int | None = None,
+        load_format: str = "auto",
+        dummy_seed: int = 0,
         **engine_options,
     ):
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")
-        self._start(RunConfig(model, dtype, str(device), weights, threads, EngineConfig(**engine_options)))
+        engine = EngineConfig(**engine_options)
+        self._start(RunConfig(model, dtype, str(device), weights, threads, load_format, dummy_seed, engine))
 
     @classmethod
     def from_config(cls, run: RunConfig) -> LLM:
@@ -95,7 +102,10 @@ class LLM:
         torch.set_num_threads(run.threads or available_cores())  # the process's one intra-op pool, kernels included
         self.device = torch.device(run.device)
         self.dtype = resolve_dtype(run.dtype, self.device)
-        loaded = load_model(run.model)
+        if run.load_format == "dummy":
+            loaded = load_dummy(run.model, run.weights, self.device, self.dtype, run.dummy_seed)
+        else:
+            loaded = load_model(run.model)
         self.model_path = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer

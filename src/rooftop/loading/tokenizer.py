@@ -101,7 +101,20 @@ class Tokenizer:
         return len((text if normalizer is None else normalizer.normalize_str(text)).encode())
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        """The text of `ids`; an id outside the vocabulary (a dummy-weights model's, larger than its tokenizer's)
+        reads `<id:N>`, where the tokenizers library would drop it without a trace."""
+        size = self.vocab_size
+        if all(0 <= i < size for i in ids):
+            return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        parts, run = [], []
+        for i in ids:
+            if 0 <= i < size:
+                run.append(i)
+                continue
+            parts += [self.backend.decode(run, skip_special_tokens=skip_special_tokens), f"<id:{i}>"]
+            run = []
+        parts.append(self.backend.decode(run, skip_special_tokens=skip_special_tokens))
+        return "".join(parts)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages`, rendered like transformers' `apply_chat_template`."""

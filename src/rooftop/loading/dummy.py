@@ -1,0 +1,176 @@
+"""Dummy weights (vLLM's `--load-format dummy`): a model's config from a preset, a config.json, a Hugging Face
+directory's config.json or a GGUF header, and seeded random weights made when the model asks for each tensor.
+
+No weight file is read, so a model whose weights are not here can still be run (its speed, its memory, what the
+engine does with its shapes) and one too big for this machine can still be built and analyzed: the LoadedModel
+allocates nothing until `build_model` takes each tensor, and on the meta device not even then.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from rooftop.config import ModelConfig, is_runnable
+from rooftop.errors import InvalidRequestError, ModelLoadError
+from rooftop.loading.bundled import bundled_model_path
+from rooftop.loading.gguf import native_format
+from rooftop.loading.gguf_config import config_from_gguf
+from rooftop.loading.gguf_file import read_gguf
+from rooftop.loading.hf_config import read_hf_config, read_json
+from rooftop.loading.loaded import LazyWeights, LoadedModel
+from rooftop.loading.tokenizer import Tokenizer
+from rooftop.quant.gguf_blocks import dequantize
+from rooftop.quant.linear import weight_policy
+from rooftop.quant.weights import GROUP, Int4Weight, Int8GroupWeight, Weight
+from rooftop.roofline.presets import find_preset
+
+# transformers' initializer_range: a random model's activations and logits stay in a sane range at any depth
+STD = 0.02
+# Group scales that give integer weights the same spread: (q - 8) with q uniform in 0..15 has a standard deviation
+# of sqrt((16² - 1) / 12) ≈ 4.61 steps, q uniform in -127..127 one of sqrt((255² - 1) / 12) ≈ 73.6.
+INT4_SCALE = STD / 4.61
+INT8_SCALE = STD / 73.6
+
+
+def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor `build_model` takes, under its Hugging Face name: lm_head only when the embeddings are not tied,
+    q/k norms for qk_norm (Qwen3), q/k/v biases for attention_bias (Qwen2). Nothing for a model the engine does
+    not run (mixture-of-experts, hybrid): it would build none, and the analyzer needs only the config."""
+    if not is_runnable(config):
+        return {}
+    d, qs, kvs, ff = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, d), "model.norm.weight": (d,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, d)
+    for i in range(config.num_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        shapes |= {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            a + "q_proj.weight": (qs, d),
+            a + "k_proj.weight": (kvs, d),
+            a + "v_proj.weight": (kvs, d),
+            a + "o_proj.weight": (d, qs),
+            p + "mlp.gate_proj.weight": (ff, d),
+            p + "mlp.up_proj.weight": (ff, d),
+            p + "mlp.down_proj.weight": (d, ff),
+        }
+        if config.qk_norm:
+            shapes |= {a + "q_norm.weight": (config.head_dim,), a + "k_norm.weight": (config.head_dim,)}
+        if config.attention_bias:
+            shapes |= {a + "q_proj.bias": (qs,), a + "k_proj.bias": (kvs,), a + "v_proj.bias": (kvs,)}
+    return shapes
+
+
+def tensor_form(name: str, shape: tuple[int, ...], policy: str, device: torch.device) -> str:
+    """What a tensor is made as: "int4" / "int8" groups where `build_model` keeps a file's groups (a quantized
+    policy on the CPU), so that no float32 copy is ever made and quantized; "norm" (ones, as transformers
+    initializes them) or "float" otherwise. The embedding (and so a tied lm_head) is int8 groups under either
+    quantized policy, as a GGUF's token_embd usually is: it becomes the Q8_0 lm_head as it is."""
+    if len(shape) == 1:
+        return "norm" if name.endswith("norm.weight") else "float"
+    if policy == "float" or device.type != "cpu" or shape[1] % GROUP:
+        return "float"
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return "int8"
+    return policy
+
+
+def random_weight(
+    name: str, shape: tuple[int, ...], form: str, dtype: torch.dtype, device: torch.device, seed: int
+) -> Weight:
+    """One tensor, from a generator seeded by `seed` and the tensor's name: the same whatever order the model
+    asks in. Floats are made on `device` in `dtype` (random values differ between a CPU and a CUDA generator);
+    on the meta device only the shape exists."""
+    if form == "norm":
+        return torch.ones(shape, dtype=dtype, device=device)
+    if device.type == "meta":
+        return torch.empty(shape, dtype=dtype, device=device)
+    gen = torch.Generator(device=device if form == "float" else "cpu")
+    gen.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # CPU generators keep a seed's low 32 bits only
+    if form == "float":
+        return torch.normal(0.0, STD, shape, generator=gen, dtype=dtype, device=device)
+    rows, cols = shape
+    if form == "int4":
+        q = torch.randint(0, 16, shape, dtype=torch.uint8, generator=gen)
+        scale = torch.full((rows, cols // GROUP), INT4_SCALE)
+        return Int4Weight(q, scale, scale / 2)  # (q - 8)·s + s/2: centred on 0
+    q = torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen)
+    return Int8GroupWeight(q, torch.full((rows, cols // GROUP), INT8_SCALE))
+
+
+@dataclass
+class Source:
+    """What a dummy model takes from where `--model` points: everything but weights."""
+
+    config: ModelConfig
+    name: str  # the path or the preset name, as LoadedModel.source
+    native_format: str = "float"  # a GGUF's closest weight format (what --weights auto then makes)
+    tokenizer: Tokenizer | None = None  # the file's own, where it has one
+
+
+def _gguf_source(path: Path) -> Source:
+    """A GGUF's config, weight format and tokenizer, all from its header; `rope_freqs` (a config value GGUF stores
+    as a tensor of a few hundred bytes) is the one tensor read."""
+    gguf_file = read_gguf(path)
+    config = config_from_gguf(gguf_file)
+    for t in gguf_file.tensors:
+        if t.name == "rope_freqs.weight":
+            config.rope_freq_factors = dequantize(t.data, t.qtype, t.shape, t.name).tolist()
+    tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
+    return Source(config, str(path), native_format(gguf_file.tensors), tokenizer)
+
+
+def _hf_source(path: Path) -> Source:
+    """A Hugging Face directory's config.json (and generation_config.json) and, where it has one, tokenizer.json."""
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model directory?)")
+    generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
+    config = read_hf_config(path / "config.json", generation)
+    if not (path / "tokenizer.json").is_file():
+        return Source(config, str(path))
+    tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
+    config.eos_token_ids = config.eos_token_ids or tokenizer.eos_token_ids
+    return Source(config, str(path), tokenizer=tokenizer)
+
+
+def find_source(model: str | Path | None) -> Source:
+    """The bundled model (None), a GGUF file, an HF directory, a config.json, or a preset name of the analyzer."""
+    path = bundled_model_path() if model is None else Path(model)
+    if path.is_dir():
+        return _hf_source(path)
+    if path.is_file():
+        return Source(read_hf_config(path), str(path)) if path.suffix == ".json" else _gguf_source(path)
+    try:
+        return Source(find_preset(str(model)), str(model))
+    except InvalidRequestError as e:
+        raise ModelLoadError(f"{model}: no such file or directory, and {e}") from None
+
+
+def bundled_tokenizer(config: ModelConfig) -> Tokenizer:
+    """SmolLM2's tokenizer for a source without one, ending generation at the config's EOS ids (not SmolLM2's):
+    text prompts work on any vocabulary, and ids past SmolLM2's detokenize as `<id:N>`."""
+    tokenizer = Tokenizer.from_gguf_metadata(read_gguf(bundled_model_path()).metadata)
+    return replace(tokenizer, eos_token_ids=list(config.eos_token_ids))
+
+
+def load_dummy(
+    model: str | Path | None, weights: str, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> LoadedModel:
+    """`model`'s config and tokenizer, and a reader per tensor that makes it at random when the model asks, in the
+    form the `weights` choice runs on `device` (int4/int8 groups as integers with group scales, floats in `dtype`).
+    Loading reads no weight file and allocates no tensor; a model the engine does not run loads its config (and no
+    tensors), and `build_model` refuses it."""
+    source = find_source(model)
+    policy = weight_policy(weights, source.native_format, device, dtype)
+    readers = {
+        name: partial(random_weight, name, shape, tensor_form(name, shape, policy, device), dtype, device, seed)
+        for name, shape in tensor_shapes(source.config).items()
+    }
+    tokenizer = source.tokenizer or bundled_tokenizer(source.config)
+    return LoadedModel(source.config, LazyWeights(readers), tokenizer, source.name, source.native_format)

@@ -1,0 +1,193 @@
+"""`--load-format dummy`: configs from presets, config.json, HF directories and GGUF headers, seeded random weights
+made only when the model builds, the `<id:N>` placeholder, and the CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli import assert_user_error, rooftop_in_process
+
+from rooftop import LLM, SamplingParams
+from rooftop.config import is_runnable
+from rooftop.engine.detokenizer import IncrementalDetokenizer
+from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
+from rooftop.loading import dummy
+from rooftop.loading.dummy import load_dummy
+from rooftop.loading.model_files import load_model
+from rooftop.models.loader import build_model
+from rooftop.quant.weights import Int4Weight, Int8GroupWeight
+from rooftop.roofline.presets import PRESETS
+
+CPU, META = torch.device("cpu"), torch.device("meta")
+GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)  # a random model may emit EOS at once
+
+
+def tiny_config(architecture: str = "LlamaForCausalLM", **fields) -> dict:
+    return {
+        "architectures": [architecture],
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+        "eos_token_id": 7,
+        **fields,
+    }
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture
+def no_tensors(monkeypatch):
+    """Any tensor made from here on fails the test: loading must only describe the weights."""
+
+    def refuse(*args):
+        raise AssertionError(f"a dummy tensor was made at load time: {args[0]}")
+
+    monkeypatch.setattr(dummy, "random_weight", refuse)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_loads_its_config_and_no_tensor(name, no_tensors):
+    loaded = load_dummy(name, "auto", CPU, torch.float32)
+    assert loaded.config == PRESETS[name]
+    if not is_runnable(loaded.config):  # MoE / hybrid: the config loads, the engine refuses it as it always did
+        assert len(loaded.weights) == 0
+        with pytest.raises(UnsupportedModelError, match="can be analyzed .* but not run"):
+            build_model(loaded, torch.float32, CPU)
+        return
+    c = loaded.config
+    per_layer = 9 + 2 * c.qk_norm + 3 * c.attention_bias
+    assert len(loaded.weights) == 2 + (not c.tie_word_embeddings) + c.num_layers * per_layer
+
+
+@pytest.mark.parametrize("name", [n for n, c in PRESETS.items() if is_runnable(c)])
+def test_every_runnable_preset_builds_on_the_meta_device(name):
+    """The shapes are the ones build_model takes, for every preset, without a byte of weights."""
+    model = build_model(load_dummy(name, "auto", META, torch.bfloat16), torch.bfloat16, META)
+    assert model.embed.device.type == "meta" and model.layers[0].qkv.weight.device.type == "meta"
+
+
+def rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
+
+
+def test_a_27b_model_builds_its_shapes_without_allocating():
+    """dense-27b in bfloat16 is 54 GB: the LoadedModel holds only readers, and the model builds on meta."""
+    before = rss_bytes()
+    loaded = load_dummy("dense-27b", "auto", META, torch.bfloat16)
+    model = build_model(loaded, torch.bfloat16, META)
+    linears = [m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    params = model.embed.numel() + sum(m.weight.numel() for m in linears)
+    assert 27.0e9 < params < 27.5e9  # tied embeddings: the lm_head is the embedding
+    assert model.precision.weights.name == "bf16"
+    assert rss_bytes() - before < 1 << 30
+
+
+def test_a_27b_model_loads_lazily_on_the_cpu(no_tensors):
+    loaded = load_dummy("dense-27b", "float", CPU, torch.bfloat16)
+    assert loaded.config.num_layers == 46 and len(loaded.weights) == 1 + 1 + 46 * 9
+
+
+def test_weights_are_made_in_the_requested_format():
+    int4 = load_dummy("smollm2-135m", "int4", CPU, torch.float32).weights
+    assert isinstance(int4["model.layers.0.mlp.down_proj.weight"], Int4Weight)
+    assert isinstance(int4["model.embed_tokens.weight"], Int8GroupWeight)  # the tied lm_head's Q8_0 groups
+    int8 = load_dummy("smollm2-135m", "int8", CPU, torch.float32).weights
+    assert isinstance(int8["model.layers.0.self_attn.q_proj.weight"], Int8GroupWeight)
+    bf16 = load_dummy("smollm2-135m", "float", CPU, torch.bfloat16).weights["model.layers.0.self_attn.q_proj.weight"]
+    assert bf16.dtype == torch.bfloat16 and 0.01 < bf16.float().std() < 0.03
+
+
+@pytest.mark.parametrize("weights, fmt", [("int4", "q4_1"), ("float", "fp32")])
+def test_smollm2_preset_generates_greedily(weights, fmt):
+    llm = LLM(model="smollm2-135m", load_format="dummy", weights=weights)
+    assert llm.precision.weights.name == fmt
+    out = llm.generate([[1, 2, 3, 4, 5]], GREEDY)[0]
+    assert len(out.token_ids) == 4 and all(0 <= i < 49152 for i in out.token_ids)
+
+
+def test_a_config_json_runs_and_the_seed_decides_the_weights(tmp_path):
+    path = write_config(tmp_path / "config.json", tiny_config())
+    a, b = (LLM(model=path, load_format="dummy", weights="float", dummy_seed=1) for _ in range(2))
+    prompt = [[3, 1, 4, 1, 5, 9, 2, 6]]
+    assert a.generate(prompt, GREEDY)[0].token_ids == b.generate(prompt, GREEDY)[0].token_ids
+    name = "model.layers.1.mlp.up_proj.weight"
+    one, two = (load_dummy(path, "float", CPU, torch.float32, seed).weights[name] for seed in (1, 2))
+    assert torch.equal(one, load_dummy(path, "float", CPU, torch.float32, 1).weights[name])
+    assert not torch.equal(one, two)
+    assert a.tokenizer.eos_token_ids == [7]  # the config's EOS, not SmolLM2's
+
+
+@pytest.mark.parametrize(
+    "architecture, names",
+    [
+        ("Qwen2ForCausalLM", ["model.layers.0.self_attn.q_proj.bias", "model.layers.1.self_attn.v_proj.bias"]),
+        ("Qwen3ForCausalLM", ["model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"]),
+    ],
+)
+def test_qwen_flags_give_their_tensors_and_run(tmp_path, architecture, names):
+    path = write_config(tmp_path / "config.json", tiny_config(architecture, tie_word_embeddings=True))
+    llm = LLM(model=path, load_format="dummy", weights="int8")
+    loaded = load_dummy(path, "int8", CPU, torch.float32)
+    assert all(n in loaded.weights for n in names) and "lm_head.weight" not in loaded.weights
+    assert len(llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == 4
+
+
+def test_an_hf_directory_is_read_for_its_config_only(tmp_path):
+    write_config(tmp_path / "config.json", tiny_config())
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")  # reading it would fail
+    with pytest.raises(ModelLoadError, match="unreadable safetensors"):
+        load_model(tmp_path)
+    llm = LLM(model=tmp_path, load_format="dummy", weights="float")
+    assert llm.config.vocab_size == 512 and len(llm.generate([[1, 2]], GREEDY)[0].token_ids) == 4
+
+
+def test_a_gguf_gives_its_header_config_tokenizer_and_format(tiny_gguf):
+    real = load_model(tiny_gguf)
+    loaded = load_dummy(tiny_gguf, "auto", CPU, torch.float32)
+    assert loaded.config == real.config and loaded.native_format == real.native_format
+    assert loaded.tokenizer.encode("hello") == real.tokenizer.encode("hello")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert loaded.weights[name].shape == real.weights[name].shape
+    assert not torch.equal(loaded.weights[name], real.weights[name])
+
+
+def test_unknown_names_and_bad_formats_fail_clearly(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such file or directory, and unknown model preset 'qwen3-9b'"):
+        load_dummy("qwen3-9b", "auto", CPU, torch.float32)
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_dummy(tmp_path, "auto", CPU, torch.float32)
+    with pytest.raises(InvalidRequestError, match="load_format must be one of auto, dummy; got 'pt'"):
+        LLM(model="smollm2-135m", load_format="pt")
+
+
+def test_ids_outside_the_vocabulary_detokenize_as_placeholders():
+    tokenizer = dummy.bundled_tokenizer(PRESETS["qwen3-8b"])
+    hello = tokenizer.encode("Hello world")
+    ids = [*hello, 151000, *tokenizer.encode(" again")]
+    assert tokenizer.decode(ids) == "Hello world<id:151000> again"
+    stream = IncrementalDetokenizer(tokenizer)
+    text = "".join(stream.add(i) for i in ids) + stream.flush()
+    assert text == "Hello world<id:151000> again"
+
+
+def test_cli_generate_runs_a_dummy_preset_and_says_so():
+    """A text prompt, through SmolLM2's tokenizer and chat template (the preset has no tokenizer of its own)."""
+    args = ["generate", "Hi", "--model", "smollm2-135m", "--load-format", "dummy", "--max-tokens", "4"]
+    r = rooftop_in_process(*args, "--no-roofline", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert "from smollm2-135m (dummy weights, seed 0)" in " ".join(r.stderr.split())
+
+
+def test_cli_rejects_a_bad_load_format_before_loading():
+    assert_user_error(
+        rooftop_in_process("generate", "hi", "--load-format", "safetensors"), "load_format must be one of auto, dummy"
+    )
