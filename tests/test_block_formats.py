@@ -116,3 +116,64 @@ def test_bad_blocks_are_refused_with_the_reason():
         kernels.block_linear(torch.randn(1, 128), data, BLOCK_FORMATS.index("q4_k"), None, None)
     with pytest.raises(RuntimeError, match="blocks must be contiguous uint8"):
         kernels.block_linear(torch.randn(1, 512), data, BLOCK_FORMATS.index("q4_k"), None, None)
+
+
+@pytest.fixture(scope="module")
+def k_quant_mix(tmp_path_factory):
+    """A tiny random Llama (d = ff = 256: whole super-blocks) in a Q4_K_M-like mix of every stored format, and
+    transformers' model of the same file (it decodes the blocks with gguf's dequantizer)."""
+    from gguf_factory import write_tiny_gguf
+    from transformers import AutoModelForCausalLM
+
+    mix = {
+        "token_embd.weight": QType.Q4_K,
+        "attn_q": QType.Q4_K,
+        "attn_k": QType.Q5_0,
+        "attn_v": QType.Q6_K,
+        "attn_output": QType.Q5_K,
+        "ffn_gate": QType.Q4_0,
+        "ffn_up": QType.Q5_1,
+        "ffn_down": QType.Q8_0,
+    }
+    path = tmp_path_factory.mktemp("mix") / "k-mix.gguf"
+    write_tiny_gguf(path, qtype=lambda name: next((t for part, t in mix.items() if part in name), QType.F32))
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return path, reference
+
+
+def test_a_k_quant_mix_matches_transformers_on_the_float_path_and_runs_each_format_as_stored(k_quant_mix):
+    from near_ties import QUANTIZED_TIE, rooftop_logits
+
+    from rooftop import LLM, SamplingParams
+
+    path, reference = k_quant_mix
+    ids = list(range(3, 40))
+    with torch.no_grad():
+        theirs = reference(torch.tensor([ids])).logits[0]
+    float_llm = LLM(model=str(path), weights="float")
+    torch.testing.assert_close(rooftop_logits(float_llm)(ids), theirs, atol=1e-4, rtol=1e-4)
+    if kernels is None:
+        return
+    llm = LLM(model=str(path))  # auto: every matrix in the format the file holds it in
+    layer = llm.model.layers[0]
+    assert [p.format for p in layer.qkv.parts] == ["q4_k", "q5_0", "q6_k"]
+    assert (layer.o.format, layer.down.format, [p.format for p in layer.gate_up.parts]) == (
+        "q5_k",
+        "q8_0",
+        ["q4_0", "q5_1"],
+    )
+    assert llm.model.lm_head.format == "q4_k"  # the tied embedding, as stored
+    assert set(llm.precision.weights.name.split("+")) == {"q4_k", "q5_0", "q6_k", "q5_k", "q8_0", "q4_0", "q5_1"}
+    ours = rooftop_logits(llm)(ids)
+    # int8 activations on the same weights: ~0.1 of this tiny random model's logits in every format the kernels run
+    # (measured: Q8_0 0.098, Q4_1 0.115, Q4_K 0.081, this mix 0.088), none of it from the weights' decoding
+    assert float((ours - theirs).norm() / theirs.norm()) < 0.15
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    own = llm.generate({"prompt_token_ids": ids}, greedy)[0].token_ids
+    with torch.no_grad():
+        ref = reference.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids) :].tolist()
+    i = next((j for j, (a, b) in enumerate(zip(own, ref, strict=True)) if a != b), None)
+    if i is not None:  # a parting only where transformers' own top two nearly tie
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids + ref[:i]])).logits[0, -1]
+        assert float(logits[ref[i]] - logits[own[i]]) < QUANTIZED_TIE

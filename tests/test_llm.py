@@ -37,6 +37,18 @@ def test_generate_accepts_token_ids_and_per_prompt_params(bundled_llm):
     assert outs[1].token_ids == outs[0].token_ids[:3]
 
 
+def test_generate_takes_vllms_prompt_dicts_and_refuses_other_shapes(bundled_llm):
+    ids = bundled_llm.tokenizer.encode("The capital of France is")
+    by_ids, by_text = bundled_llm.generate([{"prompt_token_ids": ids}, {"prompt": "The capital of France is"}], GREEDY)
+    assert by_ids.prompt_token_ids == ids and by_ids.token_ids == bundled_llm.generate(ids, GREEDY)[0].token_ids
+    assert by_text.prompt == "The capital of France is" and by_text.token_ids == by_ids.token_ids
+    assert bundled_llm.generate({"prompt_token_ids": ids}, GREEDY)[0].token_ids == by_ids.token_ids
+    with pytest.raises(InvalidRequestError, match="exactly one of 'prompt' .* got keys \\['prompt_ids'\\]"):
+        bundled_llm.generate({"prompt_ids": ids}, GREEDY)
+    with pytest.raises(InvalidRequestError, match="not int"):
+        bundled_llm.stream(3, GREEDY)
+
+
 def test_seed_reproduces_and_differs(bundled_llm):
     def run(seed):
         params = SamplingParams(max_tokens=16, temperature=1.0, seed=seed, ignore_eos=True)

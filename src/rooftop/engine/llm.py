@@ -27,7 +27,24 @@ from rooftop.roofline.precision import Precision
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STEP_HISTORY = 10_000  # step records kept for the phase report
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict  # text, token ids, or vLLM's {"prompt": text} / {"prompt_token_ids": ids}
+
+
+def as_prompt(prompt: Prompt) -> str | list[int]:
+    """Text or token ids from any of the forms `Prompt` names; anything else is refused by name."""
+    if isinstance(prompt, dict):
+        if set(prompt) == {"prompt_token_ids"}:
+            return list(prompt["prompt_token_ids"])
+        if set(prompt) == {"prompt"}:
+            return prompt["prompt"]
+        raise InvalidRequestError(
+            f"a prompt dict holds exactly one of 'prompt' (text) or 'prompt_token_ids'; got keys {sorted(prompt)}"
+        )
+    if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(i, int) for i in prompt)):
+        return prompt
+    raise InvalidRequestError(f"a prompt is text, a list of token ids or a prompt dict, not {type(prompt).__name__}")
+
+
 Messages = list[dict]
 
 
@@ -132,7 +149,7 @@ class LLM:
         self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None
     ) -> list[RequestOutput]:
         """One output per prompt, in order; all prompts run concurrently. A prompt is text or token ids."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params_list = params if isinstance(params, list) else [params] * len(prompts)
@@ -143,7 +160,7 @@ class LLM:
         try:
             for prompt, p in zip(prompts, params_list, strict=True):
                 ids.append(f"generate-{next(self._request_ids)}")
-                self.engine.add_request(ids[-1], prompt, p, arrival)
+                self.engine.add_request(ids[-1], as_prompt(prompt), p, arrival)
             outputs = {}
             for request_id in ids:
                 for delta in self._deltas(request_id):
@@ -165,7 +182,7 @@ class LLM:
         """Generate for one prompt, yielding each piece of text as soon as it is final (the request is queued
         at once, so a bad prompt raises here, not at the first `next`)."""
         request_id = f"stream-{next(self._request_ids)}"
-        self.engine.add_request(request_id, prompt, sampling_params or SamplingParams())
+        self.engine.add_request(request_id, as_prompt(prompt), sampling_params or SamplingParams())
         return self._stream(request_id)
 
     def _stream(self, request_id: str) -> Iterator[StreamChunk]:
