@@ -1,6 +1,10 @@
 """rooftop against llama.cpp and transformers on the same GGUF: prefill tok/s (pp), decode TPOT (tg), peak memory.
 
-    .venv/bin/python benchmarks/peers.py [--reps 3] [--pp 512] [--tg 128] [--threads 2] [--markdown FILE]
+    .venv/bin/python benchmarks/peers.py [--model FILE.gguf] [--reps 3] [--pp 512] [--tg 128] [--threads 2]
+        [--engines rooftop-auto,llama.cpp] [--markdown FILE]
+
+--model: any GGUF (default the bundled model), e.g. one benchmarks/make_gguf.py wrote at a preset's size;
+rooftop-auto runs each tensor in the format the file holds it in, rooftop-int4/int8/float32 convert them.
 
 Each measurement runs in its own process (so peak RSS is that engine's alone), engines alternate within every
 repetition, and the table shows medians. Like llama-bench, pp times a prefill of `pp` random tokens into an
@@ -23,6 +27,13 @@ from datetime import date
 from pathlib import Path
 
 ENGINES = ("rooftop-float32", "rooftop-int8", "rooftop-int4", "llama.cpp", "transformers")
+MODEL: str | None = None  # --model: the GGUF every engine runs (None: the bundled model)
+
+
+def model_path() -> Path:
+    from rooftop.loading.bundled import bundled_model_path
+
+    return Path(MODEL) if MODEL else bundled_model_path()
 
 
 def prompt_ids(n: int, vocab: int) -> list[int]:
@@ -35,6 +46,7 @@ def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float]:
     from rooftop import LLM, SamplingParams
 
     llm = LLM(
+        model=str(model_path()),
         weights=fmt,
         max_num_batched_tokens=max(pp, 1024),
         num_kv_blocks=(pp + tg) // 16 + 8,
@@ -51,10 +63,8 @@ def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float]:
 def run_llama_cpp(pp: int, tg: int, threads: int) -> tuple[float, float]:
     from llama_cpp import Llama
 
-    from rooftop.loading.bundled import bundled_model_path
-
     llm = Llama(
-        str(bundled_model_path()),
+        str(model_path()),
         n_ctx=pp + tg + 16,
         n_batch=pp,
         n_ubatch=pp,
@@ -82,9 +92,7 @@ def run_transformers(pp: int, tg: int) -> tuple[float, float]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rooftop.loading.bundled import bundled_model_path
-
-    path = bundled_model_path()
+    path = model_path()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     ids = torch.tensor([prompt_ids(pp, model.config.vocab_size)])
     with torch.inference_mode():
@@ -154,6 +162,7 @@ def markdown(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a GGUF file (default: the bundled model)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--pp", type=int, default=512)
     parser.add_argument("--tg", type=int, default=128)
@@ -163,6 +172,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="every run's numbers")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global MODEL
+    MODEL = args.model
     if args.worker:
         print(json.dumps(worker(args.worker, args.pp, args.tg, args.threads)))
         return
@@ -181,6 +192,7 @@ def main() -> None:
                 str(args.tg),
                 "--threads",
                 str(args.threads),
+                *(["--model", args.model] if args.model else []),
             ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:

@@ -1,6 +1,6 @@
-"""Where a decode step's time goes: torch.profiler over 20 decode steps of the bundled model at batch 1.
+"""Where a decode step's time goes: torch.profiler over 20 decode steps of a model (the bundled one) at batch 1.
 
-.venv/bin/python benchmarks/profile_decode.py [--weights auto|float|int8|int4] [--rows 15]
+.venv/bin/python benchmarks/profile_decode.py [--model FILE.gguf] [--weights auto|float|int8|int4] [--rows 15]
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from rooftop import LLM, SamplingParams
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a GGUF file or HF directory (default: the bundled model)")
     parser.add_argument("--weights", default="auto")
     parser.add_argument("--rows", type=int, default=15)
     args = parser.parse_args()
-    llm = LLM(weights=args.weights)
+    llm = LLM(model=args.model, weights=args.weights)
     eng, params = llm.engine, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     for rep in range(3):  # two warm-ups, then the timed run
         eng.add_request(f"warm{rep}", "Hello there, how are you", params)

@@ -1,11 +1,12 @@
-"""GGUF's block formats: the ones rooftop's kernels run as stored (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) against gguf's
-own dequantizer and the exact matmul on the kernels' int8 activations; the rarer types gguf decodes, converted at
+"""GGUF's block formats: the ones rooftop's kernels run as stored (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q4_0's nibbles
+repacked in pairs of groups) against gguf's own dequantizer and the exact matmul on the kernels' int8 activations; the rarer types gguf decodes, converted at
 load to rooftop's int4; bad blocks refused with the reason."""
 
 import gguf
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
@@ -14,8 +15,8 @@ from rooftop.kernels import cpu
 from rooftop.loading.gguf import read_matrix
 from rooftop.loading.gguf_file import TensorInfo
 from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize, stored_blocks, supported_types
-from rooftop.quant.linear import BlockLinear, RowPlan, make_linear
-from rooftop.quant.weights import BLOCK_FORMATS, Int4Weight
+from rooftop.quant.linear import KERNEL_FORMATS, BlockLinear, Q4_0Linear, RowPlan, make_linear, widen_dtype
+from rooftop.quant.weights import Int4Weight
 
 kernels = cpu.ops()
 needs_kernels = pytest.mark.skipif(kernels is None, reason="rooftop's CPU kernels did not build on this machine")
@@ -60,16 +61,21 @@ def test_stored_blocks_run_exactly_as_gguf_decodes_them(qtype):
         w = stored_blocks(raw, qtype, (24, k))
         assert w.format == STORED_TYPES[qtype] and w.shape == (24, k)
         assert torch.equal(w.dequantize(), reference)
-        lin = BlockLinear.from_weight(w, torch.randn(24, generator=torch.Generator().manual_seed(1)))
+        lin = make_linear(w, torch.randn(24, generator=torch.Generator().manual_seed(1)), "int4", stored=True)
+        assert type(lin) is (Q4_0Linear if qtype == QType.Q4_0 else BlockLinear) and lin.format == w.format
         assert torch.equal(lin.dequantize(), reference)  # the kernel's own decoding, which prefill widens with
-        assert lin.nbytes == raw.nbytes
+        assert lin.nbytes == raw.nbytes + (
+            24 * 16 if qtype == QType.Q4_0 and k % 64 else 0
+        )  # an odd group pads its pair
         gen = torch.Generator().manual_seed(k)
         for rows in (1, 3, 4, 5, 9):
             x, residual = torch.randn(rows, k, generator=gen), torch.randn(rows, 24, generator=gen)
             exact = int8_activations(x).double() @ reference.double().t() + lin.bias.double() + residual.double()
             torch.testing.assert_close(lin(x, residual=residual), exact.float(), atol=1e-4, rtol=1e-4)
-        wide = lin(x, plan=RowPlan((rows,)))  # a widened prefill chunk: float32 sgemm on the decoded weights
-        torch.testing.assert_close(wide, x @ reference.t() + lin.bias, atol=1e-4, rtol=1e-4)
+        wide = lin(x, plan=RowPlan((rows,)))  # a widened prefill chunk: one matmul on the decoded weights
+        dt = widen_dtype()  # bfloat16 where the host multiplies it natively
+        assert torch.equal(lin.dequantize(dt), reference.to(dt))
+        torch.testing.assert_close(wide, F.linear(x.to(dt), reference.to(dt)).float() + lin.bias)
 
 
 @pytest.mark.parametrize(
@@ -113,9 +119,9 @@ def test_bad_blocks_are_refused_with_the_reason():
         stored_blocks(raw, QType.Q6_K, (4, 96))
     data = torch.from_numpy(raw)
     with pytest.raises(RuntimeError, match="K = 128 is not a multiple of the format's 256-weight blocks"):
-        kernels.block_linear(torch.randn(1, 128), data, BLOCK_FORMATS.index("q4_k"), None, None)
+        kernels.block_linear(torch.randn(1, 128), data, KERNEL_FORMATS.index("q4_k"), None, None)
     with pytest.raises(RuntimeError, match="blocks must be contiguous uint8"):
-        kernels.block_linear(torch.randn(1, 512), data, BLOCK_FORMATS.index("q4_k"), None, None)
+        kernels.block_linear(torch.randn(1, 512), data, KERNEL_FORMATS.index("q4_k"), None, None)
 
 
 @pytest.fixture(scope="module")

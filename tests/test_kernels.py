@@ -51,7 +51,7 @@ def test_q8_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows):
 
 
 def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_the_planned_rows():
-    from rooftop.quant.linear import WIDEN_ROWS, RowPlan
+    from rooftop.quant.linear import WIDEN_ROWS, RowPlan, widen_dtype
 
     gen = torch.Generator().manual_seed(7)
     lin = Q4Linear.from_weight(quantize_int4(torch.randn(64, 128, generator=gen)), None)
@@ -59,8 +59,9 @@ def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_the_plann
     torch.testing.assert_close(lin(x), lin(x.reshape(6, 128)).reshape(2, 3, 64))
     assert lin(x.bfloat16()).dtype == torch.bfloat16
     many = torch.randn(WIDEN_ROWS, 128, generator=gen)
-    widened = lin(many, plan=RowPlan((WIDEN_ROWS - 8,)))  # float32 sgemm on the widened weights, then the kernel
-    torch.testing.assert_close(widened[:-8], many[:-8] @ lin.dequantize().t())
+    widened = lin(many, plan=RowPlan((WIDEN_ROWS - 8,)))  # one matmul on the widened weights, then the kernel
+    dt = widen_dtype()  # bfloat16 where the host multiplies it natively, else float32
+    torch.testing.assert_close(widened[:-8], F.linear(many[:-8].to(dt), lin.dequantize(dt)).float())
     assert torch.equal(widened[-8:], lin(many[-8:]))
 
 
@@ -228,15 +229,19 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
 
 
 def block_format_calls() -> list:
-    """block_linear and block_dequantize of every stored block format, on random blocks (5 rows: a group of 4 and
-    a single; K = 768: whole 256-blocks, and for the 32-blocks a tail of 0 groups after 6 chunks; 96: a tail of 3)."""
+    """block_linear and block_dequantize of every block format, and the Q4 loop on Q4_0's scales alone, on random
+    blocks (5 rows: a group of 4 and a single; K = 768: whole 256-blocks, and for the 32-blocks a tail of 0 groups
+    after 6 chunks; 96: a tail of 3)."""
     from gguf import GGMLQuantizationType as QType
     from test_block_formats import random_blocks
 
-    from rooftop.quant.weights import BLOCK_FORMATS
+    from rooftop.quant.gguf_blocks import stored_blocks
+    from rooftop.quant.linear import KERNEL_FORMATS, Q4_0Linear
 
-    calls = []
-    for fmt_id, name in enumerate(BLOCK_FORMATS):
+    q4_0 = Q4_0Linear.from_weight(stored_blocks(random_blocks(QType.Q4_0, 16, 96, 9), QType.Q4_0, (16, 96)), None)
+    x96 = torch.randn(5, 96, generator=torch.Generator().manual_seed(96))
+    calls = [lambda m: m.q4_linear(x96, q4_0.qs, q4_0.dm, None, None), lambda m: m.q4_dequantize(q4_0.qs, q4_0.dm)]
+    for fmt_id, name in enumerate(KERNEL_FORMATS):
         for k in (768,) if name.endswith("_k") else (768, 96):
             data = torch.from_numpy(random_blocks(QType[name.upper()], 16, k, seed=fmt_id))
             x = torch.randn(5, k, generator=torch.Generator().manual_seed(k))

@@ -1,10 +1,9 @@
-// GGUF's block formats run as the file stores them: Q4_0, Q5_0 and Q5_1 (blocks of 32 weights with a float16 scale) and
+// GGUF's block formats run as the file stores them: Q5_0 and Q5_1 (blocks of 32 weights with a float16 scale) and
 // the K-quants Q4_K, Q5_K and Q6_K (super-blocks of 256 weights whose sub-block scales are packed in 6 or 8 bits).
 // A weight row is the file's row of blocks, unchanged; the kernels unpack each group of 32 weights into unsigned
 // bytes u and dot them with the int8 activations (quantized.h).
 //
-// Every format reads as x = a*u - b, with a and b constant over each 16 weights: Q4_0 a = d, b = 8d; Q5_0 a = d,
-// b = 16d; Q5_1 a = d, b = -m; Q4_K and Q5_K a = d*scale, b = dmin*min of the sub-block; Q6_K a = d*scale, b = 32*d*scale. So one
+// Every format reads as x = a*u - b, with a and b constant over each 16 weights: Q5_0 a = d, b = 16d; Q5_1 a = d, b = -m; Q4_K and Q5_K a = d*scale, b = dmin*min of the sub-block; Q6_K a = d*scale, b = 32*d*scale. So one
 // loop serves them all: sum_i x_i * xq_i * xd = a * xd * dot(u, xq) - b * s16, where s16 = xd * sum(xq) over the
 // 16 activations comes with the quantized activations. Groups go four at a time (128 weights, a "chunk") so that
 // fma4 converts and scales four groups' sums in one go.
@@ -14,9 +13,13 @@
 namespace {
 
 inline float half_at(const uint8_t* p) {
-  at::Half h;
-  std::memcpy(&h, p, 2);
-  return static_cast<float>(h);
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#ifdef ROOFTOP_AVX2
+  return _cvtsh_ss(bits);  // F16C: one instruction, where at::Half converts in software
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
 }
 
 // Q4_K and Q5_K pack 8 six-bit scales and 8 six-bit mins in 12 bytes: sub-blocks 0-3 in the low 6 bits of bytes
@@ -30,53 +33,64 @@ inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
   }
 }
 
-// Q4_0: per 32 weights a float16 d and 16 bytes whose low nibbles are weights 0-15 and high nibbles 16-31.
-// Q5_0 puts a 32-bit mask of fifth bits between them; Q5_1 has a float16 minimum m after d, then the mask.
-// x = d * (u - 8), d * (u - 16) and d * u + m.
-template <bool FifthBit, bool Min>
+// Q5_0: per 32 weights a float16 d, a 32-bit mask of fifth bits and 16 bytes whose low nibbles are weights 0-15
+// and high nibbles 16-31; Q5_1 has a float16 minimum m after d. x = d * (u - 16) and d * u + m. (Q4_0 runs on
+// cpu.cpp's Q4 loop, its nibbles repacked in pairs of groups, which reads them faster.)
+template <bool Min>
 struct Block32 {
-  static constexpr int64_t QK = 32, HIGH = Min ? 4 : 2, QS = HIGH + (FifthBit ? 4 : 0), BYTES = QS + 16;
+  static constexpr int64_t QK = 32, HIGH = Min ? 4 : 2, QS = HIGH + 4, BYTES = QS + 16;
+  static constexpr bool PER16 = false;
 
-  static float offset(const uint8_t* blk) { return Min ? -half_at(blk + 2) : half_at(blk) * (FifthBit ? 16.f : 8.f); }
+  static float offset(const uint8_t* blk) { return Min ? -half_at(blk + 2) : half_at(blk) * 16.f; }
 
   static void decode(const uint8_t* row, int64_t g, uint8_t* u, float* a, float* b) {
     const uint8_t* blk = row + g * BYTES;
     const uint8_t* qs = blk + QS;
-    uint32_t high = 0;
-    if (FifthBit) std::memcpy(&high, blk + HIGH, 4);
+    uint32_t high;
+    std::memcpy(&high, blk + HIGH, 4);
     for (int i = 0; i < 16; ++i) {
       u[i] = (qs[i] & 15) | (((high >> i) & 1) << 4);
       u[i + 16] = (qs[i] >> 4) | (((high >> (i + 16)) & 1) << 4);
     }
+    decode_scales(row, g, a, b);
+  }
+
+  static void decode_scales(const uint8_t* row, int64_t g, float* a, float* b) {
+    const uint8_t* blk = row + g * BYTES;
     a[0] = a[1] = half_at(blk);
     b[0] = b[1] = offset(blk);
   }
 
-  static void chunk_scales(const uint8_t* row, int64_t c, float* a, float* b) {
-    for (int j = 0; j < 4; ++j) {
-      const uint8_t* blk = row + (4 * c + j) * BYTES;
-      a[2 * j] = a[2 * j + 1] = half_at(blk);
-      b[2 * j] = b[2 * j + 1] = offset(blk);
-    }
+#ifdef ROOFTOP_AVX2
+  // The four blocks' d (and m) gathered into one vector and converted at once (F16C); both halves of a block
+  // share its scale, so fma4's order needs no shuffle, and its offset applies to its 32-sum s.
+  static __m128 halves4(const uint8_t* blk, int at) {
+    uint16_t h[4];
+    for (int j = 0; j < 4; ++j) std::memcpy(&h[j], blk + j * BYTES + at, 2);
+    return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h)));
   }
 
-#ifdef ROOFTOP_AVX2
+  static void chunk(const uint8_t* row, int64_t c, __m256& scales, __m128& offsets) {
+    const uint8_t* blk = row + 4 * c * BYTES;
+    const __m128 d = halves4(blk, 0);
+    scales = _mm256_set_m128(d, d);
+    offsets = Min ? _mm_sub_ps(_mm_setzero_ps(), halves4(blk, 2)) : _mm_mul_ps(d, _mm_set1_ps(16.f));
+  }
+
   static __m256i block(const uint8_t* row, int64_t g) {
     const uint8_t* blk = row + g * BYTES;
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + QS));
     const __m128i mask = _mm_set1_epi8(15);
-    __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
-    if (FifthBit) {  // bit i of the mask -> 16 in byte i: broadcast, pick byte i / 8 into lane i, test bit i % 8
-      uint32_t high;
-      std::memcpy(&high, blk + HIGH, 4);
-      const __m256i spread = _mm256_shuffle_epi8(
-          _mm256_set1_epi32(static_cast<int>(high)),
-          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
-      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-      u = _mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-    }
-    return u;
+    const __m256i low = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm_and_si128(q, mask));
+    // bit i of the mask -> 16 in byte i: broadcast, pick byte i / 8 into lane i, test bit i % 8
+    uint32_t high;
+    std::memcpy(&high, blk + HIGH, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(high)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(16)));
   }
 
   template <int J>
@@ -91,6 +105,7 @@ template <bool FifthBit>
 struct BlockK4 {
   static constexpr int64_t QK = 256, BYTES = FifthBit ? 176 : 144;
   static constexpr int64_t QS = FifthBit ? 48 : 16;
+  static constexpr bool PER16 = false;
 
   static void sub_block(const uint8_t* sb, int j, float& a, float& b) {
     int scale, min;
@@ -105,19 +120,34 @@ struct BlockK4 {
     for (int l = 0; l < 32; ++l) {
       u[l] = (j % 2 ? qs[l] >> 4 : qs[l] & 15) | (FifthBit ? ((sb[16 + l] >> j) & 1) << 4 : 0);
     }
-    sub_block(sb, j, a[0], b[0]);
+    decode_scales(row, g, a, b);
+  }
+
+  static void decode_scales(const uint8_t* row, int64_t g, float* a, float* b) {
+    sub_block(row + (g / 8) * BYTES, g % 8, a[0], b[0]);
     a[1] = a[0], b[1] = b[0];
   }
 
-  static void chunk_scales(const uint8_t* row, int64_t c, float* a, float* b) {
+#ifdef ROOFTOP_AVX2
+  // The four sub-blocks' 6-bit scales and mins of a chunk (scale_min_k4 for four j at once, a byte per j in a
+  // 32-bit word), times d and dmin.
+  static void chunk(const uint8_t* row, int64_t c, __m256& scales, __m128& offsets) {
     const uint8_t* sb = row + (c / 2) * BYTES;
-    for (int j = 0; j < 4; ++j) {
-      sub_block(sb, 4 * (c % 2) + j, a[2 * j], b[2 * j]);
-      a[2 * j + 1] = a[2 * j], b[2 * j + 1] = b[2 * j];
+    uint32_t q[3];
+    std::memcpy(q, sb + 4, 12);
+    uint32_t scale, min;
+    if (c % 2 == 0) {
+      scale = q[0] & 0x3f3f3f3f, min = q[1] & 0x3f3f3f3f;
+    } else {
+      scale = (q[2] & 0x0f0f0f0f) | ((q[0] >> 2) & 0x30303030);
+      min = ((q[2] >> 4) & 0x0f0f0f0f) | ((q[1] >> 2) & 0x30303030);
     }
+    auto floats = [](uint32_t bytes) { return _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(bytes)))); };
+    const __m128 a = _mm_mul_ps(floats(scale), _mm_set1_ps(half_at(sb)));
+    scales = _mm256_set_m128(a, a);
+    offsets = _mm_mul_ps(floats(min), _mm_set1_ps(half_at(sb + 2)));
   }
 
-#ifdef ROOFTOP_AVX2
   template <int J>
   static __m256i group(const uint8_t* row, int64_t c) {
     const uint8_t* sb = row + (c / 2) * BYTES;
@@ -140,25 +170,35 @@ struct BlockK4 {
 // bits 2J, 2J + 1 of qh[l].
 struct BlockQ6K {
   static constexpr int64_t QK = 256, BYTES = 210;
+  static constexpr bool PER16 = true;
 
   static void decode(const uint8_t* row, int64_t g, uint8_t* u, float* a, float* b) {
     const uint8_t* sb = row + (g / 8) * BYTES;
     const int half = (g % 8) / 4, j = g % 4;
     const uint8_t *ql = sb + 64 * half + 32 * (j % 2), *qh = sb + 128 + 32 * half;
     for (int l = 0; l < 32; ++l) u[l] = (j < 2 ? ql[l] & 15 : ql[l] >> 4) | (((qh[l] >> (2 * j)) & 3) << 4);
+    decode_scales(row, g, a, b);
+  }
+
+  static void decode_scales(const uint8_t* row, int64_t g, float* a, float* b) {
+    const uint8_t* sb = row + (g / 8) * BYTES;
     const float d = half_at(sb + 208);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(sb + 192) + 8 * half + 2 * j;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(sb + 192) + 2 * (g % 8);
     for (int h = 0; h < 2; ++h) a[h] = d * scales[h], b[h] = 32.f * a[h];
   }
 
-  static void chunk_scales(const uint8_t* row, int64_t c, float* a, float* b) {
+#ifdef ROOFTOP_AVX2
+  // The chunk's 8 int8 scales (one per 16 weights) in fma4's order; the offsets of a scale per 16 cannot fold
+  // into the 32-sums, so they come per 16 (chunk16).
+  static void chunk16(const uint8_t* row, int64_t c, __m256& scales, __m256& offsets) {
     const uint8_t* sb = row + (c / 2) * BYTES;
-    const float d = half_at(sb + 208);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(sb + 192) + 8 * (c % 2);
-    for (int i = 0; i < 8; ++i) a[i] = d * scales[i], b[i] = 32.f * a[i];
+    const __m256 d = _mm256_set1_ps(half_at(sb + 208));
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 192 + 8 * (c % 2)));
+    const __m256 natural = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    scales = _mm256_permutevar8x32_ps(natural, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    offsets = _mm256_mul_ps(natural, _mm256_set1_ps(32.f));
   }
 
-#ifdef ROOFTOP_AVX2
   template <int J>
   static __m256i group(const uint8_t* row, int64_t c) {
     const uint8_t* sb = row + (c / 2) * BYTES;
@@ -173,8 +213,8 @@ struct BlockQ6K {
 };
 
 // One output row of format F dotted with R activation rows: chunks of four groups through fma4 with each half
-// group's scale a, the offsets b dotted with the activations' 16-sums once per chunk; a tail of 1-3 groups
-// (block-32 formats whose K is not a multiple of 128) singly.
+// group's scale a, the offsets b dotted with the activations' 32-sums (16-sums for Q6_K, whose scales change every
+// 16 weights) once per chunk; a tail of 1-3 groups (block-32 formats whose K is not a multiple of 128) singly.
 template <typename F>
 struct BlockWeights {
   const uint8_t* data;  // (N, K / QK * BYTES): the file's rows of blocks
@@ -185,25 +225,33 @@ struct BlockWeights {
   void dot(int64_t n, int64_t r0, float* acc) const {
     const uint8_t* row = data + n * (groups * GROUP / F::QK) * F::BYTES;
     const int8_t* xq = a->q.data() + r0 * groups * GROUP;
-    const float *xd = a->d.data() + r0 * groups, *xs = a->s16.data() + r0 * groups * 2;
+    const float *xd = a->d.data() + r0 * groups, *xs = a->s16.data() + r0 * groups * 2, *xs32 = a->s.data() + r0 * groups;
     const int64_t chunks = groups / 4;
 #ifdef ROOFTOP_AVX2
     __m256 sum[R], off[R];
     for (int r = 0; r < R; ++r) sum[r] = off[r] = _mm256_setzero_ps();
-    const __m256i halves = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // fma4's order: first halves, then second
-    alignas(32) float av[8], bv[8];
     for (int64_t c = 0; c < chunks; ++c) {
       const __m256i w0 = F::template group<0>(row, c), w1 = F::template group<1>(row, c);
       const __m256i w2 = F::template group<2>(row, c), w3 = F::template group<3>(row, c);
-      F::chunk_scales(row, c, av, bv);
-      const __m256 scales = _mm256_permutevar8x32_ps(_mm256_load_ps(av), halves), offsets = _mm256_load_ps(bv);
+      __m256 scales;
+      if constexpr (F::PER16) {  // offsets per 16 weights, against the activations' 16-sums
+        __m256 offsets;
+        F::chunk16(row, c, scales, offsets);
+        for (int r = 0; r < R; ++r) off[r] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(xs + 2 * (r * groups + 4 * c)), off[r]);
+      } else {  // one offset per 32 weights, against the 32-sums
+        __m128 offsets;
+        F::chunk(row, c, scales, offsets);
+        for (int r = 0; r < R; ++r) {
+          const __m128 o = _mm_mul_ps(offsets, _mm_loadu_ps(xs32 + r * groups + 4 * c));
+          off[r] = _mm256_add_ps(off[r], _mm256_castps128_ps256(o));
+        }
+      }
       for (int r = 0; r < R; ++r) {
         const int64_t ag = r * groups + 4 * c;
         const int8_t* x = xq + ag * GROUP;
         const __m128 d4 = _mm_loadu_ps(xd + ag);
         sum[r] = fma4(dot_i32(w0, load32(x)), dot_i32(w1, load32(x + 32)), dot_i32(w2, load32(x + 64)),
                       dot_i32(w3, load32(x + 96)), _mm256_mul_ps(scales, _mm256_set_m128(d4, d4)), sum[r]);
-        off[r] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(xs + 2 * ag), off[r]);
       }
     }
     for (int r = 0; r < R; ++r) acc[r] = hsum(sum[r]) - hsum(off[r]);
@@ -239,30 +287,41 @@ struct BlockWeights {
   }
 };
 
-template <typename F>
-void dequantize_rows(const uint8_t* data, int64_t n, int64_t k, float* out) {
+template <typename F, typename T>
+void dequantize_rows(const uint8_t* data, int64_t n, int64_t k, T* out) {
   const int64_t groups = k / GROUP, row_bytes = k / F::QK * F::BYTES;
   at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
     uint8_t u[32];
     float a[2], b[2];
     for (int64_t row = n0; row < n1; ++row) {
-      for (int64_t g = 0; g < groups; ++g) {
-        F::decode(data + row * row_bytes, g, u, a, b);
-        float* y = out + row * k + g * GROUP;
-        for (int i = 0; i < GROUP; ++i) y[i] = a[i / 16] * u[i] - b[i / 16];
+      const uint8_t* rp = data + row * row_bytes;
+      int64_t g = 0;
+#ifdef ROOFTOP_AVX2
+      for (; g + 4 <= groups; g += 4) {
+        const __m256i w[4] = {F::template group<0>(rp, g / 4), F::template group<1>(rp, g / 4),
+                              F::template group<2>(rp, g / 4), F::template group<3>(rp, g / 4)};
+        for (int j = 0; j < 4; ++j) {
+          F::decode_scales(rp, g + j, a, b);
+          widen32(w[j], a[0], b[0], a[1], b[1], out + row * k + (g + j) * GROUP);
+        }
+      }
+#endif
+      for (; g < groups; ++g) {
+        F::decode(rp, g, u, a, b);
+        T* y = out + row * k + g * GROUP;
+        for (int i = 0; i < GROUP; ++i) put(y + i, a[i / 16] * u[i] - b[i / 16]);
       }
     }
   });
 }
 
-enum class Format : int64_t { Q4_0 = 0, Q5_0 = 1, Q5_1 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5 };
+enum class Format : int64_t { Q5_0 = 0, Q5_1 = 1, Q4_K = 2, Q5_K = 3, Q6_K = 4 };
 
 template <typename Fn>
 auto by_format(int64_t format, Fn&& fn) {
   switch (static_cast<Format>(format)) {
-    case Format::Q4_0: return fn(Block32<false, false>{});
-    case Format::Q5_0: return fn(Block32<true, false>{});
-    case Format::Q5_1: return fn(Block32<true, true>{});
+    case Format::Q5_0: return fn(Block32<false>{});
+    case Format::Q5_1: return fn(Block32<true>{});
     case Format::Q4_K: return fn(BlockK4<false>{});
     case Format::Q5_K: return fn(BlockK4<true>{});
     case Format::Q6_K: return fn(BlockQ6K{});
@@ -279,8 +338,8 @@ void check_blocks(const at::Tensor& data, int64_t k) {
 
 }  // namespace
 
-// x (rows, K) float32 @ the block rows `data` (N, bytes per row) of `format` (0 Q4_0, 1 Q5_0, 2 Q5_1, 3 Q4_K,
-// 4 Q5_K, 5 Q6_K: quant/weights.py's BLOCK_FORMATS), transposed (+bias) (+residual).
+// x (rows, K) float32 @ the block rows `data` (N, bytes per row) of `format` (0 Q5_0, 1 Q5_1, 2 Q4_K, 3 Q5_K,
+// 4 Q6_K: quant/linear.py's KERNEL_FORMATS), transposed (+bias) (+residual).
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& data, int64_t format,
                         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
   const int64_t k = x.size(1), n = data.size(0);
@@ -292,13 +351,12 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& data, int64_t for
   });
 }
 
-// Float32 (N, K) from block rows: the weights a prefill chunk widens to run as one sgemm.
-at::Tensor block_dequantize(const at::Tensor& data, int64_t format, int64_t k) {
+// Float32 or bfloat16 (N, K) from block rows: the weights a prefill chunk widens to run as one sgemm.
+at::Tensor block_dequantize(const at::Tensor& data, int64_t format, int64_t k, bool bf16) {
   return by_format(format, [&](auto f) {
     using F = decltype(f);
     check_blocks<F>(data, k);
-    auto out = at::empty({data.size(0), k}, data.options().dtype(at::kFloat));
-    dequantize_rows<F>(data.data_ptr<uint8_t>(), data.size(0), k, out.data_ptr<float>());
-    return out;
+    return widened(data.size(0), k, bf16, data.options(),
+                   [&](auto* out) { dequantize_rows<F>(data.data_ptr<uint8_t>(), data.size(0), k, out); });
   });
 }

@@ -41,17 +41,20 @@ inline __m256 exp_ps(__m256 x) {
 // in registers). Groups are stored in pairs, 32 bytes whose low nibbles are group 2p and high nibbles group
 // 2p + 1, so one load and two masks unpack 64 weights; groups go four at a time (fma4), the last 0-3 singly.
 // The min term sum_g m[g] * s[g] is a separate short dot.
+// Q4_0 (w = d·(q - 8)) runs the same loop with the mins read from d and scaled by -8: `parts` is 1 there, 2 for
+// Q4_1's d and m, and `min_scale` -8 and 1.
 struct Q4Weights {
   const uint8_t* q;  // (N, ceil(G / 2), 32) nibbles of group pairs
-  const at::Half* dm;  // (N, 2, G): the scales d, then the mins m, of each row
+  const at::Half* dm;  // (N, parts, G): the scales d, then (Q4_1) the mins m, of each row
   const QuantizedRows* a;
-  int64_t groups;
+  int64_t groups, parts;
+  float min_scale;
 
   template <int R>
   void dot(int64_t n, int64_t r0, float* acc) const {
     const int64_t pairs = (groups + 1) / 2;
     const uint8_t* wq = q + n * pairs * 32;
-    const at::Half *d = dm + n * 2 * groups, *m = d + groups;
+    const at::Half *d = dm + n * parts * groups, *m = d + (parts - 1) * groups;
     const int8_t* xq = a->q.data() + r0 * groups * GROUP;
     const float *xd = a->d.data() + r0 * groups, *xs = a->s.data() + r0 * groups;
 #ifdef ROOFTOP_AVX2
@@ -83,8 +86,8 @@ struct Q4Weights {
       __m256 mins = _mm256_setzero_ps();
       int64_t j = 0;
       for (; j + 8 <= groups; j += 8) mins = _mm256_fmadd_ps(half8(m + j), _mm256_loadu_ps(xs + r * groups + j), mins);
-      acc[r] = hsum(_mm256_add_ps(sum[r], mins));
-      for (; j < groups; ++j) acc[r] += float(m[j]) * xs[r * groups + j];
+      acc[r] = hsum(_mm256_fmadd_ps(mins, _mm256_set1_ps(min_scale), sum[r]));
+      for (; j < groups; ++j) acc[r] += min_scale * float(m[j]) * xs[r * groups + j];
     }
 #else
     for (int r = 0; r < R; ++r) {
@@ -95,7 +98,7 @@ struct Q4Weights {
         const int8_t* xa = xq + (r * groups + g) * GROUP;
         int sum = 0;
         for (int i = 0; i < GROUP; ++i) sum += ((b[i] >> shift) & 15) * xa[i];
-        acc[r] += float(d[g]) * xd[r * groups + g] * sum + float(m[g]) * xs[r * groups + g];
+        acc[r] += float(d[g]) * xd[r * groups + g] * sum + min_scale * float(m[g]) * xs[r * groups + g];
       }
     }
 #endif
@@ -158,15 +161,19 @@ struct Q8Weights {
 }  // namespace
 
 // x (rows, K) float32; qs (N, ceil(K/64), 32) uint8 nibbles of group pairs; dm (N, 2, K/32) float16 scales d and
-// mins m: w = d*q + m (GGUF's Q4_1).
+// mins m: w = d*q + m (GGUF's Q4_1), or dm (N, 1, K/32) the scales alone: w = d*(q - 8) (GGUF's Q4_0).
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm,
                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
   const int64_t k = x.size(1), n = qs.size(0), groups = k / GROUP;
   check_linear_inputs(x, bias, residual, n);
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * ((groups + 1) / 2) * 32,
               "qs must be uint8 (N, ceil(K/64), 32)");
-  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.numel() == n * groups * 2, "dm must be float16 (N, 2, K/32)");
-  return run_linear(Q4Weights{qs.data_ptr<uint8_t>(), dm.data_ptr<at::Half>(), nullptr, groups}, x, n, bias, residual);
+  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.dim() == 3 && dm.size(0) == n &&
+                  (dm.size(1) == 1 || dm.size(1) == 2) && dm.size(2) == groups,
+              "dm must be float16 (N, 2, K/32) or (N, 1, K/32)");
+  const int64_t parts = dm.size(1);
+  return run_linear(Q4Weights{qs.data_ptr<uint8_t>(), dm.data_ptr<at::Half>(), nullptr, groups, parts, parts == 2 ? 1.f : -8.f},
+                    x, n, bias, residual);
 }
 
 // x (rows, K) float32; q (N, K) int8; d (N, K/32) float16: w = d*q (GGUF's Q8_0).
@@ -179,28 +186,35 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
   return run_linear(Q8Weights{q.data_ptr<int8_t>(), d.data_ptr<at::Half>(), nullptr, groups}, x, n, bias, residual);
 }
 
-// Float32 (N, K) from Q4 groups: the weights a prefill step widens to run as one sgemm.
-at::Tensor q4_dequantize(const at::Tensor& qs, const at::Tensor& dm) {
-  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.dim() == 3 && dm.size(1) == 2, "dm must be float16 (N, 2, K/32)");
-  const int64_t n = dm.size(0), groups = dm.size(2), pairs = (groups + 1) / 2;
+// Float32 or bfloat16 (N, K) from Q4 groups: the weights a prefill chunk widens to run as one sgemm.
+at::Tensor q4_dequantize(const at::Tensor& qs, const at::Tensor& dm, bool bf16) {
+  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.dim() == 3 && (dm.size(1) == 1 || dm.size(1) == 2),
+              "dm must be float16 (N, 2, K/32) or (N, 1, K/32)");
+  const int64_t n = dm.size(0), groups = dm.size(2), pairs = (groups + 1) / 2, parts = dm.size(1);
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * pairs * 32, "qs must be uint8 (N, ceil(K/64), 32)");
-  auto out = at::empty({n, groups * GROUP}, dm.options().dtype(at::kFloat));
+  const float min_scale = parts == 2 ? 1.f : -8.f;
   const uint8_t* q = qs.data_ptr<uint8_t>();
   const at::Half* dmp = dm.data_ptr<at::Half>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t row = n0; row < n1; ++row) {
-      const at::Half *d = dmp + row * 2 * groups, *m = d + groups;
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* b = q + (row * pairs + g / 2) * 32;
-        const int shift = (g % 2) * 4;
-        const float dg = d[g], mg = m[g];
-        float* y = o + (row * groups + g) * GROUP;
-        for (int i = 0; i < GROUP; ++i) y[i] = dg * ((b[i] >> shift) & 15) + mg;
+  return widened(n, groups * GROUP, bf16, dm.options(), [&](auto* o) {
+    at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
+      for (int64_t row = n0; row < n1; ++row) {
+        const at::Half *d = dmp + row * parts * groups, *m = d + (parts - 1) * groups;
+        for (int64_t g = 0; g < groups; ++g) {
+          const uint8_t* b = q + (row * pairs + g / 2) * 32;
+          const int shift = (g % 2) * 4;
+          const float dg = d[g], mg = min_scale * float(m[g]);
+          auto* y = o + (row * groups + g) * GROUP;
+#ifdef ROOFTOP_AVX2
+          const __m256i bytes = load32(b);
+          const __m256i u = _mm256_and_si256(shift ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(15));
+          widen32(u, dg, -mg, dg, -mg, y);
+#else
+          for (int i = 0; i < GROUP; ++i) put(y + i, dg * ((b[i] >> shift) & 15) + mg);
+#endif
+        }
       }
-    }
+    });
   });
-  return out;
 }
 
 // weight * x / rms(x) per row, float32 (T, D).
@@ -427,17 +441,19 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
 // GGUF's block formats (blocks.cpp).
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& data, int64_t format,
                         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
-at::Tensor block_dequantize(const at::Tensor& data, int64_t format, int64_t k);
+at::Tensor block_dequantize(const at::Tensor& data, int64_t format, int64_t k, bool bf16);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_linear", &block_linear, "x @ GGUF block weights^T (+bias) (+residual)", py::arg("x"), py::arg("data"),
         py::arg("format"), py::arg("bias") = py::none(), py::arg("residual") = py::none());
-  m.def("block_dequantize", &block_dequantize, "GGUF block rows -> float32 (N, K)");
+  m.def("block_dequantize", &block_dequantize, "GGUF block rows -> float32 or bfloat16 (N, K)", py::arg("data"),
+        py::arg("format"), py::arg("k"), py::arg("bf16") = false);
   m.def("q4_linear", &q4_linear, "x @ Q4 weights^T (+bias) (+residual)", py::arg("x"), py::arg("qs"), py::arg("dm"),
         py::arg("bias") = py::none(), py::arg("residual") = py::none());
   m.def("q8_linear", &q8_linear, "x @ Q8_0 weights^T (+bias) (+residual)", py::arg("x"), py::arg("q"), py::arg("d"),
         py::arg("bias") = py::none(), py::arg("residual") = py::none());
-  m.def("q4_dequantize", &q4_dequantize, "Q4 groups -> float32 (N, K)");
+  m.def("q4_dequantize", &q4_dequantize, "Q4 groups -> float32 or bfloat16 (N, K)", py::arg("qs"), py::arg("dm"),
+        py::arg("bf16") = false);
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("rope_", &rope_, "optional per-head RMSNorm, then RoPE, in place", py::arg("qkv"), py::arg("heads"),
         py::arg("head_dim"), py::arg("positions"), py::arg("cos"), py::arg("signed_sin"), py::arg("norm") = py::none(),

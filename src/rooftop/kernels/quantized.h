@@ -94,6 +94,49 @@ inline __m256 fma4(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m128 scales
 }
 #endif
 
+// Widened weights for a prefill chunk's sgemm, as float32 or (where the host multiplies bfloat16 natively) bfloat16.
+inline void put(float* out, float v) { *out = v; }
+inline void put(at::BFloat16* out, float v) { *out = at::BFloat16(v); }  // round to nearest even
+
+#ifdef ROOFTOP_AVX2
+inline void put8(float* out, __m256 v) { _mm256_storeu_ps(out, v); }
+inline void put8(at::BFloat16* out, __m256 v) {
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), reinterpret_cast<__m128i>(_mm256_cvtneps_pbh(v)));
+#else  // round to nearest even on the integer bits, then keep the top halves
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                   _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1)));
+#endif
+}
+
+// out[i] = a * u[i] - b for 32 unsigned bytes u, with (a, b) for the first 16 and (a2, b2) for the last 16.
+template <typename T>
+inline void widen32(__m256i u, float a, float b, float a2, float b2, T* out) {
+  const __m128i halves[2] = {_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)};
+  for (int h = 0; h < 2; ++h) {
+    const __m256 scale = _mm256_set1_ps(h ? a2 : a), offset = _mm256_set1_ps(h ? b2 : b);
+    for (int e = 0; e < 2; ++e) {
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e ? _mm_srli_si128(halves[h], 8) : halves[h]));
+      put8(out + 16 * h + 8 * e, _mm256_fmsub_ps(v, scale, offset));
+    }
+  }
+}
+#endif
+
+template <typename Fn>
+at::Tensor widened(int64_t n, int64_t k, bool bf16, const at::TensorOptions& options, Fn&& fill) {
+  auto out = at::empty({n, k}, options.dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  if (bf16) {
+    fill(out.data_ptr<at::BFloat16>());
+  } else {
+    fill(out.data_ptr<float>());
+  }
+  return out;
+}
+
 // out[r, n] = sum_k w[n, k] x[r, k] (+ bias[n]) (+ residual[r, n]) for every row r and n in [n0, n1);
 // each weight row is read once per ROWS_AT_ONCE activation rows.
 template <typename Weights>

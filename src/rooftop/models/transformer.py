@@ -16,7 +16,7 @@ from rooftop.enums import Phase
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.ops import Ops
-from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, row_plan
+from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, row_plan, widen_compute
 from rooftop.quant.weights import Weight
 from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, mixed_format, precision
 
@@ -70,6 +70,7 @@ class Transformer:
             precision(fmt, fmt),
             weights=weights,
             widen_rows=self.layers[0].qkv.widen_rows,
+            widen_compute=widen_compute(self.layers[0].qkv, self.dtype),
             lm_head=None if head == weights else head,
         )
 

@@ -26,7 +26,6 @@ from rooftop.errors import InvalidRequestError, UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.quant.gguf_blocks import q4_0_as_int4
 from rooftop.quant.weights import (
-    BLOCK_FORMATS,
     GROUP,
     BlockWeight,
     Int4Weight,
@@ -58,6 +57,27 @@ class RowPlan:
 
     widen: tuple[int, ...] = ()
     min_rows: int = 1
+
+
+@functools.cache
+def widen_dtype() -> torch.dtype:
+    """What quantized weights widen to for a prefill chunk: bfloat16 where the CPU multiplies it natively (AVX512-BF16
+    or AMX: oneDNN's bf16 matmul ran 3.3x float32 sgemm on the Zen 4 host, docs/PERFORMANCE.md), float32 elsewhere.
+    bfloat16 rounds the chunk's activations to 8 bits of mantissa, about what the int8 kernels' groups keep."""
+    try:
+        flags = set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return torch.float32
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & flags else torch.float32
+
+
+def widen_compute(linear, dtype: torch.dtype) -> str | None:
+    """The analyzer's compute name for a linear's widened prefill chunks: rooftop's kernel linears widen to
+    `widen_dtype()`, the others to the activations' dtype (None: the default)."""
+    parts = getattr(linear, "parts", [linear])
+    if all(isinstance(p, _KernelLinear) for p in parts) and widen_dtype() != dtype:
+        return FLOAT_FORMATS[widen_dtype()]
+    return None
 
 
 def row_plan(chunks: list[int], rows: int, dtype: torch.dtype, batch_invariant: bool) -> RowPlan:
@@ -287,16 +307,32 @@ def _like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y if x.dim() == 2 and x.dtype == y.dtype else y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
+def pack_pairs(q: torch.Tensor) -> torch.Tensor:
+    """(N, K) values 0..15 -> the Q4 kernel's (N, ceil(K / 64), 32) bytes: group 2p in the low nibbles, 2p + 1 high."""
+    n, k = q.shape
+    groups = q.view(n, k // GROUP, GROUP)
+    if groups.shape[1] % 2:  # the last pair's high nibbles stay empty
+        groups = torch.cat([groups, torch.zeros_like(groups[:, :1])], dim=1)
+    return (groups[:, 0::2] | (groups[:, 1::2] << 4)).contiguous()
+
+
 class _KernelLinear:
-    """What Q4Linear and Q8Linear share: the narrow rows run the kernel, widened groups sgemm (a `RowPlan`)."""
+    """What the kernel linears share: the narrow rows run the kernel, widened groups one matmul (a `RowPlan`) in
+    `widen_dtype`."""
 
     bias: torch.Tensor | None
     widen_rows: ClassVar[int | None] = WIDEN_ROWS
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
-        wide = self.dequantize().to(x.dtype) if plan.widen else None
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return by_plan(x, residual, plan, lambda rows, res: with_residual(F.linear(rows, wide, bias), res), self.narrow)
+        if not plan.widen:
+            return self.narrow(x, residual)
+        wide = self.dequantize(widen_dtype())
+
+        def widened(rows: torch.Tensor, res: torch.Tensor | None) -> torch.Tensor:
+            y = F.linear(rows.to(wide.dtype), wide).to(x.dtype)
+            return with_residual(y if self.bias is None else y + self.bias.to(x.dtype), res)
+
+        return by_plan(x, residual, plan, widened, self.narrow)
 
     def narrow(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
@@ -319,8 +355,8 @@ class Q4Linear(_KernelLinear):
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         return cpu.ops().q4_linear(x, self.qs, self.dm, self.bias, residual)
 
-    def dequantize(self) -> torch.Tensor:
-        return cpu.ops().q4_dequantize(self.qs, self.dm)
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return cpu.ops().q4_dequantize(self.qs, self.dm, dtype == torch.bfloat16)
 
     @property
     def nbytes(self) -> int:
@@ -328,13 +364,22 @@ class Q4Linear(_KernelLinear):
 
     @classmethod
     def from_weight(cls, w: Int4Weight, bias: torch.Tensor | None) -> Q4Linear:
-        n, k = w.q.shape
-        groups = w.q.view(n, k // GROUP, GROUP)
-        if groups.shape[1] % 2:  # the last pair's high nibbles stay empty
-            groups = torch.cat([groups, torch.zeros_like(groups[:, :1])], dim=1)
-        qs = (groups[:, 0::2] | (groups[:, 1::2] << 4)).contiguous()
         dm = torch.stack([w.scale, w.zero - 8 * w.scale], dim=1).half().contiguous()  # (q - 8)·s + z = s·q + (z - 8s)
-        return cls(qs, dm, None if bias is None else bias.float().contiguous())
+        return cls(pack_pairs(w.q), dm, None if bias is None else bias.float().contiguous())
+
+
+@dataclass
+class Q4_0Linear(Q4Linear):
+    """A stored GGUF Q4_0 matrix (w = d·(q - 8)) on the same kernel loop: its nibbles repacked in pairs of groups and
+    its scales d alone (dm (N, 1, K / 32)), at the file's own 4.5 bits."""
+
+    format: ClassVar[str] = "q4_0"
+
+    @classmethod
+    def from_weight(cls, w: BlockWeight, bias: torch.Tensor | None) -> Q4_0Linear:
+        q = q4_0_as_int4(w)
+        dm = q.scale[:, None, :].half().contiguous()
+        return cls(pack_pairs(q.q), dm, None if bias is None else bias.float().contiguous())
 
 
 @dataclass
@@ -350,8 +395,8 @@ class Q8Linear(_KernelLinear):
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         return cpu.ops().q8_linear(x, self.q, self.d, self.bias, residual)
 
-    def dequantize(self) -> torch.Tensor:
-        return self.q.float() * expand_groups(self.d.float())
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.q.float() * expand_groups(self.d.float())).to(dtype)
 
     @property
     def nbytes(self) -> int:
@@ -365,10 +410,14 @@ class Q8Linear(_KernelLinear):
         )
 
 
+KERNEL_FORMATS = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # kernels/blocks.cpp's format ids, in its order
+
+
 @dataclass
 class BlockLinear(_KernelLinear):
-    """A GGUF block format (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) run by rooftop's kernels on the file's own rows of blocks,
-    against int8-quantized activations (kernels/blocks.cpp); prefill-sized chunks widen to float32 sgemm."""
+    """A GGUF block format (KERNEL_FORMATS: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) run by rooftop's kernels on the file's own
+    rows of blocks, against int8-quantized activations (kernels/blocks.cpp); prefill-sized chunks widen to float32
+    sgemm. (A stored Q4_0 runs as a Q4_0Linear.)"""
 
     weight: BlockWeight
     bias: torch.Tensor | None = None
@@ -378,10 +427,11 @@ class BlockLinear(_KernelLinear):
         return self.weight.format
 
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        return cpu.ops().block_linear(x, self.weight.q, BLOCK_FORMATS.index(self.format), self.bias, residual)
+        return cpu.ops().block_linear(x, self.weight.q, KERNEL_FORMATS.index(self.format), self.bias, residual)
 
-    def dequantize(self) -> torch.Tensor:
-        return cpu.ops().block_dequantize(self.weight.q, BLOCK_FORMATS.index(self.format), self.weight.k)
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        fmt = KERNEL_FORMATS.index(self.format)
+        return cpu.ops().block_dequantize(self.weight.q, fmt, self.weight.k, dtype == torch.bfloat16)
 
     @property
     def nbytes(self) -> int:
@@ -482,7 +532,8 @@ def make_linear(
                 [make_linear(w, b, policy, lm_head, stored) for w, b in zip(weight, biases, strict=True)]
             )
         if isinstance(weight, BlockWeight):
-            return BlockLinear.from_weight(weight, bias)
+            kind = Q4_0Linear if weight.format == "q4_0" else BlockLinear
+            return kind.from_weight(weight, bias)
         return Q8Linear.from_weight(weight, bias)
     if isinstance(weight, list):
         weight = torch.cat([to_float(w) for w in weight])

@@ -103,6 +103,7 @@ class Precision:
     activation_bytes: int
     state_bytes: int = 4  # linear-attention recurrent state, kept in fp32 by the reference kernels
     widen_rows: int | None = None  # prefill chunks of this many tokens or more widen quantized weights to floats
+    widen_compute: str | None = None  # the peak those widened chunks run at (default: the activations' float peak)
     lm_head: WeightFormat | None = None  # when the lm_head is held in another format than the other linears
 
     @property
@@ -118,7 +119,8 @@ class Precision:
         steps (rooftop's prefill on CPU) does that math at its activations' float peak."""
         if self.widen_rows is None or tokens < self.widen_rows or self.compute in ("fp32", "bf16"):
             return self
-        return replace(self, weights=replace(self.weights, compute="fp32" if self.activation_bytes == 4 else "bf16"))
+        widened = self.widen_compute or ("fp32" if self.activation_bytes == 4 else "bf16")
+        return replace(self, weights=replace(self.weights, compute=widened))
 
     @property
     def embedding_bytes_per_value(self) -> float:
