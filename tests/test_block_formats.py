@@ -183,3 +183,23 @@ def test_a_k_quant_mix_matches_transformers_on_the_float_path_and_runs_each_form
         with torch.no_grad():
             logits = reference(torch.tensor([ids + ref[:i]])).logits[0, -1]
         assert float(logits[ref[i]] - logits[own[i]]) < QUANTIZED_TIE
+
+
+def test_generate_says_which_format_ran_for_how_many_bytes_and_what_was_converted(k_quant_mix, tmp_path):
+    from gguf_factory import write_tiny_gguf
+    from test_cli import rooftop_in_process
+
+    path, _ = k_quant_mix
+    out = rooftop_in_process("generate", "hi", "--model", str(path), "-n", "2", "--no-roofline")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("block linears: ")]
+    if kernels is None:  # PyTorch's int4 for every block linear: one format, which the model line names
+        assert lines == []
+    else:
+        held = lines[0].removeprefix("block linears: ").split(" of ")[0].split(", ")
+        assert {part.split()[0] for part in held} == {"q4_k", "q5_0", "q6_k", "q5_k", "q8_0", "q4_0", "q5_1"}
+    rare = tmp_path / "q3_k.gguf"
+    write_tiny_gguf(rare, qtype={"blk.0.ffn_up.weight": QType.Q3_K, "blk.1.ffn_up.weight": QType.Q3_K})
+    out = rooftop_in_process("generate", "hi", "--model", str(rare), "-n", "2", "--no-roofline")
+    assert out.returncode == 0, out.stderr
+    assert "converted at load: 2 tensors Q3_K -> Q4_1" in out.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from typing import Annotated
 
 import typer
@@ -36,6 +37,19 @@ SeedOpt = Annotated[int | None, typer.Option(help="same seed, same output")]
 StopOpt = Annotated[list[str] | None, typer.Option("--stop", help="stop before this string (repeatable)")]
 
 
+def weight_formats_line(bytes_by_format: dict[str, int], conversions: dict[str, str]) -> str:
+    """Which format the block linears ran in, by bytes (a Q4_K_M file has several), and what was converted at load."""
+    total = sum(bytes_by_format.values())
+    held = sorted(bytes_by_format.items(), key=lambda kv: -kv[1])
+    line = (
+        "block linears: " + ", ".join(f"{fmt} {100 * n / total:.0f}%" for fmt, n in held) + f" of {total / 1e6:.0f} MB"
+    )
+    if conversions:
+        kinds = Counter(conversions.values())
+        line += "; converted at load: " + ", ".join(f"{n} tensors {kind}" for kind, n in kinds.most_common())
+    return line
+
+
 def load(run: RunConfig) -> LLM:
     t0 = time.perf_counter()
     with err.status("loading model (a machine's first run also builds rooftop's CPU kernels: about a minute)..."):
@@ -48,6 +62,9 @@ def load(run: RunConfig) -> LLM:
         f"weights {llm.precision.weights.name}, "
         f"loaded in {time.perf_counter() - t0:.1f} s[/]"
     )
+    formats = llm.model.bytes_by_format()
+    if len(formats) > 1 or llm.model.conversions:
+        err.print(f"[dim]{escape(weight_formats_line(formats, llm.model.conversions))}[/]")
     stats = llm.engine.stats()
     err.print(
         f"[dim]KV cache: {stats.kv_blocks_total} blocks of {stats.block_size} tokens = {stats.kv_cache_tokens} "
