@@ -1,6 +1,9 @@
 """Accuracy of each weight format against the float32 reference on the bundled model.
 
-    .venv/bin/python benchmarks/accuracy.py [--tokens 64]
+    .venv/bin/python benchmarks/accuracy.py [--tokens 64] [--gguf NAME=FILE ...]
+
+--gguf adds a file of the same model in another GGUF type (e.g. the bundled model requantized by llama.cpp's
+quantizer to Q4_K_M), run as `--weights auto` runs it: each tensor in the format the file holds.
 
 The float32 model writes a greedy continuation of each prompt; every format then reads the same token
 sequence (teacher forcing) and we compare its logits position by position: top-1 agreement, and the
@@ -44,6 +47,7 @@ def all_logits(llm: LLM, ids: list[int], prompt_len: int) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--gguf", action="append", default=[], metavar="NAME=FILE", help="another file of the model")
     args = parser.parse_args()
     greedy = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
     reference = LLM(dtype="float32", weights="float")
@@ -63,6 +67,7 @@ def main() -> None:
         "bfloat16": {"dtype": "bfloat16", "weights": "float"},
         "int8": {"weights": "int8"},
         "int4": {"weights": "int4"},
+        **{name: {"model": path} for name, _, path in (g.partition("=") for g in args.gguf)},
     }
     for name, options in formats.items():
         llm = reference if name == "float32" else LLM(**options)

@@ -214,7 +214,8 @@ struct BlockQ6K {
 
 // One output row of format F dotted with R activation rows: chunks of four groups through fma4 with each half
 // group's scale a, the offsets b dotted with the activations' 32-sums (16-sums for Q6_K, whose scales change every
-// 16 weights) once per chunk; a tail of 1-3 groups (block-32 formats whose K is not a multiple of 128) singly.
+// 16 weights) once per chunk; a tail of 1-3 groups (block-32 formats whose K is not a multiple of 128, such as the
+// bundled model's 576) singly. The portable loops decode each group into bytes first.
 template <typename F>
 struct BlockWeights {
   const uint8_t* data;  // (N, K / QK * BYTES): the file's rows of blocks
@@ -243,7 +244,7 @@ struct BlockWeights {
         F::chunk(row, c, scales, offsets);
         for (int r = 0; r < R; ++r) {
           const __m128 o = _mm_mul_ps(offsets, _mm_loadu_ps(xs32 + r * groups + 4 * c));
-          off[r] = _mm256_add_ps(off[r], _mm256_castps128_ps256(o));
+          off[r] = _mm256_add_ps(off[r], _mm256_zextps128_ps256(o));  // the upper half zero, not undefined
         }
       }
       for (int r = 0; r < R; ++r) {
@@ -254,12 +255,25 @@ struct BlockWeights {
                       dot_i32(w3, load32(x + 96)), _mm256_mul_ps(scales, _mm256_set_m128(d4, d4)), sum[r]);
       }
     }
+    if constexpr (F::QK == GROUP) {  // the last 1-3 blocks of a row whose K is not a multiple of 128
+      for (int64_t g = 4 * chunks; g < groups; ++g) {
+        const __m256i w = F::block(row, g);
+        float a[2], b[2];
+        F::decode_scales(row, g, a, b);
+        for (int r = 0; r < R; ++r) {
+          const int64_t ag = r * groups + g;
+          const __m256 p = _mm256_cvtepi32_ps(dot_i32(w, load32(xq + ag * GROUP)));
+          sum[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(a[0] * xd[ag]), sum[r]);
+          off[r] = _mm256_add_ps(off[r], _mm256_zextps128_ps256(_mm_set_ss(b[0] * xs32[ag])));
+        }
+      }
+    }
     for (int r = 0; r < R; ++r) acc[r] = hsum(sum[r]) - hsum(off[r]);
 #else
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
     uint8_t u[32];
     float av[2], bv[2];
-    for (int64_t g = 0; g < 4 * chunks; ++g) {
+    for (int64_t g = 0; g < groups; ++g) {
       F::decode(row, g, u, av, bv);
       for (int r = 0; r < R; ++r) {
         const int64_t ag = r * groups + g;
@@ -271,19 +285,6 @@ struct BlockWeights {
       }
     }
 #endif
-    uint8_t tail[32];
-    float at[2], bt[2];
-    for (int64_t g = 4 * chunks; g < groups; ++g) {
-      F::decode(row, g, tail, at, bt);
-      for (int r = 0; r < R; ++r) {
-        const int64_t ag = r * groups + g;
-        for (int h = 0; h < 2; ++h) {
-          int isum = 0;
-          for (int i = 0; i < 16; ++i) isum += tail[16 * h + i] * xq[ag * GROUP + 16 * h + i];
-          acc[r] += at[h] * xd[ag] * isum - bt[h] * xs[2 * ag + h];
-        }
-      }
-    }
   }
 };
 
