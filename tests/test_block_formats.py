@@ -203,3 +203,11 @@ def test_generate_says_which_format_ran_for_how_many_bytes_and_what_was_converte
     out = rooftop_in_process("generate", "hi", "--model", str(rare), "-n", "2", "--no-roofline")
     assert out.returncode == 0, out.stderr
     assert "converted at load: 2 tensors Q3_K -> Q4_1" in out.stderr
+
+
+def test_an_exact_block_format_choice_points_to_auto(k_quant_mix):
+    from rooftop import LLM, UnsupportedModelError
+
+    path, _ = k_quant_mix
+    with pytest.raises(UnsupportedModelError, match="a GGUF's own q4_k tensors run as stored with --weights auto"):
+        LLM(model=str(path), weights="q4_k")

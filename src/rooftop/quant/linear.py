@@ -26,6 +26,7 @@ from rooftop.errors import InvalidRequestError, UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.quant.gguf_blocks import q4_0_as_int4
 from rooftop.quant.weights import (
+    BLOCK_FORMATS,
     GROUP,
     BlockWeight,
     Int4Weight,
@@ -500,7 +501,10 @@ def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.d
         if fmt == choice:
             return policy
     here = ", ".join(f"{policy} as {fmt}" for policy, fmt in runs.items())
-    raise UnsupportedModelError(f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here})")
+    stored = f"; a GGUF's own {choice} tensors run as stored with --weights auto" if choice in BLOCK_FORMATS else ""
+    raise UnsupportedModelError(
+        f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here}){stored}"
+    )
 
 
 def as_stored(weight: Weight, policy: str) -> bool:
