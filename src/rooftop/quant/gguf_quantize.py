@@ -11,7 +11,7 @@ tensor goes through in row chunks so the temporaries stay small.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import gguf
 import numpy as np
@@ -111,21 +111,15 @@ def _fit_scale_min(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: 
     return best_scale.astype(np.float32), (-best_offset).astype(np.float32)
 
 
-def _fit_symmetric(x: np.ndarray, nmax: int, nstep: int) -> np.ndarray:
-    """x (..., n) ~ scale*L with L in -nmax..nmax-1: the symmetric sub-blocks of Q3_K and Q6_K.
-
-    Like ggml's make_qx_quants: the value of largest magnitude maps to about -nmax (the side with the extra
-    level), candidates spread the inverse scale by +-0.2*nstep levels, and each candidate's least-squares scale
-    sum(w*x*L)/sum(w*L^2) is scored by sum(w*x*L)^2/sum(w*L^2), the error it removes. Weights x^2.
-    """
+def _least_squares_scale(x: np.ndarray, candidates: Iterable[np.ndarray]) -> np.ndarray:
+    """Of candidate level assignments L of x (..., n), the least-squares scale sum(w*x*L)/sum(w*L^2) of the one
+    that removes the most squared error, sum(w*x*L)^2/sum(w*L^2) (weights w = x^2): the search ggml's symmetric and
+    IQ4 quantizers share."""
     w = x * x
-    peak = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1)
-    inv_peak = _inverse(peak)
     wx = w * x
-    best_score = np.full(peak.shape[:-1], -1.0, np.float32)
-    best_scale = np.zeros(peak.shape[:-1], np.float32)
-    for i in range(-nstep, nstep + 1):
-        levels = np.clip(np.rint(-(nmax + 0.2 * i) * inv_peak * x), -nmax, nmax - 1)
+    best_score = np.full(x.shape[:-1], -1.0, np.float32)
+    best_scale = np.zeros(x.shape[:-1], np.float32)
+    for levels in candidates:
         sxl, sl2 = (wx * levels).sum(-1), (w * levels * levels).sum(-1)
         safe = np.where(sl2 > 0, sl2, 1)
         score = sxl * sxl / safe
@@ -133,6 +127,23 @@ def _fit_symmetric(x: np.ndarray, nmax: int, nstep: int) -> np.ndarray:
         best_score = np.where(better, score, best_score)
         best_scale = np.where(better, sxl / safe, best_scale)
     return best_scale
+
+
+def _inverse_peak(x: np.ndarray) -> np.ndarray:
+    """1 / the value of largest magnitude of each sub-block of x (..., n), as (..., 1)."""
+    return _inverse(np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1))
+
+
+def _fit_symmetric(x: np.ndarray, nmax: int, nstep: int) -> np.ndarray:
+    """x (..., n) ~ scale*L with L in -nmax..nmax-1: the symmetric sub-blocks of Q3_K and Q6_K.
+
+    Like ggml's make_qx_quants: the value of largest magnitude maps to about -nmax (the side with the extra
+    level), candidates spread the inverse scale by +-0.2*nstep levels (_least_squares_scale picks one).
+    """
+    inv_peak = _inverse_peak(x)
+    return _least_squares_scale(
+        x, (np.clip(np.rint(-(nmax + 0.2 * i) * inv_peak * x), -nmax, nmax - 1) for i in range(-nstep, nstep + 1))
+    )
 
 
 def _nearest_iq4(v: np.ndarray) -> np.ndarray:
@@ -147,24 +158,13 @@ _IQ4_TABLE = np.abs((np.arange(512) - 256) / 2 + 0.25 - IQ4_VALUES[:, None]).arg
 def _fit_iq4(x: np.ndarray, ntry: int) -> np.ndarray:
     """x (..., 32) ~ scale*IQ4_VALUES[i]: IQ4's sub-block scale, as in ggml's quantize_row_iq4_nl_impl.
 
-    The value of largest magnitude maps to the extreme level -127, shifted by up to ntry levels either way; each
-    candidate's levels get the least-squares scale, scored by the squared error removed (weights x^2).
+    The value of largest magnitude maps to the extreme level -127, shifted by up to ntry levels either way
+    (_least_squares_scale picks one).
     """
-    w = x * x
-    peak = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1)
-    inv_peak = _inverse(peak)
-    wx = w * x
-    best_score = np.full(peak.shape[:-1], -1.0, np.float32)
-    best_scale = np.zeros(peak.shape[:-1], np.float32)
-    for t in range(-ntry, ntry + 1):
-        q = IQ4_VALUES[_nearest_iq4((IQ4_VALUES[0] + t) * inv_peak * x)]
-        sqx, sq2 = (wx * q).sum(-1), (w * q * q).sum(-1)
-        safe = np.where(sq2 > 0, sq2, 1)
-        score = sqx * sqx / safe
-        better = (sq2 > 0) & (score > best_score)
-        best_score = np.where(better, score, best_score)
-        best_scale = np.where(better, sqx / safe, best_scale)
-    return best_scale
+    inv_peak = _inverse_peak(x)
+    return _least_squares_scale(
+        x, (IQ4_VALUES[_nearest_iq4((IQ4_VALUES[0] + t) * inv_peak * x)] for t in range(-ntry, ntry + 1))
+    )
 
 
 def _super_scale(scales: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
