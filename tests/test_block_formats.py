@@ -211,3 +211,23 @@ def test_an_exact_block_format_choice_points_to_auto(k_quant_mix):
     path, _ = k_quant_mix
     with pytest.raises(UnsupportedModelError, match="a GGUF's own q4_k tensors run as stored with --weights auto"):
         LLM(model=str(path), weights="q4_k")
+
+
+def test_a_k_quant_mix_runs_on_pytorchs_ops_where_the_kernels_do_not_build(k_quant_mix, monkeypatch):
+    """Without rooftop's kernels every block linear becomes PyTorch's group-32 int4: the same Q4_1 groups as the
+    kernels' explicit int4, so the two differ only by their activations' rounding (bfloat16 against int8)."""
+    from near_ties import rooftop_logits
+
+    from rooftop import LLM
+    from rooftop.quant.linear import Int4Linear
+
+    path, _ = k_quant_mix
+    ids = list(range(3, 40))
+    kernels_int4 = rooftop_logits(LLM(model=str(path), weights="int4"))(ids) if kernels is not None else None
+    monkeypatch.setattr(cpu, "ops", lambda: None)
+    llm = LLM(model=str(path))
+    assert all(isinstance(lin, Int4Linear) for lin in (llm.model.layers[0].qkv, llm.model.layers[0].down))
+    ours = rooftop_logits(llm)(ids)
+    assert torch.isfinite(ours).all()
+    if kernels_int4 is not None:
+        assert float((ours - kernels_int4).norm() / kernels_int4.norm()) < 0.2
