@@ -340,11 +340,7 @@ class Run:
                         completion_body(p, s.max_tokens, seed=sd, model=srv.model)
                         for p, sd in zip(prompts(self.seed + (mode == "seeded"), s.streams, 3), seeds, strict=True)
                     ]
-                    tick = self.task(f"a {weights} {mode}: alone", len(bodies))
-                    alone = []
-                    for b in bodies:
-                        alone.append(await send(client, COMPLETIONS, b, self.deadline))
-                        tick()
+                    alone = await self._one_by_one(client, bodies, self.task(f"a {weights} {mode}: alone", len(bodies)))
                     tick = self.task(f"a {weights} {mode}: {s.streams} at once", len(bodies))
                     batched, largest = await self._all_at_once(srv, client, bodies, tick)
                     c = compare(batched, alone)
@@ -356,6 +352,14 @@ class Run:
             prefill_tokens=max(d["largest_prefill_tokens"] for d in check.details.values()),
         )
         return check
+
+    async def _one_by_one(self, client, bodies, tick) -> list[Result]:
+        """Each body alone, one after another: the reference the concurrent runs are compared with."""
+        alone = []
+        for b in bodies:
+            alone.append(await send(client, COMPLETIONS, b, self.deadline))
+            tick()
+        return alone
 
     async def _all_at_once(self, srv, client, bodies, tick) -> tuple[list[Result], dict]:
         """Every body at once (odd ones through the openai client when it is installed); the largest steps seen in
@@ -505,11 +509,7 @@ class Run:
                     completion_body(p, s.preempt_max_tokens, logprobs=5, model=srv.model)
                     for p in prompts(self.seed + 40, s.preempt_requests, 2)
                 ]
-                tick = self.task(f"d {weights}: alone", len(bodies))
-                alone = []
-                for b in bodies:
-                    alone.append(await send(client, COMPLETIONS, b, self.deadline))
-                    tick()
+                alone = await self._one_by_one(client, bodies, self.task(f"d {weights}: alone", len(bodies)))
                 tick = self.task(f"d {weights}: {len(bodies)} at once, {s.kv_blocks} KV blocks", len(bodies))
                 batched, largest = await self._all_at_once(srv, client, bodies, tick)
                 idle, state, _ = await wait_idle(client, 30)
