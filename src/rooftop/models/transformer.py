@@ -18,6 +18,7 @@ from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.ops import Ops
 from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, row_plan, widen_compute
 from rooftop.quant.weights import Weight
+from rooftop.roofline.ops import matrix_weights
 from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, mixed_format, precision
 
 
@@ -58,13 +59,7 @@ class Transformer:
         block linears' format (their mix, by bytes, in a mixed file) and the lm_head's, and the step size from which
         quantized linears widen to floats."""
         fmt = FLOAT_FORMATS[self.dtype]
-        c = self.config
-        per_layer = (
-            (c.q_size + 2 * c.kv_size) * c.hidden_size
-            + c.hidden_size * c.q_size
-            + 3 * c.intermediate_size * c.hidden_size
-        )
-        weights = mixed_format(self.bytes_by_format(), per_layer * c.num_layers)
+        weights = mixed_format(self.bytes_by_format(), matrix_weights(self.config))
         head = WEIGHT_FORMATS[self.lm_head.format]
         return replace(
             precision(fmt, fmt),

@@ -303,6 +303,12 @@ def _matrices(c: ModelConfig) -> tuple[list[tuple[int, int, int]], list[tuple[in
     return shared + experts(c.num_experts), shared + experts(c.num_experts_per_tok)
 
 
+def matrix_weights(c: ModelConfig) -> int:
+    """Weights of every block matrix (no embeddings, no norms): what a mixed file's mean bits are taken over."""
+    every, _ = _matrices(c)
+    return sum(k * n * m for k, n, m in every)
+
+
 def _small_params(c: ModelConfig) -> int:
     """Norm weights, q/k norms, conv kernels, DeltaNet decay/bias vectors: tiny, counted for honest totals."""
     n = (2 * c.num_layers + 1) * c.hidden_size
@@ -319,9 +325,9 @@ def _small_params(c: ModelConfig) -> int:
 
 def parameter_count(c: ModelConfig) -> ParameterCount:
     embedding = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
-    every, active = _matrices(c)
+    _, active = _matrices(c)
     small = _small_params(c)
-    total = embedding + small + sum(k * n * m for k, n, m in every)
+    total = embedding + small + matrix_weights(c)
     return ParameterCount(
         total=total, embedding=embedding, active=embedding + small + sum(k * n * m for k, n, m in active)
     )
