@@ -23,7 +23,8 @@ def quantized_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
-@pytest.mark.parametrize("k", [64, 96, 576])  # 96: an odd number of groups leaves the last pair half empty
+# 64: one pair of groups, no four; 96: the last pair half empty; 224: four groups (one 512-bit load) and a tail of 3
+@pytest.mark.parametrize("k", [64, 96, 224, 576])
 def test_q4_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows, k):
     gen = torch.Generator().manual_seed(rows * k)
     w, bias = torch.randn(40, k, generator=gen), torch.randn(40, generator=gen)
@@ -228,26 +229,27 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
         assert a.token_id in theirs
 
 
-def block_format_calls() -> list:
-    """block_linear and block_dequantize of every block format, and the Q4 loop on Q4_0's scales alone, on random
-    blocks (5 rows: a group of 4 and a single; K = 768: whole 256-blocks, and for the 32-blocks a tail of 0 groups
-    after 6 chunks; 96: a tail of 3)."""
+def block_format_calls() -> tuple[list, list]:
+    """block_linear of every block format and the Q4 loop on Q4_0's scales alone, and their dequantizations, on
+    random blocks (5 rows: a group of 4 and a single; K = 768: whole 256-blocks, and for the 32-blocks a tail of 0
+    groups after 6 chunks; 96: a tail of 3; Q4_0 at 224: four groups and a tail of 3)."""
     from gguf import GGMLQuantizationType as QType
     from test_block_formats import random_blocks
 
     from rooftop.quant.gguf_blocks import stored_blocks
     from rooftop.quant.linear import KERNEL_FORMATS, Q4_0Linear
 
-    q4_0 = Q4_0Linear.from_weight(stored_blocks(random_blocks(QType.Q4_0, 16, 96, 9), QType.Q4_0, (16, 96)), None)
-    x96 = torch.randn(5, 96, generator=torch.Generator().manual_seed(96))
-    calls = [lambda m: m.q4_linear(x96, q4_0.qs, q4_0.dm, None, None), lambda m: m.q4_dequantize(q4_0.qs, q4_0.dm)]
+    q4_0 = Q4_0Linear.from_weight(stored_blocks(random_blocks(QType.Q4_0, 16, 224, 9), QType.Q4_0, (16, 224)), None)
+    x224 = torch.randn(5, 224, generator=torch.Generator().manual_seed(224))
+    linears = [lambda m: m.q4_linear(x224, q4_0.qs, q4_0.dm, None, None)]
+    dequantizations = [lambda m: m.q4_dequantize(q4_0.qs, q4_0.dm)]
     for fmt_id, name in enumerate(KERNEL_FORMATS):
         for k in (768,) if name.endswith("_k") else (768, 96):
             data = torch.from_numpy(random_blocks(QType[name.upper()], 16, k, seed=fmt_id))
             x = torch.randn(5, k, generator=torch.Generator().manual_seed(k))
-            calls.append(lambda m, x=x, data=data, f=fmt_id: m.block_linear(x, data, f, None, None))
-            calls.append(lambda m, data=data, f=fmt_id, k=k: m.block_dequantize(data, f, k))
-    return calls
+            linears.append(lambda m, x=x, data=data, f=fmt_id: m.block_linear(x, data, f, None, None))
+            dequantizations.append(lambda m, data=data, f=fmt_id, k=k: m.block_dequantize(data, f, k))
+    return linears, dequantizations
 
 
 @pytest.mark.slow
@@ -256,13 +258,20 @@ def block_format_calls() -> list:
 )
 def test_the_avx2_dot_products_match_vnni():
     """On a VNNI host the kernels' integer dots are one dpbusd; AVX2 hosts multiply byte pairs into int16 first
-    (maddubs). Built here without VNNI (~50 s, cached), every quantized linear must give the same numbers."""
+    (maddubs). Built here without VNNI (~50 s, cached), every quantized linear must give the same integer dots: the
+    same numbers, or on an AVX-512 host (whose 512-bit loops scale and sum the dots in another order) the same to
+    float32 rounding; the dequantizations exactly."""
     avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.header_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
     gen = torch.Generator().manual_seed(13)
-    w, x = torch.randn(48, 96, generator=gen), torch.randn(5, 96, generator=gen)
+    w, x = torch.randn(48, 224, generator=gen), torch.randn(5, 224, generator=gen)
     q4, q8 = Q4Linear.from_weight(quantize_int4(w), None), Q8Linear.from_weight(w, None)
-    calls = [lambda k: k.q4_linear(x, q4.qs, q4.dm, None, None), lambda k: k.q8_linear(x, q8.q, q8.d, None, None)]
-    for call in calls + block_format_calls():
+    linears, dequantizations = block_format_calls()
+    for call in [lambda k: k.q4_linear(x, q4.qs, q4.dm, None, None), *linears]:
+        if "avx512_vnni" in open("/proc/cpuinfo").read().split():  # the 512-bit loops sum in another float order
+            torch.testing.assert_close(call(kernels), call(avx2), atol=1e-5, rtol=1e-5)
+        else:
+            assert torch.equal(call(avx2), call(kernels))
+    for call in [lambda k: k.q8_linear(x, q8.q, q8.d, None, None), *dequantizations]:
         assert torch.equal(call(avx2), call(kernels))
 
 
@@ -275,8 +284,8 @@ def test_the_portable_loops_match_the_vector_kernels():
     baseline x86-64 (~45 s, cached), every kernel must give what the vector code gives."""
     portable = cpu.build(f"rooftop_cpu_portable_{cpu.header_version()}", "-march=x86-64")
     gen = torch.Generator().manual_seed(12)
-    w = torch.randn(48, 96, generator=gen)
-    x, residual = torch.randn(5, 96, generator=gen), torch.randn(5, 48, generator=gen)
+    w = torch.randn(48, 224, generator=gen)
+    x, residual = torch.randn(5, 224, generator=gen), torch.randn(5, 48, generator=gen)
     q4 = Q4Linear.from_weight(quantize_int4(w), torch.randn(48, generator=gen))
     q8 = Q8Linear.from_weight(w, None)
     for module_call in (
@@ -287,7 +296,7 @@ def test_the_portable_loops_match_the_vector_kernels():
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
     ):
         torch.testing.assert_close(module_call(portable), module_call(kernels), atol=1e-4, rtol=1e-4)
-    for call in block_format_calls():
+    for call in [call for calls in block_format_calls() for call in calls]:
         torch.testing.assert_close(call(portable), call(kernels), atol=1e-4, rtol=1e-4)
     qkv = torch.randn(2, (4 + 2 * 2) * 16, generator=gen)
     cos, sin = torch.randn(8, 16, generator=gen), torch.randn(8, 16, generator=gen)

@@ -35,11 +35,11 @@ inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
 
 // Q5_0: per 32 weights a float16 d, a 32-bit mask of fifth bits and 16 bytes whose low nibbles are weights 0-15
 // and high nibbles 16-31; Q5_1 has a float16 minimum m after d. x = d * (u - 16) and d * u + m. (Q4_0 runs on
-// cpu.cpp's Q4 loop, its nibbles repacked in pairs of groups, which reads them faster.)
+// cpu.cpp's Q4 loop, its nibbles repacked four groups to 64 bytes, which reads them faster.)
 template <bool Min>
 struct Block32 {
   static constexpr int64_t QK = 32, HIGH = Min ? 4 : 2, QS = HIGH + 4, BYTES = QS + 16;
-  static constexpr bool PER16 = false;
+  static constexpr bool PER16 = false, SUPER = false;
 
   static float offset(const uint8_t* blk) { return Min ? -half_at(blk + 2) : half_at(blk) * 16.f; }
 
@@ -105,7 +105,7 @@ template <bool FifthBit>
 struct BlockK4 {
   static constexpr int64_t QK = 256, BYTES = FifthBit ? 176 : 144;
   static constexpr int64_t QS = FifthBit ? 48 : 16;
-  static constexpr bool PER16 = false;
+  static constexpr bool PER16 = false, SUPER = true;  // super(): a whole super-block at 512 bits
 
   static void sub_block(const uint8_t* sb, int j, float& a, float& b) {
     int scale, min;
@@ -162,6 +162,40 @@ struct BlockK4 {
     return u;
   }
 #endif
+
+#ifdef ROOFTOP_AVX512
+  // A whole super-block (dot_super): its 8 groups as four pairs of 64 unsigned bytes, and a = d * scale and
+  // b = dmin * min per 16 weights (each sub-block's twice). The packed scales are decoded once per 256 weights,
+  // and two 64-byte loads give all the nibbles: bytes 32i..32i + 31 hold group 2i low and 2i + 1 high, so the low
+  // nibbles of a load are groups (0, 2) and the high (1, 3), regrouped by 128-bit lanes.
+  static void super(const uint8_t* sb, __m512i w[4], __m512& a, __m512& b) {
+    uint32_t q[3];
+    std::memcpy(q, sb + 4, 12);
+    const uint64_t scales = (q[0] & 0x3f3f3f3f) | uint64_t((q[2] & 0x0f0f0f0f) | ((q[0] >> 2) & 0x30303030)) << 32;
+    const uint64_t mins = (q[1] & 0x3f3f3f3f) | uint64_t(((q[2] >> 4) & 0x0f0f0f0f) | ((q[1] >> 2) & 0x30303030)) << 32;
+    auto floats = [](uint64_t bytes) {
+      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(bytes))));
+    };
+    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    a = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_mul_ps(floats(scales), _mm256_set1_ps(half_at(sb)))));
+    b = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_mul_ps(floats(mins), _mm256_set1_ps(half_at(sb + 2)))));
+    const __m512i mask = _mm512_set1_epi8(15);
+    const __m512i fifth = FifthBit ? _mm512_broadcast_i64x4(load32(sb + 16)) : _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512i bytes = _mm512_loadu_si512(sb + QS + 64 * h);
+      const __m512i low = _mm512_and_si512(bytes, mask), high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
+      w[2 * h] = _mm512_shuffle_i64x2(low, high, 0x44);  // 128-bit lanes 0, 1 of low, then of high
+      w[2 * h + 1] = _mm512_shuffle_i64x2(low, high, 0xee);  // lanes 2, 3 of each
+      if (FifthBit) {  // group j's fifth bits are bit j of the 32 bytes, moved to bit 4
+        for (int p = 2 * h; p < 2 * h + 2; ++p) {
+          const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(2 * p)), _mm256_set1_epi16(static_cast<short>(2 * p + 1)), 1);
+          const __m512i bit = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(fifth, shift), 4), _mm512_set1_epi8(16));
+          w[p] = _mm512_or_si512(w[p], bit);
+        }
+      }
+    }
+  }
+#endif
 };
 
 // Q6_K (210 bytes per 256 weights): 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales (one
@@ -170,7 +204,7 @@ struct BlockK4 {
 // bits 2J, 2J + 1 of qh[l].
 struct BlockQ6K {
   static constexpr int64_t QK = 256, BYTES = 210;
-  static constexpr bool PER16 = true;
+  static constexpr bool PER16 = true, SUPER = true;
 
   static void decode(const uint8_t* row, int64_t g, uint8_t* u, float* a, float* b) {
     const uint8_t* sb = row + (g / 8) * BYTES;
@@ -210,6 +244,27 @@ struct BlockQ6K {
     return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
   }
 #endif
+
+#ifdef ROOFTOP_AVX512
+  // A whole super-block (dot_super): each half's 64 low-nibble bytes are groups 0-1 (low nibbles) and 2-3 (high)
+  // in the activations' order already; qh, the same 32 bytes for all four, gives each half of a pair its 2 bits.
+  // a = d * scale and b = 32 a per 16 weights.
+  static void super(const uint8_t* sb, __m512i w[4], __m512& a, __m512& b) {
+    a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + 192)))),
+                      _mm512_set1_ps(half_at(sb + 208)));
+    b = _mm512_mul_ps(a, _mm512_set1_ps(32.f));
+    const __m512i mask = _mm512_set1_epi8(15);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(sb + 64 * h), qh = _mm512_broadcast_i64x4(load32(sb + 128 + 32 * h));
+      const __m512i nibbles[2] = {_mm512_and_si512(ql, mask), _mm512_and_si512(_mm512_srli_epi16(ql, 4), mask)};
+      for (int p = 0; p < 2; ++p) {  // groups 2p, 2p + 1 of the half: bits 4p, 4p + 1 and 4p + 2, 4p + 3 of qh
+        const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(4 * p)), _mm256_set1_epi16(static_cast<short>(4 * p + 2)), 1);
+        const __m512i high = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(qh, shift), 4), _mm512_set1_epi8(48));
+        w[2 * h + p] = _mm512_or_si512(nibbles[p], high);
+      }
+    }
+  }
+#endif
 };
 
 // One output row of format F dotted with R activation rows: chunks of four groups through fma4 with each half
@@ -228,12 +283,25 @@ struct BlockWeights {
     const int8_t* xq = a->q.data() + r0 * groups * GROUP;
     const float *xd = a->d.data() + r0 * groups, *xs = a->s16.data() + r0 * groups * 2, *xs32 = a->s.data() + r0 * groups;
     const int64_t chunks = groups / 4;
+#ifdef ROOFTOP_AVX512
+    if constexpr (F::SUPER) {
+      dot_super<R>(row, xq, xd, xs, acc);
+      return;
+    }
+#endif
 #ifdef ROOFTOP_AVX2
     __m256 sum[R], off[R];
     for (int r = 0; r < R; ++r) sum[r] = off[r] = _mm256_setzero_ps();
+#ifdef ROOFTOP_AVX512
+    __m512 wide[R][2];
+    for (int r = 0; r < R; ++r) wide[r][0] = wide[r][1] = _mm512_setzero_ps();
+#endif
     for (int64_t c = 0; c < chunks; ++c) {
       const __m256i w0 = F::template group<0>(row, c), w1 = F::template group<1>(row, c);
       const __m256i w2 = F::template group<2>(row, c), w3 = F::template group<3>(row, c);
+#ifdef ROOFTOP_AVX512
+      const __m512i w01 = join(w0, w1), w23 = join(w2, w3);
+#endif
       __m256 scales;
       if constexpr (F::PER16) {  // offsets per 16 weights, against the activations' 16-sums
         __m256 offsets;
@@ -251,10 +319,17 @@ struct BlockWeights {
         const int64_t ag = r * groups + 4 * c;
         const int8_t* x = xq + ag * GROUP;
         const __m128 d4 = _mm_loadu_ps(xd + ag);
+#ifdef ROOFTOP_AVX512
+        fma4_wide(w01, w23, x, _mm256_mul_ps(scales, _mm256_set_m128(d4, d4)), wide[r]);
+#else
         sum[r] = fma4(dot_i32(w0, load32(x)), dot_i32(w1, load32(x + 32)), dot_i32(w2, load32(x + 64)),
                       dot_i32(w3, load32(x + 96)), _mm256_mul_ps(scales, _mm256_set_m128(d4, d4)), sum[r]);
+#endif
       }
     }
+#ifdef ROOFTOP_AVX512
+    for (int r = 0; r < R; ++r) sum[r] = fold(wide[r]);
+#endif
     if constexpr (F::QK == GROUP) {  // the last 1-3 blocks of a row whose K is not a multiple of 128
       for (int64_t g = 4 * chunks; g < groups; ++g) {
         const __m256i w = F::block(row, g);
@@ -286,6 +361,39 @@ struct BlockWeights {
     }
 #endif
   }
+
+#ifdef ROOFTOP_AVX512
+  // The K-quants at 512 bits, a super-block at a time (F::super: four pairs of groups, and a and b per 16
+  // weights): per row, four dpbusd whose lanes take their 16 weights' a times the activations' d, and one FMA of
+  // the offsets b with the activations' 16-sums.
+  template <int R>
+  void dot_super(const uint8_t* row, const int8_t* xq, const float* xd, const float* xs, float* acc) const {
+    __m512 wide[R][2], off[R];
+    for (int r = 0; r < R; ++r) wide[r][0] = wide[r][1] = off[r] = _mm512_setzero_ps();
+    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512i pick[4];  // pair p's lanes 4i..4i+3 are the products of weights 16i..16i+15 of groups 2p, 2p + 1
+    for (int p = 0; p < 4; ++p) {
+      pick[p] = _mm512_set_epi32(4 * p + 3, 4 * p + 3, 4 * p + 3, 4 * p + 3, 4 * p + 2, 4 * p + 2, 4 * p + 2, 4 * p + 2,
+                                 4 * p + 1, 4 * p + 1, 4 * p + 1, 4 * p + 1, 4 * p, 4 * p, 4 * p, 4 * p);
+    }
+    for (int64_t g = 0; g < groups; g += 8) {
+      __m512i w[4];
+      __m512 scale, offset;
+      F::super(row + (g / 8) * F::BYTES, w, scale, offset);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        const int8_t* x = xq + ag * GROUP;
+        const __m512 s = _mm512_mul_ps(scale, _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(xd + ag))));
+        for (int p = 0; p < 4; ++p) {
+          const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], _mm512_loadu_si512(x + 64 * p));
+          wide[r][p % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pick[p], s), wide[r][p % 2]);
+        }
+        off[r] = _mm512_fmadd_ps(offset, _mm512_loadu_ps(xs + 2 * ag), off[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_reduce_add_ps(_mm512_sub_ps(_mm512_add_ps(wide[r][0], wide[r][1]), off[r]));
+  }
+#endif
 };
 
 template <typename F, typename T>

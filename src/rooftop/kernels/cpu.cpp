@@ -37,14 +37,26 @@ inline __m256 exp_ps(__m256 x) {
 }
 #endif
 
+// Where group g of a Q4 row's `groups` lies: each four groups share 64 bytes, groups 4q and 4q + 1 in the low
+// nibbles and 4q + 2 and 4q + 3 in the high nibbles, so one 512-bit load and two masks give 128 weights in the
+// order of the activations (a 256-bit host reads the two halves); the last 1-3 groups pair up in 32 bytes, g low
+// and g + 1 high, so a row takes ceil(groups / 2) * 32 bytes, no padding.
+inline const uint8_t* q4_group(const uint8_t* row, int64_t g, int64_t groups, int& shift) {
+  const int64_t quads = groups / 4 * 4;
+  if (g < quads) {
+    shift = 4 * ((g % 4) / 2);
+    return row + (g / 4) * 64 + (g % 2) * 32;
+  }
+  shift = 4 * ((g - quads) % 2);
+  return row + quads * 16 + ((g - quads) / 2) * 32;
+}
+
 // One output row of Q4 weights dotted with R activation rows (R a template constant, so the accumulators live
-// in registers). Groups are stored in pairs, 32 bytes whose low nibbles are group 2p and high nibbles group
-// 2p + 1, so one load and two masks unpack 64 weights; groups go four at a time (fma4), the last 0-3 singly.
-// The min term sum_g m[g] * s[g] is a separate short dot.
-// Q4_0 (w = d·(q - 8)) runs the same loop with the mins read from d and scaled by -8: `parts` is 1 there, 2 for
-// Q4_1's d and m, and `min_scale` -8 and 1.
+// in registers), four groups at a time, the last 0-3 singly. The min term sum_g m[g] * s[g] is a separate short
+// dot. Q4_0 (w = d·(q - 8)) runs the same loop with the mins read from d and scaled by -8: `parts` is 1 there, 2
+// for Q4_1's d and m, and `min_scale` -8 and 1.
 struct Q4Weights {
-  const uint8_t* q;  // (N, ceil(G / 2), 32) nibbles of group pairs
+  const uint8_t* q;  // (N, ceil(G / 2), 32) nibbles, groups placed as q4_group says
   const at::Half* dm;  // (N, parts, G): the scales d, then (Q4_1) the mins m, of each row
   const QuantizedRows* a;
   int64_t groups, parts;
@@ -52,7 +64,7 @@ struct Q4Weights {
 
   template <int R>
   void dot(int64_t n, int64_t r0, float* acc) const {
-    const int64_t pairs = (groups + 1) / 2;
+    const int64_t pairs = (groups + 1) / 2, quads = groups / 4 * 4;
     const uint8_t* wq = q + n * pairs * 32;
     const at::Half *d = dm + n * parts * groups, *m = d + (parts - 1) * groups;
     const int8_t* xq = a->q.data() + r0 * groups * GROUP;
@@ -61,10 +73,26 @@ struct Q4Weights {
     __m256 sum[R];
     for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
     int64_t g = 0;
-    for (; g + 4 <= groups; g += 4) {
+#ifdef ROOFTOP_AVX512
+    __m512 wide[R][2];
+    for (int r = 0; r < R; ++r) wide[r][0] = wide[r][1] = _mm512_setzero_ps();
+    const __m512i mask = _mm512_set1_epi8(15);
+    for (; g < quads; g += 4) {
+      const __m512i b = _mm512_loadu_si512(wq + g * 16);
+      const __m512i low = _mm512_and_si512(b, mask), high = _mm512_and_si512(_mm512_srli_epi16(b, 4), mask);
+      const __m128 dw = half4(d + g);
+      for (int r = 0; r < R; ++r) {
+        const int64_t ag = r * groups + g;
+        const __m128 scales = _mm_mul_ps(dw, _mm_loadu_ps(xd + ag));
+        fma4_wide(low, high, xq + ag * GROUP, _mm256_set_m128(scales, scales), wide[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) sum[r] = fold(wide[r]);
+#else
+    for (; g < quads; g += 4) {
       __m256i w0, w1, w2, w3;
-      unpack_pair(wq + g * 16, w0, w1);
-      unpack_pair(wq + g * 16 + 32, w2, w3);
+      unpack_pair(wq + g * 16, w0, w2);
+      unpack_pair(wq + g * 16 + 32, w1, w3);
       const __m128 dw = half4(d + g);
       for (int r = 0; r < R; ++r) {
         const int64_t ag = r * groups + g;
@@ -73,10 +101,11 @@ struct Q4Weights {
                       dot_i32(w3, load32(x + 96)), _mm_mul_ps(dw, _mm_loadu_ps(xd + ag)), sum[r]);
       }
     }
+#endif
     for (; g < groups; ++g) {
-      __m256i low, high;
-      unpack_pair(wq + (g / 2) * 32, low, high);
-      const __m256i w = g % 2 ? high : low;
+      int shift;
+      const uint8_t* p = q4_group(wq, g, groups, shift);
+      const __m256i w = _mm256_and_si256(_mm256_srli_epi16(load32(p), shift), _mm256_set1_epi8(15));
       for (int r = 0; r < R; ++r) {
         const int64_t ag = r * groups + g;
         sum[r] = _mm256_fmadd_ps(_mm256_set1_ps(float(d[g]) * xd[ag]), _mm256_cvtepi32_ps(dot_i32(w, load32(xq + ag * GROUP))), sum[r]);
@@ -93,8 +122,8 @@ struct Q4Weights {
     for (int r = 0; r < R; ++r) {
       acc[r] = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* b = wq + (g / 2) * 32;
-        const int shift = (g % 2) * 4;
+        int shift;
+        const uint8_t* b = q4_group(wq, g, groups, shift);
         const int8_t* xa = xq + (r * groups + g) * GROUP;
         int sum = 0;
         for (int i = 0; i < GROUP; ++i) sum += ((b[i] >> shift) & 15) * xa[i];
@@ -160,7 +189,7 @@ struct Q8Weights {
 
 }  // namespace
 
-// x (rows, K) float32; qs (N, ceil(K/64), 32) uint8 nibbles of group pairs; dm (N, 2, K/32) float16 scales d and
+// x (rows, K) float32; qs (N, ceil(K/64), 32) uint8 nibbles (q4_group); dm (N, 2, K/32) float16 scales d and
 // mins m: w = d*q + m (GGUF's Q4_1), or dm (N, 1, K/32) the scales alone: w = d*(q - 8) (GGUF's Q4_0).
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm,
                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
@@ -200,8 +229,8 @@ at::Tensor q4_dequantize(const at::Tensor& qs, const at::Tensor& dm, bool bf16) 
       for (int64_t row = n0; row < n1; ++row) {
         const at::Half *d = dmp + row * parts * groups, *m = d + (parts - 1) * groups;
         for (int64_t g = 0; g < groups; ++g) {
-          const uint8_t* b = q + (row * pairs + g / 2) * 32;
-          const int shift = (g % 2) * 4;
+          int shift;
+          const uint8_t* b = q4_group(q + row * pairs * 32, g, groups, shift);
           const float dg = d[g], mg = min_scale * float(m[g]);
           auto* y = o + (row * groups + g) * GROUP;
 #ifdef ROOFTOP_AVX2

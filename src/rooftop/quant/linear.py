@@ -308,13 +308,20 @@ def _like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y if x.dim() == 2 and x.dtype == y.dtype else y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
-def pack_pairs(q: torch.Tensor) -> torch.Tensor:
-    """(N, K) values 0..15 -> the Q4 kernel's (N, ceil(K / 64), 32) bytes: group 2p in the low nibbles, 2p + 1 high."""
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """(N, K) values 0..15 -> the Q4 kernel's (N, ceil(K / 64), 32) bytes (kernels/cpu.cpp's q4_group): each four
+    groups in 64 bytes, groups 4i and 4i + 1 in the low nibbles and 4i + 2 and 4i + 3 in the high ones; the last 1-3
+    groups in pairs, 2p low and 2p + 1 high."""
     n, k = q.shape
     groups = q.view(n, k // GROUP, GROUP)
-    if groups.shape[1] % 2:  # the last pair's high nibbles stay empty
-        groups = torch.cat([groups, torch.zeros_like(groups[:, :1])], dim=1)
-    return (groups[:, 0::2] | (groups[:, 1::2] << 4)).contiguous()
+    quads = groups.shape[1] // 4 * 4
+    four = groups[:, :quads].reshape(n, quads // 4, 2, 2 * GROUP)
+    parts = [(four[:, :, 0] | (four[:, :, 1] << 4)).reshape(n, quads // 2, GROUP)]
+    tail = groups[:, quads:]
+    if tail.shape[1] % 2:  # the last pair's high nibbles stay empty
+        tail = torch.cat([tail, torch.zeros_like(tail[:, :1])], dim=1)
+    parts.append(tail[:, 0::2] | (tail[:, 1::2] << 4))
+    return torch.cat(parts, dim=1).contiguous()
 
 
 class _KernelLinear:
@@ -345,10 +352,10 @@ class _KernelLinear:
 @dataclass
 class Q4Linear(_KernelLinear):
     """GGUF Q4_1 groups (w = d·q + m per 32 weights) run by rooftop's CPU kernel against int8-quantized
-    activations; prefill-sized steps widen to float32 sgemm. Groups are packed in pairs, so that one 32-byte
-    load unpacks 64 weights (5-8% faster than 16 bytes per group here, measured at the bundled model's shapes)."""
+    activations; prefill-sized steps widen to float32 sgemm. Groups are packed by four (`pack_nibbles`), so that one
+    64-byte load unpacks 128 weights in the activations' order."""
 
-    qs: torch.Tensor  # (N, ceil(K / 64), 32) uint8: low nibbles group 2p, high nibbles group 2p + 1
+    qs: torch.Tensor  # (N, ceil(K / 64), 32) uint8 nibbles, in pack_nibbles' order
     dm: torch.Tensor  # (N, 2, K / 32) float16 (as in the GGUF): each row's scales d, then its mins m
     bias: torch.Tensor | None = None
     format: ClassVar[str] = "q4_1"
@@ -366,12 +373,12 @@ class Q4Linear(_KernelLinear):
     @classmethod
     def from_weight(cls, w: Int4Weight, bias: torch.Tensor | None) -> Q4Linear:
         dm = torch.stack([w.scale, w.zero - 8 * w.scale], dim=1).half().contiguous()  # (q - 8)·s + z = s·q + (z - 8s)
-        return cls(pack_pairs(w.q), dm, None if bias is None else bias.float().contiguous())
+        return cls(pack_nibbles(w.q), dm, None if bias is None else bias.float().contiguous())
 
 
 @dataclass
 class Q4_0Linear(Q4Linear):
-    """A stored GGUF Q4_0 matrix (w = d·(q - 8)) on the same kernel loop: its nibbles repacked in pairs of groups and
+    """A stored GGUF Q4_0 matrix (w = d·(q - 8)) on the same kernel loop: its nibbles repacked as Q4Linear's and
     its scales d alone (dm (N, 1, K / 32)), at the file's own 4.5 bits."""
 
     format: ClassVar[str] = "q4_0"
@@ -380,7 +387,7 @@ class Q4_0Linear(Q4Linear):
     def from_weight(cls, w: BlockWeight, bias: torch.Tensor | None) -> Q4_0Linear:
         q = q4_0_as_int4(w)
         dm = q.scale[:, None, :].half().contiguous()
-        return cls(pack_pairs(q.q), dm, None if bias is None else bias.float().contiguous())
+        return cls(pack_nibbles(q.q), dm, None if bias is None else bias.float().contiguous())
 
 
 @dataclass
