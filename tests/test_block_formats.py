@@ -163,7 +163,7 @@ def test_a_k_quant_mix_matches_transformers_on_the_float_path_and_runs_each_form
     llm = LLM(model=str(path))  # auto: every matrix in the format the file holds it in
     layer = llm.model.layers[0]
     assert [p.format for p in layer.qkv.parts] == ["q4_k", "q5_0", "q6_k"]
-    assert (layer.o.format, layer.down.format, [p.format for p in layer.gate_up.parts]) == (
+    assert (layer.o.format, layer.mlp.down.format, [p.format for p in layer.mlp.gate_up.parts]) == (
         "q5_k",
         "q8_0",
         ["q4_0", "q5_1"],
@@ -226,7 +226,7 @@ def test_a_k_quant_mix_runs_on_pytorchs_ops_where_the_kernels_do_not_build(k_qua
     kernels_int4 = rooftop_logits(LLM(model=str(path), weights="int4"))(ids) if kernels is not None else None
     monkeypatch.setattr(cpu, "ops", lambda: None)
     llm = LLM(model=str(path))
-    assert all(isinstance(lin, Int4Linear) for lin in (llm.model.layers[0].qkv, llm.model.layers[0].down))
+    assert all(isinstance(lin, Int4Linear) for lin in (llm.model.layers[0].qkv, llm.model.layers[0].mlp.down))
     ours = rooftop_logits(llm)(ids)
     assert torch.isfinite(ours).all()
     if kernels_int4 is not None:

@@ -58,13 +58,14 @@ def no_tensors(monkeypatch):
 def test_every_preset_loads_its_config_and_no_tensor(name, no_tensors):
     loaded = load_dummy(name, "auto", CPU, torch.float32)
     assert loaded.config == PRESETS[name]
-    if not is_runnable(loaded.config):  # MoE / hybrid: the config loads, the engine refuses it as it always did
+    if not is_runnable(loaded.config):  # hybrid: the config loads, the engine refuses it as it always did
         assert len(loaded.weights) == 0
         with pytest.raises(UnsupportedModelError, match="can be analyzed .* but not run"):
             build_model(loaded, torch.float32, CPU)
         return
     c = loaded.config
-    per_layer = 9 + 2 * c.qk_norm + 3 * c.attention_bias
+    mlp = 1 + 3 * c.num_experts if c.is_moe else 3  # Qwen3-MoE: the router and each expert's three matrices
+    per_layer = 6 + mlp + 2 * c.qk_norm + 3 * c.attention_bias
     assert len(loaded.weights) == 2 + (not c.tie_word_embeddings) + c.num_layers * per_layer
 
 
@@ -84,7 +85,7 @@ def test_a_27b_model_builds_its_shapes_without_allocating():
     before = rss_bytes()
     loaded = load_dummy("dense-27b", "auto", META, torch.bfloat16)
     model = build_model(loaded, torch.bfloat16, META)
-    linears = [m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    linears = [m for layer in model.layers for m in layer.linears()]
     params = model.embed.numel() + sum(m.weight.numel() for m in linears)
     assert 27.0e9 < params < 27.5e9  # tied embeddings: the lm_head is the embedding
     assert model.precision.weights.name == "bf16"

@@ -97,7 +97,7 @@ def test_int8_model_keeps_no_float_copy_of_its_linears(tiny_gguf):
 
     llm = LLM(model=tiny_gguf, weights="int8")
     layer = llm.model.layers[0]
-    for lin in (layer.qkv, layer.o, layer.gate_up, layer.down, llm.model.lm_head):
+    for lin in (*layer.linears(), llm.model.lm_head):
         assert isinstance(lin, Q8Linear) and lin.q.dtype == torch.int8
     assert llm.precision.weights.name == "q8_0" and llm.precision.activation_bytes == 4
     assert llm.precision.head().weights.name == "q8_0"
@@ -108,7 +108,7 @@ def test_int8_model_without_rooftops_kernels(tiny_gguf, pytorch_kernels):
 
     llm = LLM(model=tiny_gguf, weights="int8")
     layer = llm.model.layers[0]
-    for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+    for lin in layer.linears():
         assert isinstance(lin, Int8Linear) and lin.qweight.dtype == torch.int8
     assert isinstance(llm.model.lm_head, Fp16Linear)  # float32 logits (see test_the_lm_head_gives_float32_logits)
     assert llm.precision.weights.name == "int8" and llm.precision.activation_bytes == 4
@@ -201,7 +201,7 @@ def test_int4_from_the_bundled_gguf_keeps_its_4_bits_and_agrees(bundled_llm):
     llm = LLM(weights="int4")
     layer = llm.model.layers[0]
     kind, head = (Q4Linear, Q8Linear) if cpu.ops() is not None else (Int4Linear, Fp16Linear)
-    assert all(isinstance(lin, kind) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert all(isinstance(lin, kind) for lin in layer.linears())
     assert isinstance(llm.model.lm_head, head)  # the file holds it (the tied embedding) as Q8_0
     assert isinstance(llm.model.embed, Int8GroupWeight)  # looked up from the file's own 8-bit groups
     assert LLM().model.weight_policy == "int4"  # the default for the bundled Q4_1 file
@@ -250,11 +250,11 @@ def test_int4_on_float_weights_quantizes_the_blocks_and_keeps_the_lm_head_at_8_b
     llm = LLM(model=tiny_gguf, weights="int4")
     layer = llm.model.layers[0]
     kind, head = (Q4Linear, Q8Linear) if cpu.ops() is not None else (Int4Linear, Fp16Linear)
-    assert all(isinstance(lin, kind) for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert all(isinstance(lin, kind) for lin in layer.linears())
     assert isinstance(llm.model.lm_head, head)
     w = load_model(tiny_gguf).weights["model.layers.0.mlp.down_proj.weight"]
     expected = quantize_int4(w).dequantize()
-    got = layer.down(torch.eye(w.shape[1])).t()
+    got = layer.mlp.down(torch.eye(w.shape[1])).t()
     assert float((got - expected).abs().max()) < 0.01 * float(expected.abs().max())
     out = llm.generate([list(range(3, 20))], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
@@ -276,13 +276,13 @@ def test_the_default_format_follows_the_file(tmp_path, tiny_gguf):
         path = tmp_path / f"{qtype}.gguf"
         write_tiny_gguf(path, qtype=gguf.GGMLQuantizationType[qtype])
         llm = LLM(model=path)
-        assert llm.model.weight_policy == fmt and isinstance(llm.model.layers[1].down, kind)
+        assert llm.model.weight_policy == fmt and isinstance(llm.model.layers[1].mlp.down, kind)
         assert llm.precision.weights.name == name
     if kernels:  # a Q8_0 file's linears run on its own groups, exactly
         from rooftop.loading.model_files import load_model
 
         w = load_model(path).weights["model.layers.1.mlp.down_proj.weight"]
-        torch.testing.assert_close(llm.model.layers[1].down.q, w.q, atol=0, rtol=0)
+        torch.testing.assert_close(llm.model.layers[1].mlp.down.q, w.q, atol=0, rtol=0)
 
 
 def test_loading_reads_tensors_only_when_the_model_asks(tiny_gguf):

@@ -99,7 +99,7 @@ def print_report(m: RequestMetrics, finish_reason: str | None) -> None:
 def print_phase_report(llm: LLM, since: float) -> None:
     """Attribute the steps run since `since` against this machine's measured roofs (probing once if needed)."""
     from rooftop.engine.probe import load_or_run_probe
-    from rooftop.roofline.attribution import attribute_phases, attribute_step, gap_sentence
+    from rooftop.roofline.attribution import attribute_phases, attribute_step, experts_sentence, gap_sentence
     from rooftop.roofline.report import phase_table
 
     records = [r for r in llm.step_records if r.finished_at >= since]
@@ -110,6 +110,8 @@ def print_phase_report(llm: LLM, since: float) -> None:
     phases = attribute_phases(steps, hw)
     err.print(phase_table(phases))
     err.print(gap_sentence(phases))
+    if experts := experts_sentence(llm.config, steps):
+        err.print(experts)
 
 
 def stream_to_stdout(llm: LLM, prompt: str, params: SamplingParams) -> RequestOutput:

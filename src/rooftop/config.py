@@ -1,7 +1,7 @@
 """ModelConfig: one description of a decoder-only transformer, whatever file or preset it came from.
 
-The engine runs the dense architectures (Llama, Qwen2, Qwen3); the roofline analyzer also takes
-mixture-of-experts and hybrid linear-attention models, which add the fields at the end.
+The engine runs the dense architectures (Llama, Qwen2, Qwen3) and Qwen3-MoE; the roofline analyzer also takes
+hybrid linear-attention models. Mixture-of-experts and hybrid models add the fields at the end.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
 
-RUNNABLE_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+RUNNABLE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 
@@ -74,6 +74,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # the top-k routing weights renormalized to sum to 1 (transformers' default: not)
     # hybrid models: layer_types[i] is "full_attention" or "linear_attention"; None means all full attention
     layer_types: list[str] | None = None
     linear_attention: LinearAttention | None = None
@@ -123,10 +124,11 @@ class ModelConfig:
 
 
 def is_runnable(config: ModelConfig) -> bool:
-    """The engine runs dense full-attention Llama / Qwen2 / Qwen3; the analyzer takes more."""
-    return (
-        config.architecture in RUNNABLE_ARCHITECTURES and not config.is_moe and not config.num_linear_attention_layers
-    )
+    """The engine runs full-attention Llama / Qwen2 / Qwen3 and Qwen3-MoE (routed experts, no shared expert); the
+    analyzer takes more."""
+    if config.architecture not in RUNNABLE_ARCHITECTURES or config.num_linear_attention_layers:
+        return False
+    return config.is_moe == (config.architecture == "qwen3_moe") and not config.shared_expert_intermediate_size
 
 
 def check_runnable(config: ModelConfig) -> None:

@@ -135,8 +135,9 @@ class LLMEngine:
             if s.seq.metrics.first_scheduled_time is None:
                 s.seq.metrics.first_scheduled_time = started
                 s.seq.metrics.prefix_cache_hit_tokens = s.cached  # admitted with its cached prefix computed
-        shape = StepShape(tuple(SeqShape(s.new, s.cached, s.needs_logits, phase=s.phase) for s in batch))
+        seqs = tuple(SeqShape(s.new, s.cached, s.needs_logits, phase=s.phase) for s in batch)
         step = run_step(self.model, self._pool, batch, self.config.batch_invariant)
+        shape = StepShape(seqs, experts_touched=self.model.experts_touched())
         for s in batch:
             m = s.seq.metrics
             if s.phase is Phase.DECODE:

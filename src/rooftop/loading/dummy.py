@@ -39,11 +39,12 @@ INT8_SCALE = STD / 73.6
 
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor `build_model` takes, under its Hugging Face name: lm_head only when the embeddings are not tied,
-    q/k norms for qk_norm (Qwen3), q/k/v biases for attention_bias (Qwen2). Nothing for a model the engine does
-    not run (mixture-of-experts, hybrid): it would build none, and the analyzer needs only the config."""
+    q/k norms for qk_norm (Qwen3), q/k/v biases for attention_bias (Qwen2), the router and each expert's MLP for
+    Qwen3-MoE. Nothing for a model the engine does not run (hybrid): it would build none, and the analyzer needs
+    only the config."""
     if not is_runnable(config):
         return {}
-    d, qs, kvs, ff = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
+    d, qs, kvs = config.hidden_size, config.q_size, config.kv_size
     shapes = {"model.embed_tokens.weight": (config.vocab_size, d), "model.norm.weight": (d,)}
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, d)
@@ -56,10 +57,13 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             a + "k_proj.weight": (kvs, d),
             a + "v_proj.weight": (kvs, d),
             a + "o_proj.weight": (d, qs),
-            p + "mlp.gate_proj.weight": (ff, d),
-            p + "mlp.up_proj.weight": (ff, d),
-            p + "mlp.down_proj.weight": (d, ff),
         }
+        if config.is_moe:
+            shapes[p + "mlp.gate.weight"] = (config.num_experts, d)
+            for e in range(config.num_experts):
+                shapes |= _mlp_shapes(f"{p}mlp.experts.{e}.", d, config.moe_intermediate_size)
+        else:
+            shapes |= _mlp_shapes(p + "mlp.", d, config.intermediate_size)
         if config.qk_norm:
             shapes |= {a + "q_norm.weight": (config.head_dim,), a + "k_norm.weight": (config.head_dim,)}
         if config.attention_bias:
@@ -67,14 +71,19 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _mlp_shapes(p: str, d: int, ff: int) -> dict[str, tuple[int, ...]]:
+    return {p + "gate_proj.weight": (ff, d), p + "up_proj.weight": (ff, d), p + "down_proj.weight": (d, ff)}
+
+
 def tensor_form(name: str, shape: tuple[int, ...], policy: str, device: torch.device) -> str:
     """What a tensor is made as: "int4" / "int8" groups where `build_model` keeps a file's groups (a quantized
     policy on the CPU), so that no float32 copy is ever made and quantized; "norm" (ones, as transformers
     initializes them) or "float" otherwise. The embedding (and so a tied lm_head) is int8 groups under either
-    quantized policy, as a GGUF's token_embd usually is: it becomes the Q8_0 lm_head as it is."""
+    quantized policy, as a GGUF's token_embd usually is: it becomes the Q8_0 lm_head as it is. A mixture of experts'
+    router (mlp.gate) is always float: its logits pick the experts."""
     if len(shape) == 1:
         return "norm" if name.endswith("norm.weight") else "float"
-    if policy == "float" or device.type != "cpu" or shape[1] % GROUP:
+    if policy == "float" or device.type != "cpu" or shape[1] % GROUP or name.endswith("mlp.gate.weight"):
         return "float"
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return "int8"

@@ -35,7 +35,10 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
 }
+# a mixture of experts' stacked (experts, rows, cols) matrices, split per expert as `ffn_gate_exps.{e}` (split_experts)
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -46,9 +49,26 @@ def hf_name(gguf_name: str) -> str | None:
         _, layer, part = stem.split(".", 2)
         if part in _LAYER_NAMES:
             return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{suffix}"
+        stacked, _, expert = part.partition(".")
+        if stacked in _EXPERT_NAMES and expert.isdigit():
+            return f"model.layers.{layer}.mlp.experts.{expert}.{_EXPERT_NAMES[stacked]}.{suffix}"
     elif stem in _TOP_NAMES:
         return f"{_TOP_NAMES[stem]}.{suffix}"
     return None
+
+
+def split_experts(t: TensorInfo) -> list[TensorInfo]:
+    """A stacked expert tensor (`blk.N.ffn_up_exps.weight`, experts x rows x cols) as one 2-D tensor per expert
+    (`blk.N.ffn_up_exps.E.weight`), each a view of its slice of the file's bytes; any other tensor as it is."""
+    stem, _, suffix = t.name.rpartition(".")
+    if len(t.shape) != 3 or stem.rpartition(".")[2] not in _EXPERT_NAMES:
+        return [t]
+    experts, rows, cols = t.shape
+    size = t.data.size // experts
+    return [
+        TensorInfo(f"{stem}.{e}.{suffix}", (rows, cols), t.qtype, t.data[e * size : (e + 1) * size])
+        for e in range(experts)
+    ]
 
 
 def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -102,7 +122,7 @@ def native_format(tensors: list[TensorInfo]) -> str:
     int8 for Q8_0, float for float types, int4 for the 4-, 5- and 6-bit block formats (which run as stored)."""
     held: dict[QType, int] = {}
     for t in tensors:
-        if t.name.startswith("blk.") and len(t.shape) == 2:
+        if t.name.startswith("blk.") and len(t.shape) >= 2:  # matrices, and stacks of experts' matrices
             held[t.qtype] = held.get(t.qtype, 0) + t.numel
     most = max(held, key=held.get, default=QType.F32)
     return "float" if most in FLOAT_TYPES else "int8" if most == QType.Q8_0 else "int4"
@@ -119,8 +139,9 @@ def load_gguf(path: Path) -> LoadedModel:
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
     config = config_from_gguf(gguf_file)
+    tensors = [part for t in gguf_file.tensors for part in split_experts(t)]
     readers = {}
-    for t in gguf_file.tensors:
+    for t in tensors:
         name = hf_name(t.name)
         if name is None:
             if t.name == "rope_freqs.weight":  # Llama-3 rope scaling, stored as per-pair frequency divisors
@@ -138,6 +159,6 @@ def load_gguf(path: Path) -> LoadedModel:
         LazyWeights(readers),
         tokenizer,
         str(path),
-        native_format(gguf_file.tensors),
-        conversions(gguf_file.tensors),
+        native_format(tensors),
+        conversions(tensors),
     )

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from rooftop.config import RUNNABLE_ARCHITECTURES, ModelConfig, RopeScaling
+from rooftop.config import ModelConfig, RopeScaling
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.gguf_file import GGUFFile
+
+# GGUF's architecture names (gguf.MODEL_ARCH_NAMES, as llama.cpp's converter writes them) -> rooftop's
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
 
 
 def config_from_metadata(meta: dict) -> ModelConfig:
     arch = meta.get("general.architecture")
-    if arch not in RUNNABLE_ARCHITECTURES:
+    if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(RUNNABLE_ARCHITECTURES)})"
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
 
     def get(key: str, default=None):
@@ -33,11 +36,19 @@ def config_from_metadata(meta: dict) -> ModelConfig:
     elif meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
         raise UnsupportedModelError(f"RoPE scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported")
     eos = meta.get("tokenizer.ggml.eos_token_id")
+    experts = {}
+    if arch == "qwen3moe":  # llama.cpp always renormalizes Qwen3-MoE's top-k weights (norm_topk_prob)
+        experts = {
+            "num_experts": int(get("expert_count")),
+            "num_experts_per_tok": int(get("expert_used_count")),
+            "moe_intermediate_size": int(get("expert_feed_forward_length")),
+            "norm_topk_prob": bool(meta.get(f"{arch}.expert_weights_norm", True)),
+        }
     return ModelConfig(
-        architecture=arch,
+        architecture=ARCHITECTURES[arch],
         vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))),
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
+        intermediate_size=int(meta.get(f"{arch}.feed_forward_length", 0) if experts else get("feed_forward_length")),
         num_layers=int(get("block_count")),
         num_heads=heads,
         num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
@@ -46,10 +57,11 @@ def config_from_metadata(meta: dict) -> ModelConfig:
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "qwen3moe"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=[eos] if eos is not None else [],
         name=str(meta.get("general.name", "")),
+        **experts,
     )
 
 

@@ -21,8 +21,8 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
-    # analyzed by the roofline, not run by the engine
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    # analyzed by the roofline, not run by the engine
     "Qwen3NextForCausalLM": "qwen3_next",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5ForCausalLM": "qwen3_5",
@@ -80,11 +80,19 @@ def _moe_fields(cfg: dict) -> dict:
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if not experts:
         return {}
+    dense = cfg.get("mlp_only_layers") or []
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    if dense or step != 1:  # Qwen3-MoE's option for dense MLP layers between the sparse ones; no released model uses it
+        raise UnsupportedModelError(
+            f"dense MLP layers among the experts (mlp_only_layers {dense}, decoder_sparse_step {step}) are not "
+            "supported: every layer must be a mixture of experts"
+        )
     return {
         "num_experts": experts,
         "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
         "moe_intermediate_size": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
         "shared_expert_intermediate_size": int(cfg.get("shared_expert_intermediate_size") or 0),
+        "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
     }
 
 
@@ -104,6 +112,8 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
     if missing:
         raise KeyError(", ".join(missing))
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if arch is None and not archs and cfg.get("model_type") in ARCHITECTURES.values():
+        arch = cfg["model_type"]  # a config saved from a bare config object names only its model_type
     if arch is None:
         raise UnsupportedModelError(
             f"architecture {archs or cfg.get('model_type')!r} is not supported (supported: {', '.join(ARCHITECTURES)})"

@@ -11,10 +11,11 @@ from rooftop.config import ModelConfig, check_runnable
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.loaded import LoadedModel
 from rooftop.models.blocks import DecoderBlock
+from rooftop.models.mlp import DenseMLP, SparseMoE
 from rooftop.models.ops import choose_ops
 from rooftop.models.rope import cos_sin_table
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import Linear, as_stored, make_linear, weight_policy
+from rooftop.quant.linear import FloatLinear, Linear, as_stored, make_linear, weight_policy
 from rooftop.quant.weights import Weight, to_float
 
 
@@ -58,8 +59,8 @@ class _Tensors:
 
 
 def _decoder_block(t: _Tensors, c: ModelConfig, i: int) -> DecoderBlock:
-    """Layer i of a Llama / Qwen2 / Qwen3 checkpoint under Hugging Face's names."""
-    d, qs, kvs, ff = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+    """Layer i of a Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint under Hugging Face's names."""
+    d, qs, kvs = c.hidden_size, c.q_size, c.kv_size
     p = f"model.layers.{i}."
     a = p + "self_attn."
     qkv = t.cat(
@@ -77,11 +78,22 @@ def _decoder_block(t: _Tensors, c: ModelConfig, i: int) -> DecoderBlock:
         o=t.linear(t.take(a + "o_proj.weight", (d, qs)), t.take(a + "o_proj.bias", (d,), False)),
         qk_norm=qk_norm,
         mlp_norm=t.take(p + "post_attention_layernorm.weight", (d,)),
-        gate_up=t.linear(
-            t.cat(t.take(p + "mlp.gate_proj.weight", (ff, d)), t.take(p + "mlp.up_proj.weight", (ff, d))), None
-        ),
-        down=t.linear(t.take(p + "mlp.down_proj.weight", (d, ff)), None),
+        mlp=_moe(t, c, p + "mlp.") if c.is_moe else _dense_mlp(t, p + "mlp.", d, c.intermediate_size),
     )
+
+
+def _dense_mlp(t: _Tensors, p: str, d: int, ff: int) -> DenseMLP:
+    gate_up = t.cat(t.take(p + "gate_proj.weight", (ff, d)), t.take(p + "up_proj.weight", (ff, d)))
+    return DenseMLP(gate_up=t.linear(gate_up, None), down=t.linear(t.take(p + "down_proj.weight", (d, ff)), None))
+
+
+def _moe(t: _Tensors, c: ModelConfig, p: str) -> SparseMoE:
+    """The router in float32 (its logits pick the experts: rounding them would change which run) and each expert's
+    gate/up and down in the model's weight format."""
+    d = c.hidden_size
+    router = FloatLinear(to_float(t.take(p + "gate.weight", (c.num_experts, d))).float().contiguous())
+    experts = [_dense_mlp(t, f"{p}experts.{e}.", d, c.moe_intermediate_size) for e in range(c.num_experts)]
+    return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob)
 
 
 def build_model(

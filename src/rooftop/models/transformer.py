@@ -15,6 +15,7 @@ from rooftop.config import ModelConfig
 from rooftop.enums import Phase
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
+from rooftop.models.mlp import SparseMoE
 from rooftop.models.ops import Ops
 from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, row_plan, widen_compute
 from rooftop.quant.weights import Weight
@@ -48,10 +49,16 @@ class Transformer:
         """The block linears' bytes per format they run in (several for a mixed file such as a Q4_K_M)."""
         held: dict[str, int] = {}
         for layer in self.layers:
-            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            for linear in layer.linears():
                 for part in getattr(linear, "parts", [linear]):
                     held[part.format] = held.get(part.format, 0) + part.nbytes
         return held
+
+    def experts_touched(self) -> float | None:
+        """Distinct experts each mixture-of-experts layer ran in the last forward pass, averaged over the layers;
+        None for a dense model."""
+        counts = [layer.mlp.touched for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
+        return sum(counts) / len(counts) if counts else None
 
     @property
     def precision(self) -> Precision:

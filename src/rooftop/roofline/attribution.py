@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rooftop.config import ModelConfig
 from rooftop.enums import Phase
 from rooftop.roofline.hardware import Hardware
-from rooftop.roofline.ops import StepShape
+from rooftop.roofline.ops import StepShape, expected_experts_touched
 from rooftop.roofline.precision import Precision
 from rooftop.roofline.predict import StepTime, time_step
 from rooftop.roofline.report import seconds
@@ -125,3 +125,23 @@ def gap_sentence(phases: dict[str, PhaseAttribution]) -> str:
             f"{name} reached {p.pct_of_bound_roof:.0f}% of {roof}: predicted {seconds(predicted)}, measured {seconds(measured)} {per}"
         )
     return "; ".join(parts) + "."
+
+
+def experts_sentence(config: ModelConfig, steps: list[StepAttribution]) -> str | None:
+    """For a mixture-of-experts run, the distinct experts each layer touched per step, measured (the engine's
+    record) beside the op model's expectation for the same token counts, by phase; None for a dense model."""
+    if not config.is_moe:
+        return None
+    parts = []
+    for phase in Phase:
+        chosen = [s.shape for s in steps if s.shape.phase == phase and s.shape.experts_touched is not None]
+        if not chosen:
+            continue
+        measured = sum(s.experts_touched for s in chosen) / len(chosen)
+        expected = sum(
+            expected_experts_touched(config.num_experts, config.num_experts_per_tok, s.tokens) for s in chosen
+        ) / len(chosen)
+        parts.append(f"{phase} {measured:.1f} (expected {expected:.1f})")
+    if not parts:
+        return None
+    return f"experts touched per layer and step, of {config.num_experts}: " + ", ".join(parts) + "."

@@ -31,7 +31,12 @@ class SeqShape:
 
 @dataclass(frozen=True)
 class StepShape:
+    """A step's sequences; for a mixture-of-experts model the engine also records how many distinct experts each
+    layer touched (measured, averaged over the layers), which sets the experts' weight bytes in place of the
+    analyzer's expectation."""
+
     seqs: tuple[SeqShape, ...]
+    experts_touched: float | None = None
 
     @classmethod
     def prefill(cls, batch: int, prompt_len: int) -> StepShape:
@@ -173,7 +178,7 @@ def step_ops(config: ModelConfig, p: Precision, shape: StepShape, tp: int = 1) -
         ops.append(_linear("o_proj", T, heads * hd, d, p, n_full))
     if n_linear:
         ops.extend(_linear_attention_ops(c, shape, p, tp, n_linear))
-    ops.extend(_mlp_ops(c, T, p, tp))
+    ops.extend(_mlp_ops(c, T, p, tp, shape.experts_touched))
     ops.append(_elementwise("residual_add", T * d, 2, 1, 1, p, 2 * n_layers))
     if shape.logits_rows:  # a step of prompt chunks that sample nothing skips the lm_head
         ops.append(_linear("lm_head", shape.logits_rows, d, c.vocab_size / tp, p.head()))
@@ -230,7 +235,7 @@ def expected_experts_touched(num_experts: int, top_k: int, tokens: int) -> float
     return num_experts * (1 - (1 - top_k / num_experts) ** tokens)
 
 
-def _mlp_ops(c: ModelConfig, T: int, p: Precision, tp: int) -> list[Op]:
+def _mlp_ops(c: ModelConfig, T: int, p: Precision, tp: int, touched: float | None = None) -> list[Op]:
     d, L = c.hidden_size, c.num_layers
     if not c.is_moe:
         ff = c.intermediate_size / tp
@@ -240,7 +245,8 @@ def _mlp_ops(c: ModelConfig, T: int, p: Precision, tp: int) -> list[Op]:
             _linear("down_proj", T, ff, d, p, L),
         ]
     E, k, ff = c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size / tp
-    touched = expected_experts_touched(E, k, T)
+    if touched is None:
+        touched = expected_experts_touched(E, k, T)
     routed = T * k  # token-expert pairs: the FLOPs follow them, the weight bytes follow the experts touched
     ab = p.activation_bytes
     ops = [
