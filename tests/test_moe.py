@@ -6,11 +6,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import gguf
+import httpx
 import numpy as np
 import pytest
 import torch
 from gguf_factory import SPECIALS, byte_tokens
 from test_batch_invariance import POOL, alone, assert_same, prompt, run
+from serve_support import running_server
 from test_hf_models import PROMPT, write_tokenizer
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -249,3 +251,19 @@ def test_a_missing_expert_tensor_and_dense_layers_are_named(tiny, tmp_path):
     dense.save_pretrained(tmp_path / "dense")
     with pytest.raises(UnsupportedModelError, match=r"mlp_only_layers \[1\]"):
         load_model(tmp_path / "dense")
+
+
+def test_rooftop_serve_serves_it(tiny):
+    """The OpenAI-compatible server, unchanged: each completion is what LLM.generate gives for its prompt."""
+    path, _ = tiny
+    llm = LLM(model=str(path), weights="float")
+    body = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    expected = [
+        llm.generate([p], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].text for p in ("ab", "xyz")
+    ]
+    with running_server(path, llm=llm) as url, httpx.Client(base_url=url, timeout=60) as client:
+        texts = [
+            client.post("/v1/completions", json={**body, "prompt": p}).json()["choices"][0]["text"]
+            for p in ("ab", "xyz")
+        ]
+    assert texts == expected
