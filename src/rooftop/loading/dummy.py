@@ -175,7 +175,11 @@ def load_dummy(
     form the `weights` choice runs on `device` (int4/int8 groups as integers with group scales, floats in `dtype`).
     Loading reads no weight file and allocates no tensor; a model the engine does not run loads its config (and no
     tensors), and `build_model` refuses it."""
-    source = find_source(model)
+    return dummy_weights(find_source(model), weights, device, dtype, seed)
+
+
+def dummy_weights(source: Source, weights: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    """load_dummy for a source already in hand (e.g. a preset's config changed in code, as benchmarks/moe.py does)."""
     policy = weight_policy(weights, source.native_format, device, dtype)
     readers = {
         name: partial(random_weight, name, shape, tensor_form(name, shape, policy, device), dtype, device, seed)

@@ -93,8 +93,11 @@ class SparseMoE:
                 continue
             pairs = pairs_by_expert[start : start + count]
             start += count
-            order, sub_plan = expert_plan(plan, pairs // self.top_k)
-            rows, weights = pairs[order] // self.top_k, routing.weights.reshape(-1)[pairs[order]]
+            sub_plan = plan
+            if plan.widen:  # a step of decodes and short chunks keeps its rows in order, all narrow
+                order, sub_plan = expert_plan(plan, pairs // self.top_k)
+                pairs = pairs[order]
+            rows, weights = pairs // self.top_k, routing.weights.reshape(-1)[pairs]
             y = self.experts[e](x[rows], ops, sub_plan, residual=None)
             out.index_add_(0, rows, y * weights[:, None].to(y.dtype))
         self.touched = sum(1 for c in counts if c)
