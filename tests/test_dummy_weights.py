@@ -66,6 +66,8 @@ def test_every_preset_loads_its_config_and_no_tensor(name, no_tensors):
     c = loaded.config
     mlp = 1 + 3 * c.num_experts if c.is_moe else 3  # Qwen3-MoE: the router and each expert's three matrices
     per_layer = 6 + mlp + 2 * c.qk_norm + 3 * c.attention_bias
+    if c.architecture == "qwen3_5":  # 2 norms + the MLP's 3, then DeltaNet's 9 tensors or gated attention's 6
+        per_layer = 5 + (9 * c.num_linear_attention_layers + 6 * c.num_full_attention_layers) / c.num_layers
     assert len(loaded.weights) == 2 + (not c.tie_word_embeddings) + c.num_layers * per_layer
 
 
@@ -73,7 +75,7 @@ def test_every_preset_loads_its_config_and_no_tensor(name, no_tensors):
 def test_every_runnable_preset_builds_on_the_meta_device(name):
     """The shapes are the ones build_model takes, for every preset, without a byte of weights."""
     model = build_model(load_dummy(name, "auto", META, torch.bfloat16), torch.bfloat16, META)
-    assert model.embed.device.type == "meta" and model.layers[0].qkv.weight.device.type == "meta"
+    assert model.embed.device.type == "meta" and model.layers[0].linears()[0].weight.device.type == "meta"
 
 
 def rss_bytes() -> int:

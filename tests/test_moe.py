@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from gguf_factory import SPECIALS, byte_tokens
-from test_batch_invariance import POOL, alone, assert_same, prompt, run
 from serve_support import running_server
+from test_batch_invariance import POOL, alone, assert_same, prompt, run
 from test_hf_models import PROMPT, write_tokenizer
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 

@@ -1,4 +1,5 @@
-"""Scheduler and block pool invariants under random arrivals, lengths and aborts (hypothesis), without a model."""
+"""Scheduler, block pool and (hybrid models) state slot invariants under random arrivals, lengths and aborts
+(hypothesis), without a model."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,8 +39,9 @@ def make_seq(i, prompt_len, prefix):
     st.integers(1, 8),  # max_num_seqs
     st.booleans(),
     st.booleans(),  # batch invariance
+    st.booleans(),  # a hybrid model: a linear-attention state slot per running sequence
 )
-def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_caching, invariant):
+def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_caching, invariant, hybrid):
     config = EngineConfig(
         max_num_seqs=max_seqs,
         max_num_batched_tokens=budget,
@@ -49,7 +51,7 @@ def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_cac
     )
     chunk = config.chunk_size
     blocks = BlockManager(num_blocks, 4, prefix_caching)
-    sched = Scheduler(config, blocks)
+    sched = Scheduler(config, blocks, max_seqs if hybrid else 0)
     seqs = [make_seq(i, p, prefix) for i, (p, _, prefix, _, _) in enumerate(requests)]
     wanted = {s.request_id: out for s, (_, out, _, _, _) in zip(seqs, requests, strict=False)}
     done: set[str] = set()
@@ -80,6 +82,13 @@ def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_cac
                 holders[b] = holders.get(b, 0) + 1
         for block in blocks.blocks:
             assert block.ref_count == holders.get(block.id, 0)  # nobody touches another's blocks uncounted
+        slots = [s.state_slot for s in sched.running]
+        if hybrid:  # each running sequence holds its own slot; the others hold none; none is lost
+            assert None not in slots and len(set(slots)) == len(slots)
+            assert sorted(slots + sched.free_states) == list(range(max_seqs))
+        else:
+            assert slots == [None] * len(slots) and sched.free_states == []
+        assert all(s.state_slot is None for s in sched.waiting)
         finished = []
         for s in batch:
             assert s.seq.status is Status.RUNNING
@@ -107,6 +116,7 @@ def test_scheduler_invariants(requests, num_blocks, budget, max_seqs, prefix_cac
     assert not sched.has_unfinished(), "every request finishes: no deadlock"
     assert all(b.ref_count == 0 for b in blocks.blocks)
     assert blocks.num_free == num_blocks
+    assert sched.free_states == list(range(max_seqs if hybrid else 0))
 
 
 def test_a_hash_hit_with_other_tokens_is_not_served():

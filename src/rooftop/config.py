@@ -1,7 +1,8 @@
 """ModelConfig: one description of a decoder-only transformer, whatever file or preset it came from.
 
-The engine runs the dense architectures (Llama, Qwen2, Qwen3) and Qwen3-MoE; the roofline analyzer also takes
-hybrid linear-attention models. Mixture-of-experts and hybrid models add the fields at the end.
+The engine runs the dense architectures (Llama, Qwen2, Qwen3), Qwen3-MoE and the dense hybrid Qwen3.5; the roofline
+analyzer also takes the hybrid mixtures of experts (Qwen3-Next). Mixture-of-experts and hybrid models add the fields at
+the end.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
 
-RUNNABLE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+RUNNABLE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5")
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 
@@ -79,6 +80,7 @@ class ModelConfig:
     layer_types: list[str] | None = None
     linear_attention: LinearAttention | None = None
     attn_output_gate: bool = False  # gated full attention: q_proj also yields a sigmoid gate on the output
+    partial_rotary_factor: float = 1.0  # RoPE turns the first head_dim * factor dims of q and k (Qwen3.5: 0.25)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
@@ -111,6 +113,10 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -124,11 +130,13 @@ class ModelConfig:
 
 
 def is_runnable(config: ModelConfig) -> bool:
-    """The engine runs full-attention Llama / Qwen2 / Qwen3 and Qwen3-MoE (routed experts, no shared expert); the
-    analyzer takes more."""
-    if config.architecture not in RUNNABLE_ARCHITECTURES or config.num_linear_attention_layers:
+    """The engine runs full-attention Llama / Qwen2 / Qwen3, Qwen3-MoE (routed experts, no shared expert) and the
+    dense hybrid Qwen3.5 (Gated DeltaNet and gated attention); the analyzer takes more."""
+    if config.architecture not in RUNNABLE_ARCHITECTURES or config.shared_expert_intermediate_size:
         return False
-    return config.is_moe == (config.architecture == "qwen3_moe") and not config.shared_expert_intermediate_size
+    if config.architecture == "qwen3_5":
+        return not config.is_moe
+    return not config.num_linear_attention_layers and config.is_moe == (config.architecture == "qwen3_moe")
 
 
 def check_runnable(config: ModelConfig) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -37,13 +38,19 @@ class LLMEngine:
         self.model, self.tokenizer = model, tokenizer
         self.config = config or EngineConfig()
         mc = model.config
+        hybrid = bool(mc.num_linear_attention_layers)
+        if hybrid and self.config.enable_prefix_caching:
+            # a cached prefix's K/V do not carry the linear-attention layers' state at the prefix's end
+            log.info("prefix caching is off for hybrid models: shared KV blocks do not hold the recurrent state")
+            self.config = replace(self.config, enable_prefix_caching=False)
         self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         block_bytes = KVPool.bytes_per_block(mc, self.config.block_size, model.dtype)
         kv_bytes = self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
         num_blocks = self.config.num_kv_blocks or max(1, kv_bytes // block_bytes)
-        self._pool = KVPool(mc, num_blocks, self.config.block_size, model.dtype, model.device)
+        slots = self.config.max_num_seqs if hybrid else 0
+        self._pool = KVPool(mc, num_blocks, self.config.block_size, model.dtype, model.device, max(slots, 1))
         self._blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self._scheduler = Scheduler(self.config, self._blocks)
+        self._scheduler = Scheduler(self.config, self._blocks, slots)
         eos_token_ids = sorted(set(mc.eos_token_ids) | set(tokenizer.eos_token_ids))
         self._outputs = OutputProcessor(tokenizer, eos_token_ids, self.max_model_len)
         self._requests: dict[str, Sequence] = {}

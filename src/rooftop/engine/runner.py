@@ -53,7 +53,7 @@ def run_step(model: Transformer, pool: KVPool, batch: list[ScheduledSeq], batch_
         s = batch[i]
         token_ids += s.seq.all_token_ids[s.cached : s.cached + s.new]
         positions += range(s.cached, s.cached + s.new)
-        seqs.append(AttentionSeq(s.seq.block_table, s.cached, s.new, s.phase))
+        seqs.append(AttentionSeq(s.seq.block_table, s.cached, s.new, s.phase, s.seq.state_slot or 0))
     device = model.device
     synchronize(device)
     t0 = time.perf_counter()

@@ -51,11 +51,13 @@ def running_phase(seq: Sequence, replay: bool) -> Phase:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager):
+    def __init__(self, config: EngineConfig, blocks: BlockManager, state_slots: int = 0):
         self.config, self.blocks = config, blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept in arrival order
         self.num_preemptions = 0
+        # a hybrid model's state slots (as many as max_num_seqs): one per running sequence, lowest free first
+        self.free_states = list(range(state_slots))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -70,6 +72,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free(seq.block_table)
+        self._free_state(seq)
         seq.status = Status.FINISHED
 
     def tokens_this_step(self, seq: Sequence, cached: int, phase: Phase, budget: int) -> int:
@@ -129,6 +132,8 @@ class Scheduler:
             if allocation is None:
                 break
             seq.block_table, seq.cached = allocation
+            if self.free_states:
+                seq.state_slot = self.free_states.pop(0)
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -159,6 +164,7 @@ class Scheduler:
         """Free its blocks and send it back to the head of the queue, to be recomputed from its tokens so far."""
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
+        self._free_state(seq)  # its state is rebuilt from zeros as its tokens are recomputed
         seq.cached = 0
         seq.status = Status.WAITING
         self.num_preemptions += 1
@@ -166,3 +172,8 @@ class Scheduler:
             (i for i, s in enumerate(self.waiting) if s.arrival_index > seq.arrival_index), len(self.waiting)
         )
         self.waiting.insert(position, seq)
+
+    def _free_state(self, seq: Sequence) -> None:
+        if seq.state_slot is not None:
+            self.free_states = sorted([*self.free_states, seq.state_slot])
+            seq.state_slot = None

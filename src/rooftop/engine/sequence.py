@@ -32,6 +32,7 @@ class Sequence:
     status: Status = Status.WAITING
     cached: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
+    state_slot: int | None = None  # a hybrid model's linear-attention state slot, while it runs
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
 

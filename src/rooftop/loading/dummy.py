@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rooftop.config import ModelConfig, is_runnable
+from rooftop.config import FULL_ATTENTION, ModelConfig, is_runnable
 from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.loading.bundled import bundled_model_path
 from rooftop.loading.gguf import native_format
@@ -40,8 +40,8 @@ INT8_SCALE = STD / 73.6
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor `build_model` takes, under its Hugging Face name: lm_head only when the embeddings are not tied,
     q/k norms for qk_norm (Qwen3), q/k/v biases for attention_bias (Qwen2), the router and each expert's MLP for
-    Qwen3-MoE. Nothing for a model the engine does not run (hybrid): it would build none, and the analyzer needs
-    only the config."""
+    Qwen3-MoE, Qwen3.5's two layer types. Nothing for a model the engine does not run (Qwen3-Next): it would build
+    none, and the analyzer needs only the config."""
     if not is_runnable(config):
         return {}
     d, qs, kvs = config.hidden_size, config.q_size, config.kv_size
@@ -50,6 +50,9 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (config.vocab_size, d)
     for i in range(config.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        if config.architecture == "qwen3_5":
+            shapes |= _qwen3_5_shapes(config, i)
+            continue
         shapes |= {
             p + "input_layernorm.weight": (d,),
             p + "post_attention_layernorm.weight": (d,),
@@ -69,6 +72,35 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if config.attention_bias:
             shapes |= {a + "q_proj.bias": (qs,), a + "k_proj.bias": (kvs,), a + "v_proj.bias": (kvs,)}
     return shapes
+
+
+def _qwen3_5_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer i of Qwen3.5: Gated DeltaNet or gated attention (q_proj twice as wide: each head's gate), the MLP."""
+    d, p, la = config.hidden_size, f"model.layers.{i}.", config.linear_attention
+    shapes = {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
+    shapes |= _mlp_shapes(p + "mlp.", d, config.intermediate_size)
+    if config.layer_types[i] == FULL_ATTENTION:
+        a, hd, kvs = p + "self_attn.", config.head_dim, config.kv_size
+        return shapes | {
+            a + "q_proj.weight": (2 * config.q_size, d),
+            a + "k_proj.weight": (kvs, d),
+            a + "v_proj.weight": (kvs, d),
+            a + "o_proj.weight": (d, config.q_size),
+            a + "q_norm.weight": (hd,),
+            a + "k_norm.weight": (hd,),
+        }
+    a, heads, value_dim = p + "linear_attn.", la.num_value_heads, la.num_value_heads * la.value_head_dim
+    return shapes | {
+        a + "in_proj_qkv.weight": (la.conv_channels, d),
+        a + "in_proj_z.weight": (value_dim, d),
+        a + "in_proj_b.weight": (heads, d),
+        a + "in_proj_a.weight": (heads, d),
+        a + "conv1d.weight": (la.conv_channels, 1, la.conv_kernel_dim),
+        a + "A_log": (heads,),
+        a + "dt_bias": (heads,),
+        a + "norm.weight": (la.value_head_dim,),
+        a + "out_proj.weight": (d, value_dim),
+    }
 
 
 def _mlp_shapes(p: str, d: int, ff: int) -> dict[str, tuple[int, ...]]:

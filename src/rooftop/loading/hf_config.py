@@ -22,10 +22,10 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",  # its text model; the vision tower is not read
+    "Qwen3_5ForCausalLM": "qwen3_5",
     # analyzed by the roofline, not run by the engine
     "Qwen3NextForCausalLM": "qwen3_next",
-    "Qwen3_5ForConditionalGeneration": "qwen3_5",
-    "Qwen3_5ForCausalLM": "qwen3_5",
 }
 
 
@@ -69,10 +69,12 @@ def _hybrid_fields(cfg: dict) -> dict:
             value_head_dim=int(cfg["linear_value_head_dim"]),
             conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim", 4)),
         )
+    rope = {**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})}
     return {
         "layer_types": list(types),
         "linear_attention": linear,
         "attn_output_gate": bool(cfg.get("attn_output_gate", True)),
+        "partial_rotary_factor": float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))),
     }
 
 
@@ -112,8 +114,9 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
     if missing:
         raise KeyError(", ".join(missing))
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
-    if arch is None and not archs and cfg.get("model_type") in ARCHITECTURES.values():
-        arch = cfg["model_type"]  # a config saved from a bare config object names only its model_type
+    model_type = str(cfg.get("model_type", "")).removesuffix("_text")  # Qwen3.5's text config: "qwen3_5_text"
+    if arch is None and not archs and model_type in ARCHITECTURES.values():
+        arch = model_type  # a config saved from a bare config object names only its model_type
     if arch is None:
         raise UnsupportedModelError(
             f"architecture {archs or cfg.get('model_type')!r} is not supported (supported: {', '.join(ARCHITECTURES)})"

@@ -17,10 +17,19 @@ from rooftop.enums import Phase
 
 
 class KVPool:
-    """K and V of every layer: (layers, num_blocks * block_size, kv_heads, head_dim) each."""
+    """K and V of every full-attention layer: (layers, num_blocks * block_size, kv_heads, head_dim) each; and for a
+    hybrid model the linear-attention layers' per-sequence states (`states`, one slot per running sequence)."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
-        shape = (config.num_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        state_slots: int = 1,
+    ):
+        shape = (config.num_full_attention_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -28,14 +37,34 @@ class KVPool:
             self.k.unbind(0),
             self.v.unbind(0),
         )  # views, made once: decode reads them per layer
+        self.states = StatePool(config, state_slots, device) if config.num_linear_attention_layers else None
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * dtype.itemsize
+        layers = config.num_full_attention_layers
+        return 2 * layers * block_size * config.num_kv_heads * config.head_dim * dtype.itemsize
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + self.v.nbytes + (self.states.nbytes if self.states else 0)
+
+
+class StatePool:
+    """Gated DeltaNet layers' per-sequence state, float32, one slot per running sequence (the scheduler hands them
+    out): the convolution's last K - 1 inputs (layers, slots, channels, K - 1) and the recurrent state (layers,
+    slots, value heads, key dim, value dim). Constant in the context length, unlike the KV cache."""
+
+    def __init__(self, config: ModelConfig, slots: int, device: torch.device):
+        la, layers = config.linear_attention, config.num_linear_attention_layers
+        self.conv = torch.zeros(layers, slots, la.conv_channels, la.conv_kernel_dim - 1, device=device)
+        self.recurrent = torch.zeros(
+            layers, slots, la.num_value_heads, la.key_head_dim, la.value_head_dim, device=device
+        )
+        self.slots = slots
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.recurrent.nbytes
 
 
 @dataclass
@@ -46,6 +75,7 @@ class PrefillChunk:
     end: int
     cached: int
     slots: torch.Tensor  # (cached + new,) pool slots of positions 0 .. cached + new - 1
+    state_slot: int = 0  # its linear-attention state (hybrid models), zeroed before a chunk with cached == 0
 
 
 @dataclass
@@ -62,6 +92,7 @@ class AttentionMetadata:
     # PyTorch's attention attends each decode over its own keys, not padded to the step's longest: its flash kernel
     # rounds a row differently once the padding spans another block of keys (bfloat16, measured)
     decodes_alone: bool = True
+    decode_state_slots: torch.Tensor | None = None  # (B,) each decode's linear-attention state slot (hybrid models)
 
     @property
     def has_decodes(self) -> bool:
@@ -105,6 +136,7 @@ class AttentionSeq:
     cached: int
     new: int
     phase: Phase
+    state_slot: int = 0  # where a hybrid model keeps its linear-attention state (the scheduler's slot)
 
 
 def build_metadata(
@@ -125,23 +157,24 @@ def build_metadata(
         if s.phase is Phase.DECODE:
             if new != 1 or cached < 1:
                 raise ValueError(f"a decode brings one token after a non-empty cache, not {new} after {cached}")
-            decodes.append((row, table, cached + 1))
+            decodes.append((row, table, cached + 1, s.state_slot))
         else:
             if decodes:
                 raise ValueError("a step lays out its prefill chunks before its decodes")
             slots = table_slots(torch.tensor(table[: -(-(cached + new) // block_size)]), block_size)
-            prefills.append(PrefillChunk(row, row + new, cached, slots[: cached + new].to(device)))
+            prefills.append(PrefillChunk(row, row + new, cached, slots[: cached + new].to(device), s.state_slot))
         row += new
     num_prefill_rows = prefills[-1].end if prefills else 0
     meta = AttentionMetadata(
         torch.tensor(slot_mapping, device=device), prefills, block_size, num_prefill_rows, decodes_alone=batch_invariant
     )
     if decodes:
-        blocks = -(-max(length for _, _, length in decodes) // block_size)
+        blocks = -(-max(length for _, _, length, _ in decodes) // block_size)
         meta.decode_tables = torch.tensor(
-            [t[:blocks] + [0] * (blocks - len(t[:blocks])) for _, t, _ in decodes], device=device
+            [t[:blocks] + [0] * (blocks - len(t[:blocks])) for _, t, _, _ in decodes], device=device
         )
-        meta.decode_lengths = torch.tensor([length for _, _, length in decodes], device=device)
+        meta.decode_lengths = torch.tensor([length for _, _, length, _ in decodes], device=device)
+        meta.decode_state_slots = torch.tensor([slot for _, _, _, slot in decodes], device=device)
     return meta
 
 

@@ -7,10 +7,11 @@ from collections.abc import Mapping
 
 import torch
 
-from rooftop.config import ModelConfig, check_runnable
+from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig, check_runnable
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.loaded import LoadedModel
 from rooftop.models.blocks import DecoderBlock
+from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.mlp import DenseMLP, SparseMoE
 from rooftop.models.ops import choose_ops
 from rooftop.models.rope import cos_sin_table
@@ -96,6 +97,58 @@ def _moe(t: _Tensors, c: ModelConfig, p: str) -> SparseMoE:
     return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob)
 
 
+def _qwen3_5_block(t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int):
+    """Layer i of Qwen3.5: Gated DeltaNet or gated attention, then the MLP. Its RMSNorms are zero-centred (the file
+    holds weight - 1; transformers multiplies by 1 + weight), so 1 is added here, once; the DeltaNet's gated norm
+    is not."""
+    d, la, p = c.hidden_size, c.linear_attention, f"model.layers.{i}."
+    mlp = _dense_mlp(t, p + "mlp.", d, c.intermediate_size)
+    norms = {n: t.take(p + f"{n}.weight", (d,)) + 1 for n in ("input_layernorm", "post_attention_layernorm")}
+    if c.layer_types[i] == FULL_ATTENTION:
+        a, qs, kvs, hd = p + "self_attn.", c.q_size, c.kv_size, c.head_dim
+        qkv = t.cat(
+            t.take(a + "q_proj.weight", (2 * qs, d)),
+            t.take(a + "k_proj.weight", (kvs, d)),
+            t.take(a + "v_proj.weight", (kvs, d)),
+        )
+        return GatedAttentionBlock(
+            attn_norm=norms["input_layernorm"],
+            qkv=t.linear(qkv, None),
+            o=t.linear(t.take(a + "o_proj.weight", (d, qs)), None),
+            q_norm=t.take(a + "q_norm.weight", (hd,)) + 1,
+            k_norm=t.take(a + "k_norm.weight", (hd,)) + 1,
+            mlp_norm=norms["post_attention_layernorm"],
+            mlp=mlp,
+            cos=rope[0],
+            signed_sin=rope[1],
+            heads=c.num_heads,
+            kv_heads=c.num_kv_heads,
+            head_dim=hd,
+            eps=c.rms_norm_eps,
+        )
+    a, heads, value_dim = p + "linear_attn.", la.num_value_heads, la.num_value_heads * la.value_head_dim
+    in_proj = t.cat(
+        t.take(a + "in_proj_qkv.weight", (la.conv_channels, d)),
+        t.take(a + "in_proj_z.weight", (value_dim, d)),
+        t.take(a + "in_proj_b.weight", (heads, d)),
+        t.take(a + "in_proj_a.weight", (heads, d)),
+    )
+    return DeltaNetBlock(
+        attn_norm=norms["input_layernorm"],
+        in_proj=t.linear(in_proj, None),
+        conv=t.take(a + "conv1d.weight", (la.conv_channels, 1, la.conv_kernel_dim))[:, 0].float().contiguous(),
+        neg_a=-t.take(a + "A_log", (heads,)).float().exp(),
+        dt_bias=t.take(a + "dt_bias", (heads,)).float(),
+        norm=t.take(a + "norm.weight", (la.value_head_dim,)).float(),
+        out_proj=t.linear(t.take(a + "out_proj.weight", (d, value_dim)), None),
+        mlp_norm=norms["post_attention_layernorm"],
+        mlp=mlp,
+        shapes=la,
+        index=linear,
+        eps=c.rms_norm_eps,
+    )
+
+
 def build_model(
     loaded: LoadedModel, dtype: torch.dtype, device: torch.device | str, weights: str = "auto"
 ) -> Transformer:
@@ -110,7 +163,12 @@ def build_model(
     norm = t.take("model.norm.weight", (c.hidden_size,))
     head = embed if c.tie_word_embeddings else t.take("lm_head.weight", (c.vocab_size, c.hidden_size))
     lm_head = t.linear(head, None, lm_head=True)
-    blocks = [_decoder_block(t, c, i) for i in range(c.num_layers)]
     cos, sin = cos_sin_table(c, c.max_position_embeddings, dtype, device)
+    if c.architecture == "qwen3_5":
+        norm = norm + 1  # zero-centred, as its layers' norms
+        kinds = c.layer_types
+        blocks = [_qwen3_5_block(t, c, i, (cos, sin), kinds[:i].count(LINEAR_ATTENTION)) for i in range(c.num_layers)]
+    else:
+        blocks = [_decoder_block(t, c, i) for i in range(c.num_layers)]
     ops = choose_ops(c, dtype, device, cos, sin)
     return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy, loaded.conversions)

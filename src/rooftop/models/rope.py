@@ -10,8 +10,9 @@ from rooftop.config import ModelConfig
 
 
 def inv_frequencies(config: ModelConfig) -> torch.Tensor:
-    """Per-pair rotation frequencies (head_dim / 2,), float32, computed the way transformers does."""
-    dim = config.head_dim
+    """Per-pair rotation frequencies (rotary_dim / 2,), float32, computed the way transformers does (rotary_dim is
+    head_dim but for partial rotary embeddings, Qwen3.5's)."""
+    dim = config.rotary_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if config.rope_freq_factors is not None:
         return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
@@ -36,7 +37,7 @@ def inv_frequencies(config: ModelConfig) -> torch.Tensor:
 def cos_sin_table(
     config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and signed sin for positions 0..max_positions-1, each (max_positions, head_dim): float32 math, then
+    """cos and signed sin for positions 0..max_positions-1, each (max_positions, rotary_dim): float32 math, then
     `dtype`. The sin table's first half is negated, so that rotating halves needs no negation per step."""
     positions = torch.arange(max_positions, dtype=torch.float32)
     freqs = torch.outer(positions, inv_frequencies(config))

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from rooftop.config import ModelConfig
 from rooftop.enums import Phase
 from rooftop.models.blocks import DecoderBlock
+from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.mlp import SparseMoE
 from rooftop.models.ops import Ops
@@ -32,7 +33,7 @@ class Transformer:
         dtype: torch.dtype,
         device: torch.device,
         embed: Weight,
-        layers: list[DecoderBlock],
+        layers: list[DecoderBlock | GatedAttentionBlock | DeltaNetBlock],
         norm: torch.Tensor,
         lm_head: Linear,
         ops: Ops,
@@ -71,8 +72,8 @@ class Transformer:
         return replace(
             precision(fmt, fmt),
             weights=weights,
-            widen_rows=self.layers[0].qkv.widen_rows,
-            widen_compute=widen_compute(self.layers[0].qkv, self.dtype),
+            widen_rows=self.layers[0].linears()[0].widen_rows,
+            widen_compute=widen_compute(self.layers[0].linears()[0], self.dtype),
             lm_head=None if head == weights else head,
         )
 
@@ -100,8 +101,17 @@ class Transformer:
         says which rows go through the linears on which path (quant/linear.py)."""
         x = self.embed_tokens(input_ids)
         rope = self.ops.rope(positions)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, self.ops, rope, pool.k_layers[i], pool.v_layers[i], meta, plan)
+        attention = 0  # the full-attention layers' index into the KV pool
+        for layer in self.layers:
+            if isinstance(layer, DeltaNetBlock):
+                x = layer(x, self.ops, pool.states, meta, plan)
+                continue
+            k_pool, v_pool = pool.k_layers[attention], pool.v_layers[attention]
+            if isinstance(layer, GatedAttentionBlock):
+                x = layer(x, self.ops, positions, k_pool, v_pool, meta, plan)
+            else:
+                x = layer(x, self.ops, rope, k_pool, v_pool, meta, plan)
+            attention += 1
         return self.ops.rms_norm(x, self.norm)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,177 @@
+"""Qwen3.5 (Gated DeltaNet + gated attention) in the engine: the delta rule's two forms against each other and
+against transformers' reference functions, a tiny random checkpoint saved by transformers run as transformers runs
+it (logits, greedy tokens, chunk continuations), batched as alone under chunked prefill and preemption, and its
+state beside the KV cache."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_batch_invariance import POOL, alone, assert_same, prompt, run
+from test_hf_models import PROMPT, write_tokenizer
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers.models.qwen3_5 import modeling_qwen3_5 as reference_rules
+
+from rooftop import LLM, SamplingParams
+from rooftop.config import EngineConfig
+from rooftop.engine.llm_engine import LLMEngine
+from rooftop.enums import Phase
+from rooftop.errors import ModelLoadError
+from rooftop.loading.model_files import load_model
+from rooftop.models import delta_net
+from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
+from rooftop.models.kv_cache import KVCache
+from rooftop.models.loader import build_model
+
+CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,  # three Gated DeltaNet layers, then one gated attention layer
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=320,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    max_position_embeddings=1024,
+)
+
+
+def random_rule_inputs(T: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    H, dk, dv = 4, 16, 24
+    q, k = torch.randn(T, H, dk, generator=gen), torch.randn(T, H, dk, generator=gen)
+    v = torch.randn(T, H, dv, generator=gen)
+    g, beta = -torch.rand(T, H, generator=gen), torch.rand(T, H, generator=gen)
+    return q, k, v, g, beta, torch.randn(H, dk, dv, generator=gen) * 0.1
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 150])
+def test_the_chunked_rule_is_the_recurrent_rule_and_transformers(T):
+    q, k, v, g, beta, s0 = random_rule_inputs(T)
+    qn, kn = delta_net.l2norm(q) * q.shape[-1] ** -0.5, delta_net.l2norm(k)
+    out, state = delta_net.chunked(qn, kn, v, g, beta, s0)
+    out_r, state_r = delta_net.recurrent(qn, kn, v, g, beta, s0)
+    torch.testing.assert_close(out, out_r, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(state, state_r, atol=2e-6, rtol=1e-5)
+    ref, ref_state = reference_rules.torch_chunk_gated_delta_rule(
+        *(x[None] for x in (q, k, v, g, beta)),
+        initial_state=s0[None],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    torch.testing.assert_close(out, ref[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(state, ref_state[0], atol=1e-6, rtol=1e-5)
+
+
+def test_a_batch_of_one_token_sequences_is_each_alone():
+    q, k, v, g, beta, _ = random_rule_inputs(5, seed=1)
+    states = torch.randn(5, 4, 16, 24, generator=torch.Generator().manual_seed(2))
+    out, new = delta_net.recurrent(q, k, v, g, beta, states)
+    for b in range(5):
+        one, state = delta_net.recurrent(
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], g[b : b + 1], beta[b : b + 1], states[b]
+        )
+        assert torch.equal(out[b], one[0]) and torch.equal(new[b], state)
+
+
+def test_the_convolution_carries_its_state_across_pieces():
+    gen = torch.Generator().manual_seed(3)
+    x, weight = torch.randn(20, 8, generator=gen), torch.randn(8, 4, generator=gen)
+    whole, _ = delta_net.causal_conv(x, weight, torch.zeros(8, 3))
+    first, state = delta_net.causal_conv(x[:7], weight, torch.zeros(8, 3))
+    rest, _ = delta_net.causal_conv(x[7:], weight, state)
+    torch.testing.assert_close(torch.cat([first, rest]), whole)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Qwen3_5ForCausalLM]:
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**CONFIG)).eval()
+    with torch.no_grad():  # large random weights; A_log in a range whose decays neither vanish nor stay at 1
+        for name, p in model.named_parameters():
+            p.uniform_(-1, 1) if name.endswith("A_log") else p.normal_(0.0, 0.4)
+    path = tmp_path_factory.mktemp("qwen3_5")
+    model.save_pretrained(path)
+    write_tokenizer(path)
+    return path, model
+
+
+def test_logits_match_transformers_and_chunks_continue_the_state(tiny):
+    path, reference = tiny
+    ids = load_model(path).tokenizer.encode(PROMPT) * 3  # 150 tokens: the delta rule's 64-token chunks and a rest
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0]
+    model = build_model(load_model(path), torch.float32, "cpu", "float")
+    assert [type(b) for b in model.layers] == [DeltaNetBlock] * 3 + [GatedAttentionBlock]
+    cache = KVCache(model.config, capacity=len(ids), dtype=torch.float32, device="cpu")
+    with torch.inference_mode():
+        whole = model.logits(model.forward(torch.tensor(ids), cache, 0))
+        assert (whole[-1] - expected[-1]).abs().max().item() < 1e-4
+        cache = KVCache(model.config, capacity=len(ids), dtype=torch.float32, device="cpu")
+        model.forward(torch.tensor(ids[:70]), cache, 0)  # a chunk, then another from the state it left
+        model.forward(torch.tensor(ids[70:100]), cache, 70)
+        steps = [
+            model.logits(model.forward(torch.tensor([t]), cache, i, Phase.DECODE))
+            for i, t in enumerate(ids)
+            if i >= 100
+        ]
+    torch.testing.assert_close(torch.cat(steps), expected[100:], atol=2e-4, rtol=1e-4)
+
+
+def test_greedy_tokens_match_transformers(tiny):
+    path, reference = tiny
+    ids = [5, 17, 42, 99, 3, 250, 7]
+    out = LLM(model=str(path), weights="float").generate(
+        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    )
+    expected = reference.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None)
+    assert out[0].token_ids == expected[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_batched_requests_get_what_they_get_alone(tiny, weights):
+    """Chunks of several lengths (a 300-token prompt in two chunks), decodes and a tight budget share steps; then a
+    pool too small for all: the latest arrivals are preempted, their slots given back, and recomputed."""
+    llm = LLM(model=str(tiny[0]), weights=weights)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    reqs = [(f"r{i}", prompt(i, n), greedy) for i, n in enumerate([3, 40, 130, 300])]
+    eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_batched_tokens=300, **POOL))
+    assert_same(run(eng, reqs), alone(llm, reqs))
+    long = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=1)
+    reqs = [(f"p{i}", prompt(i, 100), long) for i in range(4)]
+    eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(num_kv_blocks=30, block_size=16))
+    assert_same(run(eng, reqs), alone(llm, reqs))
+    assert eng.stats().preemptions > 0
+
+
+def test_prefix_caching_is_off_and_the_state_is_constant_in_the_context(tiny):
+    llm = LLM(model=str(tiny[0]), weights="float")
+    engine = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_seqs=4, **POOL))
+    assert not engine.config.enable_prefix_caching
+    states = engine._pool.states
+    # per sequence and linear layer: 4 value heads of 16 x 16 float32, and the convolution's last 3 of 128 inputs
+    assert states.recurrent.shape == (3, 4, 4, 16, 16) and states.conv.shape == (3, 4, 128, 3)
+    assert engine._pool.k.shape[0] == 1  # the KV pool holds the one full-attention layer
+
+
+def test_bad_hybrid_inputs_are_named(tiny, tmp_path):
+    with pytest.raises(
+        ModelLoadError, match=r"config\.json: .*unknown layer types in \['linear_attention', 'sliding_attention'\]"
+    ):
+        Qwen3_5TextConfig(**CONFIG, layer_types=["linear_attention", "sliding_attention"] * 2).save_pretrained(tmp_path)
+        load_model(tmp_path)
+    path, _ = tiny
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.1.linear_attn.A_log"]
+    save_file(tensors, broken / "model.safetensors")
+    for name in ("config.json", "tokenizer.json"):
+        (broken / name).write_bytes((path / name).read_bytes())
+    with pytest.raises(ModelLoadError, match=r"no tensor model\.layers\.1\.linear_attn\.A_log"):
+        build_model(load_model(broken), torch.float32, "cpu", "float")
