@@ -267,3 +267,131 @@ def test_a_weights_choice_means_what_the_engine_runs_on_that_device():
     assert weight_format("auto", None, probed) == "bf16" and weight_format("q4_0", None, probed) == "q4_0"
     with pytest.raises(InvalidRequestError, match="unknown weight format 'int3'"):
         weight_format("int3", None, {})
+
+
+def _quantized(quantization_config, tie=False, dtype="bfloat16"):
+    from dataclasses import replace
+
+    from rooftop.roofline.precision import checkpoint_weights
+
+    config = replace(find_preset("qwen3-8b"), tie_word_embeddings=tie, torch_dtype=dtype)
+    return checkpoint_weights(replace(config, quantization_config=quantization_config))
+
+
+def _ct(weights, acts=None, ignore=("lm_head",), **groups):
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": acts}
+    return {"quant_method": "compressed-tensors", "config_groups": {"group_0": group, **groups}, "ignore": list(ignore)}
+
+
+@pytest.mark.parametrize(
+    "quantization_config, name, bits, compute, head",
+    [
+        (
+            {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True},
+            "awq-int4-g128",
+            4.15625,
+            "int4_weight_only",
+            "bf16",
+        ),
+        (
+            {"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": False},
+            "awq-int4-g64",
+            4.25,
+            "int4_weight_only",
+            "bf16",
+        ),
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": -1, "sym": False},
+            "gptq-int4-per-row",
+            4 + 20 / 4096,
+            "int4_weight_only",
+            "bf16",
+        ),
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": 32, "lm_head": True},
+            "gptq-int4-g32",
+            4.5,
+            "int4_weight_only",
+            "gptq-int4-g32",
+        ),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8", 8 + 32 / 4096, "fp8", "bf16"),
+        (
+            _ct({"num_bits": 8, "type": "int", "strategy": "channel"}, {"num_bits": 8, "type": "int"}),
+            "ct-w8a8-int8-channel",
+            8 + 16 / 4096,
+            "int8",
+            "bf16",
+        ),
+        (
+            _ct(
+                {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": False},
+                ignore=["re:.*lm_head"],
+            ),
+            "ct-w4a16-int4-g32",
+            4.625,
+            "int4_weight_only",
+            "bf16",
+        ),
+        (
+            _ct({"num_bits": 8, "type": "float", "strategy": "tensor"}, ignore=[]),
+            "ct-w8a16-fp8-tensor",
+            8,
+            "fp8_weight_only",
+            "ct-w8a16-fp8-tensor",
+        ),
+    ],
+)
+def test_quantization_configs_give_the_linears_format_and_keep_the_tables_in_floats(
+    quantization_config, name, bits, compute, head
+):
+    held = _quantized(quantization_config)
+    assert held.linears.name == name and held.linears.compute == compute
+    assert held.linears.bits_per_weight(4096) == pytest.approx(bits)
+    assert held.embedding.name == "bf16" and held.lm_head.name == head
+    assert H200.peak(held.precision().compute) > 0  # every compute has a roof on a datasheet device
+
+
+def test_a_tied_quantized_model_keeps_its_one_table_in_floats_and_odd_configs_are_refused():
+    from rooftop.errors import UnsupportedModelError
+
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "lm_head": True}
+    assert _quantized(gptq, tie=True).lm_head.name == "bf16"
+    assert _quantized({"quant_method": "awq", "bits": 4}, dtype="float16").lm_head.name == "fp16"
+    for config, words in (
+        ({"quant_method": "hqq"}, "quant_method 'hqq'"),
+        ({"quant_method": "awq", "bits": 5}, "awq bits 5"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "malformed"),
+        (
+            _ct({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}),
+            "strategy 'tensor_group'",
+        ),
+        (
+            _ct({"num_bits": 4, "type": "int"}, group_1={"weights": {"num_bits": 8, "type": "int"}}),
+            "one weights scheme",
+        ),
+    ):
+        with pytest.raises(UnsupportedModelError, match=words):
+            _quantized(config)
+    with pytest.raises(UnsupportedModelError, match="dtype 'float64'"):
+        _quantized(None, dtype="float64")
+
+
+SMALL_TEXT = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def test_a_wrapper_configs_quantization_and_dtype_reach_its_text_model():
+    from rooftop.loading.hf_config import config_from_hf
+
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    wrapper = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": SMALL_TEXT, "dtype": "bfloat16"}
+    config = config_from_hf({**wrapper, "quantization_config": fp8}, {})
+    assert config.quantization_config == fp8 and config.torch_dtype == "bfloat16"
+    assert config_from_hf({**SMALL_TEXT, "torch_dtype": "float16"}, {}).torch_dtype == "float16"

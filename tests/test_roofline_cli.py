@@ -178,3 +178,115 @@ def test_tensor_parallel_run():
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
     assert data["tp"] == 4 and "all_reduce" in [op["name"] for op in data["decode"]["ops"]]
+
+
+# A small Llama for hand calculations: 2 layers of qkv 256->512, o 256->256, gate_up 256->1024, down 512->256
+# (1,179,648 block weights), an untied 1000 x 256 embedding and lm_head, (2*2+1)*256 norm weights.
+SMALL = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+BLOCK_WEIGHTS = 2 * (256 * 512 + 256 * 256 + 256 * 1024 + 512 * 256)
+TABLE_WEIGHTS = 1000 * 256
+NORMS = 5 * 256
+
+
+def small_json(tmp_path, **fields):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**SMALL, **fields}))
+    return str(path)
+
+
+def analyzed(*args):
+    r = run("roofline", *args, "-H", "h100", "-p", "64", "-n", "8", "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_awq_config_is_costed_at_4_bits_with_float16_embedding_and_lm_head(tmp_path):
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+    data = analyzed("-m", small_json(tmp_path, torch_dtype="float16", quantization_config=awq))
+    assert (data["weights_format"], data["embedding_format"], data["lm_head_format"]) == (
+        "awq-int4-g128",
+        "fp16",
+        "fp16",
+    )
+    # 4-bit weights, an fp16 scale and a 4-bit zero per 128; both tables and the norms at 2 bytes
+    assert data["weight_bytes"] == BLOCK_WEIGHTS * (4 + 20 / 128) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
+    head = next(op for op in data["decode"]["ops"] if op["name"] == "lm_head")
+    assert head["bytes_read"] == TABLE_WEIGHTS * 2 + 256 * 2  # 16-bit head, one row of activations
+    r = run("roofline", "-m", small_json(tmp_path, quantization_config=awq), "-H", "h100", "-p", "64", "-n", "8")
+    assert "awq-int4-g128; embedding and lm_head bf16" in r.output  # no torch_dtype: the tables in bf16
+
+
+def test_gptq_fp8_and_compressed_tensors_configs_set_the_weights(tmp_path):
+    gptq = {"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": True, "desc_act": False}
+    data = analyzed("-m", small_json(tmp_path, quantization_config=gptq))
+    assert data["weights_format"] == "gptq-int8-g128" and data["lm_head_format"] == "bf16"
+    assert data["weight_bytes"] == BLOCK_WEIGHTS * (8 + 16 / 128) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    data = analyzed("-m", small_json(tmp_path, quantization_config=fp8))
+    assert data["weights_format"] == "fp8-block128x128" and data["lm_head_format"] == "bf16"
+    assert data["weight_bytes"] == BLOCK_WEIGHTS * (8 + 32 / 128**2) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
+    w4a16 = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True},
+                "input_activations": None,
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    data = analyzed("-m", small_json(tmp_path, quantization_config=w4a16))
+    assert data["weights_format"] == "ct-w4a16-int4-g128" and data["lm_head_format"] == "bf16"
+    assert data["weight_bytes"] == BLOCK_WEIGHTS * (4 + 16 / 128) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
+    fp8_dynamic = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+            }
+        },
+        "ignore": [],  # lm_head is a Linear too: quantized
+    }
+    data = analyzed("-m", small_json(tmp_path, quantization_config=fp8_dynamic))
+    assert data["weights_format"] == data["lm_head_format"] == "ct-w8a8-fp8-channel"
+    # a byte per weight and a 16-bit scale per output row (2 layers' rows: 512 + 256 + 1024 + 256), the lm_head's
+    # too (1000 rows); the embedding table stays bf16
+    rows = 2 * (512 + 256 + 1024 + 256)
+    assert data["weight_bytes"] == BLOCK_WEIGHTS + 2 * rows + TABLE_WEIGHTS + 2 * 1000 + TABLE_WEIGHTS * 2 + NORMS * 2
+    assert data["ridge_point_flops_per_byte"] == pytest.approx(1978.9e12 / 3.35e12)  # W8A8: the fp8 peak
+
+
+def test_torch_dtype_sets_the_float_format_and_an_explicit_weights_overrides(tmp_path):
+    assert analyzed("-m", small_json(tmp_path, torch_dtype="float16"))["weights_format"] == "fp16"
+    data = analyzed("-m", small_json(tmp_path, dtype="float32"))  # transformers 5's key
+    assert data["weights_format"] == "fp32" and data["kv_bytes_per_value"] == 4
+    assert analyzed("-m", small_json(tmp_path))["weights_format"] == "bf16"
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    data = analyzed("-m", small_json(tmp_path, quantization_config=awq), "--weights", "int8")
+    assert data["weights_format"] == data["lm_head_format"] == data["embedding_format"] == "int8"
+
+
+def test_unknown_quant_method_is_named_and_weights_gets_past_it(tmp_path):
+    bnb = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    model = small_json(tmp_path, quantization_config=bnb)
+    assert_error(
+        run("roofline", "-m", model, "-H", "h100"),
+        "quant_method 'bitsandbytes'",
+        "awq, gptq, fp8, compressed-tensors",
+        "pass --weights",
+    )
+    assert analyzed("-m", model, "--weights", "int4")["weights_format"] == "int4"

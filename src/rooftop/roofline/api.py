@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rooftop.config import ModelConfig
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.hardware import Hardware, custom_hardware
-from rooftop.roofline.precision import Precision, precision, weight_format
+from rooftop.roofline.precision import Precision, check_weight_choice, checkpoint_weights, precision, weight_format
 from rooftop.roofline.predict import Prediction, analyze
 
 if TYPE_CHECKING:
@@ -73,8 +73,16 @@ def resolve_hardware(
     return find_hardware(hardware)
 
 
-def resolve_precision(weights: str | None, kv: str | None, file_format: str | None, hw: Hardware) -> Precision:
-    """A `--weights` choice (WEIGHT_CHOICES) as the exact format it means on `hw`; none is what the file holds."""
+def resolve_precision(
+    weights: str | None, kv: str | None, file_format: str | None, hw: Hardware, config: ModelConfig | None = None
+) -> Precision:
+    """The one place the analyzer decides what the weights are: a `--weights` choice (WEIGHT_CHOICES) is the exact
+    format it means on `hw`; none or auto is what the file holds: a GGUF's format, else what a config.json's
+    quantization_config or torch_dtype says (checkpoint_weights), else bf16."""
+    auto = weights is None or check_weight_choice(weights) == "auto"
+    held = checkpoint_weights(config) if auto and file_format is None and config is not None else None
+    if held is not None:
+        return held.precision(kv)
     return precision(weight_format(weights, file_format, hw.engine_formats), kv)
 
 
@@ -93,4 +101,5 @@ def predict(
     """Predict TTFT, TPOT, memory and crossovers, e.g. `predict("qwen3-8b", "h200", prompt_len=4096)`."""
     config, file_format = resolve_model(model)
     hw = resolve_hardware(hardware).scaled(compute_efficiency, memory_efficiency)
-    return analyze(config, hw, resolve_precision(weights, kv, file_format, hw), prompt_len, output_len, batch, tp)
+    p = resolve_precision(weights, kv, file_format, hw, config)
+    return analyze(config, hw, p, prompt_len, output_len, batch, tp)

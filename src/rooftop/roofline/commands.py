@@ -33,7 +33,7 @@ def _resolve(
         hardware = "this"
     hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=load_or_run_probe)
     hw = hw.scaled(compute_efficiency, memory_efficiency)
-    return config, hw, resolve_precision(weights, kv, file_format, hw)
+    return config, hw, resolve_precision(weights, kv, file_format, hw, config)
 
 
 def roofline(

@@ -334,11 +334,13 @@ def parameter_count(c: ModelConfig) -> ParameterCount:
 
 
 def weight_bytes(c: ModelConfig, p: Precision) -> float:
-    """Bytes of all weights at precision `p` (embeddings and lm_head in the weight format, norms at activation width)."""
+    """Bytes of all weights at precision `p`: the embedding table and an untied lm_head in their own formats (a
+    quantized checkpoint keeps them in floats), norms at activation width."""
     every, _ = _matrices(c)
     matrices = sum(m * p.weights.linear_bytes(k, n) for k, n, m in every)
-    embeddings = (1 if c.tie_word_embeddings else 2) * p.weights.linear_bytes(c.hidden_size, c.vocab_size)
-    return matrices + embeddings + _small_params(c) * p.activation_bytes
+    table = p.embedding_format.linear_bytes(c.hidden_size, c.vocab_size)
+    head = 0 if c.tie_word_embeddings else p.head().weights.linear_bytes(c.hidden_size, c.vocab_size)
+    return matrices + table + head + _small_params(c) * p.activation_bytes
 
 
 def kv_bytes_per_token(c: ModelConfig, p: Precision) -> float:

@@ -87,6 +87,8 @@ class Prediction:
     prefill_compute_bound_from_tokens: int | None
     decode_compute_bound_from_batch: int | None
     ridge_point_flops_per_byte: float
+    embedding_format: str = ""  # the input embedding table's format (a quantized checkpoint's stays in floats)
+    lm_head_format: str = ""
 
     @property
     def ttft_s(self) -> float:
@@ -143,6 +145,8 @@ class Prediction:
             "model": self.model,
             "hardware": self.hw.name,
             "weights_format": self.weights_format,
+            "embedding_format": self.embedding_format,
+            "lm_head_format": self.lm_head_format,
             "kv_bytes_per_value": self.kv_bytes_per_value,
             "tp": self.tp,
             "batch": self.batch,
@@ -294,4 +298,6 @@ def analyze(
         prefill_compute_bound_from_tokens=prefill_crossover(config, p, hw, tp),
         decode_compute_bound_from_batch=decode_crossover(config, p, hw, prompt_len, tp),
         ridge_point_flops_per_byte=hw.ridge_point(p.compute),
+        embedding_format=p.embedding_format.name,
+        lm_head_format=p.head().weights.name,
     )
