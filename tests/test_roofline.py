@@ -395,3 +395,12 @@ def test_a_wrapper_configs_quantization_and_dtype_reach_its_text_model():
     config = config_from_hf({**wrapper, "quantization_config": fp8}, {})
     assert config.quantization_config == fp8 and config.torch_dtype == "bfloat16"
     assert config_from_hf({**SMALL_TEXT, "torch_dtype": "float16"}, {}).torch_dtype == "float16"
+
+
+def test_prompt_and_output_past_the_models_positions_are_refused():
+    from rooftop.errors import PromptTooLongError
+
+    c = find_preset("smollm2-135m")  # 8192 positions
+    assert analyze(c, H200, BF16, 8000, 192).prompt_len == 8000
+    with pytest.raises(PromptTooLongError, match=r"prompt 8000 \+ output 193 = 8193 tokens exceed .* 8192 positions"):
+        analyze(c, H200, BF16, 8000, 193)

@@ -290,3 +290,12 @@ def test_unknown_quant_method_is_named_and_weights_gets_past_it(tmp_path):
         "pass --weights",
     )
     assert analyzed("-m", model, "--weights", "int4")["weights_format"] == "int4"
+
+
+@pytest.mark.parametrize("command", ["roofline", "explain"])
+def test_a_sequence_longer_than_the_models_positions_is_refused(command):
+    r = run(command, "-m", "dense-27b", "-H", "h200", "-p", "8000", "-n", "256")  # 8192 positions
+    assert_error(
+        r, "prompt 8000 + output 256 = 8256 tokens exceed the model's 8192 positions (max_position_embeddings)"
+    )
+    assert run(command, "-m", "dense-27b", "-H", "h200", "-p", "7936", "-n", "256").exit_code == 0  # exactly 8192

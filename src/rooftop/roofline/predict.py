@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
-from rooftop.errors import InvalidRequestError
+from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import (
     Op,
@@ -262,6 +262,11 @@ def analyze(
             raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
     check_tp(config, tp)
     total_tokens = prompt_len + output_len
+    if total_tokens > config.max_position_embeddings:  # no engine serves a sequence past the model's positions
+        raise PromptTooLongError(
+            f"prompt {prompt_len} + output {output_len} = {total_tokens} tokens exceed the model's "
+            f"{config.max_position_embeddings} positions (max_position_embeddings); shorten the prompt or the output"
+        )
     needed = memory_needed(config, p, batch, total_tokens, tp)
     fits_batch = max_batch(config, p, hw, total_tokens, tp)
     if check_memory and needed > hw.memory_bytes:
