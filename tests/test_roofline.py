@@ -95,16 +95,25 @@ def test_worked_example_27b_bf16_on_h200():
 
 
 def test_memory_and_largest_batch():
+    """An engine takes 0.9 of the device (vLLM's --gpu-memory-utilization) and, beside the weights and each
+    sequence's KV cache, holds the prefill step's activations: the residual stream and its normed copy (2d) and
+    the MLP's gate_up and silu·mul outputs (3·ff) per token at 2 bytes, and each sampled row's fp32 logits."""
     c = find_preset("llama-3.1-8b")
     pred = analyze(c, H200, BF16, prompt_len=1000, output_len=24, batch=4)
     per_seq = 1024 * kv_bytes_per_token(c, BF16)
-    assert pred.memory_needed_bytes == pytest.approx(weight_bytes(c, BF16) + 4 * per_seq)
-    assert pred.max_batch == int((H200.memory_bytes - weight_bytes(c, BF16)) // per_seq)
+    activations = 1000 * (2 * 4096 + 3 * 14336) * 2 + 128256 * 4  # one sequence's share of the prefill
+    assert pred.activation_bytes == 4 * activations
+    assert pred.memory_needed_bytes == pytest.approx(weight_bytes(c, BF16) + 4 * per_seq + 4 * activations)
+    assert pred.memory_available_bytes == 0.9 * H200.memory_bytes == 0.9 * pred.device_memory_bytes
+    assert pred.max_batch == int((0.9 * H200.memory_bytes - weight_bytes(c, BF16)) // (per_seq + activations))
+    whole = analyze(c, H200, BF16, prompt_len=1000, output_len=24, batch=4, gpu_memory_utilization=1.0)
+    assert whole.max_batch == int((H200.memory_bytes - weight_bytes(c, BF16)) // (per_seq + activations))
+    assert whole.max_batch > pred.max_batch
 
 
 def test_configuration_that_does_not_fit_says_by_how_much():
     with pytest.raises(
-        DoesNotFitError, match=r"needs 14\d\.\d GB per device but .* has 24\.0 GB \(1\d\d\.\d GB short\)"
+        DoesNotFitError, match=r"needs 14\d\.\d GB per device but .* has 21\.6 GB usable \(1\d\d\.\d GB short\)"
     ):
         analyze(find_preset("llama-3.1-70b"), find_hardware("l4"), BF16, 128, 16)
     with pytest.raises(DoesNotFitError, match=r"batch <= \d+ fits"):
@@ -209,12 +218,13 @@ def test_crossovers_agree_with_the_ridge_point(model, hw_name, context):
 
 def test_tensor_parallel_beyond_the_kv_heads_replicates_the_kv_cache():
     c = find_preset("llama-3.1-70b")  # 8 KV heads
-    from rooftop.roofline.predict import memory_needed
+    from rooftop.roofline.predict import memory_fit
 
     kv = 1000 * kv_bytes_per_token(c, BF16)
     weights = weight_bytes(c, BF16)
-    assert memory_needed(c, BF16, 1, 1000, tp=8) == pytest.approx(weights / 8 + kv / 8)
-    assert memory_needed(c, BF16, 1, 1000, tp=16) == pytest.approx(weights / 16 + kv / 8)  # one KV head per device
+    eight, sixteen = (memory_fit(c, BF16, H200, 500, 1000, tp=tp) for tp in (8, 16))
+    assert (eight.weights, eight.per_sequence) == pytest.approx((weights / 8, kv / 8))
+    assert (sixteen.weights, sixteen.per_sequence) == pytest.approx((weights / 16, kv / 8))  # one KV head per device
 
 
 def test_a_step_that_samples_nothing_reads_no_lm_head():

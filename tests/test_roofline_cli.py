@@ -299,3 +299,16 @@ def test_a_sequence_longer_than_the_models_positions_is_refused(command):
         r, "prompt 8000 + output 256 = 8256 tokens exceed the model's 8192 positions (max_position_embeddings)"
     )
     assert run(command, "-m", "dense-27b", "-H", "h200", "-p", "7936", "-n", "256").exit_code == 0  # exactly 8192
+
+
+def test_max_batch_counts_the_engines_share_of_memory_and_the_prefill_activations():
+    base = ("roofline", "-m", "qwen3-8b", "-H", "h100", "-p", "2048", "-n", "256", "--json")
+    default, half = (json.loads(run(*base, *extra).output) for extra in ((), ("--gpu-memory-utilization", "0.5")))
+    assert default["gpu_memory_utilization"] == 0.9 and default["memory_available_bytes"] == 0.9 * 80e9
+    assert half["memory_available_bytes"] == 0.5 * 80e9 == 0.5 * half["device_memory_bytes"]
+    each = default["kv_bytes_per_token"] * 2304 + default["activation_bytes"]  # batch 1: one sequence's share
+    for data in (default, half):
+        assert data["max_batch"] == int((data["memory_available_bytes"] - data["weight_bytes"]) // each)
+    r = run(*base[:-1])
+    assert "of 72 GB usable (0.9 of 80 GB)" in r.output and "prefill activations" in r.output
+    assert_error(run(*base, "--gpu-memory-utilization", "1.5"), "gpu_memory_utilization must be in (0, 1], got 1.5")

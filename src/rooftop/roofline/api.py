@@ -10,7 +10,7 @@ from rooftop.config import ModelConfig
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.hardware import Hardware, custom_hardware
 from rooftop.roofline.precision import Precision, check_weight_choice, checkpoint_weights, precision, weight_format
-from rooftop.roofline.predict import Prediction, analyze
+from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, Prediction, analyze
 
 if TYPE_CHECKING:
     from rooftop.roofline.probe import ProbeResult
@@ -97,9 +97,10 @@ def predict(
     tp: int = 1,
     compute_efficiency: float = 1.0,
     memory_efficiency: float = 1.0,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
 ) -> Prediction:
     """Predict TTFT, TPOT, memory and crossovers, e.g. `predict("qwen3-8b", "h200", prompt_len=4096)`."""
     config, file_format = resolve_model(model)
     hw = resolve_hardware(hardware).scaled(compute_efficiency, memory_efficiency)
     p = resolve_precision(weights, kv, file_format, hw, config)
-    return analyze(config, hw, p, prompt_len, output_len, batch, tp)
+    return analyze(config, hw, p, prompt_len, output_len, batch, tp, gpu_memory_utilization=gpu_memory_utilization)

@@ -15,7 +15,7 @@ from rooftop.engine.probe import load_or_run_probe
 from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
 from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.precision import WEIGHTS_HELP
-from rooftop.roofline.predict import analyze
+from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, analyze
 
 ModelArg = Annotated[
     str | None,
@@ -23,6 +23,10 @@ ModelArg = Annotated[
 ]
 HardwareArg = Annotated[str | None, typer.Option("--hardware", "-H", help="catalog name (h200, a100, ...) or 'this'")]
 PromptArg = Annotated[int, typer.Option("--prompt", "-p", help="prompt tokens per sequence")]
+UtilizationArg = Annotated[
+    float,
+    typer.Option(help="fraction of the device's memory an engine uses (vLLM's option): the max batch's capacity"),
+]
 
 
 def _resolve(
@@ -52,13 +56,14 @@ def roofline(
     memory_efficiency: Annotated[float, typer.Option(help="fraction of peak bandwidth reachable")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON with SI units in the keys")] = False,
     plot: Annotated[str | None, typer.Option(help="write the roofline chart to this PNG")] = None,
+    gpu_memory_utilization: UtilizationArg = DEFAULT_GPU_MEMORY_UTILIZATION,
 ) -> None:
     """Predict FLOPs, bytes, bound and time of prefill and decode for a model on a device."""
     with user_errors():
         config, hw, p = _resolve(
             model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency
         )
-        pred = analyze(config, hw, p, prompt, output, batch, tp)
+        pred = analyze(config, hw, p, prompt, output, batch, tp, gpu_memory_utilization=gpu_memory_utilization)
         if as_json:
             typer.echo(json.dumps(pred.to_dict(), indent=2))
         else:

@@ -11,6 +11,7 @@ from rooftop.roofline.ops import (
     Op,
     ParameterCount,
     StepShape,
+    activation_bytes,
     check_tp,
     kv_bytes_per_token,
     parameter_count,
@@ -22,6 +23,7 @@ from rooftop.roofline.precision import Precision
 
 MAX_SEARCH = 1 << 22  # crossover searches give up past ~4M tokens or sequences
 EXACT_DECODE_STEPS = 1024  # longer outputs integrate TPOT over evenly spaced contexts
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization: the share of the device an engine takes
 
 
 class DoesNotFitError(InvalidRequestError):
@@ -89,6 +91,9 @@ class Prediction:
     ridge_point_flops_per_byte: float
     embedding_format: str = ""  # the input embedding table's format (a quantized checkpoint's stays in floats)
     lm_head_format: str = ""
+    device_memory_bytes: float = 0.0  # memory_available_bytes is gpu_memory_utilization of it
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    activation_bytes: float = 0.0  # per device: the prefill step's working set, reserved beside weights and KV
 
     @property
     def ttft_s(self) -> float:
@@ -170,6 +175,9 @@ class Prediction:
             "decode_last": step(self.decode_last),
             "memory_needed_bytes": self.memory_needed_bytes,
             "memory_available_bytes": self.memory_available_bytes,
+            "device_memory_bytes": self.device_memory_bytes,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "activation_bytes": self.activation_bytes,
             "max_batch": self.max_batch,
             "prefill_compute_bound_from_tokens": self.prefill_compute_bound_from_tokens,
             "decode_compute_bound_from_batch": self.decode_compute_bound_from_batch,
@@ -184,15 +192,51 @@ def _per_seq_bytes(config: ModelConfig, p: Precision, tokens_per_seq: int, tp: i
     return tokens_per_seq * kv_bytes_per_token(config, p) * kv_share + state_bytes_per_sequence(config, p) / tp
 
 
-def memory_needed(config: ModelConfig, p: Precision, batch: int, tokens_per_seq: int, tp: int = 1) -> float:
-    """Bytes per device: weights/tp plus every sequence's KV cache and recurrent state on that device."""
-    return weight_bytes(config, p) / tp + batch * _per_seq_bytes(config, p, tokens_per_seq, tp)
+@dataclass(frozen=True)
+class MemoryFit:
+    """One device's memory for a batch: what an engine may use (a fraction of the device, vLLM's
+    --gpu-memory-utilization) against the weights, each sequence's KV cache and recurrent state at its full context,
+    and each sequence's share of the prefill step's activations. The batch's prompts are prefilled in one step, the
+    largest the analysis runs: its working set is what an engine reserves for activations (vLLM profiles it)."""
+
+    device_bytes: float
+    utilization: float
+    weights: float  # weights / tp
+    per_sequence: float  # one sequence's KV cache and recurrent state
+    activations_per_sequence: float  # one sequence's share of the prefill step's activations
+
+    @property
+    def usable(self) -> float:
+        return self.device_bytes * self.utilization
+
+    def needed(self, batch: int) -> float:
+        return self.weights + batch * (self.per_sequence + self.activations_per_sequence)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest batch whose weights, KV caches, states and prefill activations fit in the usable memory."""
+        each = self.per_sequence + self.activations_per_sequence
+        return max(0, int((self.usable - self.weights) // each)) if each > 0 else 0
 
 
-def max_batch(config: ModelConfig, p: Precision, hw: Hardware, tokens_per_seq: int, tp: int = 1) -> int:
-    per_seq = _per_seq_bytes(config, p, tokens_per_seq, tp)
-    free = hw.memory_bytes - weight_bytes(config, p) / tp
-    return max(0, int(free // per_seq)) if per_seq > 0 else 0
+def memory_fit(
+    config: ModelConfig,
+    p: Precision,
+    hw: Hardware,
+    prompt_len: int,
+    tokens_per_seq: int,
+    tp: int = 1,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+) -> MemoryFit:
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InvalidRequestError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    return MemoryFit(
+        device_bytes=hw.memory_bytes,
+        utilization=gpu_memory_utilization,
+        weights=weight_bytes(config, p) / tp,
+        per_sequence=_per_seq_bytes(config, p, tokens_per_seq, tp),
+        activations_per_sequence=activation_bytes(config, p, prompt_len, 1, tp),
+    )
 
 
 def _first_true(predicate, limit: int = MAX_SEARCH) -> int | None:
@@ -255,6 +299,7 @@ def analyze(
     batch: int = 1,
     tp: int = 1,
     check_memory: bool = True,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
 ) -> Prediction:
     """Roofline bounds of one batch of `batch` prompts of `prompt_len` tokens, each generating `output_len`."""
     for name, value in (("batch", batch), ("prompt", prompt_len), ("output", output_len)):
@@ -267,18 +312,17 @@ def analyze(
             f"prompt {prompt_len} + output {output_len} = {total_tokens} tokens exceed the model's "
             f"{config.max_position_embeddings} positions (max_position_embeddings); shorten the prompt or the output"
         )
-    needed = memory_needed(config, p, batch, total_tokens, tp)
-    fits_batch = max_batch(config, p, hw, total_tokens, tp)
-    if check_memory and needed > hw.memory_bytes:
+    memory = memory_fit(config, p, hw, prompt_len, total_tokens, tp, gpu_memory_utilization)
+    if check_memory and memory.needed(batch) > memory.usable:
         gb = 1e9
         advice = (
-            f"batch <= {fits_batch} fits"
-            if fits_batch
+            f"batch <= {memory.max_batch} fits"
+            if memory.max_batch
             else "the weights alone do not fit: use more tensor parallelism or fewer bits per weight"
         )
         raise DoesNotFitError(
-            f"needs {needed / gb:.1f} GB per device but {hw.name} has {hw.memory_bytes / gb:.1f} GB "
-            f"({(needed - hw.memory_bytes) / gb:.1f} GB short); {advice}"
+            f"needs {memory.needed(batch) / gb:.1f} GB per device but {hw.name} has {memory.usable / gb:.1f} GB "
+            f"usable ({(memory.needed(batch) - memory.usable) / gb:.1f} GB short); {advice}"
         )
     return Prediction(
         model=config.name or config.architecture,
@@ -297,12 +341,15 @@ def analyze(
         decode_first=time_step(config, p, StepShape.decode(batch, prompt_len), hw, tp),
         decode_last=time_step(config, p, StepShape.decode(batch, prompt_len + max(0, output_len - 2)), hw, tp),
         decode_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp),
-        memory_needed_bytes=needed,
-        memory_available_bytes=hw.memory_bytes,
-        max_batch=fits_batch,
+        memory_needed_bytes=memory.needed(batch),
+        memory_available_bytes=memory.usable,
+        max_batch=memory.max_batch,
         prefill_compute_bound_from_tokens=prefill_crossover(config, p, hw, tp),
         decode_compute_bound_from_batch=decode_crossover(config, p, hw, prompt_len, tp),
         ridge_point_flops_per_byte=hw.ridge_point(p.compute),
         embedding_format=p.embedding_format.name,
         lm_head_format=p.head().weights.name,
+        device_memory_bytes=hw.memory_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        activation_bytes=batch * memory.activations_per_sequence,
     )

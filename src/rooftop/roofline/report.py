@@ -87,8 +87,9 @@ def summary_table(pred: Prediction) -> Table:
         ),
         (
             "memory",
-            f"{si(pred.memory_needed_bytes, 'B')} needed of {si(pred.memory_available_bytes, 'B')}; "
-            f"the largest batch that fits is {pred.max_batch}",
+            f"{si(pred.memory_needed_bytes, 'B')} needed (prefill activations {si(pred.activation_bytes, 'B')} of it) "
+            f"of {si(pred.memory_available_bytes, 'B')} usable ({pred.gpu_memory_utilization:g} of "
+            f"{si(pred.device_memory_bytes, 'B')}); the largest batch that fits is {pred.max_batch}",
         ),
         ("prefill compute-bound", "never" if prefill_x is None else f"from {prefill_x} prompt tokens"),
         (
