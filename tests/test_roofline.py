@@ -111,13 +111,35 @@ def test_memory_and_largest_batch():
     assert whole.max_batch > pred.max_batch
 
 
-def test_configuration_that_does_not_fit_says_by_how_much():
+def test_configuration_that_does_not_fit_says_what_does_not_and_by_how_much():
+    from rooftop.roofline.predict import memory_fit
+
+    l4 = find_hardware("l4")  # 24 GB, 21.6 usable
     with pytest.raises(
-        DoesNotFitError, match=r"needs 14\d\.\d GB per device but .* has 21\.6 GB usable \(1\d\d\.\d GB short\)"
+        DoesNotFitError,
+        match=r"^the weights alone need 14\d\.\d GB per device but NVIDIA L4 has 21\.6 GB usable \(0\.9 of 24\.0 GB\): "
+        r"1\d\d\.\d GB short; use more tensor parallelism or fewer bits per weight$",
     ):
-        analyze(find_preset("llama-3.1-70b"), find_hardware("l4"), BF16, 128, 16)
-    with pytest.raises(DoesNotFitError, match=r"batch <= \d+ fits"):
-        analyze(find_preset("llama-3.1-8b"), find_hardware("l4"), BF16, 8000, 192, batch=64)
+        analyze(find_preset("llama-3.1-70b"), l4, BF16, 128, 16)
+    c = find_preset("llama-3.1-8b")  # 16.1 GB of weights, 128 kB of KV cache per token
+    fit = memory_fit(c, BF16, l4, 60_000, 64_000)
+    short = fit.weights + fit.per_sequence + fit.activations_per_sequence - 21.6e9
+    assert fit.per_sequence == 64_000 * 131072 and fit.weights < 21.6e9
+    with pytest.raises(
+        DoesNotFitError,
+        match=rf"^one sequence does not fit: its KV cache at 64000 tokens need 8\.4 GB and its prefill's activations "
+        rf"6\.1 GB, but 5\.5 GB of the 21\.6 GB usable \(0\.9 of 24\.0 GB\) is left after the weights: "
+        rf"{short / 1e9:.1f} GB short; use a shorter prompt or output, fewer KV bits \(--kv fp8\)",
+    ):
+        analyze(c, l4, BF16, 60_000, 4_000)
+    with pytest.raises(DoesNotFitError, match=r"^batch 64 does not fit: its KV cache at 8192 tokens per sequence "):
+        analyze(c, l4, BF16, 8000, 192, batch=64)
+    fit = memory_fit(c, BF16, l4, 8000, 8192)
+    assert fit.max_batch == 2 and analyze(c, l4, BF16, 8000, 192, batch=2).max_batch == 2
+    with pytest.raises(DoesNotFitError, match=r"short; batch <= 2 fits$"):
+        analyze(c, l4, BF16, 8000, 192, batch=3)
+    with pytest.raises(DoesNotFitError, match="its KV cache and recurrent state at 262144 tokens need"):
+        analyze(find_preset("qwen3.6-27b"), find_hardware("h100"), BF16, 262_000, 144)
 
 
 @pytest.mark.parametrize("kwargs", [{"batch": 0}, {"prompt_len": 0}, {"output_len": -1}])

@@ -312,3 +312,21 @@ def test_max_batch_counts_the_engines_share_of_memory_and_the_prefill_activation
     r = run(*base[:-1])
     assert "of 72 GB usable (0.9 of 80 GB)" in r.output and "prefill activations" in r.output
     assert_error(run(*base, "--gpu-memory-utilization", "1.5"), "gpu_memory_utilization must be in (0, 1], got 1.5")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("-m", "llama-3.1-70b", "-H", "l4"), ("the weights alone need 141.", "21.6 GB usable (0.9 of 24.0 GB)")),
+        (
+            ("-m", "llama-3.1-8b", "-H", "l4", "-p", "60000", "-n", "4000"),
+            ("one sequence does not fit: its KV cache at 64000 tokens need 8.4 GB", "activations 6.1 GB", "short"),
+        ),
+        (
+            ("-m", "llama-3.1-8b", "-H", "l4", "-p", "8000", "-n", "192", "-b", "3"),
+            ("batch 3 does not fit: its KV cache at 8192 tokens per sequence need 3.2 GB", "batch <= 2 fits"),
+        ),
+    ],
+)
+def test_does_not_fit_says_which_part_does_not(args, words):
+    assert_error(run("roofline", *args), *words)

@@ -27,7 +27,7 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization: the sha
 
 
 class DoesNotFitError(InvalidRequestError):
-    """Weights plus KV cache exceed the device memory."""
+    """The weights, the KV caches and states, and the prefill's activations exceed what an engine has."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +239,37 @@ def memory_fit(
     )
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def check_fits(memory: MemoryFit, config: ModelConfig, hw: Hardware, batch: int, context: int) -> None:
+    """Refuse a batch that does not fit, saying what does not and by how much: the weights alone, one sequence (its
+    KV cache and recurrent state at the full context, and its prefill's activations), or this many of them."""
+    usable = f"{_size(memory.usable)} usable ({memory.utilization:g} of {_size(memory.device_bytes)})"
+    if memory.weights > memory.usable:
+        raise DoesNotFitError(
+            f"the weights alone need {_size(memory.weights)} per device but {hw.name} has {usable}: "
+            f"{_size(memory.weights - memory.usable)} short; use more tensor parallelism or fewer bits per weight"
+        )
+    left = f"{_size(memory.usable - memory.weights)} of the {usable} is left after the weights"
+    cache = "KV cache and recurrent state" if config.num_linear_attention_layers else "KV cache"
+    if memory.needed(1) > memory.usable:
+        raise DoesNotFitError(
+            f"one sequence does not fit: its {cache} at {context} tokens need {_size(memory.per_sequence)} and "
+            f"its prefill's activations {_size(memory.activations_per_sequence)}, but {left}: "
+            f"{_size(memory.needed(1) - memory.usable)} short; use a shorter prompt or output, fewer KV bits "
+            "(--kv fp8) or more tensor parallelism"
+        )
+    if memory.needed(batch) > memory.usable:
+        raise DoesNotFitError(
+            f"batch {batch} does not fit: its {cache} at {context} tokens per sequence need "
+            f"{_size(batch * memory.per_sequence)} and its prefill's activations "
+            f"{_size(batch * memory.activations_per_sequence)}, but {left}: "
+            f"{_size(memory.needed(batch) - memory.usable)} short; batch <= {memory.max_batch} fits"
+        )
+
+
 def _first_true(predicate, limit: int = MAX_SEARCH) -> int | None:
     """Smallest n in [1, limit] with predicate(n), for a predicate that stays true once true."""
     hi = 1
@@ -313,17 +344,8 @@ def analyze(
             f"{config.max_position_embeddings} positions (max_position_embeddings); shorten the prompt or the output"
         )
     memory = memory_fit(config, p, hw, prompt_len, total_tokens, tp, gpu_memory_utilization)
-    if check_memory and memory.needed(batch) > memory.usable:
-        gb = 1e9
-        advice = (
-            f"batch <= {memory.max_batch} fits"
-            if memory.max_batch
-            else "the weights alone do not fit: use more tensor parallelism or fewer bits per weight"
-        )
-        raise DoesNotFitError(
-            f"needs {memory.needed(batch) / gb:.1f} GB per device but {hw.name} has {memory.usable / gb:.1f} GB "
-            f"usable ({(memory.needed(batch) - memory.usable) / gb:.1f} GB short); {advice}"
-        )
+    if check_memory:
+        check_fits(memory, config, hw, batch, total_tokens)
     return Prediction(
         model=config.name or config.architecture,
         hw=hw,
