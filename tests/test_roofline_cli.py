@@ -330,3 +330,23 @@ def test_max_batch_counts_the_engines_share_of_memory_and_the_prefill_activation
 )
 def test_does_not_fit_says_which_part_does_not(args, words):
     assert_error(run("roofline", *args), *words)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("-m", "llama-3.1-70b", "-H", "l4"),  # the weights alone
+        ("-m", "llama-3.1-8b", "-H", "l4", "-p", "60000", "-n", "4000"),  # one sequence
+        ("-m", "llama-3.1-8b", "-H", "h100", "-p", "60000", "-n", "4000", "--gpu-memory-utilization", "0.3"),
+    ],
+)
+def test_explain_checks_memory_as_roofline_does(args):
+    explained, analyzed = run("explain", *args), run("roofline", *args)
+    assert_error(explained, "does not fit" if "-p" in args else "the weights alone need")
+    assert explained.output.strip().splitlines()[-1] == analyzed.output.strip().splitlines()[-1]
+
+
+def test_explain_takes_the_options_its_memory_check_names():
+    args = ("explain", "-m", "llama-3.1-8b", "-H", "l4", "-p", "30000", "-n", "4000")
+    assert_error(run(*args), "one sequence does not fit")
+    assert run(*args, "--kv", "fp8", "--gpu-memory-utilization", "1").exit_code == 0

@@ -23,6 +23,7 @@ ModelArg = Annotated[
 ]
 HardwareArg = Annotated[str | None, typer.Option("--hardware", "-H", help="catalog name (h200, a100, ...) or 'this'")]
 PromptArg = Annotated[int, typer.Option("--prompt", "-p", help="prompt tokens per sequence")]
+KvArg = Annotated[str | None, typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")]
 UtilizationArg = Annotated[
     float,
     typer.Option(help="fraction of the device's memory an engine uses (vLLM's option): the max batch's capacity"),
@@ -47,7 +48,7 @@ def roofline(
     output: Annotated[int, typer.Option("--output", "-n", help="output tokens per sequence")] = 256,
     batch: Annotated[int, typer.Option("--batch", "-b", help="sequences decoded together")] = 1,
     weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
-    kv: Annotated[str | None, typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")] = None,
+    kv: KvArg = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
     peak_tflops: Annotated[float | None, typer.Option(help="custom hardware: dense peak TFLOP/s")] = None,
     bandwidth_tbs: Annotated[float | None, typer.Option(help="custom hardware: memory TB/s")] = None,
@@ -82,11 +83,14 @@ def explain(
     prompt: PromptArg = 1024,
     output: Annotated[int, typer.Option("--output", "-n")] = 256,
     weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
+    kv: KvArg = None,
+    gpu_memory_utilization: UtilizationArg = DEFAULT_GPU_MEMORY_UTILIZATION,
 ) -> None:
-    """The two phases in plain words, with this model's numbers."""
+    """The two phases in plain words, with this model's numbers (one sequence, which must fit, as in roofline)."""
     with user_errors():
-        config, hw, p = _resolve(model, hardware, weights, None, None, None, None, 1.0, 1.0)
-        typer.echo(explain_text(analyze(config, hw, p, prompt, output, 1, 1, check_memory=False)))
+        config, hw, p = _resolve(model, hardware, weights, kv, None, None, None, 1.0, 1.0)
+        pred = analyze(config, hw, p, prompt, output, 1, 1, gpu_memory_utilization=gpu_memory_utilization)
+        typer.echo(explain_text(pred))
 
 
 def probe(
