@@ -350,3 +350,13 @@ def test_explain_takes_the_options_its_memory_check_names():
     args = ("explain", "-m", "llama-3.1-8b", "-H", "l4", "-p", "30000", "-n", "4000")
     assert_error(run(*args), "one sequence does not fit")
     assert run(*args, "--kv", "fp8", "--gpu-memory-utilization", "1").exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["roofline", "explain"])
+@pytest.mark.parametrize("name", ["./no/such/dir", "no/such/model.gguf", "missing.gguf", "config.json", "~/nope"])
+def test_a_missing_path_is_named_as_missing_not_as_an_unknown_preset(tmp_path, monkeypatch, command, name):
+    monkeypatch.chdir(tmp_path)
+    r = run(command, "-m", name, "-H", "h200")
+    assert_error(r, f"{name}: no such file or directory")
+    assert "preset" not in r.output
+    assert run(command, "-m", "Qwen/Qwen3-8B", "-H", "h200").exit_code == 0  # a preset's repo id is no path

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rooftop.config import ModelConfig
-from rooftop.errors import InvalidRequestError
+from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.roofline.hardware import Hardware, custom_hardware
 from rooftop.roofline.precision import Precision, check_weight_choice, checkpoint_weights, precision, weight_format
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, Prediction, analyze
@@ -29,7 +30,7 @@ def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, 
 
     if isinstance(model, ModelConfig):
         return model, None
-    path = bundled_model_path() if model is None else Path(model)
+    path = bundled_model_path() if model is None else Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InvalidRequestError(f"{path}: no config.json")
@@ -39,7 +40,17 @@ def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, 
             return read_hf_config(path), None
         gguf_file = read_gguf(path)
         return config_from_gguf(gguf_file), GGUF_FILE_TYPES.get(gguf_file.metadata.get("general.file_type"))
-    return find_preset(str(model)), None
+    try:
+        return find_preset(str(model)), None
+    except InvalidRequestError:
+        if _names_a_path(str(model)):  # a typo in a path is not an unknown preset
+            raise ModelLoadError(f"{model}: no such file or directory") from None
+        raise
+
+
+def _names_a_path(name: str) -> bool:
+    """A name no preset has but a path has: a directory part, a leading . or ~, a file's suffix."""
+    return "/" in name or os.sep in name or name.startswith((".", "~")) or name.endswith((".gguf", ".json"))
 
 
 def resolve_hardware(
