@@ -1,6 +1,7 @@
 """`rooftop roofline` / `explain` as a user runs them: tables, JSON keys, the plot, model sources, errors."""
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -360,3 +361,28 @@ def test_a_missing_path_is_named_as_missing_not_as_an_unknown_preset(tmp_path, m
     assert_error(r, f"{name}: no such file or directory")
     assert "preset" not in r.output
     assert run(command, "-m", "Qwen/Qwen3-8B", "-H", "h200").exit_code == 0  # a preset's repo id is no path
+
+
+def test_a_plot_path_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    args = ("roofline", "-m", "qwen3-0.6b", "-H", "h200", "--plot")
+    for path, reason in (
+        (tmp_path / "no" / "such" / "dir" / "roof.png", "No such file or directory"),
+        (tmp_path / "file" / "roof.png", "Not a directory"),
+        (tmp_path, "Is a directory"),
+        (tmp_path / "roof.xyz", "Format 'xyz' is not supported"),
+    ):
+        assert_error(run(*args, str(path)), f"cannot write the roofline chart to {path}: {reason}")
+    assert list(tmp_path.parent.glob(tmp_path.name + "*")) == [tmp_path]  # nothing written beside the directory
+    r = run(*args, str(tmp_path / "roof"))
+    assert r.exit_code == 0 and f"written to {tmp_path / 'roof.png'}" in r.output and (tmp_path / "roof.png").is_file()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_plot_in_a_read_only_directory_is_one_line(tmp_path):
+    tmp_path.chmod(0o500)
+    try:
+        path = tmp_path / "roof.png"
+        assert_error(run("roofline", "-m", "qwen3-0.6b", "-H", "h200", "--plot", str(path)), "Permission denied")
+    finally:
+        tmp_path.chmod(0o700)
