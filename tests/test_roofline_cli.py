@@ -386,3 +386,22 @@ def test_a_plot_in_a_read_only_directory_is_one_line(tmp_path):
         assert_error(run("roofline", "-m", "qwen3-0.6b", "-H", "h200", "--plot", str(path)), "Permission denied")
     finally:
         tmp_path.chmod(0o700)
+
+
+def test_state_dtype_sets_the_recurrent_state_bytes():
+    """Qwen3.6-27B: 48 Gated DeltaNet layers, each a 48 x 128 x 128 state per sequence and a 3 x 10240 conv
+    state (at 2 bytes), and a decode step reads and writes each state once."""
+    args = ("roofline", "-m", "qwen3.6-27b", "-H", "h200", "-p", "512", "-n", "8", "--json")
+    states, recurrences = {}, {}
+    for dtype, width in (("float32", 4), ("bfloat16", 2), ("float16", 2), (None, 4)):
+        data = json.loads(run(*args, *(("--state-dtype", dtype) if dtype else ())).output)
+        assert data["state_bytes_per_value"] == width
+        assert data["state_bytes_per_sequence"] == 48 * (48 * 128 * 128 * width + 3 * 10240 * 2)
+        states[dtype] = data["state_bytes_per_sequence"]
+        recurrences[dtype] = next(op for op in data["decode"]["ops"] if op["name"] == "linear_recurrence")
+    saved = 48 * 48 * 128 * 128 * 2  # bytes per state read (and again written) at 2 bytes instead of 4
+    assert recurrences["float32"]["bytes_read"] - recurrences["bfloat16"]["bytes_read"] == saved
+    assert recurrences["float32"]["bytes_written"] - recurrences["bfloat16"]["bytes_written"] == saved
+    r = run("explain", "-m", "qwen3.6-27b", "-H", "h200", "--state-dtype", "bfloat16")
+    assert r.exit_code == 0 and "78.4 MB of recurrent state" in r.output
+    assert_error(run(*args, "--state-dtype", "float8"), "unknown recurrent state dtype 'float8'", "float32, bfloat16")

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 from rooftop.config import ModelConfig
 from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.roofline.hardware import Hardware, custom_hardware
-from rooftop.roofline.precision import Precision, check_weight_choice, checkpoint_weights, precision, weight_format
+from rooftop.roofline.precision import (
+    DEFAULT_STATE_DTYPE,
+    Precision,
+    check_weight_choice,
+    checkpoint_weights,
+    precision,
+    weight_format,
+)
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, Prediction, analyze
 
 if TYPE_CHECKING:
@@ -85,16 +92,25 @@ def resolve_hardware(
 
 
 def resolve_precision(
-    weights: str | None, kv: str | None, file_format: str | None, hw: Hardware, config: ModelConfig | None = None
+    weights: str | None,
+    kv: str | None,
+    file_format: str | None,
+    hw: Hardware,
+    config: ModelConfig | None = None,
+    state_dtype: str = DEFAULT_STATE_DTYPE,
 ) -> Precision:
     """The one place the analyzer decides what the weights are: a `--weights` choice (WEIGHT_CHOICES) is the exact
     format it means on `hw`; none or auto is what the file holds: a GGUF's format, else what a config.json's
-    quantization_config or torch_dtype says (checkpoint_weights), else bf16."""
+    quantization_config or torch_dtype says (checkpoint_weights), else bf16. The KV cache is `kv` (default: the
+    activations' width), a linear-attention state `state_dtype`."""
     auto = weights is None or check_weight_choice(weights) == "auto"
     held = checkpoint_weights(config) if auto and file_format is None and config is not None else None
-    if held is not None:
-        return held.precision(kv)
-    return precision(weight_format(weights, file_format, hw.engine_formats), kv)
+    p = (
+        held.precision(kv)
+        if held is not None
+        else precision(weight_format(weights, file_format, hw.engine_formats), kv)
+    )
+    return p.with_state(state_dtype)
 
 
 def predict(
@@ -109,9 +125,10 @@ def predict(
     compute_efficiency: float = 1.0,
     memory_efficiency: float = 1.0,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    state_dtype: str = DEFAULT_STATE_DTYPE,
 ) -> Prediction:
     """Predict TTFT, TPOT, memory and crossovers, e.g. `predict("qwen3-8b", "h200", prompt_len=4096)`."""
     config, file_format = resolve_model(model)
     hw = resolve_hardware(hardware).scaled(compute_efficiency, memory_efficiency)
-    p = resolve_precision(weights, kv, file_format, hw, config)
+    p = resolve_precision(weights, kv, file_format, hw, config, state_dtype)
     return analyze(config, hw, p, prompt_len, output_len, batch, tp, gpu_memory_utilization=gpu_memory_utilization)

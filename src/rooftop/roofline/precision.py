@@ -53,6 +53,9 @@ WEIGHT_FORMATS = {
 }
 
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+# the recurrent state of linear-attention layers (Gated DeltaNet): fp32 in the reference kernels, the default
+STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEFAULT_STATE_DTYPE = "float32"
 
 # What rooftop's engine decides per device: float in the run's dtype; int8 / int4 as Q8_0 / Q4_1 groups on its CPU
 # kernels, else per-row int8 / group-32 int4 (quant.linear.linear_kind). Every other choice names one format.
@@ -103,7 +106,7 @@ class Precision:
     weights: WeightFormat
     kv_bytes: int
     activation_bytes: int
-    state_bytes: int = 4  # linear-attention recurrent state, kept in fp32 by the reference kernels
+    state_bytes: int = STATE_DTYPES[DEFAULT_STATE_DTYPE]  # linear-attention recurrent state (with_state)
     widen_rows: int | None = None  # prefill chunks of this many tokens or more widen quantized weights to floats
     widen_compute: str | None = None  # the peak those widened chunks run at (default: the activations' float peak)
     lm_head: WeightFormat | None = None  # when the lm_head is held in another format than the other linears
@@ -124,6 +127,14 @@ class Precision:
             return self
         widened = self.widen_compute or ("fp32" if self.activation_bytes == 4 else "bf16")
         return replace(self, weights=replace(self.weights, compute=widened))
+
+    def with_state(self, dtype: str) -> Precision:
+        """The same precision with the recurrent state held in `dtype` (one of STATE_DTYPES)."""
+        if dtype not in STATE_DTYPES:
+            raise InvalidRequestError(
+                f"unknown recurrent state dtype {dtype!r} (known: {', '.join(STATE_DTYPES)})", "state_dtype"
+            )
+        return replace(self, state_bytes=STATE_DTYPES[dtype])
 
     @property
     def embedding_format(self) -> WeightFormat:

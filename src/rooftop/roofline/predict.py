@@ -94,6 +94,7 @@ class Prediction:
     device_memory_bytes: float = 0.0  # memory_available_bytes is gpu_memory_utilization of it
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     activation_bytes: float = 0.0  # per device: the prefill step's working set, reserved beside weights and KV
+    state_bytes_per_value: int = 4  # the recurrent state's dtype width (--state-dtype)
 
     @property
     def ttft_s(self) -> float:
@@ -163,6 +164,7 @@ class Prediction:
             "weight_bytes": self.weight_bytes,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "state_bytes_per_sequence": self.state_bytes_per_sequence,
+            "state_bytes_per_value": self.state_bytes_per_value,
             "ttft_s": self.ttft_s,
             "tpot_s": self.tpot_s,
             "tpot_first_s": self.decode_first.time_s,
@@ -374,4 +376,5 @@ def analyze(
         device_memory_bytes=hw.memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         activation_bytes=batch * memory.activations_per_sequence,
+        state_bytes_per_value=p.state_bytes,
     )

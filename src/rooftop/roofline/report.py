@@ -73,7 +73,12 @@ def summary_table(pred: Prediction) -> Table:
         ("parameters", f"{si(params.total, '')}{active}"),
         ("weights", f"{si(pred.weight_bytes, 'B')} ({weight_formats(pred)})"),
         ("KV cache per token", si(pred.kv_bytes_per_token, "B")),
-        ("recurrent state per sequence", si(pred.state_bytes_per_sequence, "B")),
+        (
+            "recurrent state per sequence",
+            f"{si(pred.state_bytes_per_sequence, 'B')} ({pred.state_bytes_per_value} B/value)"
+            if pred.state_bytes_per_sequence
+            else "none",
+        ),
         ("TTFT", f"{seconds(pred.ttft_s)} (prefill {pred.prefill.bound}-bound)"),
         (
             "TPOT",
