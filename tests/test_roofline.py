@@ -388,7 +388,8 @@ def test_a_tied_quantized_model_keeps_its_one_table_in_floats_and_odd_configs_ar
 
     gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "lm_head": True}
     assert _quantized(gptq, tie=True).lm_head.name == "bf16"
-    assert _quantized({"quant_method": "awq", "bits": 4}, dtype="float16").lm_head.name == "fp16"
+    assert _quantized({"quant_method": "awq", "bits": 4}, dtype=None).lm_head.name == "fp16"  # AWQ's kernels' dtype
+    assert _quantized({"quant_method": "fp8"}, dtype=None).lm_head.name == "bf16"
     for config, words in (
         ({"quant_method": "hqq"}, "quant_method 'hqq'"),
         ({"quant_method": "awq", "bits": 5}, "awq bits 5"),

@@ -224,13 +224,13 @@ def test_awq_config_is_costed_at_4_bits_with_float16_embedding_and_lm_head(tmp_p
     head = next(op for op in data["decode"]["ops"] if op["name"] == "lm_head")
     assert head["bytes_read"] == TABLE_WEIGHTS * 2 + 256 * 2  # 16-bit head, one row of activations
     r = run("roofline", "-m", small_json(tmp_path, quantization_config=awq), "-H", "h100", "-p", "64", "-n", "8")
-    assert "awq-int4-g128; embedding and lm_head bf16" in r.output  # no torch_dtype: the tables in bf16
+    assert "awq-int4-g128; embedding and lm_head fp16" in r.output  # no torch_dtype: AWQ's kernels' fp16
 
 
 def test_gptq_fp8_and_compressed_tensors_configs_set_the_weights(tmp_path):
     gptq = {"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": True, "desc_act": False}
     data = analyzed("-m", small_json(tmp_path, quantization_config=gptq))
-    assert data["weights_format"] == "gptq-int8-g128" and data["lm_head_format"] == "bf16"
+    assert data["weights_format"] == "gptq-int8-g128" and data["lm_head_format"] == "fp16"
     assert data["weight_bytes"] == BLOCK_WEIGHTS * (8 + 16 / 128) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
     fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
     data = analyzed("-m", small_json(tmp_path, quantization_config=fp8))

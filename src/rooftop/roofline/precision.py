@@ -184,7 +184,7 @@ class CheckpointWeights:
 def checkpoint_weights(config: ModelConfig) -> CheckpointWeights | None:
     """What a config.json says its weights are: a `quantization_config` (AWQ, GPTQ, FP8, compressed-tensors)
     quantizes the block linears and leaves the embedding table, and unless it says otherwise the lm_head, in the
-    float dtype (torch_dtype, else bf16); without one, torch_dtype is every weight's format. None when the config
+    float dtype (torch_dtype, else fp16 for AWQ and GPTQ, bf16 for the others); without one, torch_dtype is every weight's format. None when the config
     says neither (presets, a GGUF's header). An unknown quant_method is refused rather than costed as floats: a
     quantized checkpoint costed at 16 bits would be wrong by 2-4x, silently."""
     dtype = config.torch_dtype
@@ -193,11 +193,12 @@ def checkpoint_weights(config: ModelConfig) -> CheckpointWeights | None:
             f"config.json's dtype {dtype!r} is not a weight format the analyzer knows "
             f"({', '.join(FLOAT_DTYPES)}); pass --weights to choose one"
         )
-    floats = WEIGHT_FORMATS[FLOAT_DTYPES.get(dtype, "bf16")]
     q = config.quantization_config
     if q is None:
-        return None if dtype is None else CheckpointWeights(floats, floats, floats)
+        return None if dtype is None else CheckpointWeights(*[WEIGHT_FORMATS[FLOAT_DTYPES[dtype]]] * 3)
     method = q.get("quant_method")
+    # without a dtype: AWQ's and GPTQ's kernels run in float16, the others in bfloat16
+    floats = WEIGHT_FORMATS[FLOAT_DTYPES.get(dtype, "fp16" if method in ("awq", "gptq") else "bf16")]
     if method not in QUANT_METHODS:
         raise UnsupportedModelError(
             f"config.json's quantization_config has quant_method {method!r}, which the analyzer does not cost "
