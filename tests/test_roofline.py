@@ -127,7 +127,7 @@ def test_configuration_that_does_not_fit_says_what_does_not_and_by_how_much():
     assert fit.per_sequence == 64_000 * 131072 and fit.weights < 21.6e9
     with pytest.raises(
         DoesNotFitError,
-        match=rf"^one sequence does not fit: its KV cache at 64000 tokens need 8\.4 GB and its prefill's activations "
+        match=rf"^one sequence does not fit: its KV cache at 64000 tokens needs 8\.4 GB and its prefill's activations "
         rf"6\.1 GB, but 5\.5 GB of the 21\.6 GB usable \(0\.9 of 24\.0 GB\) is left after the weights: "
         rf"{short / 1e9:.1f} GB short; use a shorter prompt or output, fewer KV bits \(--kv fp8\)",
     ):

@@ -321,11 +321,11 @@ def test_max_batch_counts_the_engines_share_of_memory_and_the_prefill_activation
         (("-m", "llama-3.1-70b", "-H", "l4"), ("the weights alone need 141.", "21.6 GB usable (0.9 of 24.0 GB)")),
         (
             ("-m", "llama-3.1-8b", "-H", "l4", "-p", "60000", "-n", "4000"),
-            ("one sequence does not fit: its KV cache at 64000 tokens need 8.4 GB", "activations 6.1 GB", "short"),
+            ("one sequence does not fit: its KV cache at 64000 tokens needs 8.4 GB", "activations 6.1 GB", "short"),
         ),
         (
             ("-m", "llama-3.1-8b", "-H", "l4", "-p", "8000", "-n", "192", "-b", "3"),
-            ("batch 3 does not fit: its KV cache at 8192 tokens per sequence need 3.2 GB", "batch <= 2 fits"),
+            ("batch 3 does not fit: its KV cache at 8192 tokens per sequence needs 3.2 GB", "batch <= 2 fits"),
         ),
     ],
 )

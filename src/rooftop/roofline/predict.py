@@ -255,17 +255,19 @@ def check_fits(memory: MemoryFit, config: ModelConfig, hw: Hardware, batch: int,
             f"{_size(memory.weights - memory.usable)} short; use more tensor parallelism or fewer bits per weight"
         )
     left = f"{_size(memory.usable - memory.weights)} of the {usable} is left after the weights"
-    cache = "KV cache and recurrent state" if config.num_linear_attention_layers else "KV cache"
+    cache, need = (
+        ("KV cache and recurrent state", "need") if config.num_linear_attention_layers else ("KV cache", "needs")
+    )
     if memory.needed(1) > memory.usable:
         raise DoesNotFitError(
-            f"one sequence does not fit: its {cache} at {context} tokens need {_size(memory.per_sequence)} and "
+            f"one sequence does not fit: its {cache} at {context} tokens {need} {_size(memory.per_sequence)} and "
             f"its prefill's activations {_size(memory.activations_per_sequence)}, but {left}: "
             f"{_size(memory.needed(1) - memory.usable)} short; use a shorter prompt or output, fewer KV bits "
             "(--kv fp8) or more tensor parallelism"
         )
     if memory.needed(batch) > memory.usable:
         raise DoesNotFitError(
-            f"batch {batch} does not fit: its {cache} at {context} tokens per sequence need "
+            f"batch {batch} does not fit: its {cache} at {context} tokens per sequence {need} "
             f"{_size(batch * memory.per_sequence)} and its prefill's activations "
             f"{_size(batch * memory.activations_per_sequence)}, but {left}: "
             f"{_size(memory.needed(batch) - memory.usable)} short; batch <= {memory.max_batch} fits"
