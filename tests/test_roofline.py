@@ -95,20 +95,51 @@ def test_worked_example_27b_bf16_on_h200():
 
 
 def test_memory_and_largest_batch():
+    """An engine takes 0.9 of the device (vLLM's --gpu-memory-utilization) and, beside the weights and each
+    sequence's KV cache, holds the prefill step's activations: the residual stream and its normed copy (2d) and
+    the MLP's gate_up and silu·mul outputs (3·ff) per token at 2 bytes, and each sampled row's fp32 logits."""
     c = find_preset("llama-3.1-8b")
     pred = analyze(c, H200, BF16, prompt_len=1000, output_len=24, batch=4)
     per_seq = 1024 * kv_bytes_per_token(c, BF16)
-    assert pred.memory_needed_bytes == pytest.approx(weight_bytes(c, BF16) + 4 * per_seq)
-    assert pred.max_batch == int((H200.memory_bytes - weight_bytes(c, BF16)) // per_seq)
+    activations = 1000 * (2 * 4096 + 3 * 14336) * 2 + 128256 * 4  # one sequence's share of the prefill
+    assert pred.activation_bytes == 4 * activations
+    assert pred.memory_needed_bytes == pytest.approx(weight_bytes(c, BF16) + 4 * per_seq + 4 * activations)
+    assert pred.memory_available_bytes == 0.9 * H200.memory_bytes == 0.9 * pred.device_memory_bytes
+    assert pred.max_batch == int((0.9 * H200.memory_bytes - weight_bytes(c, BF16)) // (per_seq + activations))
+    whole = analyze(c, H200, BF16, prompt_len=1000, output_len=24, batch=4, gpu_memory_utilization=1.0)
+    assert whole.max_batch == int((H200.memory_bytes - weight_bytes(c, BF16)) // (per_seq + activations))
+    assert whole.max_batch > pred.max_batch
 
 
-def test_configuration_that_does_not_fit_says_by_how_much():
+def test_configuration_that_does_not_fit_says_what_does_not_and_by_how_much():
+    from rooftop.roofline.predict import memory_fit
+
+    l4 = find_hardware("l4")  # 24 GB, 21.6 usable
     with pytest.raises(
-        DoesNotFitError, match=r"needs 14\d\.\d GB per device but .* has 24\.0 GB \(1\d\d\.\d GB short\)"
+        DoesNotFitError,
+        match=r"^the weights alone need 14\d\.\d GB per device but NVIDIA L4 has 21\.6 GB usable \(0\.9 of 24\.0 GB\): "
+        r"1\d\d\.\d GB short; use more tensor parallelism or fewer bits per weight$",
     ):
-        analyze(find_preset("llama-3.1-70b"), find_hardware("l4"), BF16, 128, 16)
-    with pytest.raises(DoesNotFitError, match=r"batch <= \d+ fits"):
-        analyze(find_preset("llama-3.1-8b"), find_hardware("l4"), BF16, 8000, 192, batch=64)
+        analyze(find_preset("llama-3.1-70b"), l4, BF16, 128, 16)
+    c = find_preset("llama-3.1-8b")  # 16.1 GB of weights, 128 kB of KV cache per token
+    fit = memory_fit(c, BF16, l4, 60_000, 64_000)
+    short = fit.weights + fit.per_sequence + fit.activations_per_sequence - 21.6e9
+    assert fit.per_sequence == 64_000 * 131072 and fit.weights < 21.6e9
+    with pytest.raises(
+        DoesNotFitError,
+        match=rf"^one sequence does not fit: its KV cache at 64000 tokens needs 8\.4 GB and its prefill's activations "
+        rf"6\.1 GB, but 5\.5 GB of the 21\.6 GB usable \(0\.9 of 24\.0 GB\) is left after the weights: "
+        rf"{short / 1e9:.1f} GB short; use a shorter prompt or output, fewer KV bits \(--kv fp8\)",
+    ):
+        analyze(c, l4, BF16, 60_000, 4_000)
+    with pytest.raises(DoesNotFitError, match=r"^batch 64 does not fit: its KV cache at 8192 tokens per sequence "):
+        analyze(c, l4, BF16, 8000, 192, batch=64)
+    fit = memory_fit(c, BF16, l4, 8000, 8192)
+    assert fit.max_batch == 2 and analyze(c, l4, BF16, 8000, 192, batch=2).max_batch == 2
+    with pytest.raises(DoesNotFitError, match=r"short; batch <= 2 fits$"):
+        analyze(c, l4, BF16, 8000, 192, batch=3)
+    with pytest.raises(DoesNotFitError, match="its KV cache and recurrent state at 262144 tokens need"):
+        analyze(find_preset("qwen3.6-27b"), find_hardware("h100"), BF16, 262_000, 144)
 
 
 @pytest.mark.parametrize("kwargs", [{"batch": 0}, {"prompt_len": 0}, {"output_len": -1}])
@@ -209,12 +240,13 @@ def test_crossovers_agree_with_the_ridge_point(model, hw_name, context):
 
 def test_tensor_parallel_beyond_the_kv_heads_replicates_the_kv_cache():
     c = find_preset("llama-3.1-70b")  # 8 KV heads
-    from rooftop.roofline.predict import memory_needed
+    from rooftop.roofline.predict import memory_fit
 
     kv = 1000 * kv_bytes_per_token(c, BF16)
     weights = weight_bytes(c, BF16)
-    assert memory_needed(c, BF16, 1, 1000, tp=8) == pytest.approx(weights / 8 + kv / 8)
-    assert memory_needed(c, BF16, 1, 1000, tp=16) == pytest.approx(weights / 16 + kv / 8)  # one KV head per device
+    eight, sixteen = (memory_fit(c, BF16, H200, 500, 1000, tp=tp) for tp in (8, 16))
+    assert (eight.weights, eight.per_sequence) == pytest.approx((weights / 8, kv / 8))
+    assert (sixteen.weights, sixteen.per_sequence) == pytest.approx((weights / 16, kv / 8))  # one KV head per device
 
 
 def test_a_step_that_samples_nothing_reads_no_lm_head():
@@ -267,3 +299,141 @@ def test_a_weights_choice_means_what_the_engine_runs_on_that_device():
     assert weight_format("auto", None, probed) == "bf16" and weight_format("q4_0", None, probed) == "q4_0"
     with pytest.raises(InvalidRequestError, match="unknown weight format 'int3'"):
         weight_format("int3", None, {})
+
+
+def _quantized(quantization_config, tie=False, dtype="bfloat16"):
+    from dataclasses import replace
+
+    from rooftop.roofline.precision import checkpoint_weights
+
+    config = replace(find_preset("qwen3-8b"), tie_word_embeddings=tie, torch_dtype=dtype)
+    return checkpoint_weights(replace(config, quantization_config=quantization_config))
+
+
+def _ct(weights, acts=None, ignore=("lm_head",), **groups):
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": acts}
+    return {"quant_method": "compressed-tensors", "config_groups": {"group_0": group, **groups}, "ignore": list(ignore)}
+
+
+@pytest.mark.parametrize(
+    "quantization_config, name, bits, compute, head",
+    [
+        (
+            {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True},
+            "awq-int4-g128",
+            4.15625,
+            "int4_weight_only",
+            "bf16",
+        ),
+        (
+            {"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": False},
+            "awq-int4-g64",
+            4.25,
+            "int4_weight_only",
+            "bf16",
+        ),
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": -1, "sym": False},
+            "gptq-int4-per-row",
+            4 + 20 / 4096,
+            "int4_weight_only",
+            "bf16",
+        ),
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": 32, "lm_head": True},
+            "gptq-int4-g32",
+            4.5,
+            "int4_weight_only",
+            "gptq-int4-g32",
+        ),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8", 8 + 32 / 4096, "fp8", "bf16"),
+        (
+            _ct({"num_bits": 8, "type": "int", "strategy": "channel"}, {"num_bits": 8, "type": "int"}),
+            "ct-w8a8-int8-channel",
+            8 + 16 / 4096,
+            "int8",
+            "bf16",
+        ),
+        (
+            _ct(
+                {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": False},
+                ignore=["re:.*lm_head"],
+            ),
+            "ct-w4a16-int4-g32",
+            4.625,
+            "int4_weight_only",
+            "bf16",
+        ),
+        (
+            _ct({"num_bits": 8, "type": "float", "strategy": "tensor"}, ignore=[]),
+            "ct-w8a16-fp8-tensor",
+            8,
+            "fp8_weight_only",
+            "ct-w8a16-fp8-tensor",
+        ),
+    ],
+)
+def test_quantization_configs_give_the_linears_format_and_keep_the_tables_in_floats(
+    quantization_config, name, bits, compute, head
+):
+    held = _quantized(quantization_config)
+    assert held.linears.name == name and held.linears.compute == compute
+    assert held.linears.bits_per_weight(4096) == pytest.approx(bits)
+    assert held.embedding.name == "bf16" and held.lm_head.name == head
+    assert H200.peak(held.precision().compute) > 0  # every compute has a roof on a datasheet device
+
+
+def test_a_tied_quantized_model_keeps_its_one_table_in_floats_and_odd_configs_are_refused():
+    from rooftop.errors import UnsupportedModelError
+
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "lm_head": True}
+    assert _quantized(gptq, tie=True).lm_head.name == "bf16"
+    assert _quantized({"quant_method": "awq", "bits": 4}, dtype=None).lm_head.name == "fp16"  # AWQ's kernels' dtype
+    assert _quantized({"quant_method": "fp8"}, dtype=None).lm_head.name == "bf16"
+    for config, words in (
+        ({"quant_method": "hqq"}, "quant_method 'hqq'"),
+        ({"quant_method": "awq", "bits": 5}, "awq bits 5"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "malformed"),
+        (
+            _ct({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}),
+            "strategy 'tensor_group'",
+        ),
+        (
+            _ct({"num_bits": 4, "type": "int"}, group_1={"weights": {"num_bits": 8, "type": "int"}}),
+            "one weights scheme",
+        ),
+    ):
+        with pytest.raises(UnsupportedModelError, match=words):
+            _quantized(config)
+    with pytest.raises(UnsupportedModelError, match="dtype 'float64'"):
+        _quantized(None, dtype="float64")
+
+
+SMALL_TEXT = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def test_a_wrapper_configs_quantization_and_dtype_reach_its_text_model():
+    from rooftop.loading.hf_config import config_from_hf
+
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    wrapper = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": SMALL_TEXT, "dtype": "bfloat16"}
+    config = config_from_hf({**wrapper, "quantization_config": fp8}, {})
+    assert config.quantization_config == fp8 and config.torch_dtype == "bfloat16"
+    assert config_from_hf({**SMALL_TEXT, "torch_dtype": "float16"}, {}).torch_dtype == "float16"
+
+
+def test_prompt_and_output_past_the_models_positions_are_refused():
+    from rooftop.errors import PromptTooLongError
+
+    c = find_preset("smollm2-135m")  # 8192 positions
+    assert analyze(c, H200, BF16, 8000, 192).prompt_len == 8000
+    with pytest.raises(PromptTooLongError, match=r"prompt 8000 \+ output 193 = 8193 tokens exceed .* 8192 positions"):
+        analyze(c, H200, BF16, 8000, 193)

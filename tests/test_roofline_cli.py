@@ -1,6 +1,7 @@
 """`rooftop roofline` / `explain` as a user runs them: tables, JSON keys, the plot, model sources, errors."""
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -178,3 +179,229 @@ def test_tensor_parallel_run():
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
     assert data["tp"] == 4 and "all_reduce" in [op["name"] for op in data["decode"]["ops"]]
+
+
+# A small Llama for hand calculations: 2 layers of qkv 256->512, o 256->256, gate_up 256->1024, down 512->256
+# (1,179,648 block weights), an untied 1000 x 256 embedding and lm_head, (2*2+1)*256 norm weights.
+SMALL = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+BLOCK_WEIGHTS = 2 * (256 * 512 + 256 * 256 + 256 * 1024 + 512 * 256)
+TABLE_WEIGHTS = 1000 * 256
+NORMS = 5 * 256
+
+
+def small_json(tmp_path, **fields):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**SMALL, **fields}))
+    return str(path)
+
+
+def analyzed(*args):
+    r = run("roofline", *args, "-H", "h100", "-p", "64", "-n", "8", "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_awq_config_is_costed_at_4_bits_with_float16_embedding_and_lm_head(tmp_path):
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+    data = analyzed("-m", small_json(tmp_path, torch_dtype="float16", quantization_config=awq))
+    assert (data["weights_format"], data["embedding_format"], data["lm_head_format"]) == (
+        "awq-int4-g128",
+        "fp16",
+        "fp16",
+    )
+    # 4-bit weights, an fp16 scale and a 4-bit zero per 128; both tables and the norms at 2 bytes
+    assert data["weight_bytes"] == BLOCK_WEIGHTS * (4 + 20 / 128) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
+    head = next(op for op in data["decode"]["ops"] if op["name"] == "lm_head")
+    assert head["bytes_read"] == TABLE_WEIGHTS * 2 + 256 * 2  # 16-bit head, one row of activations
+    r = run("roofline", "-m", small_json(tmp_path, quantization_config=awq), "-H", "h100", "-p", "64", "-n", "8")
+    assert "awq-int4-g128; embedding and lm_head fp16" in r.output  # no torch_dtype: AWQ's kernels' fp16
+
+
+def test_gptq_fp8_and_compressed_tensors_configs_set_the_weights(tmp_path):
+    gptq = {"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": True, "desc_act": False}
+    data = analyzed("-m", small_json(tmp_path, quantization_config=gptq))
+    assert data["weights_format"] == "gptq-int8-g128" and data["lm_head_format"] == "fp16"
+    assert data["weight_bytes"] == BLOCK_WEIGHTS * (8 + 16 / 128) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    data = analyzed("-m", small_json(tmp_path, quantization_config=fp8))
+    assert data["weights_format"] == "fp8-block128x128" and data["lm_head_format"] == "bf16"
+    assert data["weight_bytes"] == BLOCK_WEIGHTS * (8 + 32 / 128**2) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
+    w4a16 = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True},
+                "input_activations": None,
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    data = analyzed("-m", small_json(tmp_path, quantization_config=w4a16))
+    assert data["weights_format"] == "ct-w4a16-int4-g128" and data["lm_head_format"] == "bf16"
+    assert data["weight_bytes"] == BLOCK_WEIGHTS * (4 + 16 / 128) / 8 + 2 * TABLE_WEIGHTS * 2 + NORMS * 2
+    fp8_dynamic = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+            }
+        },
+        "ignore": [],  # lm_head is a Linear too: quantized
+    }
+    data = analyzed("-m", small_json(tmp_path, quantization_config=fp8_dynamic))
+    assert data["weights_format"] == data["lm_head_format"] == "ct-w8a8-fp8-channel"
+    # a byte per weight and a 16-bit scale per output row (2 layers' rows: 512 + 256 + 1024 + 256), the lm_head's
+    # too (1000 rows); the embedding table stays bf16
+    rows = 2 * (512 + 256 + 1024 + 256)
+    assert data["weight_bytes"] == BLOCK_WEIGHTS + 2 * rows + TABLE_WEIGHTS + 2 * 1000 + TABLE_WEIGHTS * 2 + NORMS * 2
+    assert data["ridge_point_flops_per_byte"] == pytest.approx(1978.9e12 / 3.35e12)  # W8A8: the fp8 peak
+
+
+def test_torch_dtype_sets_the_float_format_and_an_explicit_weights_overrides(tmp_path):
+    assert analyzed("-m", small_json(tmp_path, torch_dtype="float16"))["weights_format"] == "fp16"
+    data = analyzed("-m", small_json(tmp_path, dtype="float32"))  # transformers 5's key
+    assert data["weights_format"] == "fp32" and data["kv_bytes_per_value"] == 4
+    assert analyzed("-m", small_json(tmp_path))["weights_format"] == "bf16"
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    data = analyzed("-m", small_json(tmp_path, quantization_config=awq), "--weights", "int8")
+    assert data["weights_format"] == data["lm_head_format"] == data["embedding_format"] == "int8"
+
+
+def test_unknown_quant_method_is_named_and_weights_gets_past_it(tmp_path):
+    bnb = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    model = small_json(tmp_path, quantization_config=bnb)
+    assert_error(
+        run("roofline", "-m", model, "-H", "h100"),
+        "quant_method 'bitsandbytes'",
+        "awq, gptq, fp8, compressed-tensors",
+        "pass --weights",
+    )
+    assert analyzed("-m", model, "--weights", "int4")["weights_format"] == "int4"
+
+
+@pytest.mark.parametrize("command", ["roofline", "explain"])
+def test_a_sequence_longer_than_the_models_positions_is_refused(command):
+    r = run(command, "-m", "dense-27b", "-H", "h200", "-p", "8000", "-n", "256")  # 8192 positions
+    assert_error(
+        r, "prompt 8000 + output 256 = 8256 tokens exceed the model's 8192 positions (max_position_embeddings)"
+    )
+    assert run(command, "-m", "dense-27b", "-H", "h200", "-p", "7936", "-n", "256").exit_code == 0  # exactly 8192
+
+
+def test_max_batch_counts_the_engines_share_of_memory_and_the_prefill_activations():
+    base = ("roofline", "-m", "qwen3-8b", "-H", "h100", "-p", "2048", "-n", "256", "--json")
+    default, half = (json.loads(run(*base, *extra).output) for extra in ((), ("--gpu-memory-utilization", "0.5")))
+    assert default["gpu_memory_utilization"] == 0.9 and default["memory_available_bytes"] == 0.9 * 80e9
+    assert half["memory_available_bytes"] == 0.5 * 80e9 == 0.5 * half["device_memory_bytes"]
+    each = default["kv_bytes_per_token"] * 2304 + default["activation_bytes"]  # batch 1: one sequence's share
+    for data in (default, half):
+        assert data["max_batch"] == int((data["memory_available_bytes"] - data["weight_bytes"]) // each)
+    r = run(*base[:-1])
+    assert "of 72 GB usable (0.9 of 80 GB)" in r.output and "prefill activations" in r.output
+    assert_error(run(*base, "--gpu-memory-utilization", "1.5"), "gpu_memory_utilization must be in (0, 1], got 1.5")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("-m", "llama-3.1-70b", "-H", "l4"), ("the weights alone need 141.", "21.6 GB usable (0.9 of 24.0 GB)")),
+        (
+            ("-m", "llama-3.1-8b", "-H", "l4", "-p", "60000", "-n", "4000"),
+            ("one sequence does not fit: its KV cache at 64000 tokens needs 8.4 GB", "activations 6.1 GB", "short"),
+        ),
+        (
+            ("-m", "llama-3.1-8b", "-H", "l4", "-p", "8000", "-n", "192", "-b", "3"),
+            ("batch 3 does not fit: its KV cache at 8192 tokens per sequence needs 3.2 GB", "batch <= 2 fits"),
+        ),
+    ],
+)
+def test_does_not_fit_says_which_part_does_not(args, words):
+    assert_error(run("roofline", *args), *words)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("-m", "llama-3.1-70b", "-H", "l4"),  # the weights alone
+        ("-m", "llama-3.1-8b", "-H", "l4", "-p", "60000", "-n", "4000"),  # one sequence
+        ("-m", "llama-3.1-8b", "-H", "h100", "-p", "60000", "-n", "4000", "--gpu-memory-utilization", "0.3"),
+    ],
+)
+def test_explain_checks_memory_as_roofline_does(args):
+    explained, analyzed = run("explain", *args), run("roofline", *args)
+    assert_error(explained, "does not fit" if "-p" in args else "the weights alone need")
+    assert explained.output.strip().splitlines()[-1] == analyzed.output.strip().splitlines()[-1]
+
+
+def test_explain_takes_the_options_its_memory_check_names():
+    args = ("explain", "-m", "llama-3.1-8b", "-H", "l4", "-p", "30000", "-n", "4000")
+    assert_error(run(*args), "one sequence does not fit")
+    assert run(*args, "--kv", "fp8", "--gpu-memory-utilization", "1").exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["roofline", "explain"])
+@pytest.mark.parametrize("name", ["./no/such/dir", "no/such/model.gguf", "missing.gguf", "config.json", "~/nope"])
+def test_a_missing_path_is_named_as_missing_not_as_an_unknown_preset(tmp_path, monkeypatch, command, name):
+    monkeypatch.chdir(tmp_path)
+    r = run(command, "-m", name, "-H", "h200")
+    assert_error(r, f"{name}: no such file or directory")
+    assert "preset" not in r.output
+    assert run(command, "-m", "Qwen/Qwen3-8B", "-H", "h200").exit_code == 0  # a preset's repo id is no path
+
+
+def test_a_plot_path_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    args = ("roofline", "-m", "qwen3-0.6b", "-H", "h200", "--plot")
+    for path, reason in (
+        (tmp_path / "no" / "such" / "dir" / "roof.png", "No such file or directory"),
+        (tmp_path / "file" / "roof.png", "Not a directory"),
+        (tmp_path, "Is a directory"),
+        (tmp_path / "roof.xyz", "Format 'xyz' is not supported"),
+    ):
+        assert_error(run(*args, str(path)), f"cannot write the roofline chart to {path}: {reason}")
+    assert list(tmp_path.parent.glob(tmp_path.name + "*")) == [tmp_path]  # nothing written beside the directory
+    r = run(*args, str(tmp_path / "roof"))
+    assert r.exit_code == 0 and f"written to {tmp_path / 'roof.png'}" in r.output and (tmp_path / "roof.png").is_file()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_plot_in_a_read_only_directory_is_one_line(tmp_path):
+    tmp_path.chmod(0o500)
+    try:
+        path = tmp_path / "roof.png"
+        assert_error(run("roofline", "-m", "qwen3-0.6b", "-H", "h200", "--plot", str(path)), "Permission denied")
+    finally:
+        tmp_path.chmod(0o700)
+
+
+def test_state_dtype_sets_the_recurrent_state_bytes():
+    """Qwen3.6-27B: 48 Gated DeltaNet layers, each a 48 x 128 x 128 state per sequence and a 3 x 10240 conv
+    state (at 2 bytes), and a decode step reads and writes each state once."""
+    args = ("roofline", "-m", "qwen3.6-27b", "-H", "h200", "-p", "512", "-n", "8", "--json")
+    states, recurrences = {}, {}
+    for dtype, width in (("float32", 4), ("bfloat16", 2), ("float16", 2), (None, 4)):
+        data = json.loads(run(*args, *(("--state-dtype", dtype) if dtype else ())).output)
+        assert data["state_bytes_per_value"] == width
+        assert data["state_bytes_per_sequence"] == 48 * (48 * 128 * 128 * width + 3 * 10240 * 2)
+        states[dtype] = data["state_bytes_per_sequence"]
+        recurrences[dtype] = next(op for op in data["decode"]["ops"] if op["name"] == "linear_recurrence")
+    saved = 48 * 48 * 128 * 128 * 2  # bytes per state read (and again written) at 2 bytes instead of 4
+    assert recurrences["float32"]["bytes_read"] - recurrences["bfloat16"]["bytes_read"] == saved
+    assert recurrences["float32"]["bytes_written"] - recurrences["bfloat16"]["bytes_written"] == saved
+    r = run("explain", "-m", "qwen3.6-27b", "-H", "h200", "--state-dtype", "bfloat16")
+    assert r.exit_code == 0 and "78.4 MB of recurrent state" in r.output
+    assert_error(run(*args, "--state-dtype", "float8"), "unknown recurrent state dtype 'float8'", "float32, bfloat16")

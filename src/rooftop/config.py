@@ -81,6 +81,10 @@ class ModelConfig:
     linear_attention: LinearAttention | None = None
     attn_output_gate: bool = False  # gated full attention: q_proj also yields a sigmoid gate on the output
     partial_rotary_factor: float = 1.0  # RoPE turns the first head_dim * factor dims of q and k (Qwen3.5: 0.25)
+    # what a config.json says its weights are stored in; the analyzer's default precision reads both
+    # (roofline.precision.checkpoint_weights), the engine neither
+    torch_dtype: str | None = None  # config.json's torch_dtype (transformers 5: dtype), e.g. "bfloat16"
+    quantization_config: dict | None = None  # config.json's quantization_config as written (quant_method, bits, ...)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):

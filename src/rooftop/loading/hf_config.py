@@ -98,11 +98,19 @@ def _moe_fields(cfg: dict) -> dict:
     }
 
 
+def _dtype(cfg: dict) -> str | None:
+    """The weights' float dtype: transformers 5 writes `dtype`, 4 `torch_dtype`."""
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype")
+    return str(dtype) if dtype else None
+
+
 def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
     """ModelConfig from a config.json dict (a multimodal wrapper's `text_config` is used for the LLM)."""
     archs = cfg.get("architectures") or []
     if "text_config" in cfg:
         cfg = {
+            "dtype": cfg.get("dtype") or cfg.get("torch_dtype"),  # a wrapper's text_config may leave these out
+            "quantization_config": cfg.get("quantization_config"),
             **cfg["text_config"],
             "architectures": archs,
             "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
@@ -145,6 +153,8 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos,
         name=str(cfg.get("_name_or_path", "")),
+        torch_dtype=_dtype(cfg),
+        quantization_config=dict(cfg["quantization_config"]) if cfg.get("quantization_config") else None,
         **_moe_fields(cfg),
         **_hybrid_fields(cfg),
     )

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rooftop.config import ModelConfig
-from rooftop.errors import InvalidRequestError
+from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.roofline.hardware import Hardware, custom_hardware
-from rooftop.roofline.precision import Precision, precision, weight_format
-from rooftop.roofline.predict import Prediction, analyze
+from rooftop.roofline.precision import (
+    DEFAULT_STATE_DTYPE,
+    Precision,
+    check_weight_choice,
+    checkpoint_weights,
+    precision,
+    weight_format,
+)
+from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, Prediction, analyze
 
 if TYPE_CHECKING:
     from rooftop.roofline.probe import ProbeResult
@@ -29,7 +37,7 @@ def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, 
 
     if isinstance(model, ModelConfig):
         return model, None
-    path = bundled_model_path() if model is None else Path(model)
+    path = bundled_model_path() if model is None else Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InvalidRequestError(f"{path}: no config.json")
@@ -39,7 +47,17 @@ def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, 
             return read_hf_config(path), None
         gguf_file = read_gguf(path)
         return config_from_gguf(gguf_file), GGUF_FILE_TYPES.get(gguf_file.metadata.get("general.file_type"))
-    return find_preset(str(model)), None
+    try:
+        return find_preset(str(model)), None
+    except InvalidRequestError:
+        if _names_a_path(str(model)):  # a typo in a path is not an unknown preset
+            raise ModelLoadError(f"{model}: no such file or directory") from None
+        raise
+
+
+def _names_a_path(name: str) -> bool:
+    """A name no preset has but a path has: a directory part, a leading . or ~, a file's suffix."""
+    return "/" in name or os.sep in name or name.startswith((".", "~")) or name.endswith((".gguf", ".json"))
 
 
 def resolve_hardware(
@@ -73,9 +91,26 @@ def resolve_hardware(
     return find_hardware(hardware)
 
 
-def resolve_precision(weights: str | None, kv: str | None, file_format: str | None, hw: Hardware) -> Precision:
-    """A `--weights` choice (WEIGHT_CHOICES) as the exact format it means on `hw`; none is what the file holds."""
-    return precision(weight_format(weights, file_format, hw.engine_formats), kv)
+def resolve_precision(
+    weights: str | None,
+    kv: str | None,
+    file_format: str | None,
+    hw: Hardware,
+    config: ModelConfig | None = None,
+    state_dtype: str = DEFAULT_STATE_DTYPE,
+) -> Precision:
+    """The one place the analyzer decides what the weights are: a `--weights` choice (WEIGHT_CHOICES) is the exact
+    format it means on `hw`; none or auto is what the file holds: a GGUF's format, else what a config.json's
+    quantization_config or torch_dtype says (checkpoint_weights), else bf16. The KV cache is `kv` (default: the
+    activations' width), a linear-attention state `state_dtype`."""
+    auto = weights is None or check_weight_choice(weights) == "auto"
+    held = checkpoint_weights(config) if auto and file_format is None and config is not None else None
+    p = (
+        held.precision(kv)
+        if held is not None
+        else precision(weight_format(weights, file_format, hw.engine_formats), kv)
+    )
+    return p.with_state(state_dtype)
 
 
 def predict(
@@ -89,8 +124,11 @@ def predict(
     tp: int = 1,
     compute_efficiency: float = 1.0,
     memory_efficiency: float = 1.0,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    state_dtype: str = DEFAULT_STATE_DTYPE,
 ) -> Prediction:
     """Predict TTFT, TPOT, memory and crossovers, e.g. `predict("qwen3-8b", "h200", prompt_len=4096)`."""
     config, file_format = resolve_model(model)
     hw = resolve_hardware(hardware).scaled(compute_efficiency, memory_efficiency)
-    return analyze(config, hw, resolve_precision(weights, kv, file_format, hw), prompt_len, output_len, batch, tp)
+    p = resolve_precision(weights, kv, file_format, hw, config, state_dtype)
+    return analyze(config, hw, p, prompt_len, output_len, batch, tp, gpu_memory_utilization=gpu_memory_utilization)

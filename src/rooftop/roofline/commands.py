@@ -14,8 +14,8 @@ from rooftop.console import err, user_errors
 from rooftop.engine.probe import load_or_run_probe
 from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
 from rooftop.roofline.explain import explain as explain_text
-from rooftop.roofline.precision import WEIGHTS_HELP
-from rooftop.roofline.predict import analyze
+from rooftop.roofline.precision import DEFAULT_STATE_DTYPE, STATE_DTYPES, WEIGHTS_HELP
+from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, analyze
 
 ModelArg = Annotated[
     str | None,
@@ -23,17 +23,35 @@ ModelArg = Annotated[
 ]
 HardwareArg = Annotated[str | None, typer.Option("--hardware", "-H", help="catalog name (h200, a100, ...) or 'this'")]
 PromptArg = Annotated[int, typer.Option("--prompt", "-p", help="prompt tokens per sequence")]
+KvArg = Annotated[str | None, typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")]
+StateDtypeArg = Annotated[
+    str,
+    typer.Option(help=f"recurrent state of linear-attention (Gated DeltaNet) layers: {'|'.join(STATE_DTYPES)}"),
+]
+UtilizationArg = Annotated[
+    float,
+    typer.Option(help="fraction of the device's memory an engine uses (vLLM's option): the max batch's capacity"),
+]
 
 
 def _resolve(
-    model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency
+    model,
+    hardware,
+    weights,
+    kv,
+    state_dtype,
+    peak_tflops,
+    bandwidth_tbs,
+    memory_gb,
+    compute_efficiency,
+    memory_efficiency,
 ):
     config, file_format = resolve_model(model)
     if hardware is None and peak_tflops is None and bandwidth_tbs is None and memory_gb is None:
         hardware = "this"
     hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=load_or_run_probe)
     hw = hw.scaled(compute_efficiency, memory_efficiency)
-    return config, hw, resolve_precision(weights, kv, file_format, hw)
+    return config, hw, resolve_precision(weights, kv, file_format, hw, config, state_dtype)
 
 
 def roofline(
@@ -43,7 +61,7 @@ def roofline(
     output: Annotated[int, typer.Option("--output", "-n", help="output tokens per sequence")] = 256,
     batch: Annotated[int, typer.Option("--batch", "-b", help="sequences decoded together")] = 1,
     weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
-    kv: Annotated[str | None, typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")] = None,
+    kv: KvArg = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
     peak_tflops: Annotated[float | None, typer.Option(help="custom hardware: dense peak TFLOP/s")] = None,
     bandwidth_tbs: Annotated[float | None, typer.Option(help="custom hardware: memory TB/s")] = None,
@@ -52,13 +70,24 @@ def roofline(
     memory_efficiency: Annotated[float, typer.Option(help="fraction of peak bandwidth reachable")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON with SI units in the keys")] = False,
     plot: Annotated[str | None, typer.Option(help="write the roofline chart to this PNG")] = None,
+    gpu_memory_utilization: UtilizationArg = DEFAULT_GPU_MEMORY_UTILIZATION,
+    state_dtype: StateDtypeArg = DEFAULT_STATE_DTYPE,
 ) -> None:
     """Predict FLOPs, bytes, bound and time of prefill and decode for a model on a device."""
     with user_errors():
         config, hw, p = _resolve(
-            model, hardware, weights, kv, peak_tflops, bandwidth_tbs, memory_gb, compute_efficiency, memory_efficiency
+            model,
+            hardware,
+            weights,
+            kv,
+            state_dtype,
+            peak_tflops,
+            bandwidth_tbs,
+            memory_gb,
+            compute_efficiency,
+            memory_efficiency,
         )
-        pred = analyze(config, hw, p, prompt, output, batch, tp)
+        pred = analyze(config, hw, p, prompt, output, batch, tp, gpu_memory_utilization=gpu_memory_utilization)
         if as_json:
             typer.echo(json.dumps(pred.to_dict(), indent=2))
         else:
@@ -77,11 +106,15 @@ def explain(
     prompt: PromptArg = 1024,
     output: Annotated[int, typer.Option("--output", "-n")] = 256,
     weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
+    kv: KvArg = None,
+    gpu_memory_utilization: UtilizationArg = DEFAULT_GPU_MEMORY_UTILIZATION,
+    state_dtype: StateDtypeArg = DEFAULT_STATE_DTYPE,
 ) -> None:
-    """The two phases in plain words, with this model's numbers."""
+    """The two phases in plain words, with this model's numbers (one sequence, which must fit, as in roofline)."""
     with user_errors():
-        config, hw, p = _resolve(model, hardware, weights, None, None, None, None, 1.0, 1.0)
-        typer.echo(explain_text(analyze(config, hw, p, prompt, output, 1, 1, check_memory=False)))
+        config, hw, p = _resolve(model, hardware, weights, kv, state_dtype, None, None, None, 1.0, 1.0)
+        pred = analyze(config, hw, p, prompt, output, 1, 1, gpu_memory_utilization=gpu_memory_utilization)
+        typer.echo(explain_text(pred))
 
 
 def probe(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rooftop.roofline.predict import Prediction
-from rooftop.roofline.report import seconds, si
+from rooftop.roofline.report import seconds, si, weight_formats
 
 
 def explain(pred: Prediction) -> str:
@@ -14,7 +14,7 @@ def explain(pred: Prediction) -> str:
     peak = si(p.flops / p.compute_time_s if p.compute_time_s else 0, "FLOP/s")
     bandwidth = si(hw.memory_bandwidth, "B/s")
     lines = [
-        f"{pred.model} on {hw.name} ({pred.weights_format} weights, {pred.parameters.total / 1e9:.3g}B parameters):",
+        f"{pred.model} on {hw.name} (weights {weight_formats(pred)}, {pred.parameters.total / 1e9:.3g}B parameters):",
         "",
         f"1. Your prompt becomes {s} tokens.",
         f"2. Prefill pushes all {s} tokens through the model in one pass. It reads the weights once "

@@ -340,11 +340,13 @@ def parameter_count(c: ModelConfig) -> ParameterCount:
 
 
 def weight_bytes(c: ModelConfig, p: Precision) -> float:
-    """Bytes of all weights at precision `p` (embeddings and lm_head in the weight format, norms at activation width)."""
+    """Bytes of all weights at precision `p`: the embedding table and an untied lm_head in their own formats (a
+    quantized checkpoint keeps them in floats), norms at activation width."""
     every, _ = _matrices(c)
     matrices = sum(m * p.weights.linear_bytes(k, n) for k, n, m in every)
-    embeddings = (1 if c.tie_word_embeddings else 2) * p.weights.linear_bytes(c.hidden_size, c.vocab_size)
-    return matrices + embeddings + _small_params(c) * p.activation_bytes
+    table = p.embedding_format.linear_bytes(c.hidden_size, c.vocab_size)
+    head = 0 if c.tie_word_embeddings else p.head().weights.linear_bytes(c.hidden_size, c.vocab_size)
+    return matrices + table + head + _small_params(c) * p.activation_bytes
 
 
 def kv_bytes_per_token(c: ModelConfig, p: Precision) -> float:
@@ -359,3 +361,20 @@ def state_bytes_per_sequence(c: ModelConfig, p: Precision) -> float:
     la = c.linear_attention
     per_layer = la.state_elements * p.state_bytes + (la.conv_kernel_dim - 1) * la.conv_channels * p.activation_bytes
     return c.num_linear_attention_layers * per_layer
+
+
+def activation_bytes(c: ModelConfig, p: Precision, tokens: int, logits_rows: int, tp: int = 1) -> float:
+    """The working set of one forward step over `tokens` tokens on one device, beside the weights and the KV cache:
+    the residual stream and its normed copy (2·T·d, whole on every device), the widest intermediate of a layer
+    (split tp ways): the MLP's gate_up output and its silu·mul (3·T·ff; MoE: of the T·k routed pairs), full
+    attention's q, k, v (and gate) or the linear attention's in_proj output, at the activations' width, and the
+    sampled rows' logits in fp32. Layers run one after another, so one layer's intermediates are live at a time;
+    attention scores are never held whole (flash attention)."""
+    widths = [3 * (c.num_experts_per_tok * c.moe_intermediate_size if c.is_moe else c.intermediate_size)]
+    if c.num_full_attention_layers:
+        widths.append(c.q_size * (2 if c.attn_output_gate else 1) + 2 * c.kv_size)
+    if c.num_linear_attention_layers:
+        la = c.linear_attention
+        widths.append(la.conv_channels + la.num_value_heads * (la.value_head_dim + 2))
+    per_token = (2 * c.hidden_size + max(widths) / tp) * p.activation_bytes
+    return tokens * per_token + logits_rows * c.vocab_size / tp * 4

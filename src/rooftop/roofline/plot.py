@@ -9,11 +9,18 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from rooftop.errors import InvalidRequestError  # noqa: E402
 from rooftop.roofline.predict import Prediction  # noqa: E402
 
 
 def plot_roofline(pred: Prediction, path: str | Path) -> Path:
-    """Write a log-log roofline PNG with every op of the prefill and the decode step as a labeled point."""
+    """Write a log-log roofline PNG with every op of the prefill and the decode step as a labeled point; a path
+    that cannot be written is an InvalidRequestError naming it and why."""
+    path = Path(path)
+    if path.is_dir():  # matplotlib would write PATH.png beside it
+        raise InvalidRequestError(f"cannot write the roofline chart to {path}: Is a directory")
+    if not path.suffix:
+        path = path.with_suffix(".png")  # what matplotlib writes for a name without one
     hw, compute = pred.hw, pred.prefill.ops[0].compute
     peak, bandwidth = hw.peak(compute), hw.memory_bandwidth
     points = [
@@ -70,9 +77,13 @@ def plot_roofline(pred: Prediction, path: str | Path) -> Path:
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except (OSError, ValueError) as e:  # a missing or unwritable directory, a suffix matplotlib cannot write
+        reason = getattr(e, "strerror", None) or e
+        raise InvalidRequestError(f"cannot write the roofline chart to {path}: {reason}") from None
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -3,9 +3,11 @@ the one list of `--weights` choices every command takes (the engine's and the an
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
-from rooftop.errors import InvalidRequestError
+from rooftop.config import ModelConfig
+from rooftop.errors import InvalidRequestError, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ WEIGHT_FORMATS = {
 }
 
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+# the recurrent state of linear-attention layers (Gated DeltaNet): fp32 in the reference kernels, the default
+STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEFAULT_STATE_DTYPE = "float32"
 
 # What rooftop's engine decides per device: float in the run's dtype; int8 / int4 as Q8_0 / Q4_1 groups on its CPU
 # kernels, else per-row int8 / group-32 int4 (quant.linear.linear_kind). Every other choice names one format.
@@ -101,10 +106,11 @@ class Precision:
     weights: WeightFormat
     kv_bytes: int
     activation_bytes: int
-    state_bytes: int = 4  # linear-attention recurrent state, kept in fp32 by the reference kernels
+    state_bytes: int = STATE_DTYPES[DEFAULT_STATE_DTYPE]  # linear-attention recurrent state (with_state)
     widen_rows: int | None = None  # prefill chunks of this many tokens or more widen quantized weights to floats
     widen_compute: str | None = None  # the peak those widened chunks run at (default: the activations' float peak)
     lm_head: WeightFormat | None = None  # when the lm_head is held in another format than the other linears
+    embedding: WeightFormat | None = None  # when the input embedding table is (a quantized checkpoint's: floats)
 
     @property
     def compute(self) -> str:
@@ -122,18 +128,203 @@ class Precision:
         widened = self.widen_compute or ("fp32" if self.activation_bytes == 4 else "bf16")
         return replace(self, weights=replace(self.weights, compute=widened))
 
+    def with_state(self, dtype: str) -> Precision:
+        """The same precision with the recurrent state held in `dtype` (one of STATE_DTYPES)."""
+        if dtype not in STATE_DTYPES:
+            raise InvalidRequestError(
+                f"unknown recurrent state dtype {dtype!r} (known: {', '.join(STATE_DTYPES)})", "state_dtype"
+            )
+        return replace(self, state_bytes=STATE_DTYPES[dtype])
+
+    @property
+    def embedding_format(self) -> WeightFormat:
+        return self.embedding or self.weights
+
     @property
     def embedding_bytes_per_value(self) -> float:
-        return self.weights.bits_per_weight() / 8
+        return self.embedding_format.bits_per_weight() / 8
 
 
-def precision(weights: str = "bf16", kv: str | None = None) -> Precision:
-    """Precision from format names; the KV cache defaults to the activations' width (fp32 or bf16)."""
-    if weights not in WEIGHT_FORMATS:
+def precision(weights: str | WeightFormat = "bf16", kv: str | None = None) -> Precision:
+    """Precision from a format (or its name); the KV cache defaults to the activations' width (fp32 or bf16)."""
+    if isinstance(weights, str) and weights not in WEIGHT_FORMATS:
         raise InvalidRequestError(f"unknown weight format {weights!r} (known: {', '.join(WEIGHT_FORMATS)})")
-    fmt = WEIGHT_FORMATS[weights]
+    fmt = WEIGHT_FORMATS[weights] if isinstance(weights, str) else weights
     activation_bytes = 4 if fmt.compute == "fp32" else 2
     kv = kv or ("fp32" if activation_bytes == 4 else "bf16")
     if kv not in KV_BYTES:
         raise InvalidRequestError(f"unknown KV cache format {kv!r} (known: {', '.join(KV_BYTES)})")
     return Precision(weights=fmt, kv_bytes=KV_BYTES[kv], activation_bytes=activation_bytes)
+
+
+# A config.json's own description of its weights (ModelConfig.torch_dtype, .quantization_config): what the analyzer
+# costs when no --weights is given.
+FLOAT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+QUANT_METHODS = ("awq", "gptq", "fp8", "compressed-tensors")
+
+
+@dataclass(frozen=True)
+class CheckpointWeights:
+    """The formats a checkpoint holds its weights in: the block linears', the input embedding table's, the
+    lm_head's (a quantized checkpoint leaves the tables in floats)."""
+
+    linears: WeightFormat
+    embedding: WeightFormat
+    lm_head: WeightFormat
+
+    def precision(self, kv: str | None = None) -> Precision:
+        p = precision(self.linears, kv)
+        return replace(
+            p,
+            embedding=None if self.embedding == self.linears else self.embedding,
+            lm_head=None if self.lm_head == self.linears else self.lm_head,
+        )
+
+
+def checkpoint_weights(config: ModelConfig) -> CheckpointWeights | None:
+    """What a config.json says its weights are: a `quantization_config` (AWQ, GPTQ, FP8, compressed-tensors)
+    quantizes the block linears and leaves the embedding table, and unless it says otherwise the lm_head, in the
+    float dtype (torch_dtype, else fp16 for AWQ and GPTQ, bf16 for the others); without one, torch_dtype is every weight's format. None when the config
+    says neither (presets, a GGUF's header). An unknown quant_method is refused rather than costed as floats: a
+    quantized checkpoint costed at 16 bits would be wrong by 2-4x, silently."""
+    dtype = config.torch_dtype
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise UnsupportedModelError(
+            f"config.json's dtype {dtype!r} is not a weight format the analyzer knows "
+            f"({', '.join(FLOAT_DTYPES)}); pass --weights to choose one"
+        )
+    q = config.quantization_config
+    if q is None:
+        return None if dtype is None else CheckpointWeights(*[WEIGHT_FORMATS[FLOAT_DTYPES[dtype]]] * 3)
+    method = q.get("quant_method")
+    # without a dtype: AWQ's and GPTQ's kernels run in float16, the others in bfloat16
+    floats = WEIGHT_FORMATS[FLOAT_DTYPES.get(dtype, "fp16" if method in ("awq", "gptq") else "bf16")]
+    if method not in QUANT_METHODS:
+        raise UnsupportedModelError(
+            f"config.json's quantization_config has quant_method {method!r}, which the analyzer does not cost "
+            f"(it costs {', '.join(QUANT_METHODS)}); pass --weights to cost the model in a format of your choice"
+        )
+    try:
+        if method == "fp8":
+            linears, head_quantized = _fp8(q), False
+        elif method == "compressed-tensors":
+            linears, head_quantized = _compressed_tensors(q)
+        else:
+            linears, head_quantized = _awq_gptq(q, method)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a field of the wrong shape
+        raise UnsupportedModelError(
+            f"config.json's {method} quantization_config is malformed ({type(e).__name__}: {e}); "
+            "pass --weights to choose a format"
+        ) from None
+    # tied embeddings: the lm_head is the (float) embedding table
+    head = linears if head_quantized and not config.tie_word_embeddings else floats
+    return CheckpointWeights(linears, floats, head)
+
+
+def _one_of(value, allowed: tuple, what: str):
+    """`value` if it is one of `allowed`, else an error naming it and the way out."""
+    if value not in allowed:
+        raise UnsupportedModelError(
+            f"config.json's quantization_config: {what} {value!r} is not one the analyzer costs "
+            f"({', '.join(map(str, allowed))}); pass --weights to choose a format"
+        )
+    return value
+
+
+def _weight_only(bits: int) -> str:
+    """The peak of integer weights dequantized into 16-bit math: the int8 kernels' at 8 bits, the int4's below."""
+    return "int8_weight_only" if bits == 8 else "int4_weight_only"
+
+
+def _awq_gptq(q: dict, method: str) -> tuple[WeightFormat, bool]:
+    """AWQ and GPTQ: `bits`-bit integers (AutoAWQ's own key: w_bit) with an fp16 scale per `group_size` input
+    weights (AutoAWQ: q_group_size; -1: one per output row), plus a packed `bits`-bit zero point per group unless
+    symmetric (GPTQ `sym`, AWQ `zero_point` false). GPTQ's g_idx (one int32 per input row, under 1/N of the
+    matrix) is left out. The lm_head stays in floats unless GPTQ says `lm_head: true`."""
+    bits = _one_of(q.get("bits", q.get("w_bit")), (2, 3, 4, 8), f"{method} bits")
+    group = q.get("group_size", q.get("q_group_size", 128))
+    if group != -1 and not (isinstance(group, int) and group > 0):
+        raise UnsupportedModelError(
+            f"config.json's quantization_config: {method} group_size {group!r} is not -1 or >= 1"
+        )
+    group = 0 if group == -1 else group
+    zeros = not q.get("sym", True) if method == "gptq" else q.get("zero_point", True)
+    name = f"{method}-int{bits}-" + (f"g{group}" if group else "per-row")
+    fmt = WeightFormat(name, bits, _weight_only(bits), group=group, overhead_bits=16 + (bits if zeros else 0))
+    return fmt, method == "gptq" and bool(q.get("lm_head"))
+
+
+def _fp8(q: dict) -> WeightFormat:
+    """quant_method "fp8" (transformers' FP8 configs, vLLM's Fp8Config): e4m3 weights and activations, so the
+    matmuls run at the fp8 peak, with an fp32 scale per `weight_block_size` block (a 128x128 block's scale is one
+    per 16384 weights along a row) or, without blocks, per output row. Its lm_head is never converted."""
+    block = q.get("weight_block_size")
+    if not block:
+        return WEIGHT_FORMATS["fp8"]
+    rows, cols = _block(block)
+    return WeightFormat(f"fp8-block{rows}x{cols}", 8, "fp8", group=rows * cols, overhead_bits=32)
+
+
+def _compressed_tensors(q: dict) -> tuple[WeightFormat, bool]:
+    """compressed-tensors (llm-compressor): the `weights` scheme of its config_groups (all groups must agree):
+    `num_bits` of `type` int or float with one 16-bit scale per tensor, output channel, `group_size` weights or
+    `block_structure` block, plus a `num_bits`-bit zero point per scale unless symmetric. Input activations
+    quantized to 8 bits put the matmuls on the int8 or fp8 peak (W8A8), else the weights are dequantized into
+    16-bit math. The lm_head is quantized unless the `ignore` list names it (by name or a "re:" pattern)."""
+    groups = {name: group for name, group in (q.get("config_groups") or {}).items() if group.get("weights")}
+    schemes = [group["weights"] for group in groups.values()]
+    if not schemes or any(w != schemes[0] for w in schemes):
+        found = ", ".join(
+            f"{name}: {g['weights'].get('type')}{g['weights'].get('num_bits')}" for name, g in groups.items()
+        )
+        raise UnsupportedModelError(
+            "config.json's compressed-tensors quantization_config needs one weights scheme across its config_groups "
+            f"(found {found or 'none'}); pass --weights to choose a format"
+        )
+    w, acts = schemes[0], next(iter(groups.values())).get("input_activations") or {}
+    kind = _one_of(w.get("type", "int"), ("int", "float"), "compressed-tensors weights type")
+    bits = _one_of(w.get("num_bits"), (4, 8), "compressed-tensors weights num_bits")
+    group, label = _ct_scales(w)
+    overhead = 0 if label == "tensor" else 16 + (0 if w.get("symmetric", True) else bits)  # per tensor: nothing per row
+    act_bits = acts.get("num_bits") or 16
+    if act_bits == 8:
+        compute = "fp8" if acts.get("type", "int") == "float" else "int8"
+    else:
+        compute = "fp8_weight_only" if kind == "float" else _weight_only(bits)
+    prefix = "fp" if kind == "float" else "int"
+    fmt = WeightFormat(f"ct-w{bits}a{act_bits}-{prefix}{bits}-{label}", bits, compute, group, overhead)
+    return fmt, not any(_names(entry, "lm_head") for entry in q.get("ignore") or [])
+
+
+def _ct_scales(w: dict) -> tuple[int, str]:
+    """The weights a compressed-tensors scale covers along a row (0: a whole row, WeightFormat.group), and a label."""
+    strategy = w.get("strategy", "tensor")
+    if strategy in ("tensor", "channel"):
+        return 0, strategy
+    if strategy == "group":
+        group = w.get("group_size")
+        if not (isinstance(group, int) and group > 0):
+            raise UnsupportedModelError(f"config.json's compressed-tensors group_size {group!r} is not >= 1")
+        return group, f"g{group}"
+    if strategy == "block":
+        rows, cols = _block(w.get("block_structure"))
+        return rows * cols, f"block{rows}x{cols}"
+    raise UnsupportedModelError(
+        f"config.json's compressed-tensors weights strategy {strategy!r} is not one the analyzer costs "
+        "(tensor, channel, group, block); pass --weights to choose a format"
+    )
+
+
+def _block(block) -> tuple[int, int]:
+    """A [rows, cols] block of weights sharing one scale."""
+    if not (isinstance(block, list | tuple) and len(block) == 2 and all(isinstance(n, int) and n > 0 for n in block)):
+        raise ValueError(f"a scale block must be [rows, cols] of positive integers, got {block!r}")
+    return block[0], block[1]
+
+
+def _names(entry: str, module: str) -> bool:
+    """A compressed-tensors ignore entry naming `module`: its name (or a dotted path ending in it), or "re:" and a
+    regular expression matching it (re.match, as compressed-tensors does)."""
+    if entry.startswith("re:"):
+        return re.match(entry[3:], module) is not None
+    return entry == module or entry.endswith("." + module)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
-from rooftop.errors import InvalidRequestError
+from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import (
     Op,
     ParameterCount,
     StepShape,
+    activation_bytes,
     check_tp,
     kv_bytes_per_token,
     parameter_count,
@@ -22,10 +23,11 @@ from rooftop.roofline.precision import Precision
 
 MAX_SEARCH = 1 << 22  # crossover searches give up past ~4M tokens or sequences
 EXACT_DECODE_STEPS = 1024  # longer outputs integrate TPOT over evenly spaced contexts
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization: the share of the device an engine takes
 
 
 class DoesNotFitError(InvalidRequestError):
-    """Weights plus KV cache exceed the device memory."""
+    """The weights, the KV caches and states, and the prefill's activations exceed what an engine has."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,12 @@ class Prediction:
     prefill_compute_bound_from_tokens: int | None
     decode_compute_bound_from_batch: int | None
     ridge_point_flops_per_byte: float
+    embedding_format: str = ""  # the input embedding table's format (a quantized checkpoint's stays in floats)
+    lm_head_format: str = ""
+    device_memory_bytes: float = 0.0  # memory_available_bytes is gpu_memory_utilization of it
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    activation_bytes: float = 0.0  # per device: the prefill step's working set, reserved beside weights and KV
+    state_bytes_per_value: int = 4  # the recurrent state's dtype width (--state-dtype)
 
     @property
     def ttft_s(self) -> float:
@@ -143,6 +151,8 @@ class Prediction:
             "model": self.model,
             "hardware": self.hw.name,
             "weights_format": self.weights_format,
+            "embedding_format": self.embedding_format,
+            "lm_head_format": self.lm_head_format,
             "kv_bytes_per_value": self.kv_bytes_per_value,
             "tp": self.tp,
             "batch": self.batch,
@@ -154,6 +164,7 @@ class Prediction:
             "weight_bytes": self.weight_bytes,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "state_bytes_per_sequence": self.state_bytes_per_sequence,
+            "state_bytes_per_value": self.state_bytes_per_value,
             "ttft_s": self.ttft_s,
             "tpot_s": self.tpot_s,
             "tpot_first_s": self.decode_first.time_s,
@@ -166,6 +177,9 @@ class Prediction:
             "decode_last": step(self.decode_last),
             "memory_needed_bytes": self.memory_needed_bytes,
             "memory_available_bytes": self.memory_available_bytes,
+            "device_memory_bytes": self.device_memory_bytes,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "activation_bytes": self.activation_bytes,
             "max_batch": self.max_batch,
             "prefill_compute_bound_from_tokens": self.prefill_compute_bound_from_tokens,
             "decode_compute_bound_from_batch": self.decode_compute_bound_from_batch,
@@ -180,15 +194,84 @@ def _per_seq_bytes(config: ModelConfig, p: Precision, tokens_per_seq: int, tp: i
     return tokens_per_seq * kv_bytes_per_token(config, p) * kv_share + state_bytes_per_sequence(config, p) / tp
 
 
-def memory_needed(config: ModelConfig, p: Precision, batch: int, tokens_per_seq: int, tp: int = 1) -> float:
-    """Bytes per device: weights/tp plus every sequence's KV cache and recurrent state on that device."""
-    return weight_bytes(config, p) / tp + batch * _per_seq_bytes(config, p, tokens_per_seq, tp)
+@dataclass(frozen=True)
+class MemoryFit:
+    """One device's memory for a batch: what an engine may use (a fraction of the device, vLLM's
+    --gpu-memory-utilization) against the weights, each sequence's KV cache and recurrent state at its full context,
+    and each sequence's share of the prefill step's activations. The batch's prompts are prefilled in one step, the
+    largest the analysis runs: its working set is what an engine reserves for activations (vLLM profiles it)."""
+
+    device_bytes: float
+    utilization: float
+    weights: float  # weights / tp
+    per_sequence: float  # one sequence's KV cache and recurrent state
+    activations_per_sequence: float  # one sequence's share of the prefill step's activations
+
+    @property
+    def usable(self) -> float:
+        return self.device_bytes * self.utilization
+
+    def needed(self, batch: int) -> float:
+        return self.weights + batch * (self.per_sequence + self.activations_per_sequence)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest batch whose weights, KV caches, states and prefill activations fit in the usable memory."""
+        each = self.per_sequence + self.activations_per_sequence
+        return max(0, int((self.usable - self.weights) // each)) if each > 0 else 0
 
 
-def max_batch(config: ModelConfig, p: Precision, hw: Hardware, tokens_per_seq: int, tp: int = 1) -> int:
-    per_seq = _per_seq_bytes(config, p, tokens_per_seq, tp)
-    free = hw.memory_bytes - weight_bytes(config, p) / tp
-    return max(0, int(free // per_seq)) if per_seq > 0 else 0
+def memory_fit(
+    config: ModelConfig,
+    p: Precision,
+    hw: Hardware,
+    prompt_len: int,
+    tokens_per_seq: int,
+    tp: int = 1,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+) -> MemoryFit:
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InvalidRequestError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    return MemoryFit(
+        device_bytes=hw.memory_bytes,
+        utilization=gpu_memory_utilization,
+        weights=weight_bytes(config, p) / tp,
+        per_sequence=_per_seq_bytes(config, p, tokens_per_seq, tp),
+        activations_per_sequence=activation_bytes(config, p, prompt_len, 1, tp),
+    )
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def check_fits(memory: MemoryFit, config: ModelConfig, hw: Hardware, batch: int, context: int) -> None:
+    """Refuse a batch that does not fit, saying what does not and by how much: the weights alone, one sequence (its
+    KV cache and recurrent state at the full context, and its prefill's activations), or this many of them."""
+    usable = f"{_size(memory.usable)} usable ({memory.utilization:g} of {_size(memory.device_bytes)})"
+    if memory.weights > memory.usable:
+        raise DoesNotFitError(
+            f"the weights alone need {_size(memory.weights)} per device but {hw.name} has {usable}: "
+            f"{_size(memory.weights - memory.usable)} short; use more tensor parallelism or fewer bits per weight"
+        )
+    left = f"{_size(memory.usable - memory.weights)} of the {usable} is left after the weights"
+    cache, need = (
+        ("KV cache and recurrent state", "need") if config.num_linear_attention_layers else ("KV cache", "needs")
+    )
+    if memory.needed(1) > memory.usable:
+        raise DoesNotFitError(
+            f"one sequence does not fit: its {cache} at {context} tokens {need} {_size(memory.per_sequence)} and "
+            f"its prefill's activations {_size(memory.activations_per_sequence)}, but {left}: "
+            f"{_size(memory.needed(1) - memory.usable)} short; use a shorter prompt or output, fewer KV bits "
+            "(--kv fp8) or more tensor parallelism"
+        )
+    if memory.needed(batch) > memory.usable:
+        raise DoesNotFitError(
+            f"batch {batch} does not fit: its {cache} at {context} tokens per sequence {need} "
+            f"{_size(batch * memory.per_sequence)} and its prefill's activations "
+            f"{_size(batch * memory.activations_per_sequence)}, but {left}: "
+            f"{_size(memory.needed(batch) - memory.usable)} short; batch <= {memory.max_batch} fits"
+        )
 
 
 def _first_true(predicate, limit: int = MAX_SEARCH) -> int | None:
@@ -251,6 +334,7 @@ def analyze(
     batch: int = 1,
     tp: int = 1,
     check_memory: bool = True,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
 ) -> Prediction:
     """Roofline bounds of one batch of `batch` prompts of `prompt_len` tokens, each generating `output_len`."""
     for name, value in (("batch", batch), ("prompt", prompt_len), ("output", output_len)):
@@ -258,19 +342,14 @@ def analyze(
             raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
     check_tp(config, tp)
     total_tokens = prompt_len + output_len
-    needed = memory_needed(config, p, batch, total_tokens, tp)
-    fits_batch = max_batch(config, p, hw, total_tokens, tp)
-    if check_memory and needed > hw.memory_bytes:
-        gb = 1e9
-        advice = (
-            f"batch <= {fits_batch} fits"
-            if fits_batch
-            else "the weights alone do not fit: use more tensor parallelism or fewer bits per weight"
+    if total_tokens > config.max_position_embeddings:  # no engine serves a sequence past the model's positions
+        raise PromptTooLongError(
+            f"prompt {prompt_len} + output {output_len} = {total_tokens} tokens exceed the model's "
+            f"{config.max_position_embeddings} positions (max_position_embeddings); shorten the prompt or the output"
         )
-        raise DoesNotFitError(
-            f"needs {needed / gb:.1f} GB per device but {hw.name} has {hw.memory_bytes / gb:.1f} GB "
-            f"({(needed - hw.memory_bytes) / gb:.1f} GB short); {advice}"
-        )
+    memory = memory_fit(config, p, hw, prompt_len, total_tokens, tp, gpu_memory_utilization)
+    if check_memory:
+        check_fits(memory, config, hw, batch, total_tokens)
     return Prediction(
         model=config.name or config.architecture,
         hw=hw,
@@ -288,10 +367,16 @@ def analyze(
         decode_first=time_step(config, p, StepShape.decode(batch, prompt_len), hw, tp),
         decode_last=time_step(config, p, StepShape.decode(batch, prompt_len + max(0, output_len - 2)), hw, tp),
         decode_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp),
-        memory_needed_bytes=needed,
-        memory_available_bytes=hw.memory_bytes,
-        max_batch=fits_batch,
+        memory_needed_bytes=memory.needed(batch),
+        memory_available_bytes=memory.usable,
+        max_batch=memory.max_batch,
         prefill_compute_bound_from_tokens=prefill_crossover(config, p, hw, tp),
         decode_compute_bound_from_batch=decode_crossover(config, p, hw, prompt_len, tp),
         ridge_point_flops_per_byte=hw.ridge_point(p.compute),
+        embedding_format=p.embedding_format.name,
+        lm_head_format=p.head().weights.name,
+        device_memory_bytes=hw.memory_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        activation_bytes=batch * memory.activations_per_sequence,
+        state_bytes_per_value=p.state_bytes,
     )

@@ -30,6 +30,15 @@ def seconds(value: float | None) -> str:
     return f"{value * 1e9:.3g} ns"
 
 
+def weight_formats(pred: Prediction) -> str:
+    """The linears' format, and the tables' where they differ: "awq-int4-g128; embedding and lm_head fp16"."""
+    tables: dict[str, list[str]] = {}
+    for table, fmt in (("embedding", pred.embedding_format), ("lm_head", pred.lm_head_format)):
+        if fmt and fmt != pred.weights_format:
+            tables.setdefault(fmt, []).append(table)
+    return "; ".join([pred.weights_format, *(f"{' and '.join(names)} {fmt}" for fmt, names in tables.items())])
+
+
 def op_table(title: str, step: StepTime, pred: Prediction) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("op", "FLOPs", "bytes", "FLOP/byte", "time", "bound"):
@@ -62,9 +71,14 @@ def summary_table(pred: Prediction) -> Table:
     prefill_x, decode_x = pred.prefill_compute_bound_from_tokens, pred.decode_compute_bound_from_batch
     rows = [
         ("parameters", f"{si(params.total, '')}{active}"),
-        ("weights", f"{si(pred.weight_bytes, 'B')} ({pred.weights_format})"),
+        ("weights", f"{si(pred.weight_bytes, 'B')} ({weight_formats(pred)})"),
         ("KV cache per token", si(pred.kv_bytes_per_token, "B")),
-        ("recurrent state per sequence", si(pred.state_bytes_per_sequence, "B")),
+        (
+            "recurrent state per sequence",
+            f"{si(pred.state_bytes_per_sequence, 'B')} ({pred.state_bytes_per_value} B/value)"
+            if pred.state_bytes_per_sequence
+            else "none",
+        ),
         ("TTFT", f"{seconds(pred.ttft_s)} (prefill {pred.prefill.bound}-bound)"),
         (
             "TPOT",
@@ -78,8 +92,9 @@ def summary_table(pred: Prediction) -> Table:
         ),
         (
             "memory",
-            f"{si(pred.memory_needed_bytes, 'B')} needed of {si(pred.memory_available_bytes, 'B')}; "
-            f"the largest batch that fits is {pred.max_batch}",
+            f"{si(pred.memory_needed_bytes, 'B')} needed (prefill activations {si(pred.activation_bytes, 'B')} of it) "
+            f"of {si(pred.memory_available_bytes, 'B')} usable ({pred.gpu_memory_utilization:g} of "
+            f"{si(pred.device_memory_bytes, 'B')}); the largest batch that fits is {pred.max_batch}",
         ),
         ("prefill compute-bound", "never" if prefill_x is None else f"from {prefill_x} prompt tokens"),
         (
@@ -99,7 +114,7 @@ def print_prediction(pred: Prediction, console: Console) -> None:
     tp = f", tp={pred.tp}" if pred.tp > 1 else ""
     console.print(
         f"[bold]{pred.model}[/] on [bold]{pred.hw.name}[/]{tp}: batch {pred.batch}, {pred.prompt_len} prompt tokens, "
-        f"{pred.output_len} output tokens, weights {pred.weights_format}, KV {pred.kv_bytes_per_value} B/value"
+        f"{pred.output_len} output tokens, weights {weight_formats(pred)}, KV {pred.kv_bytes_per_value} B/value"
     )
     console.print(op_table(f"prefill step ({pred.batch} x {pred.prompt_len} tokens)", pred.prefill, pred))
     console.print(op_table(f"decode step (batch {pred.batch}, {pred.prompt_len} cached)", pred.decode_first, pred))
