@@ -175,3 +175,33 @@ def test_bad_hybrid_inputs_are_named(tiny, tmp_path):
         (broken / name).write_bytes((path / name).read_bytes())
     with pytest.raises(ModelLoadError, match=r"no tensor model\.layers\.1\.linear_attn\.A_log"):
         build_model(load_model(broken), torch.float32, "cpu", "float")
+
+
+def test_a_multimodal_checkpoint_runs_its_text_model_and_says_what_it_left_out(tiny, tmp_path):
+    """Qwen3_5ForConditionalGeneration's layout: the language model under model.language_model., a vision tower
+    and an MTP layer beside it, the text config under text_config."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path, _ = tiny
+    tensors = {
+        (name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name): t
+        for name, t in load_file(path / "model.safetensors").items()
+    }
+    tensors |= {"model.visual.patch_embed.proj.weight": torch.zeros(4, 4), "mtp.fc.weight": torch.zeros(4, 4)}
+    save_file(tensors, tmp_path / "model.safetensors")
+    text = json.loads((path / "config.json").read_text())
+    wrapper = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text, "vision_config": {}}
+    (tmp_path / "config.json").write_text(json.dumps(wrapper))
+    (tmp_path / "tokenizer.json").write_bytes((path / "tokenizer.json").read_bytes())
+    loaded = load_model(tmp_path)
+    assert loaded.notes == ["text model only: 2 tensors of the vision tower and multi-token prediction not read"]
+    ids = list(range(5, 40))
+    logits = []
+    for source in (path, tmp_path):
+        model = build_model(load_model(source), torch.float32, "cpu", "float")
+        cache = KVCache(model.config, capacity=len(ids), dtype=torch.float32, device="cpu")
+        with torch.inference_mode():
+            logits.append(model.logits(model.forward(torch.tensor(ids), cache, 0)))
+    assert torch.equal(logits[0], logits[1])

@@ -37,6 +37,9 @@ SeedOpt = Annotated[int | None, typer.Option(help="same seed, same output")]
 StopOpt = Annotated[list[str] | None, typer.Option("--stop", help="stop before this string (repeatable)")]
 
 
+STATE_NOTE = " with the linear layers' state"
+
+
 def weight_formats_line(bytes_by_format: dict[str, int], conversions: dict[str, str]) -> str:
     """Which format the block linears ran in, by bytes (a Q4_K_M file has several), and what was converted at load."""
     total = sum(bytes_by_format.values())
@@ -65,11 +68,17 @@ def load(run: RunConfig) -> LLM:
     formats = llm.model.bytes_by_format()
     if len(formats) > 1 or llm.model.conversions:
         err.print(f"[dim]{escape(weight_formats_line(formats, llm.model.conversions))}[/]")
+    for note in llm.load_notes:
+        err.print(f"[dim]{escape(note)}[/]")
     stats = llm.engine.stats()
+    caching = "on" if llm.engine.config.enable_prefix_caching else "off"
+    hybrid = bool(c.num_linear_attention_layers)
+    if hybrid:  # the engine turns it off: shared KV blocks do not hold the recurrent state
+        caching += " (hybrid model: its linear layers' state is not in the shared KV blocks)"
     err.print(
         f"[dim]KV cache: {stats.kv_blocks_total} blocks of {stats.block_size} tokens = {stats.kv_cache_tokens} "
-        f"tokens, {stats.kv_cache_bytes / 2**20:.0f} MiB; prefix caching "
-        f"{'on' if run.engine.enable_prefix_caching else 'off'}[/]"
+        f"tokens, {stats.kv_cache_bytes / 2**20:.0f} MiB{STATE_NOTE if hybrid else ''}; "
+        f"prefix caching {caching}[/]"
     )
     return llm
 

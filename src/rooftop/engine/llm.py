@@ -124,6 +124,7 @@ class LLM:
         else:
             loaded = load_model(run.model)
         self.model_path = loaded.source
+        self.load_notes = loaded.notes
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         model = build_model(loaded, self.dtype, self.device, run.weights)

@@ -34,6 +34,20 @@ def _read(f: Path, name: str) -> torch.Tensor:
         return opened.get_tensor(name).float()
 
 
+# A multimodal checkpoint (Qwen3.5's Qwen3_5ForConditionalGeneration) keeps its language model under this prefix,
+# beside a vision tower (model.visual.*) and a multi-token-prediction head (mtp.*) that rooftop does not run.
+TEXT_PREFIX = "model.language_model."
+NOT_TEXT = ("model.visual.", "mtp.")
+
+
+def text_model_name(name: str) -> str | None:
+    """A tensor's name as the text model's (`model.language_model.layers.0...` -> `model.layers.0...`); None for the
+    vision tower's and the multi-token-prediction layer's tensors, which are not read."""
+    if name.startswith(NOT_TEXT):
+        return None
+    return "model." + name.removeprefix(TEXT_PREFIX) if name.startswith(TEXT_PREFIX) else name
+
+
 def load_hf_dir(path: Path) -> LoadedModel:
     """Load an HF directory's config and tokenizer; its tensors are read (as float32) when the model asks."""
     if not (path / "config.json").is_file():
@@ -41,16 +55,23 @@ def load_hf_dir(path: Path) -> LoadedModel:
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
     config = read_hf_config(path / "config.json", generation)
     check_runnable(config)  # before reading gigabytes of weights the engine could not use
-    readers = {}
+    readers, skipped = {}, 0
     for f in _weight_files(path):
         try:
             with safe_open(f, framework="pt") as opened:
-                readers.update({name: partial(_read, f, name) for name in opened.keys()})
+                names = list(opened.keys())
         except Exception as e:  # safetensors raises its own error types on a bad header or short file
             raise ModelLoadError(f"{f}: unreadable safetensors file ({e})") from None
+        readers.update({text: partial(_read, f, name) for name in names if (text := text_model_name(name))})
+        skipped += sum(1 for name in names if text_model_name(name) is None)
     if "lm_head.weight" not in readers:
         config.tie_word_embeddings = True
     tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
     if not config.eos_token_ids:
         config.eos_token_ids = tokenizer.eos_token_ids
-    return LoadedModel(config=config, weights=LazyWeights(readers), tokenizer=tokenizer, source=str(path))
+    notes = (
+        [f"text model only: {skipped} tensors of the vision tower and multi-token prediction not read"]
+        if skipped
+        else []
+    )
+    return LoadedModel(config=config, weights=LazyWeights(readers), tokenizer=tokenizer, source=str(path), notes=notes)

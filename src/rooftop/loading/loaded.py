@@ -38,3 +38,4 @@ class LoadedModel:
     source: str
     native_format: str = field(default="float")  # "int4" for a mostly 4-6-bit GGUF, "int8" for Q8_0, else "float"
     conversions: dict[str, str] = field(default_factory=dict)  # HF name -> "Q3_K -> Q4_1": converted at load
+    notes: list[str] = field(default_factory=list)  # what the loader left out, for the run's report
