@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_batch_invariance import POOL, alone, assert_same, prompt, run
 from test_hf_models import PROMPT, write_tokenizer
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_5 import modeling_qwen3_5 as reference_rules
 
 from rooftop import LLM, SamplingParams
@@ -205,3 +205,54 @@ def test_a_multimodal_checkpoint_runs_its_text_model_and_says_what_it_left_out(t
         with torch.inference_mode():
             logits.append(model.logits(model.forward(torch.tensor(ids), cache, 0)))
     assert torch.equal(logits[0], logits[1])
+
+
+NEXT = dict(
+    CONFIG,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=64,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_next(tmp_path_factory) -> tuple[Path, Qwen3NextForCausalLM]:
+    torch.manual_seed(1)
+    model = Qwen3NextForCausalLM(Qwen3NextConfig(**NEXT)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.uniform_(-1, 1) if name.endswith("A_log") else p.normal_(0.0, 0.4)
+    path = tmp_path_factory.mktemp("qwen3_next")
+    model.save_pretrained(path)
+    write_tokenizer(path)
+    return path, model
+
+
+def test_qwen3_next_matches_transformers(tiny_next):
+    """Its DeltaNet projections grouped by key head (reordered at load), its experts with a gated shared expert."""
+    path, reference = tiny_next
+    ids = load_model(path).tokenizer.encode(PROMPT) * 2
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0, -1]
+    model = build_model(load_model(path), torch.float32, "cpu", "float")
+    assert model.layers[0].mlp.shared is not None
+    cache = KVCache(model.config, capacity=len(ids), dtype=torch.float32, device="cpu")
+    with torch.inference_mode():
+        got = model.logits(model.forward(torch.tensor(ids), cache, 0))[-1]
+    assert (got - expected).abs().max().item() < 1e-4
+    ids = [5, 17, 42, 99, 3, 250, 7]
+    out = LLM(model=str(path), weights="float").generate(
+        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    )
+    greedy = reference.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None)
+    assert out[0].token_ids == greedy[0, len(ids) :].tolist()
+
+
+def test_qwen3_next_batched_requests_get_what_they_get_alone(tiny_next):
+    llm = LLM(model=str(tiny_next[0]), weights="int8")
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    reqs = [(f"r{i}", prompt(i, n), greedy) for i, n in enumerate([3, 40, 130, 300])]
+    eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_batched_tokens=300, **POOL))
+    assert_same(run(eng, reqs), alone(llm, reqs))

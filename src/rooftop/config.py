@@ -1,8 +1,7 @@
 """ModelConfig: one description of a decoder-only transformer, whatever file or preset it came from.
 
-The engine runs the dense architectures (Llama, Qwen2, Qwen3), Qwen3-MoE and the dense hybrid Qwen3.5; the roofline
-analyzer also takes the hybrid mixtures of experts (Qwen3-Next). Mixture-of-experts and hybrid models add the fields at
-the end.
+The engine runs the dense architectures (Llama, Qwen2, Qwen3), Qwen3-MoE, and the hybrids Qwen3.5 and Qwen3-Next;
+the roofline analyzer takes the same. Mixture-of-experts and hybrid models add the fields at the end.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
 
-RUNNABLE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5")
+RUNNABLE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_next")
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 
@@ -134,13 +133,15 @@ class ModelConfig:
 
 
 def is_runnable(config: ModelConfig) -> bool:
-    """The engine runs full-attention Llama / Qwen2 / Qwen3, Qwen3-MoE (routed experts, no shared expert) and the
-    dense hybrid Qwen3.5 (Gated DeltaNet and gated attention); the analyzer takes more."""
-    if config.architecture not in RUNNABLE_ARCHITECTURES or config.shared_expert_intermediate_size:
+    """The engine runs full-attention Llama / Qwen2 / Qwen3, Qwen3-MoE (routed experts, no shared expert), the dense
+    hybrid Qwen3.5 (Gated DeltaNet and gated attention) and Qwen3-Next (that hybrid with routed and shared experts)."""
+    if config.architecture not in RUNNABLE_ARCHITECTURES:
         return False
-    if config.architecture == "qwen3_5":
-        return not config.is_moe
-    return not config.num_linear_attention_layers and config.is_moe == (config.architecture == "qwen3_moe")
+    if config.architecture in ("qwen3_5", "qwen3_next"):
+        return config.is_moe == (config.architecture == "qwen3_next")
+    if config.num_linear_attention_layers or config.shared_expert_intermediate_size:
+        return False
+    return config.is_moe == (config.architecture == "qwen3_moe")
 
 
 def check_runnable(config: ModelConfig) -> None:

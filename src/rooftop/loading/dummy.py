@@ -40,7 +40,7 @@ INT8_SCALE = STD / 73.6
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor `build_model` takes, under its Hugging Face name: lm_head only when the embeddings are not tied,
     q/k norms for qk_norm (Qwen3), q/k/v biases for attention_bias (Qwen2), the router and each expert's MLP for
-    Qwen3-MoE, Qwen3.5's two layer types. Nothing for a model the engine does not run (Qwen3-Next): it would build
+    Qwen3-MoE, Qwen3.5's and Qwen3-Next's layer types. Nothing for a model the engine does not run: it would build
     none, and the analyzer needs only the config."""
     if not is_runnable(config):
         return {}
@@ -50,8 +50,8 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (config.vocab_size, d)
     for i in range(config.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-        if config.architecture == "qwen3_5":
-            shapes |= _qwen3_5_shapes(config, i)
+        if config.architecture in ("qwen3_5", "qwen3_next"):
+            shapes |= _hybrid_shapes(config, i)
             continue
         shapes |= {
             p + "input_layernorm.weight": (d,),
@@ -74,11 +74,19 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _qwen3_5_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
-    """Layer i of Qwen3.5: Gated DeltaNet or gated attention (q_proj twice as wide: each head's gate), the MLP."""
+def _hybrid_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer i of Qwen3.5 or Qwen3-Next: Gated DeltaNet or gated attention (q_proj twice as wide: each head's gate),
+    then the MLP (Qwen3-Next: router, experts, shared expert and its gate)."""
     d, p, la = config.hidden_size, f"model.layers.{i}.", config.linear_attention
     shapes = {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
-    shapes |= _mlp_shapes(p + "mlp.", d, config.intermediate_size)
+    if config.is_moe:
+        shapes[p + "mlp.gate.weight"] = (config.num_experts, d)
+        for e in range(config.num_experts):
+            shapes |= _mlp_shapes(f"{p}mlp.experts.{e}.", d, config.moe_intermediate_size)
+        shapes |= _mlp_shapes(p + "mlp.shared_expert.", d, config.shared_expert_intermediate_size)
+        shapes[p + "mlp.shared_expert_gate.weight"] = (1, d)
+    else:
+        shapes |= _mlp_shapes(p + "mlp.", d, config.intermediate_size)
     if config.layer_types[i] == FULL_ATTENTION:
         a, hd, kvs = p + "self_attn.", config.head_dim, config.kv_size
         return shapes | {
@@ -90,17 +98,29 @@ def _qwen3_5_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
             a + "k_norm.weight": (hd,),
         }
     a, heads, value_dim = p + "linear_attn.", la.num_value_heads, la.num_value_heads * la.value_head_dim
-    return shapes | {
-        a + "in_proj_qkv.weight": (la.conv_channels, d),
-        a + "in_proj_z.weight": (value_dim, d),
-        a + "in_proj_b.weight": (heads, d),
-        a + "in_proj_a.weight": (heads, d),
-        a + "conv1d.weight": (la.conv_channels, 1, la.conv_kernel_dim),
-        a + "A_log": (heads,),
-        a + "dt_bias": (heads,),
-        a + "norm.weight": (la.value_head_dim,),
-        a + "out_proj.weight": (d, value_dim),
-    }
+    if config.architecture == "qwen3_next":
+        projections = {
+            a + "in_proj_qkvz.weight": (la.conv_channels + value_dim, d),
+            a + "in_proj_ba.weight": (2 * heads, d),
+        }
+    else:
+        projections = {
+            a + "in_proj_qkv.weight": (la.conv_channels, d),
+            a + "in_proj_z.weight": (value_dim, d),
+            a + "in_proj_b.weight": (heads, d),
+            a + "in_proj_a.weight": (heads, d),
+        }
+    return (
+        shapes
+        | projections
+        | {
+            a + "conv1d.weight": (la.conv_channels, 1, la.conv_kernel_dim),
+            a + "A_log": (heads,),
+            a + "dt_bias": (heads,),
+            a + "norm.weight": (la.value_head_dim,),
+            a + "out_proj.weight": (d, value_dim),
+        }
+    )
 
 
 def _mlp_shapes(p: str, d: int, ff: int) -> dict[str, tuple[int, ...]]:
@@ -115,7 +135,12 @@ def tensor_form(name: str, shape: tuple[int, ...], policy: str, device: torch.de
     router (mlp.gate) is always float: its logits pick the experts."""
     if len(shape) == 1:
         return "norm" if name.endswith("norm.weight") else "float"
-    if policy == "float" or device.type != "cpu" or shape[1] % GROUP or name.endswith("mlp.gate.weight"):
+    if (
+        policy == "float"
+        or device.type != "cpu"
+        or shape[1] % GROUP
+        or name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))
+    ):
         return "float"
     if name in ("model.embed_tokens.weight", "lm_head.weight"):
         return "int8"

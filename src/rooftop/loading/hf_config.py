@@ -24,7 +24,6 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",  # its text model; the vision tower is not read
     "Qwen3_5ForCausalLM": "qwen3_5",
-    # analyzed by the roofline, not run by the engine
     "Qwen3NextForCausalLM": "qwen3_next",
 }
 

@@ -19,16 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rooftop.models.ops import rowwise
+
 CHUNK = 64
-
-
-def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
-    """An elementwise op on each row of x (T, n), computed the same whatever T is. PyTorch's CPU loops send a
-    tensor's last few elements through a scalar tail whose exp rounds differently from the vector body, so a row's
-    values would depend on how many rows share the call (batch invariance): each row is padded to whole vector
-    iterations (a multiple of 64 floats) first."""
-    pad = -x.shape[-1] % 64
-    return fn(F.pad(x, (0, pad)))[..., : x.shape[-1]] if pad else fn(x)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

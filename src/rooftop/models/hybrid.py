@@ -21,7 +21,7 @@ from rooftop.models import delta_net
 from rooftop.models.attention import paged_attention
 from rooftop.models.kv_cache import AttentionMetadata, StatePool
 from rooftop.models.mlp import DenseMLP
-from rooftop.models.ops import Ops, rms_norm
+from rooftop.models.ops import Ops, rms_norm, rowwise
 from rooftop.models.rope import apply_rope
 from rooftop.quant.linear import Linear, RowPlan
 
@@ -63,7 +63,7 @@ class GatedAttentionBlock:
         q = self.rotate(rms_norm(qg[..., :hd], self.q_norm, self.eps), positions)
         k = self.rotate(rms_norm(k.view(T, self.kv_heads, hd), self.k_norm, self.eps), positions)
         attn = paged_attention(q, k, v.reshape(T, self.kv_heads, hd), k_pool, v_pool, meta)
-        attn = attn.reshape(T, -1) * delta_net.rowwise(torch.sigmoid, qg[..., hd:].reshape(T, -1))
+        attn = attn.reshape(T, -1) * rowwise(torch.sigmoid, qg[..., hd:].reshape(T, -1))
         x = self.o(attn, residual=x, plan=plan)
         return self.mlp(ops.rms_norm(x, self.mlp_norm), ops, plan, residual=x)
 
@@ -104,8 +104,8 @@ class DeltaNetBlock:
         mixed, z, b, a = self.in_proj(ops.rms_norm(x, self.attn_norm), plan=plan).split(
             [la.conv_channels, value_dim, la.num_value_heads, la.num_value_heads], dim=-1
         )
-        beta = delta_net.rowwise(torch.sigmoid, b.float())
-        g = self.neg_a * delta_net.rowwise(F.softplus, a.float() + self.dt_bias)
+        beta = rowwise(torch.sigmoid, b.float())
+        g = self.neg_a * rowwise(F.softplus, a.float() + self.dt_bias)
         conv_state, state = states.conv[self.index], states.recurrent[self.index]
         out = torch.empty(T, la.num_value_heads, la.value_head_dim, device=x.device)
         for chunk in meta.prefills:
@@ -119,7 +119,7 @@ class DeltaNetBlock:
             rows, slots = slice(meta.num_prefill_rows, T), meta.decode_state_slots
             window = torch.cat([conv_state[slots], mixed[rows].float()[:, :, None]], dim=-1)  # (B, channels, kernel)
             conv_state[slots] = window[..., 1:]
-            y = delta_net.rowwise(F.silu, (window * self.conv).sum(-1))
+            y = rowwise(F.silu, (window * self.conv).sum(-1))
             out[rows], state[slots] = delta_net.recurrent(*self.heads(y), g[rows], beta[rows], state[slots])
         normed = delta_net.gated_rms_norm(out, z.reshape(out.shape), self.norm, self.eps).reshape(T, value_dim)
         x = self.out_proj(normed.to(x.dtype), residual=x, plan=plan)

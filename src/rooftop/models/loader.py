@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig, check_runnable
+from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, check_runnable
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.loaded import LoadedModel
 from rooftop.models.blocks import DecoderBlock
@@ -94,15 +94,19 @@ def _moe(t: _Tensors, c: ModelConfig, p: str) -> SparseMoE:
     d = c.hidden_size
     router = FloatLinear(to_float(t.take(p + "gate.weight", (c.num_experts, d))).float().contiguous())
     experts = [_dense_mlp(t, f"{p}experts.{e}.", d, c.moe_intermediate_size) for e in range(c.num_experts)]
-    return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob)
+    if not c.shared_expert_intermediate_size:
+        return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob)
+    shared = _dense_mlp(t, p + "shared_expert.", d, c.shared_expert_intermediate_size)
+    gate = FloatLinear(to_float(t.take(p + "shared_expert_gate.weight", (1, d))).float().contiguous())
+    return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob, shared, gate)
 
 
-def _qwen3_5_block(t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int):
-    """Layer i of Qwen3.5: Gated DeltaNet or gated attention, then the MLP. Its RMSNorms are zero-centred (the file
-    holds weight - 1; transformers multiplies by 1 + weight), so 1 is added here, once; the DeltaNet's gated norm
-    is not."""
+def _hybrid_block(t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int):
+    """Layer i of Qwen3.5 or Qwen3-Next: Gated DeltaNet or gated attention, then the MLP (Qwen3-Next: experts and a
+    shared expert). Their RMSNorms are zero-centred (the file holds weight - 1; transformers multiplies by
+    1 + weight), so 1 is added here, once; the DeltaNet's gated norm is not."""
     d, la, p = c.hidden_size, c.linear_attention, f"model.layers.{i}."
-    mlp = _dense_mlp(t, p + "mlp.", d, c.intermediate_size)
+    mlp = _moe(t, c, p + "mlp.") if c.is_moe else _dense_mlp(t, p + "mlp.", d, c.intermediate_size)
     norms = {n: t.take(p + f"{n}.weight", (d,)) + 1 for n in ("input_layernorm", "post_attention_layernorm")}
     if c.layer_types[i] == FULL_ATTENTION:
         a, qs, kvs, hd = p + "self_attn.", c.q_size, c.kv_size, c.head_dim
@@ -127,12 +131,21 @@ def _qwen3_5_block(t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor
             eps=c.rms_norm_eps,
         )
     a, heads, value_dim = p + "linear_attn.", la.num_value_heads, la.num_value_heads * la.value_head_dim
-    in_proj = t.cat(
-        t.take(a + "in_proj_qkv.weight", (la.conv_channels, d)),
-        t.take(a + "in_proj_z.weight", (value_dim, d)),
-        t.take(a + "in_proj_b.weight", (heads, d)),
-        t.take(a + "in_proj_a.weight", (heads, d)),
-    )
+    if c.architecture == "qwen3_next":  # one projection grouped by key head: the rows reordered into ours
+        fused = t.cat(
+            t.take(a + "in_proj_qkvz.weight", (la.conv_channels + value_dim, d)),
+            t.take(a + "in_proj_ba.weight", (2 * heads, d)),
+        )
+        in_proj = (
+            fused.rows(qwen3_next_order(la)) if not isinstance(fused, torch.Tensor) else fused[qwen3_next_order(la)]
+        )
+    else:
+        in_proj = t.cat(
+            t.take(a + "in_proj_qkv.weight", (la.conv_channels, d)),
+            t.take(a + "in_proj_z.weight", (value_dim, d)),
+            t.take(a + "in_proj_b.weight", (heads, d)),
+            t.take(a + "in_proj_a.weight", (heads, d)),
+        )
     return DeltaNetBlock(
         attn_norm=norms["input_layernorm"],
         in_proj=t.linear(in_proj, None),
@@ -146,6 +159,27 @@ def _qwen3_5_block(t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor
         shapes=la,
         index=linear,
         eps=c.rms_norm_eps,
+    )
+
+
+def qwen3_next_order(la: LinearAttention) -> torch.Tensor:
+    """Qwen3-Next's in_proj_qkvz rows hold, per key head, its q (key dim), k, then its value heads' v and z; and
+    in_proj_ba's, per key head, its value heads' b then a. The index of each row of rooftop's layout (all q, all k,
+    all v, all z, all b, all a, heads in order) in the two stacked."""
+    dk, dv, r = la.key_head_dim, la.value_head_dim, la.num_value_heads // la.num_key_heads
+    width = 2 * dk + 2 * r * dv  # one key head's rows of in_proj_qkvz
+    heads = torch.arange(la.num_key_heads)[:, None]
+    part = lambda start, n: (heads * width + start + torch.arange(n)).flatten()  # noqa: E731
+    ba = la.num_key_heads * width + heads * 2 * r + torch.arange(2 * r)  # (key heads, 2r): b then a
+    return torch.cat(
+        [
+            part(0, dk),
+            part(dk, dk),
+            part(2 * dk, r * dv),
+            part(2 * dk + r * dv, r * dv),
+            ba[:, :r].flatten(),
+            ba[:, r:].flatten(),
+        ]
     )
 
 
@@ -164,10 +198,10 @@ def build_model(
     head = embed if c.tie_word_embeddings else t.take("lm_head.weight", (c.vocab_size, c.hidden_size))
     lm_head = t.linear(head, None, lm_head=True)
     cos, sin = cos_sin_table(c, c.max_position_embeddings, dtype, device)
-    if c.architecture == "qwen3_5":
+    if c.architecture in ("qwen3_5", "qwen3_next"):
         norm = norm + 1  # zero-centred, as its layers' norms
         kinds = c.layer_types
-        blocks = [_qwen3_5_block(t, c, i, (cos, sin), kinds[:i].count(LINEAR_ATTENTION)) for i in range(c.num_layers)]
+        blocks = [_hybrid_block(t, c, i, (cos, sin), kinds[:i].count(LINEAR_ATTENTION)) for i in range(c.num_layers)]
     else:
         blocks = [_decoder_block(t, c, i) for i in range(c.num_layers)]
     ops = choose_ops(c, dtype, device, cos, sin)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rooftop.models.ops import Ops
+from rooftop.models.ops import Ops, rowwise
 from rooftop.quant.linear import NARROW, WIDEN_ROWS, FloatLinear, Linear, RowPlan
 
 
@@ -78,6 +78,8 @@ class SparseMoE:
     experts: list[DenseMLP]
     top_k: int
     normalize: bool
+    shared: DenseMLP | None = None  # Qwen3-Next: an expert every token takes, scaled by sigmoid(shared_gate(x))
+    shared_gate: FloatLinear | None = None  # hidden -> 1
     touched: int = 0
 
     def __call__(self, x: torch.Tensor, ops: Ops, plan: RowPlan, residual: torch.Tensor) -> torch.Tensor:
@@ -101,7 +103,11 @@ class SparseMoE:
             y = self.experts[e](x[rows], ops, sub_plan, residual=None)
             out.index_add_(0, rows, y * weights[:, None].to(y.dtype))
         self.touched = sum(1 for c in counts if c)
+        if self.shared is not None:
+            gate = rowwise(torch.sigmoid, self.shared_gate(x.float(), plan=plan))
+            out = out + gate.to(x.dtype) * self.shared(x, ops, plan, residual=None)
         return residual + out  # as transformers adds them: the experts' sum first
 
     def linears(self) -> list[Linear]:
-        return [linear for expert in self.experts for linear in expert.linears()]
+        shared = self.shared.linears() if self.shared else []
+        return [linear for expert in self.experts for linear in expert.linears()] + shared

@@ -22,6 +22,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * inv_rms).to(x.dtype)
 
 
+def rowwise(fn, x: torch.Tensor) -> torch.Tensor:
+    """An elementwise op on each row of x (T, n), computed the same whatever T is. PyTorch's CPU loops send a
+    tensor's last few elements through a scalar tail whose exp rounds differently from the vector body, so a row's
+    values would depend on how many rows share the call (batch invariance): each row is padded to whole vector
+    iterations (a multiple of 64 floats) first."""
+    pad = -x.shape[-1] % 64
+    return fn(F.pad(x, (0, pad)))[..., : x.shape[-1]] if pad else fn(x)
+
+
 class TorchOps:
     """PyTorch's ops: any device, any dtype."""
 
