@@ -2,7 +2,7 @@
 fits this machine), decode step time, distinct experts touched and bytes per step at batch 1 and at batches that
 touch most experts.
 
-.venv/bin/python benchmarks/moe.py [--preset qwen3-30b-a3b] [--layers 8] [--weights int4] [--batches 1,8,64]
+.venv/bin/python benchmarks/moe.py [--preset qwen3-30b-a3b] [--layers 8] [--weights int4] [--batches 1,8,64] [--tokens 16]
 
 Each batch runs `--batch` requests of `--prompt` random token ids to `--tokens` new tokens; the decode steps that
 hold all of them are timed (median). The analyzer's bytes use the experts each step measured; its expectation
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--weights", default="int4")
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--prompt", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=16)
     args = parser.parse_args()
     config = find_preset(args.preset)
     config.num_layers = args.layers
