@@ -256,3 +256,122 @@ def test_qwen3_next_batched_requests_get_what_they_get_alone(tiny_next):
     reqs = [(f"r{i}", prompt(i, n), greedy) for i, n in enumerate([3, 40, 130, 300])]
     eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_batched_tokens=300, **POOL))
     assert_same(run(eng, reqs), alone(llm, reqs))
+
+
+def tiled(x: torch.Tensor, dim: int, key_heads: int, head_dim: int) -> torch.Tensor:
+    """llama.cpp's converter's value-head order: grouped by key head [G0v0, G0v1, G1v0, ...] to tiled
+    [G0v0, G1v0, G0v1, ...] along `dim`."""
+    shape = list(x.shape)
+    per_key = shape[dim] // key_heads // head_dim
+    x = x.reshape(*shape[:dim], key_heads, per_key, head_dim, *shape[dim + 1 :])
+    return x.transpose(dim, dim + 1).reshape(shape)
+
+
+def write_qwen35_gguf(path: Path, model: Qwen3_5ForCausalLM) -> Path:
+    """The checkpoint as llama.cpp's convert_hf_to_gguf.py writes a Qwen3.5 (arch qwen35): norms stored plus one,
+    A_log as -exp(A_log), the convolution squeezed, the DeltaNet's value heads tiled; F32; a byte-level vocabulary."""
+    import gguf
+    import numpy as np
+    from gguf_factory import SPECIALS, byte_tokens
+
+    c = model.config
+    hk, hv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    rotary = int(c.head_dim * c.rope_parameters["partial_rotary_factor"])
+    for add, value in [
+        (w.add_block_count, c.num_hidden_layers),
+        (w.add_context_length, c.max_position_embeddings),
+        (w.add_embedding_length, c.hidden_size),
+        (w.add_feed_forward_length, c.intermediate_size),
+        (w.add_head_count, c.num_attention_heads),
+        (w.add_head_count_kv, c.num_key_value_heads),
+        (w.add_key_length, c.head_dim),
+        (w.add_value_length, c.head_dim),
+        (w.add_layer_norm_rms_eps, c.rms_norm_eps),
+        (w.add_rope_freq_base, float(c.rope_parameters["rope_theta"])),
+        (w.add_rope_dimension_count, rotary),
+        (w.add_rope_dimension_sections, [rotary // 4, rotary // 4, 0, 0]),  # text positions: any split
+        (w.add_ssm_conv_kernel, c.linear_conv_kernel_dim),
+        (w.add_ssm_state_size, dk),
+        (w.add_ssm_group_count, hk),
+        (w.add_ssm_time_step_rank, hv),
+        (w.add_ssm_inner_size, hv * dv),
+        (w.add_full_attention_interval, 4),
+    ]:
+        add(value)
+    tokens = SPECIALS + byte_tokens()
+    tokens += ["ab"] + [f"<unused{i}>" for i in range(c.vocab_size - len(tokens) - 1)]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(SPECIALS) + [1] * 257 + [5] * (c.vocab_size - 257 - len(SPECIALS)))
+    w.add_token_merges(["a b"])  # llama.cpp refuses a BPE vocabulary without merges
+    w.add_eos_token_id(2)
+    sd = {k: v.float() for k, v in model.state_dict().items()}
+
+    def add(name: str, x: torch.Tensor) -> None:
+        w.add_tensor(name, np.ascontiguousarray(x.numpy()))
+
+    add("token_embd.weight", sd["model.embed_tokens.weight"])
+    add("output_norm.weight", sd["model.norm.weight"] + 1)
+    add("output.weight", sd["lm_head.weight"])
+    for i, kind in enumerate(c.layer_types):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        add(b + "attn_norm.weight", sd[p + "input_layernorm.weight"] + 1)
+        add(b + "post_attention_norm.weight", sd[p + "post_attention_layernorm.weight"] + 1)
+        for g, h in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            add(f"{b}ffn_{g}.weight", sd[f"{p}mlp.{h}.weight"])
+        if kind == "full_attention":
+            a = p + "self_attn."
+            for g, h in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("output", "o_proj")):
+                add(f"{b}attn_{g}.weight", sd[f"{a}{h}.weight"])
+            add(b + "attn_q_norm.weight", sd[a + "q_norm.weight"] + 1)
+            add(b + "attn_k_norm.weight", sd[a + "k_norm.weight"] + 1)
+            continue
+        a, qk = p + "linear_attn.", 2 * hk * dk
+        qkv = sd[a + "in_proj_qkv.weight"]
+        add(b + "attn_qkv.weight", torch.cat([qkv[:qk], tiled(qkv[qk:], 0, hk, dv)]))
+        add(b + "attn_gate.weight", tiled(sd[a + "in_proj_z.weight"], 0, hk, dv))
+        add(b + "ssm_beta.weight", tiled(sd[a + "in_proj_b.weight"], 0, hk, 1))
+        add(b + "ssm_alpha.weight", tiled(sd[a + "in_proj_a.weight"], 0, hk, 1))
+        add(b + "ssm_a", tiled(-sd[a + "A_log"].exp(), 0, hk, 1))
+        add(b + "ssm_dt.bias", tiled(sd[a + "dt_bias"], 0, hk, 1))
+        conv = sd[a + "conv1d.weight"][:, 0]
+        add(b + "ssm_conv1d.weight", torch.cat([conv[:qk], tiled(conv[qk:], 0, hk, dv)]))
+        add(b + "ssm_norm.weight", sd[a + "norm.weight"])
+        add(b + "ssm_out.weight", tiled(sd[a + "out_proj.weight"], 1, hk, dv))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_qwen35_gguf_of_the_same_weights_runs_as_the_safetensors(tiny, tmp_path):
+    path, model = tiny
+    file = write_qwen35_gguf(tmp_path / "qwen35.gguf", model)
+    config = load_model(file).config
+    assert (config.layer_types, config.partial_rotary_factor) == (["linear_attention"] * 3 + ["full_attention"], 0.25)
+    ids = list(range(5, 45))
+    logits = []
+    for source in (path, file):
+        built = build_model(load_model(source), torch.float32, "cpu", "float")
+        cache = KVCache(built.config, capacity=len(ids), dtype=torch.float32, device="cpu")
+        with torch.inference_mode():
+            logits.append(built.logits(built.forward(torch.tensor(ids), cache, 0)))
+    # the norms stored plus one and A_log through exp and log round in the last bits
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_llama_cpp_reads_the_written_qwen35_gguf_as_transformers_runs_the_weights(tiny, tmp_path):
+    """The writer above follows llama.cpp's converter: llama.cpp itself (the bench extra) gives transformers'
+    logits on the file, so rooftop's reading of it is a reading of llama.cpp's layout."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    _, model = tiny
+    file = write_qwen35_gguf(tmp_path / "qwen35.gguf", model)
+    llm = llama_cpp.Llama(model_path=str(file), logits_all=True, n_ctx=64, verbose=False, n_threads=2)
+    ids = list(range(5, 45))
+    llm.eval(ids)
+    with torch.inference_mode():
+        expected = model(torch.tensor([ids])).logits[0, -1]
+    got = torch.tensor(llm.scores[len(ids) - 1])
+    assert (got - expected).abs().max().item() < 1e-3  # llama.cpp's own float32 rounding: 2.5e-4 observed

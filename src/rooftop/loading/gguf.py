@@ -36,7 +36,18 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
+    # Qwen3.5 (qwen35): its MLP norm, and the Gated DeltaNet layers' tensors
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
 }
+# tensors whose GGUF name has no HF counterpart part by part
+_WHOLE_NAMES = {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}
 # a mixture of experts' stacked (experts, rows, cols) matrices, split per expert as `ffn_gate_exps.{e}` (split_experts)
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -44,6 +55,9 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "
 
 def hf_name(gguf_name: str) -> str | None:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for tensors we derive ourselves."""
+    if gguf_name.startswith("blk.") and gguf_name.split(".", 2)[2] in _WHOLE_NAMES:
+        _, layer, part = gguf_name.split(".", 2)
+        return f"model.layers.{layer}.{_WHOLE_NAMES[part]}"
     stem, _, suffix = gguf_name.rpartition(".")
     if stem.startswith("blk."):
         _, layer, part = stem.split(".", 2)
@@ -107,6 +121,8 @@ def read_matrix(t: TensorInfo) -> Weight:
 
 def read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
     """One tensor under its HF layout: quantized matrices in a form the kernels run, everything else as float32."""
+    if config.architecture == "qwen3_5" and (hf := qwen35_tensor(t, name)) is not None:
+        return hf
     w = read_matrix(t) if len(t.shape) == 2 else dequantize(t.data, t.qtype, t.shape, t.name)
     if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = config.num_heads if "q_proj" in name else config.num_kv_heads
@@ -115,6 +131,19 @@ def read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
         else:  # the same row order, applied to integers, scales and zeros alike
             w = w.rows(unpermute_rope(torch.arange(w.shape[0])[:, None], heads)[:, 0])
     return w
+
+
+def qwen35_tensor(t: TensorInfo, name: str) -> torch.Tensor | None:
+    """What llama.cpp's converter changed in a Qwen3.5 tensor, undone: the zero-centred norms were stored plus one,
+    A_log as -exp(A_log), the convolution squeezed. None for the rest, read as any tensor. (Its value heads stay in
+    the file's tiled order, which the model is told: LoadedModel.linear_value_order.)"""
+    if name.endswith(("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")):
+        return dequantize(t.data, t.qtype, t.shape, t.name) - 1
+    if name.endswith("A_log"):
+        return torch.log(-dequantize(t.data, t.qtype, t.shape, t.name))
+    if name.endswith("conv1d.weight"):
+        return dequantize(t.data, t.qtype, t.shape, t.name)[:, None, :]
+    return None
 
 
 def native_format(tensors: list[TensorInfo]) -> str:
@@ -161,4 +190,5 @@ def load_gguf(path: Path) -> LoadedModel:
         str(path),
         native_format(tensors),
         conversions(tensors),
+        linear_value_order="tiled" if config.architecture == "qwen3_5" else "grouped",
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from rooftop.config import ModelConfig, RopeScaling
+from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, RopeScaling
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.gguf_file import GGUFFile
 
 # GGUF's architecture names (gguf.MODEL_ARCH_NAMES, as llama.cpp's converter writes them) -> rooftop's
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5"}
 
 
 def config_from_metadata(meta: dict) -> ModelConfig:
@@ -28,7 +28,7 @@ def config_from_metadata(meta: dict) -> ModelConfig:
         raise ModelLoadError(f"GGUF metadata: embedding_length {hidden} and head_count {heads} must be positive")
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
-    if rope_dims != head_dim:
+    if rope_dims != head_dim and arch != "qwen35":
         raise UnsupportedModelError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
     scaling = None
     if meta.get(f"{arch}.rope.scaling.type") == "linear":
@@ -36,19 +36,23 @@ def config_from_metadata(meta: dict) -> ModelConfig:
     elif meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
         raise UnsupportedModelError(f"RoPE scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported")
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    experts = {}
+    extra = {}  # the mixture of experts' and the hybrid layers' fields
     if arch == "qwen3moe":  # llama.cpp always renormalizes Qwen3-MoE's top-k weights (norm_topk_prob)
-        experts = {
+        extra = {
             "num_experts": int(get("expert_count")),
             "num_experts_per_tok": int(get("expert_used_count")),
             "moe_intermediate_size": int(get("expert_feed_forward_length")),
             "norm_topk_prob": bool(meta.get(f"{arch}.expert_weights_norm", True)),
         }
+    if arch == "qwen35":
+        extra = _hybrid_fields(meta, arch, int(get("block_count")), rope_dims / head_dim)
     return ModelConfig(
         architecture=ARCHITECTURES[arch],
         vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))),
         hidden_size=hidden,
-        intermediate_size=int(meta.get(f"{arch}.feed_forward_length", 0) if experts else get("feed_forward_length")),
+        intermediate_size=int(
+            meta.get(f"{arch}.feed_forward_length", 0) if arch == "qwen3moe" else get("feed_forward_length")
+        ),
         num_layers=int(get("block_count")),
         num_heads=heads,
         num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
@@ -57,12 +61,35 @@ def config_from_metadata(meta: dict) -> ModelConfig:
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
-        qk_norm=arch in ("qwen3", "qwen3moe"),
+        qk_norm=arch in ("qwen3", "qwen3moe", "qwen35"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=[eos] if eos is not None else [],
         name=str(meta.get("general.name", "")),
-        **experts,
+        **extra,
     )
+
+
+def _hybrid_fields(meta: dict, arch: str, layers: int, rotary_fraction: float) -> dict:
+    """Qwen3.5's layer types and Gated DeltaNet shapes, from the ssm.* keys llama.cpp's converter writes."""
+
+    def get(key: str) -> int:
+        if f"{arch}.{key}" not in meta:
+            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+        return int(meta[f"{arch}.{key}"])
+
+    every, value_heads = get("full_attention_interval"), get("ssm.time_step_rank")
+    return {
+        "layer_types": [FULL_ATTENTION if (i + 1) % every == 0 else LINEAR_ATTENTION for i in range(layers)],
+        "linear_attention": LinearAttention(
+            num_key_heads=get("ssm.group_count"),
+            num_value_heads=value_heads,
+            key_head_dim=get("ssm.state_size"),
+            value_head_dim=get("ssm.inner_size") // value_heads,
+            conv_kernel_dim=get("ssm.conv_kernel"),
+        ),
+        "attn_output_gate": True,
+        "partial_rotary_factor": rotary_fraction,
+    }
 
 
 def config_from_gguf(gguf_file: GGUFFile) -> ModelConfig:

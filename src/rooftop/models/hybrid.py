@@ -95,6 +95,7 @@ class DeltaNetBlock:
     shapes: LinearAttention
     index: int
     eps: float
+    tiled: bool = False  # value heads in llama.cpp's tiled order: head j reads key head j % key heads
 
     def __call__(
         self, x: torch.Tensor, ops: Ops, states: StatePool, meta: AttentionMetadata, plan: RowPlan
@@ -127,12 +128,14 @@ class DeltaNetBlock:
 
     def heads(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The convolution's output (T, channels) as q, k (T, value heads, key dim; each key head serving
-        value heads / key heads consecutive value heads), normalized, q scaled; and v (T, value heads, value dim)."""
+        value heads / key heads value heads, consecutive ones or, tiled, every key-heads-th), normalized, q scaled;
+        and v (T, value heads, value dim)."""
         la, T = self.shapes, y.shape[0]
         key_dim = la.num_key_heads * la.key_head_dim
         q, k, v = y.split([key_dim, key_dim, la.num_value_heads * la.value_head_dim], dim=-1)
         repeat = la.num_value_heads // la.num_key_heads
-        q, k = (t.reshape(T, la.num_key_heads, la.key_head_dim).repeat_interleave(repeat, dim=1) for t in (q, k))
+        q, k = (t.reshape(T, la.num_key_heads, la.key_head_dim) for t in (q, k))
+        q, k = (t.repeat(1, repeat, 1) if self.tiled else t.repeat_interleave(repeat, dim=1) for t in (q, k))
         q = delta_net.l2norm(q) * la.key_head_dim**-0.5
         return q, delta_net.l2norm(k), v.reshape(T, la.num_value_heads, la.value_head_dim)
 

@@ -101,7 +101,9 @@ def _moe(t: _Tensors, c: ModelConfig, p: str) -> SparseMoE:
     return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob, shared, gate)
 
 
-def _hybrid_block(t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int):
+def _hybrid_block(
+    t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int, tiled: bool
+):
     """Layer i of Qwen3.5 or Qwen3-Next: Gated DeltaNet or gated attention, then the MLP (Qwen3-Next: experts and a
     shared expert). Their RMSNorms are zero-centred (the file holds weight - 1; transformers multiplies by
     1 + weight), so 1 is added here, once; the DeltaNet's gated norm is not."""
@@ -159,6 +161,7 @@ def _hybrid_block(t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor,
         shapes=la,
         index=linear,
         eps=c.rms_norm_eps,
+        tiled=tiled,
     )
 
 
@@ -201,7 +204,10 @@ def build_model(
     if c.architecture in ("qwen3_5", "qwen3_next"):
         norm = norm + 1  # zero-centred, as its layers' norms
         kinds = c.layer_types
-        blocks = [_hybrid_block(t, c, i, (cos, sin), kinds[:i].count(LINEAR_ATTENTION)) for i in range(c.num_layers)]
+        tiled = loaded.linear_value_order == "tiled"
+        blocks = [
+            _hybrid_block(t, c, i, (cos, sin), kinds[:i].count(LINEAR_ATTENTION), tiled) for i in range(c.num_layers)
+        ]
     else:
         blocks = [_decoder_block(t, c, i) for i in range(c.num_layers)]
     ops = choose_ops(c, dtype, device, cos, sin)
