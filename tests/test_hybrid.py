@@ -267,18 +267,20 @@ def tiled(x: torch.Tensor, dim: int, key_heads: int, head_dim: int) -> torch.Ten
     return x.transpose(dim, dim + 1).reshape(shape)
 
 
-def write_qwen35_gguf(path: Path, model: Qwen3_5ForCausalLM) -> Path:
-    """The checkpoint as llama.cpp's convert_hf_to_gguf.py writes a Qwen3.5 (arch qwen35): norms stored plus one,
-    A_log as -exp(A_log), the convolution squeezed, the DeltaNet's value heads tiled; F32; a byte-level vocabulary."""
+def write_hybrid_gguf(path: Path, model, arch: str = "qwen35") -> Path:
+    """The checkpoint as llama.cpp's convert_hf_to_gguf.py writes a Qwen3.5 (`qwen35`) or a Qwen3-Next
+    (`qwen3next`): norms stored plus one, A_log as -exp(A_log), the convolution squeezed; Qwen3.5's DeltaNet value
+    heads tiled, Qwen3-Next's in_proj_qkvz split into q, k, v and z, its experts stacked; F32; a byte-level
+    vocabulary."""
     import gguf
     import numpy as np
     from gguf_factory import SPECIALS, byte_tokens
 
     c = model.config
     hk, hv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-    w = gguf.GGUFWriter(str(path), "qwen35")
+    w = gguf.GGUFWriter(str(path), arch)
     rotary = int(c.head_dim * c.rope_parameters["partial_rotary_factor"])
-    for add, value in [
+    keys = [
         (w.add_block_count, c.num_hidden_layers),
         (w.add_context_length, c.max_position_embeddings),
         (w.add_embedding_length, c.hidden_size),
@@ -290,14 +292,23 @@ def write_qwen35_gguf(path: Path, model: Qwen3_5ForCausalLM) -> Path:
         (w.add_layer_norm_rms_eps, c.rms_norm_eps),
         (w.add_rope_freq_base, float(c.rope_parameters["rope_theta"])),
         (w.add_rope_dimension_count, rotary),
-        (w.add_rope_dimension_sections, [rotary // 4, rotary // 4, 0, 0]),  # text positions: any split
         (w.add_ssm_conv_kernel, c.linear_conv_kernel_dim),
         (w.add_ssm_state_size, dk),
         (w.add_ssm_group_count, hk),
         (w.add_ssm_time_step_rank, hv),
         (w.add_ssm_inner_size, hv * dv),
         (w.add_full_attention_interval, 4),
-    ]:
+    ]
+    if arch == "qwen35":
+        keys.append((w.add_rope_dimension_sections, [rotary // 4, rotary // 4, 0, 0]))  # text positions: any split
+    else:
+        keys += [
+            (w.add_expert_count, c.num_experts),
+            (w.add_expert_used_count, c.num_experts_per_tok),
+            (w.add_expert_feed_forward_length, c.moe_intermediate_size),
+            (w.add_expert_shared_feed_forward_length, c.shared_expert_intermediate_size),
+        ]
+    for add, value in keys:
         add(value)
     tokens = SPECIALS + byte_tokens()
     tokens += ["ab"] + [f"<unused{i}>" for i in range(c.vocab_size - len(tokens) - 1)]
@@ -311,6 +322,8 @@ def write_qwen35_gguf(path: Path, model: Qwen3_5ForCausalLM) -> Path:
     def add(name: str, x: torch.Tensor) -> None:
         w.add_tensor(name, np.ascontiguousarray(x.numpy()))
 
+    # Qwen3.5 tiles the value heads; Qwen3-Next keeps them grouped by key head
+    order = (lambda x, dim, head_dim: tiled(x, dim, hk, head_dim)) if arch == "qwen35" else (lambda x, dim, head_dim: x)
     add("token_embd.weight", sd["model.embed_tokens.weight"])
     add("output_norm.weight", sd["model.norm.weight"] + 1)
     add("output.weight", sd["lm_head.weight"])
@@ -318,8 +331,17 @@ def write_qwen35_gguf(path: Path, model: Qwen3_5ForCausalLM) -> Path:
         p, b = f"model.layers.{i}.", f"blk.{i}."
         add(b + "attn_norm.weight", sd[p + "input_layernorm.weight"] + 1)
         add(b + "post_attention_norm.weight", sd[p + "post_attention_layernorm.weight"] + 1)
-        for g, h in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-            add(f"{b}ffn_{g}.weight", sd[f"{p}mlp.{h}.weight"])
+        if arch == "qwen35":
+            for g, h in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                add(f"{b}ffn_{g}.weight", sd[f"{p}mlp.{h}.weight"])
+        else:
+            add(b + "ffn_gate_inp.weight", sd[p + "mlp.gate.weight"])
+            gate, up = sd[p + "mlp.experts.gate_up_proj"].chunk(2, dim=1)  # in memory: fused
+            for g, x in (("gate", gate), ("up", up), ("down", sd[p + "mlp.experts.down_proj"])):
+                add(f"{b}ffn_{g}_exps.weight", x)
+            for g, h in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                add(f"{b}ffn_{g}_shexp.weight", sd[f"{p}mlp.shared_expert.{h}.weight"])
+            add(b + "ffn_gate_inp_shexp.weight", sd[p + "mlp.shared_expert_gate.weight"])
         if kind == "full_attention":
             a = p + "self_attn."
             for g, h in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("output", "o_proj")):
@@ -328,17 +350,24 @@ def write_qwen35_gguf(path: Path, model: Qwen3_5ForCausalLM) -> Path:
             add(b + "attn_k_norm.weight", sd[a + "k_norm.weight"] + 1)
             continue
         a, qk = p + "linear_attn.", 2 * hk * dk
-        qkv = sd[a + "in_proj_qkv.weight"]
-        add(b + "attn_qkv.weight", torch.cat([qkv[:qk], tiled(qkv[qk:], 0, hk, dv)]))
-        add(b + "attn_gate.weight", tiled(sd[a + "in_proj_z.weight"], 0, hk, dv))
-        add(b + "ssm_beta.weight", tiled(sd[a + "in_proj_b.weight"], 0, hk, 1))
-        add(b + "ssm_alpha.weight", tiled(sd[a + "in_proj_a.weight"], 0, hk, 1))
-        add(b + "ssm_a", tiled(-sd[a + "A_log"].exp(), 0, hk, 1))
-        add(b + "ssm_dt.bias", tiled(sd[a + "dt_bias"], 0, hk, 1))
+        if arch == "qwen35":
+            qkv, z = sd[a + "in_proj_qkv.weight"], sd[a + "in_proj_z.weight"]
+            add(b + "ssm_beta.weight", order(sd[a + "in_proj_b.weight"], 0, 1))
+            add(b + "ssm_alpha.weight", order(sd[a + "in_proj_a.weight"], 0, 1))
+        else:  # per key head [q, k, v, z] rows -> all q, all k, all v; and z
+            r = hv // hk
+            heads = sd[a + "in_proj_qkvz.weight"].reshape(hk, 2 * dk + 2 * r * dv, -1)
+            q, k, v, z = heads.split([dk, dk, r * dv, r * dv], dim=1)
+            qkv, z = torch.cat([t.reshape(-1, c.hidden_size) for t in (q, k, v)]), z.reshape(-1, c.hidden_size)
+            add(b + "ssm_ba.weight", sd[a + "in_proj_ba.weight"])
+        add(b + "attn_qkv.weight", torch.cat([qkv[:qk], order(qkv[qk:], 0, dv)]))
+        add(b + "attn_gate.weight", order(z, 0, dv))
+        add(b + "ssm_a", order(-sd[a + "A_log"].exp(), 0, 1))
+        add(b + "ssm_dt.bias", order(sd[a + "dt_bias"], 0, 1))
         conv = sd[a + "conv1d.weight"][:, 0]
-        add(b + "ssm_conv1d.weight", torch.cat([conv[:qk], tiled(conv[qk:], 0, hk, dv)]))
+        add(b + "ssm_conv1d.weight", torch.cat([conv[:qk], order(conv[qk:], 0, dv)]))
         add(b + "ssm_norm.weight", sd[a + "norm.weight"])
-        add(b + "ssm_out.weight", tiled(sd[a + "out_proj.weight"], 1, hk, dv))
+        add(b + "ssm_out.weight", order(sd[a + "out_proj.weight"], 1, dv))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -348,7 +377,7 @@ def write_qwen35_gguf(path: Path, model: Qwen3_5ForCausalLM) -> Path:
 
 def test_a_qwen35_gguf_of_the_same_weights_runs_as_the_safetensors(tiny, tmp_path):
     path, model = tiny
-    file = write_qwen35_gguf(tmp_path / "qwen35.gguf", model)
+    file = write_hybrid_gguf(tmp_path / "qwen35.gguf", model)
     config = load_model(file).config
     assert (config.layer_types, config.partial_rotary_factor) == (["linear_attention"] * 3 + ["full_attention"], 0.25)
     ids = list(range(5, 45))
@@ -362,12 +391,13 @@ def test_a_qwen35_gguf_of_the_same_weights_runs_as_the_safetensors(tiny, tmp_pat
     torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
 
 
-def test_llama_cpp_reads_the_written_qwen35_gguf_as_transformers_runs_the_weights(tiny, tmp_path):
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_llama_cpp_reads_the_written_gguf_as_transformers_runs_the_weights(tiny, tiny_next, tmp_path, arch):
     """The writer above follows llama.cpp's converter: llama.cpp itself (the bench extra) gives transformers'
     logits on the file, so rooftop's reading of it is a reading of llama.cpp's layout."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    _, model = tiny
-    file = write_qwen35_gguf(tmp_path / "qwen35.gguf", model)
+    model = (tiny if arch == "qwen35" else tiny_next)[1]
+    file = write_hybrid_gguf(tmp_path / f"{arch}.gguf", model, arch)
     llm = llama_cpp.Llama(model_path=str(file), logits_all=True, n_ctx=64, verbose=False, n_threads=2)
     ids = list(range(5, 45))
     llm.eval(ids)
@@ -375,3 +405,18 @@ def test_llama_cpp_reads_the_written_qwen35_gguf_as_transformers_runs_the_weight
         expected = model(torch.tensor([ids])).logits[0, -1]
     got = torch.tensor(llm.scores[len(ids) - 1])
     assert (got - expected).abs().max().item() < 1e-3  # llama.cpp's own float32 rounding: 2.5e-4 observed
+
+
+def test_a_qwen3next_gguf_of_the_same_weights_runs_as_the_safetensors(tiny_next, tmp_path):
+    path, model = tiny_next
+    file = write_hybrid_gguf(tmp_path / "qwen3next.gguf", model, "qwen3next")
+    config = load_model(file).config
+    assert (config.architecture, config.num_experts, config.shared_expert_intermediate_size) == ("qwen3_next", 8, 64)
+    ids = list(range(5, 45))
+    logits = []
+    for source in (path, file):
+        built = build_model(load_model(source), torch.float32, "cpu", "float")
+        cache = KVCache(built.config, capacity=len(ids), dtype=torch.float32, device="cpu")
+        with torch.inference_mode():
+            logits.append(built.logits(built.forward(torch.tensor(ids), cache, 0)))
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)

@@ -45,6 +45,12 @@ _LAYER_NAMES = {
     "ssm_conv1d": "linear_attn.conv1d",
     "ssm_norm": "linear_attn.norm",
     "ssm_out": "linear_attn.out_proj",
+    # Qwen3-Next (qwen3next): b and a interleaved per key head, and the shared expert
+    "ssm_ba": "linear_attn.in_proj_ba",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 # tensors whose GGUF name has no HF counterpart part by part
 _WHOLE_NAMES = {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}
@@ -121,7 +127,7 @@ def read_matrix(t: TensorInfo) -> Weight:
 
 def read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
     """One tensor under its HF layout: quantized matrices in a form the kernels run, everything else as float32."""
-    if config.architecture == "qwen3_5" and (hf := qwen35_tensor(t, name)) is not None:
+    if config.architecture in ("qwen3_5", "qwen3_next") and (hf := hybrid_tensor(t, name)) is not None:
         return hf
     w = read_matrix(t) if len(t.shape) == 2 else dequantize(t.data, t.qtype, t.shape, t.name)
     if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -133,10 +139,10 @@ def read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
     return w
 
 
-def qwen35_tensor(t: TensorInfo, name: str) -> torch.Tensor | None:
-    """What llama.cpp's converter changed in a Qwen3.5 tensor, undone: the zero-centred norms were stored plus one,
-    A_log as -exp(A_log), the convolution squeezed. None for the rest, read as any tensor. (Its value heads stay in
-    the file's tiled order, which the model is told: LoadedModel.linear_value_order.)"""
+def hybrid_tensor(t: TensorInfo, name: str) -> torch.Tensor | None:
+    """What llama.cpp's converter changed in a Qwen3.5 or Qwen3-Next tensor, undone: the zero-centred norms were stored plus one,
+    A_log as -exp(A_log), the convolution squeezed. None for the rest, read as any tensor. (Qwen3.5's value heads stay
+    in the file's tiled order, which the model is told: LoadedModel.linear_value_order.)"""
     if name.endswith(("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")):
         return dequantize(t.data, t.qtype, t.shape, t.name) - 1
     if name.endswith("A_log"):

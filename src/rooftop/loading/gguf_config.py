@@ -7,7 +7,14 @@ from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.gguf_file import GGUFFile
 
 # GGUF's architecture names (gguf.MODEL_ARCH_NAMES, as llama.cpp's converter writes them) -> rooftop's
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "qwen35": "qwen3_5"}
+ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3moe": "qwen3_moe",
+    "qwen35": "qwen3_5",
+    "qwen3next": "qwen3_next",
+}
 
 
 def config_from_metadata(meta: dict) -> ModelConfig:
@@ -28,7 +35,7 @@ def config_from_metadata(meta: dict) -> ModelConfig:
         raise ModelLoadError(f"GGUF metadata: embedding_length {hidden} and head_count {heads} must be positive")
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
-    if rope_dims != head_dim and arch != "qwen35":
+    if rope_dims != head_dim and arch not in ("qwen35", "qwen3next"):
         raise UnsupportedModelError(f"partial rotary embeddings ({rope_dims} of {head_dim} dims) are not supported")
     scaling = None
     if meta.get(f"{arch}.rope.scaling.type") == "linear":
@@ -37,15 +44,16 @@ def config_from_metadata(meta: dict) -> ModelConfig:
         raise UnsupportedModelError(f"RoPE scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported")
     eos = meta.get("tokenizer.ggml.eos_token_id")
     extra = {}  # the mixture of experts' and the hybrid layers' fields
-    if arch == "qwen3moe":  # llama.cpp always renormalizes Qwen3-MoE's top-k weights (norm_topk_prob)
+    if arch in ("qwen3moe", "qwen3next"):  # llama.cpp always renormalizes their top-k weights (norm_topk_prob)
         extra = {
             "num_experts": int(get("expert_count")),
             "num_experts_per_tok": int(get("expert_used_count")),
             "moe_intermediate_size": int(get("expert_feed_forward_length")),
+            "shared_expert_intermediate_size": int(meta.get(f"{arch}.expert_shared_feed_forward_length", 0)),
             "norm_topk_prob": bool(meta.get(f"{arch}.expert_weights_norm", True)),
         }
-    if arch == "qwen35":
-        extra = _hybrid_fields(meta, arch, int(get("block_count")), rope_dims / head_dim)
+    if arch in ("qwen35", "qwen3next"):
+        extra |= _hybrid_fields(meta, arch, int(get("block_count")), rope_dims / head_dim)
     return ModelConfig(
         architecture=ARCHITECTURES[arch],
         vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))),
@@ -61,7 +69,7 @@ def config_from_metadata(meta: dict) -> ModelConfig:
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
-        qk_norm=arch in ("qwen3", "qwen3moe", "qwen35"),
+        qk_norm=arch in ("qwen3", "qwen3moe", "qwen35", "qwen3next"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=[eos] if eos is not None else [],
         name=str(meta.get("general.name", "")),
@@ -70,7 +78,8 @@ def config_from_metadata(meta: dict) -> ModelConfig:
 
 
 def _hybrid_fields(meta: dict, arch: str, layers: int, rotary_fraction: float) -> dict:
-    """Qwen3.5's layer types and Gated DeltaNet shapes, from the ssm.* keys llama.cpp's converter writes."""
+    """Qwen3.5's and Qwen3-Next's layer types and Gated DeltaNet shapes, from the ssm.* keys llama.cpp's converter
+    writes."""
 
     def get(key: str) -> int:
         if f"{arch}.{key}" not in meta:

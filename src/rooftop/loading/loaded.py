@@ -26,6 +26,9 @@ class LazyWeights(Mapping[str, Weight]):
     def __len__(self) -> int:
         return len(self._readers)
 
+    def __contains__(self, name: object) -> bool:  # without reading the tensor, as Mapping's default would
+        return name in self._readers
+
 
 @dataclass
 class LoadedModel:

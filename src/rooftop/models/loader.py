@@ -133,13 +133,20 @@ def _hybrid_block(
             eps=c.rms_norm_eps,
         )
     a, heads, value_dim = p + "linear_attn.", la.num_value_heads, la.num_value_heads * la.value_head_dim
-    if c.architecture == "qwen3_next":  # one projection grouped by key head: the rows reordered into ours
+    if c.architecture == "qwen3_next" and a + "in_proj_qkvz.weight" in t.weights:  # HF: grouped by key head
         fused = t.cat(
             t.take(a + "in_proj_qkvz.weight", (la.conv_channels + value_dim, d)),
             t.take(a + "in_proj_ba.weight", (2 * heads, d)),
         )
-        in_proj = (
-            fused.rows(qwen3_next_order(la)) if not isinstance(fused, torch.Tensor) else fused[qwen3_next_order(la)]
+        in_proj = _rows(fused, qwen3_next_order(la))
+    elif c.architecture == "qwen3_next":  # llama.cpp's converter split q, k, v from z; b and a stay per key head
+        ba = t.take(a + "in_proj_ba.weight", (2 * heads, d))
+        r = heads // la.num_key_heads
+        pairs = torch.arange(2 * heads).reshape(la.num_key_heads, 2 * r)
+        in_proj = t.cat(
+            t.take(a + "in_proj_qkv.weight", (la.conv_channels, d)),
+            t.take(a + "in_proj_z.weight", (value_dim, d)),
+            _rows(ba, torch.cat([pairs[:, :r].flatten(), pairs[:, r:].flatten()])),
         )
     else:
         in_proj = t.cat(
@@ -163,6 +170,10 @@ def _hybrid_block(
         eps=c.rms_norm_eps,
         tiled=tiled,
     )
+
+
+def _rows(w: Weight, order: torch.Tensor) -> Weight:
+    return w[order] if isinstance(w, torch.Tensor) else w.rows(order)
 
 
 def qwen3_next_order(la: LinearAttention) -> torch.Tensor:
