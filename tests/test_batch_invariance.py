@@ -56,6 +56,22 @@ def alone(llm, reqs) -> dict:
     return out
 
 
+def assert_batch_invariant(llm, preempt: bool) -> None:
+    """For the architecture tests: prompts of 3-300 tokens (a 300-token one in two chunks, some widened, some on the
+    narrow path) sharing steps of a 300-token budget with decodes, each getting what it gets alone; and with
+    `preempt`, four 100-character prompts in a pool too small for them all, the latest preempted and recomputed."""
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    reqs = [(f"r{i}", prompt(i, n), greedy) for i, n in enumerate([3, 40, 130, 300])]
+    eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_batched_tokens=300, **POOL))
+    assert_same(run(eng, reqs), alone(llm, reqs))
+    if preempt:
+        long = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=1)
+        reqs = [(f"p{i}", prompt(i, 100), long) for i in range(4)]
+        eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(num_kv_blocks=30, block_size=16))
+        assert_same(run(eng, reqs), alone(llm, reqs))
+        assert eng.stats().preemptions > 0
+
+
 def assert_same(batched: dict, reference: dict) -> None:
     assert batched.keys() == reference.keys()
     for rid, out in batched.items():

@@ -77,6 +77,18 @@ def write_tokenizer(path: Path) -> None:
     tok.save(str(path / "tokenizer.json"))
 
 
+def save_random(model, path: Path, seed: int = 0) -> Path:
+    """`model` with large random weights (near-uniform logits or routing would hide a wrong term; a Gated
+    DeltaNet's A_log in a range whose decays neither vanish nor stay at 1), saved by transformers with a tokenizer."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.uniform_(-1, 1) if name.endswith("A_log") else p.normal_(0.0, 0.4)
+    model.save_pretrained(path)
+    write_tokenizer(path)
+    return path
+
+
 def build(path: Path, model_cls, config, max_shard_size) -> Built:
     torch.manual_seed(0)
     model = model_cls(config).eval()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_batch_invariance import POOL, alone, assert_same, prompt, run
-from test_hf_models import PROMPT, write_tokenizer
+from test_batch_invariance import POOL, assert_batch_invariant
+from test_hf_models import PROMPT, save_random
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_5 import modeling_qwen3_5 as reference_rules
 
@@ -90,13 +90,7 @@ def test_the_convolution_carries_its_state_across_pieces():
 def tiny(tmp_path_factory) -> tuple[Path, Qwen3_5ForCausalLM]:
     torch.manual_seed(0)
     model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**CONFIG)).eval()
-    with torch.no_grad():  # large random weights; A_log in a range whose decays neither vanish nor stay at 1
-        for name, p in model.named_parameters():
-            p.uniform_(-1, 1) if name.endswith("A_log") else p.normal_(0.0, 0.4)
-    path = tmp_path_factory.mktemp("qwen3_5")
-    model.save_pretrained(path)
-    write_tokenizer(path)
-    return path, model
+    return save_random(model, tmp_path_factory.mktemp("qwen3_5")), model
 
 
 def test_logits_match_transformers_and_chunks_continue_the_state(tiny):
@@ -135,16 +129,7 @@ def test_greedy_tokens_match_transformers(tiny):
 def test_batched_requests_get_what_they_get_alone(tiny, weights):
     """Chunks of several lengths (a 300-token prompt in two chunks), decodes and a tight budget share steps; then a
     pool too small for all: the latest arrivals are preempted, their slots given back, and recomputed."""
-    llm = LLM(model=str(tiny[0]), weights=weights)
-    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
-    reqs = [(f"r{i}", prompt(i, n), greedy) for i, n in enumerate([3, 40, 130, 300])]
-    eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_batched_tokens=300, **POOL))
-    assert_same(run(eng, reqs), alone(llm, reqs))
-    long = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=1)
-    reqs = [(f"p{i}", prompt(i, 100), long) for i in range(4)]
-    eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(num_kv_blocks=30, block_size=16))
-    assert_same(run(eng, reqs), alone(llm, reqs))
-    assert eng.stats().preemptions > 0
+    assert_batch_invariant(LLM(model=str(tiny[0]), weights=weights), preempt=True)
 
 
 def test_prefix_caching_is_off_and_the_state_is_constant_in_the_context(tiny):
@@ -221,13 +206,7 @@ NEXT = dict(
 def tiny_next(tmp_path_factory) -> tuple[Path, Qwen3NextForCausalLM]:
     torch.manual_seed(1)
     model = Qwen3NextForCausalLM(Qwen3NextConfig(**NEXT)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.uniform_(-1, 1) if name.endswith("A_log") else p.normal_(0.0, 0.4)
-    path = tmp_path_factory.mktemp("qwen3_next")
-    model.save_pretrained(path)
-    write_tokenizer(path)
-    return path, model
+    return save_random(model, tmp_path_factory.mktemp("qwen3_next"), seed=1), model
 
 
 def test_qwen3_next_matches_transformers(tiny_next):
@@ -251,11 +230,7 @@ def test_qwen3_next_matches_transformers(tiny_next):
 
 
 def test_qwen3_next_batched_requests_get_what_they_get_alone(tiny_next):
-    llm = LLM(model=str(tiny_next[0]), weights="int8")
-    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
-    reqs = [(f"r{i}", prompt(i, n), greedy) for i, n in enumerate([3, 40, 130, 300])]
-    eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_batched_tokens=300, **POOL))
-    assert_same(run(eng, reqs), alone(llm, reqs))
+    assert_batch_invariant(LLM(model=str(tiny_next[0]), weights="int8"), preempt=False)
 
 
 def tiled(x: torch.Tensor, dim: int, key_heads: int, head_dim: int) -> torch.Tensor:
