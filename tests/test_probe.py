@@ -50,6 +50,9 @@ def test_measured_roofs_are_plausible(measured):
         assert result.notes[name]
     assert 1e9 <= result.copy_bandwidth <= 1e14
     assert 1e9 <= result.read_bandwidth <= 1e14
+    assert sorted(result.read_by_size) == [16 << 20, 64 << 20]  # the quick ladder, then the DRAM read
+    assert result.read_by_size[64 << 20] == result.read_bandwidth
+    assert all(1e9 <= bw <= 1e14 for bw in result.read_by_size.values())
     assert result.memory_bytes > 1e8
     assert result.cpu_count >= 1 and result.torch_threads >= 1
     assert result.torch_version == torch.__version__
@@ -187,3 +190,21 @@ def test_unsupported_devices_are_refused():
     if not torch.cuda.is_available():
         with pytest.raises(InvalidRequestError, match="no CUDA device"):
             probe.run_probe("cuda", quick=True)
+
+
+def test_the_memory_roof_follows_the_working_set(result):
+    """Reads that fit a cache are faster: the roof of a working set is interpolated in log size between the sizes
+    read, the smallest's below them, DRAM's past them; a cache written before the ladder answers DRAM everywhere."""
+    mib = 1 << 20
+    curve = dataclasses.replace(
+        result, read_by_size={8 * mib: 100e9, 32 * mib: 60e9, 1024 * mib: 20e9}, read_bandwidth=20e9
+    )
+    assert curve.read_bandwidth_at(4 * mib) == 100e9
+    assert curve.read_bandwidth_at(16 * mib) == pytest.approx(80e9)  # halfway between 8 and 32 MiB in log size
+    assert curve.read_bandwidth_at(2048 * mib) == 20e9
+    hardware = curve.to_hardware(working_set=16 * mib)
+    assert hardware.memory_bandwidth == pytest.approx(80e9)
+    assert hardware.notes["read_bandwidth"] == "80.0 GB/s reading a 17 MB working set (DRAM: 20.0 GB/s)"
+    assert curve.to_hardware().memory_bandwidth == 20e9
+    old = {k: v for k, v in result.to_dict().items() if k != "read_by_size"}
+    assert probe.ProbeResult.from_dict(old).to_hardware(working_set=mib).memory_bandwidth == result.read_bandwidth

@@ -113,7 +113,7 @@ def print_phase_report(llm: LLM, since: float) -> None:
 
     records = [r for r in llm.step_records if r.finished_at >= since]
     with err.status("measuring this machine's roofs (once; cached)..."):
-        hw = load_or_run_probe().to_hardware()
+        hw = load_or_run_probe().to_hardware(working_set=llm.weight_bytes)
     p = llm.precision
     steps = [attribute_step(llm.config, p, r.shape, r.seconds, hw) for r in records]
     phases = attribute_phases(steps, hw)

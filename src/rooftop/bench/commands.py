@@ -63,7 +63,7 @@ def bench(
         with err.status("loading model and this machine's roofs..."):
             llm = LLM.from_config(run)
             probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
-            hw = probe.to_hardware()
+            hw = probe.to_hardware(working_set=llm.weight_bytes)
         needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
         if needed > llm.max_model_len:
             raise InvalidRequestError(

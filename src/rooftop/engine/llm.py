@@ -22,6 +22,7 @@ from rooftop.loading.dummy import load_dummy
 from rooftop.loading.model_files import load_model
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
+from rooftop.roofline.ops import weight_bytes
 from rooftop.roofline.precision import Precision
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -145,6 +146,12 @@ class LLM:
     def precision(self) -> Precision:
         """What the engine's steps read and compute in, for the roofline attribution."""
         return self.model.precision
+
+    @property
+    def weight_bytes(self) -> float:
+        """The weights a decode step reads, by the analyzer's count at the run's precision: the working set whose
+        read bandwidth is the run's memory roof (ProbeResult.to_hardware)."""
+        return weight_bytes(self.config, self.precision)
 
     def generate(
         self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None

@@ -7,6 +7,7 @@ given by the caller measures them (rooftop.engine.probe, the probe `rooftop prob
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -43,7 +44,9 @@ class Plan:
     weight_only_k: int
     weight_only_n: int
     copy_bytes: int
-    read_bytes: int
+    read_bytes: int  # the DRAM read: far past any cache
+    read_ladder: tuple[int, ...]  # smaller reads, for working sets that (partly) stay in a cache; from 16 MiB, as
+    # below it a call's fixed cost, not the bytes, sets the rate (a 4 MiB sum read "28 GB/s" where 16 MiB read 169)
     reps: int
     cap_s: float
     min_rep_s: float  # short calls are looped within one timed repetition so the clock's resolution does not matter
@@ -52,11 +55,33 @@ class Plan:
 _PLANS = {
     # weight-only kernels: the row counts rooftop runs them at on CPU (larger steps widen to float32 sgemm, and
     # the kernels' rate is not monotone in M: 32 rows can beat both 16 and 64)
-    "cpu": Plan((256, 512, 1024, 2048, 4096), (16, 32, 64), 4096, 4096, 512 * MIB, 1024 * MIB, 5, 1.0, 0.02),
-    "cuda": Plan((1024, 2048, 4096, 8192), (16, 64, 256), 4096, 4096, 1024 * MIB, 2048 * MIB, 7, 1.0, 0.02),
+    "cpu": Plan(
+        (256, 512, 1024, 2048, 4096),
+        (16, 32, 64),
+        4096,
+        4096,
+        512 * MIB,
+        1024 * MIB,
+        (16 * MIB, 64 * MIB, 256 * MIB),
+        5,
+        1.0,
+        0.02,
+    ),
+    "cuda": Plan(
+        (1024, 2048, 4096, 8192),
+        (16, 64, 256),
+        4096,
+        4096,
+        1024 * MIB,
+        2048 * MIB,
+        (32 * MIB, 128 * MIB, 512 * MIB),
+        7,
+        1.0,
+        0.02,
+    ),
 }
 # Quick sizes stay large enough that a fixed per-call cost (milliseconds on an oversubscribed VM) does not dominate.
-_QUICK = Plan((256, 512), (16, 32, 64), 1024, 1024, 32 * MIB, 64 * MIB, 3, 0.15, 0.005)
+_QUICK = Plan((256, 512), (16, 32, 64), 1024, 1024, 32 * MIB, 64 * MIB, (16 * MIB,), 3, 0.15, 0.005)
 
 
 class WeightOnlyTimer(Protocol):
@@ -100,9 +125,27 @@ class ProbeResult:
     quick: bool
     notes: dict[str, str] = field(default_factory=dict)
     engine_formats: dict[str, str] = field(default_factory=dict)  # policy -> format, as the timed linears report
+    # bytes read -> bytes/s, the DRAM read's size included: what a working set of that size streams at
+    read_by_size: dict[int, float] = field(default_factory=dict)
 
-    def to_hardware(self) -> Hardware:
-        """A `Hardware` with the measured roofs; decode streams weights, so the memory roof is the read bandwidth."""
+    def read_bandwidth_at(self, working_set: float) -> float:
+        """The read bandwidth of a working set of `working_set` bytes: interpolated (in log size) between the sizes
+        read, the smallest's below them, the DRAM read's past them. A model whose weights stay partly in a cache
+        (the bundled 97 MB in a server CPU's 260 MiB L3) reads faster than DRAM, and its roof must say so."""
+        if not self.read_by_size:
+            return self.read_bandwidth
+        points = sorted(self.read_by_size.items())
+        if working_set <= points[0][0]:
+            return points[0][1]
+        for (s0, b0), (s1, b1) in zip(points, points[1:], strict=False):
+            if working_set <= s1:
+                t = math.log(working_set / s0) / math.log(s1 / s0)
+                return b0 + t * (b1 - b0)
+        return self.read_bandwidth
+
+    def to_hardware(self, working_set: float | None = None) -> Hardware:
+        """A `Hardware` with the measured roofs; decode streams weights, so the memory roof is the read bandwidth,
+        of the `working_set` (bytes a step reads: the model's weights) where given, else of DRAM."""
         threads = f", {self.torch_threads} threads" if self.device == "cpu" else ""
         notes = dict(self.notes)
         # The weight-only kernels dequantize and multiply in bf16: their measured rates are the compute roofs of
@@ -116,10 +159,16 @@ class ProbeResult:
                 peaks[key] = value
         if self.copy_bandwidth is not None:
             notes["copy_bandwidth"] = f"{self.copy_bandwidth / GIGA:.1f} GB/s"
+        bandwidth = self.read_bandwidth if working_set is None else self.read_bandwidth_at(working_set)
+        if working_set is not None:
+            notes["read_bandwidth"] = (
+                f"{bandwidth / GIGA:.1f} GB/s reading a {working_set / 1e6:.0f} MB working set "
+                f"(DRAM: {self.read_bandwidth / GIGA:.1f} GB/s)"
+            )
         return Hardware(
             name=f"this machine ({self.device_name}{threads})",
             peak_flops=peaks,
-            memory_bandwidth=self.read_bandwidth,
+            memory_bandwidth=bandwidth,
             memory_bytes=self.memory_bytes,
             source=f"rooftop probe {self.date}",
             notes=notes,
@@ -135,7 +184,9 @@ class ProbeResult:
     @classmethod
     def from_dict(cls, data: dict) -> ProbeResult:
         """The inverse of `to_dict`; raises KeyError, TypeError or ValueError on a malformed dict."""
-        values = {name: data[_SI_KEYS.get(name, name)] for name in cls.__dataclass_fields__}
+        optional = {"read_by_size"}  # a cache written before rooftop read several sizes: DRAM for every size
+        values = {name: data[_SI_KEYS.get(name, name)] for name in cls.__dataclass_fields__ if name not in optional}
+        values["read_by_size"] = {int(size): float(bw) for size, bw in (data.get("read_by_size") or {}).items()}
         for name in ("fp32_flops", "bf16_flops", "copy_bandwidth", "read_bandwidth", "duration_s"):
             values[name] = float(values[name])
         for name in ("int8_weight_only_flops", "int4_weight_only_flops"):
@@ -189,8 +240,15 @@ def run_probe(
     copy = _copy_bandwidth(device, plan)
     notes["copy_bandwidth"] = f"copy of {plan.copy_bytes // MIB} MiB, read + write bytes counted"
     step(STEPS[5])
-    read = _read_bandwidth(device, plan)
-    notes["read_bandwidth"] = f"sum of {plan.read_bytes // MIB} MiB of float32"
+    read_by_size = {size: _read_bandwidth(device, size, plan) for size in (*plan.read_ladder, plan.read_bytes)}
+    read = read_by_size[plan.read_bytes]
+    notes["read_bandwidth"] = (
+        f"sum of {plan.read_bytes // MIB} MiB of float32 (also read: "
+        + ", ".join(
+            f"{size // MIB} MiB {bw / GIGA:.1f} GB/s" for size, bw in read_by_size.items() if size != plan.read_bytes
+        )
+        + ")"
+    )
 
     memory = _total_ram_bytes() if device == "cpu" else torch.cuda.get_device_properties(device).total_memory
     return ProbeResult(
@@ -207,6 +265,7 @@ def run_probe(
         quick=quick,
         notes=notes,
         engine_formats=weight_only.formats(device),
+        read_by_size=read_by_size,
     )
 
 
@@ -381,8 +440,8 @@ def _copy_bandwidth(device: str, plan: Plan) -> float:
     return 2 * source.nbytes / seconds
 
 
-def _read_bandwidth(device: str, plan: Plan) -> float:
+def _read_bandwidth(device: str, size: int, plan: Plan) -> float:
     # fill_ touches every page: an untouched allocation reads back the kernel's shared zero page, from cache.
-    data = torch.empty(plan.read_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    data = torch.empty(size // 4, dtype=torch.float32, device=device).fill_(1.0)
     seconds = median_seconds(lambda: data.sum(), device, plan)
     return data.nbytes / seconds

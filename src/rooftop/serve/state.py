@@ -51,7 +51,8 @@ class ServerState:
                 log.info("loading %s", c.run.model or "the bundled model")
                 llm = LLM.from_config(c.run)
             log.info("reading this machine's roofs (measured once, ~15 s, then cached)")
-            hardware = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device)).to_hardware()
+            probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
+            hardware = probe.to_hardware(working_set=llm.weight_bytes)
         except Exception as e:  # a bad model path and a broken file alike end the server with one line
             self.load_error = str(e) if isinstance(e, RooftopError) else f"{type(e).__name__}: {e}"
             log.error("cannot serve: %s", self.load_error)
