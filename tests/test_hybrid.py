@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_batch_invariance import POOL, assert_batch_invariant
 from test_hf_models import PROMPT, save_random
+from test_moe import rooftop_logits
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_5 import modeling_qwen3_5 as reference_rules
 
@@ -183,13 +184,7 @@ def test_a_multimodal_checkpoint_runs_its_text_model_and_says_what_it_left_out(t
     loaded = load_model(tmp_path)
     assert loaded.notes == ["text model only: 2 tensors of the vision tower and multi-token prediction not read"]
     ids = list(range(5, 40))
-    logits = []
-    for source in (path, tmp_path):
-        model = build_model(load_model(source), torch.float32, "cpu", "float")
-        cache = KVCache(model.config, capacity=len(ids), dtype=torch.float32, device="cpu")
-        with torch.inference_mode():
-            logits.append(model.logits(model.forward(torch.tensor(ids), cache, 0)))
-    assert torch.equal(logits[0], logits[1])
+    assert torch.equal(rooftop_logits(tmp_path, ids), rooftop_logits(path, ids))
 
 
 NEXT = dict(
@@ -350,20 +345,16 @@ def write_hybrid_gguf(path: Path, model, arch: str = "qwen35") -> Path:
     return path
 
 
-def test_a_qwen35_gguf_of_the_same_weights_runs_as_the_safetensors(tiny, tmp_path):
-    path, model = tiny
-    file = write_hybrid_gguf(tmp_path / "qwen35.gguf", model)
-    config = load_model(file).config
-    assert (config.layer_types, config.partial_rotary_factor) == (["linear_attention"] * 3 + ["full_attention"], 0.25)
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_a_gguf_of_the_same_weights_runs_as_the_safetensors(tiny, tiny_next, tmp_path, arch):
+    path, model = tiny if arch == "qwen35" else tiny_next
+    file = write_hybrid_gguf(tmp_path / f"{arch}.gguf", model, arch)
+    c = load_model(file).config
+    assert (c.layer_types, c.partial_rotary_factor) == (["linear_attention"] * 3 + ["full_attention"], 0.25)
+    assert (c.num_experts, c.shared_expert_intermediate_size) == ((0, 0) if arch == "qwen35" else (8, 64))
     ids = list(range(5, 45))
-    logits = []
-    for source in (path, file):
-        built = build_model(load_model(source), torch.float32, "cpu", "float")
-        cache = KVCache(built.config, capacity=len(ids), dtype=torch.float32, device="cpu")
-        with torch.inference_mode():
-            logits.append(built.logits(built.forward(torch.tensor(ids), cache, 0)))
     # the norms stored plus one and A_log through exp and log round in the last bits
-    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rooftop_logits(file, ids), rooftop_logits(path, ids), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
@@ -380,18 +371,3 @@ def test_llama_cpp_reads_the_written_gguf_as_transformers_runs_the_weights(tiny,
         expected = model(torch.tensor([ids])).logits[0, -1]
     got = torch.tensor(llm.scores[len(ids) - 1])
     assert (got - expected).abs().max().item() < 1e-3  # llama.cpp's own float32 rounding: 2.5e-4 observed
-
-
-def test_a_qwen3next_gguf_of_the_same_weights_runs_as_the_safetensors(tiny_next, tmp_path):
-    path, model = tiny_next
-    file = write_hybrid_gguf(tmp_path / "qwen3next.gguf", model, "qwen3next")
-    config = load_model(file).config
-    assert (config.architecture, config.num_experts, config.shared_expert_intermediate_size) == ("qwen3_next", 8, 64)
-    ids = list(range(5, 45))
-    logits = []
-    for source in (path, file):
-        built = build_model(load_model(source), torch.float32, "cpu", "float")
-        cache = KVCache(built.config, capacity=len(ids), dtype=torch.float32, device="cpu")
-        with torch.inference_mode():
-            logits.append(built.logits(built.forward(torch.tensor(ids), cache, 0)))
-    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
