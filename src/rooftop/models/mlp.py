@@ -71,8 +71,9 @@ def expert_plan(plan: RowPlan, rows: torch.Tensor) -> tuple[torch.Tensor, RowPla
 
 @dataclass
 class SparseMoE:
-    """The MLP half of a Qwen3-MoE layer: the router (hidden -> num_experts) in float32 and the experts' linears in
-    the model's weight format. `touched`: how many distinct experts the last call ran (the engine's step record)."""
+    """The MLP half of a Qwen3-MoE or Qwen3-Next layer: the router (hidden -> num_experts) in float32 and the
+    experts' linears in the model's weight format. `touched`: how many distinct experts the last call ran (the
+    engine's step record)."""
 
     router: FloatLinear
     experts: list[DenseMLP]
