@@ -357,3 +357,16 @@ def test_a_near_tie_stays_a_near_tie_in_the_default_format():
     for llm in (LLM(), LLM(weights="int8")):
         first = dict(llm.generate(prompt, params)[0].logprobs[0].top)
         assert the in first and max(first.values()) - first[the] < 0.4
+
+
+@pytest.mark.parametrize("policy", ["int8", "int4"])
+def test_a_matrix_of_no_whole_groups_stays_float(policy):
+    """A 48-wide input (a small shared expert's down projection) is not whole groups of 32: it stays float under
+    the group-32 formats instead of failing inside their quantizer."""
+    from rooftop.quant.linear import FloatLinear, make_linear
+
+    w = torch.randn(16, 48, generator=torch.Generator().manual_seed(48))
+    lin = make_linear(w, None, policy)
+    assert isinstance(lin, FloatLinear)
+    x = torch.randn(3, 48, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(lin(x), x @ w.t())

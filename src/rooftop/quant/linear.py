@@ -550,6 +550,8 @@ def make_linear(
         weight = torch.cat([to_float(w) for w in weight])
     device = weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")  # groups live on the CPU
     kind = linear_kind(policy, device, lm_head)
+    if kind in (Q4Linear, Q8Linear, Int4Linear) and isinstance(weight, torch.Tensor) and weight.shape[1] % GROUP:
+        kind = FloatLinear  # rows that are no whole groups of 32 stay float, as the run's format line then shows
     if kind is FloatLinear:
         if not isinstance(weight, torch.Tensor):
             raise InvalidRequestError("float linears take float tensors: dequantize a file's groups first")
