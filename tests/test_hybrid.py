@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_batch_invariance import POOL, assert_batch_invariant
 from test_hf_models import PROMPT, save_random
-from test_moe import rooftop_logits
+from test_moe import assert_greedy_as_transformers, rooftop_logits
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_5 import modeling_qwen3_5 as reference_rules
 
-from rooftop import LLM, SamplingParams
+from rooftop import LLM
 from rooftop.config import EngineConfig
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.enums import Phase
@@ -117,13 +117,7 @@ def test_logits_match_transformers_and_chunks_continue_the_state(tiny):
 
 
 def test_greedy_tokens_match_transformers(tiny):
-    path, reference = tiny
-    ids = [5, 17, 42, 99, 3, 250, 7]
-    out = LLM(model=str(path), weights="float").generate(
-        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    )
-    expected = reference.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None)
-    assert out[0].token_ids == expected[0, len(ids) :].tolist()
+    assert_greedy_as_transformers(*tiny)
 
 
 @pytest.mark.parametrize("weights", ["float", "int8"])
@@ -216,12 +210,7 @@ def test_qwen3_next_matches_transformers(tiny_next):
     with torch.inference_mode():
         got = model.logits(model.forward(torch.tensor(ids), cache, 0))[-1]
     assert (got - expected).abs().max().item() < 1e-4
-    ids = [5, 17, 42, 99, 3, 250, 7]
-    out = LLM(model=str(path), weights="float").generate(
-        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    )
-    greedy = reference.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None)
-    assert out[0].token_ids == greedy[0, len(ids) :].tolist()
+    assert_greedy_as_transformers(path, reference)
 
 
 def test_qwen3_next_batched_requests_get_what_they_get_alone(tiny_next):

@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_roofline_cli import SMALL
 
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline import StepShape, analyze, parameter_count, precision, step_ops
@@ -409,15 +410,7 @@ def test_a_tied_quantized_model_keeps_its_one_table_in_floats_and_odd_configs_ar
         _quantized(None, dtype="float64")
 
 
-SMALL_TEXT = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 1000,
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+SMALL_TEXT = {k: v for k, v in SMALL.items() if k not in ("max_position_embeddings", "tie_word_embeddings")}
 
 
 def test_a_wrapper_configs_quantization_and_dtype_reach_its_text_model():

@@ -45,6 +45,7 @@ class Transformer:
         self.ops = ops
         self.weight_policy = weight_policy  # the policy its linears were built under: float, int8 or int4
         self.conversions = conversions or {}  # HF name -> "Q3_K -> Q4_1": matrices the loader converted
+        self.moe = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]  # read after every step
 
     def bytes_by_format(self) -> dict[str, int]:
         """The block linears' bytes per format they run in (several for a mixed file such as a Q4_K_M)."""
@@ -58,8 +59,9 @@ class Transformer:
     def experts_touched(self) -> float | None:
         """Distinct experts each mixture-of-experts layer ran in the last forward pass, averaged over the layers;
         None for a dense model."""
-        counts = [layer.mlp.touched for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
-        return sum(counts) / len(counts) if counts else None
+        if not self.moe:
+            return None
+        return sum(moe.touched for moe in self.moe) / len(self.moe)
 
     @property
     def precision(self) -> Precision:
