@@ -294,6 +294,7 @@ def test_the_portable_loops_match_the_vector_kernels():
         lambda k: k.q4_dequantize(q4.qs, q4.dm),
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
+        lambda k: k.argmax_rows(x),
     ):
         torch.testing.assert_close(module_call(portable), module_call(kernels), atol=1e-4, rtol=1e-4)
     for call in [call for calls in block_format_calls() for call in calls]:
@@ -323,3 +324,20 @@ def test_the_portable_loops_match_the_vector_kernels():
     args = (torch.tensor([21, 40]), torch.tensor([[0, 1], [2, 0]]), torch.tensor([22, 9]), 16, 4, 2, 0.25)
     attended = [k.decode_attention(qkv, kp, vp, *args) for k, (kp, vp) in zip((portable, kernels), pools, strict=False)]
     torch.testing.assert_close(attended[0], attended[1], atol=1e-5, rtol=1e-5)
+
+
+def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans():
+    """Greedy decoding's pick: the first of equal maxima, all -inf gives 0, a NaN wins (the first one), any width."""
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(6, 1003, generator=gen)
+    rows[1, 17] = rows[1, 900] = rows[1].max() + 1  # a tie: the first index
+    rows[2] = float("-inf")
+    rows[3, 5], rows[3, 700] = float("inf"), float("inf")
+    rows[4, 999], rows[4, 12] = float("nan"), float("nan")
+    rows[5, 1002] = 50.0  # in the scalar tail
+    assert kernels.argmax_rows(rows).tolist() == rows.argmax(-1).tolist() == [
+        int(rows[0].argmax()), 17, 0, 5, 12, 1002
+    ]
+    for width in (1, 7, 8, 9, 49152):
+        x = torch.randn(3, width, generator=gen)
+        assert torch.equal(kernels.argmax_rows(x), x.argmax(-1))

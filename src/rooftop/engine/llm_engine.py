@@ -171,7 +171,8 @@ class LLMEngine:
         if good:
             rows = [SamplingRow(s.params, s.generator, s.prompt_token_ids, s.output_token_ids) for s in seqs]
             try:
-                tokens = dict(zip(good, sample(logits[good], [rows[k] for k in good]), strict=True))
+                kept = logits if len(good) == len(rows) else logits[good]  # indexing copies the rows
+                tokens = dict(zip(good, sample(kept, [rows[k] for k in good]), strict=True))
             except (RuntimeError, ValueError):  # a sampling failure fails this step's samples, not the engine
                 log.exception("sampling failed")
                 error = "sampling failed on this step (the log has the details)"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.kernels import cpu
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -32,6 +33,13 @@ def apply_presence_frequency_penalties(
 
 
 TOP_P_CANDIDATES = 256
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's greedy token: rooftop's CPU kernel for float32 rows on the CPU (torch.argmax's CPU loop costs
+    more than a layer's attention at batch 1, docs/PERFORMANCE.md), torch.argmax elsewhere; the same ids."""
+    kernels = cpu.ops() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
+    return logits.argmax(-1) if kernels is None else kernels.argmax_rows(logits.contiguous())
 
 
 @dataclass
@@ -158,8 +166,8 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
     logits = apply_penalties(logits, rows)
     greedy = [r.params.greedy for r in rows]
     if all(greedy):
-        return logits.argmax(-1).tolist()
-    tokens = logits.argmax(-1) if any(greedy) else torch.empty(len(rows), dtype=torch.long, device=logits.device)
+        return argmax(logits).tolist()
+    tokens = argmax(logits) if any(greedy) else torch.empty(len(rows), dtype=torch.long, device=logits.device)
     drawn = [i for i in range(len(rows)) if not greedy[i]]
     narrow = [i for i in drawn if rows[i].params.top_k or rows[i].params.top_p < 1.0]
     wide = [i for i in drawn if i not in narrow]

@@ -332,6 +332,48 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// The index of each row's largest value, as torch.argmax gives it (the first of equal maxima; a NaN is the
+// largest, the first one): greedy decoding's pick. PyTorch's CPU argmax tracks an index per element; this finds
+// the maximum with vector compares, then its first index, in two passes over the row.
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.size(1) > 0,
+              "logits must be contiguous float32 (B, vocab)");
+  const int64_t b_count = logits.size(0), vocab = logits.size(1);
+  auto out = at::empty({b_count}, logits.options().dtype(at::kLong));
+  const float* in = logits.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t b = 0; b < b_count; ++b) {
+    const float* row = in + b * vocab;
+    float top = row[0];
+    bool nan = false;
+    int64_t i = 0;
+#ifdef ROOFTOP_AVX2
+    __m256 tops = _mm256_set1_ps(row[0]), unordered = _mm256_setzero_ps();
+    for (; i + 8 <= vocab; i += 8) {
+      const __m256 v = _mm256_loadu_ps(row + i);
+      tops = _mm256_max_ps(tops, v);
+      unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, tops);
+    for (float lane : lanes) top = std::max(top, lane);
+    nan = _mm256_movemask_ps(unordered) != 0;
+#endif
+    for (; i < vocab; ++i) {
+      nan = nan || std::isnan(row[i]);
+      top = std::max(top, row[i]);
+    }
+    int64_t at = 0;
+    if (nan) {
+      while (!std::isnan(row[at])) ++at;
+    } else {
+      while (row[at] != top) ++at;
+    }
+    o[b] = at;
+  }
+  return out;
+}
+
 namespace {
 
 // p[s] = scale * (q . the key at rows[s]) for s < n, keys at base + rows[s] * stride. Four keys at a time, so
@@ -484,6 +526,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_dequantize", &q4_dequantize, "Q4 groups -> float32 or bfloat16 (N, K)", py::arg("qs"), py::arg("dm"),
         py::arg("bf16") = false);
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
+  m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");
   m.def("rope_", &rope_, "optional per-head RMSNorm, then RoPE, in place", py::arg("qkv"), py::arg("heads"),
         py::arg("head_dim"), py::arg("positions"), py::arg("cos"), py::arg("signed_sin"), py::arg("norm") = py::none(),
         py::arg("eps") = 1e-6);
