@@ -335,9 +335,7 @@ def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans():
     rows[3, 5], rows[3, 700] = float("inf"), float("inf")
     rows[4, 999], rows[4, 12] = float("nan"), float("nan")
     rows[5, 1002] = 50.0  # in the scalar tail
-    assert kernels.argmax_rows(rows).tolist() == rows.argmax(-1).tolist() == [
-        int(rows[0].argmax()), 17, 0, 5, 12, 1002
-    ]
+    assert kernels.argmax_rows(rows).tolist() == rows.argmax(-1).tolist() == [int(rows[0].argmax()), 17, 0, 5, 12, 1002]
     for width in (1, 7, 8, 9, 49152):
         x = torch.randn(3, width, generator=gen)
         assert torch.equal(kernels.argmax_rows(x), x.argmax(-1))
