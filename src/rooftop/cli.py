@@ -21,6 +21,7 @@ from rooftop.engine.outputs import RequestOutput
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.errors import RooftopError
 from rooftop.roofline import commands as roofline_commands
+from rooftop.roofline.report import seconds
 from rooftop.serve import commands as serve_commands
 
 app = typer.Typer(
@@ -106,19 +107,29 @@ def print_report(m: RequestMetrics, finish_reason: str | None) -> None:
 
 
 def print_phase_report(llm: LLM, since: float) -> None:
-    """Attribute the steps run since `since` against this machine's measured roofs (probing once if needed)."""
+    """Attribute the steps run since `since` against this machine's measured roofs (probing once if needed) and its
+    calibration (a quick one, once per model and format, if none is cached): bound, expected, the gap by part and
+    the lever for each phase."""
+    from rooftop.engine.calibrate import load_or_calibrate
     from rooftop.engine.probe import load_or_run_probe
-    from rooftop.roofline.attribution import attribute_phases, attribute_step, experts_sentence, gap_sentence
-    from rooftop.roofline.report import phase_table
+    from rooftop.roofline.attribution import advice, attribute_phases, attribute_step, experts_sentence, gap_sentence
+    from rooftop.roofline.report import gap_bar, phase_table
 
     records = [r for r in llm.step_records if r.finished_at >= since]
     with err.status("measuring this machine's roofs (once; cached)..."):
         hw = load_or_run_probe().to_hardware(working_set=llm.weight_bytes)
+    with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
+        calibration = load_or_calibrate(llm, hw, quick=True, on_progress=lambda s: status.update(f"calibrating: {s}"))
     p = llm.precision
-    steps = [attribute_step(llm.config, p, r.shape, r.seconds, hw) for r in records]
+    steps = [attribute_step(llm.config, p, r.shape, r.seconds, hw, r.around_seconds, calibration) for r in records]
     phases = attribute_phases(steps, hw)
     err.print(phase_table(phases))
     err.print(gap_sentence(phases))
+    for name, phase in phases.items():
+        if phase.gap is not None:
+            err.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
+    for name, phase in phases.items():
+        err.print(f"[dim]{escape(advice(name, phase))}[/]")
     if experts := experts_sentence(llm.config, steps):
         err.print(experts)
 
@@ -238,6 +249,40 @@ def chat(
         messages.append({"role": "assistant", "content": output.text})
         if stats:
             print_report(output.metrics, output.finish_reason)
+
+
+@app.command()
+@with_run_config
+def calibrate(
+    quick: Annotated[
+        bool, typer.Option(help="a few shapes only (seconds): what generate runs when none is cached")
+    ] = False,
+    force: Annotated[bool, typer.Option(help="calibrate again even if a calibration is cached")] = False,
+    *,
+    run: RunConfig,
+) -> None:
+    """Time the engine's linears, attention, elementwise ops and host work inside real steps of this model, at
+    decode batches and prompt lengths within the engine's limits, and cache the result: what `generate` and `bench`
+    compute their expected times from."""
+    from rooftop.engine.calibrate import cache_path, load_or_calibrate
+    from rooftop.engine.probe import load_or_run_probe
+
+    with user_errors():
+        llm = load(run)
+        with err.status("measuring this machine's roofs (once; cached)..."):
+            hw = load_or_run_probe().to_hardware(working_set=llm.weight_bytes)
+        with err.status("calibrating...") as status:
+            cal = load_or_calibrate(llm, hw, force, quick, lambda s: status.update(f"calibrating: {s}"))
+    table = Table("curve", "points", "smallest: measured (of its roofline)", "largest: measured (of its roofline)")
+    for key, curve in sorted(cal.curves.items()):
+        (x0, y0), (x1, y1) = curve.points[0], curve.points[-1]
+        if key.endswith(("host", "around")):
+            cells = (f"{seconds(y0)} at {x0:g} seqs", f"{seconds(y1)} at {x1:g} seqs")
+        else:
+            cells = (f"{seconds(y0)} ({seconds(x0)})", f"{seconds(y1)} ({seconds(x1)})")
+        table.add_row(key, str(len(curve.points)), *cells)
+    err.print(table)
+    err.print(f"[dim]cached in {cache_path(llm, hw)}{' (quick)' if cal.quick else ''}[/]")
 
 
 app.add_typer(bench_commands.app, name="bench")

@@ -52,6 +52,7 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     from rooftop.bench.measure import machine_info
+    from rooftop.engine.calibrate import load_or_calibrate
     from rooftop.engine.llm import LLM
     from rooftop.engine.probe import load_or_run_probe
 
@@ -64,6 +65,8 @@ def bench(
             llm = LLM.from_config(run)
             probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
             hw = probe.to_hardware(working_set=llm.weight_bytes)
+        with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
+            calibration = load_or_calibrate(llm, hw, on_progress=lambda s: status.update(f"calibrating: {s}"))
         needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
         if needed > llm.max_model_len:
             raise InvalidRequestError(
@@ -77,7 +80,13 @@ def bench(
 
                 task = progress.add_task("bench", total=reps + 1)
                 summary, phases = quick_bench(
-                    llm, hw, pp or 512, tg or 128, reps, lambda what: progress.update(task, description=what, advance=1)
+                    llm,
+                    hw,
+                    calibration,
+                    pp or 512,
+                    tg or 128,
+                    reps,
+                    lambda what: progress.update(task, description=what, advance=1),
                 )
             else:
                 from rooftop.bench.sweep import sweep
@@ -86,6 +95,7 @@ def bench(
                 result = sweep(
                     llm,
                     hw,
+                    calibration,
                     lens,
                     batches,
                     output_len,
@@ -93,12 +103,15 @@ def bench(
                     lambda what: progress.update(task, description=what, advance=1),
                 )
         if quick:
-            from rooftop.roofline.attribution import gap_sentence
-            from rooftop.roofline.report import phase_table
+            from rooftop.roofline.attribution import advice, gap_sentence
+            from rooftop.roofline.report import gap_bar, phase_table
 
             _print_quick(console, report["machine"], summary)
             console.print(phase_table(phases))
             console.print(gap_sentence(phases))
+            for name, phase in phases.items():
+                console.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
+                console.print(advice(name, phase))
             report.update(summary)
             report.update({name: phase.to_dict() for name, phase in phases.items()})
             if "decode" in phases:
@@ -144,13 +157,20 @@ def _print_quick(console: Console, machine: dict, s: dict) -> None:
 
 def _print_sweep(console: Console, result) -> None:
     table = Table(
-        "prompt tokens", "TTFT measured", "TTFT predicted", "prefill tok/s", "% of compute roof", title="TTFT"
+        "prompt tokens",
+        "TTFT measured",
+        "prefill step expected",
+        "bound",
+        "prefill tok/s",
+        "% of compute roof",
+        title="TTFT",
     )
     for r in result.ttft:
         table.add_row(
             str(r["prompt_tokens"]),
             seconds(r["measured_ttft_s"]),
-            seconds(r["predicted_ttft_s"]),
+            f"{seconds(r['expected_prefill_step_s'])} (measured {seconds(r['measured_prefill_step_s'])})",
+            seconds(r["bound_prefill_step_s"]),
             f"{r['prefill_tokens_per_s']:.0f}",
             f"{r['pct_of_compute_roof']:.1f}%",
         )
@@ -158,9 +178,10 @@ def _print_sweep(console: Console, result) -> None:
     table = Table(
         "batch",
         "TPOT measured",
-        "TPOT predicted",
+        "TPOT expected",
+        "TPOT bound",
         "tok/s measured",
-        "tok/s predicted",
+        "tok/s expected",
         "% of bandwidth roof",
         title="decode",
     )
@@ -168,9 +189,10 @@ def _print_sweep(console: Console, result) -> None:
         table.add_row(
             str(r["batch"]),
             seconds(r["measured_tpot_s"]),
-            seconds(r["predicted_tpot_s"]),
+            seconds(r["expected_tpot_s"]),
+            seconds(r["bound_tpot_s"]),
             f"{r['measured_tokens_per_s_total']:.1f}",
-            f"{r['predicted_tokens_per_s_total']:.1f}",
+            f"{r['expected_tokens_per_s_total']:.1f}",
             f"{r['pct_of_bandwidth_roof']:.1f}%",
         )
     console.print(table)

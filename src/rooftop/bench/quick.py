@@ -8,11 +8,18 @@ from collections.abc import Callable
 from rooftop.bench.measure import run_batch, synthetic_prompt
 from rooftop.engine.llm import LLM
 from rooftop.roofline.attribution import PhaseAttribution, attribute_phases, attribute_step
+from rooftop.roofline.calibration import Calibration
 from rooftop.roofline.hardware import Hardware
 
 
 def quick_bench(
-    llm: LLM, hw: Hardware, pp: int, tg: int, reps: int, on_progress: Callable[[str], None] = lambda _: None
+    llm: LLM,
+    hw: Hardware,
+    calibration: Calibration,
+    pp: int,
+    tg: int,
+    reps: int,
+    on_progress: Callable[[str], None] = lambda _: None,
 ) -> tuple[dict, dict[str, PhaseAttribution]]:
     """Run `reps` single-sequence generations (after one warm-up); return medians and the phase attribution."""
     p = llm.precision
@@ -24,7 +31,9 @@ def quick_bench(
             continue
         prefill_s.append(sum(r.seconds for r in run.records if r.phase == "prefill"))
         decode_steps.append([r.seconds for r in run.records if r.phase == "decode"])
-        attributions += [attribute_step(llm.config, p, r.shape, r.seconds, hw) for r in run.records]
+        attributions += [
+            attribute_step(llm.config, p, r.shape, r.seconds, hw, r.around_seconds, calibration) for r in run.records
+        ]
     tpot = statistics.median(statistics.median(d) for d in decode_steps) if tg > 1 else None
     decode_tps = [len(d) / sum(d) for d in decode_steps if d]
     summary = {

@@ -9,6 +9,7 @@ from statistics import median
 from rooftop.bench.measure import run_batch, synthetic_prompt
 from rooftop.engine.llm import LLM
 from rooftop.roofline.attribution import attribute_phases, attribute_step
+from rooftop.roofline.calibration import Calibration
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
 from rooftop.roofline.predict import decode_time
@@ -35,6 +36,7 @@ class SweepResult:
 def sweep(
     llm: LLM,
     hw: Hardware,
+    calibration: Calibration,
     prompt_lens: list[int],
     batch_sizes: list[int],
     output_len: int,
@@ -50,14 +52,17 @@ def sweep(
             run = run_batch(llm, [synthetic_prompt(llm, S, rep)], 1)
             if rep:
                 ttfts.append(run.ttft_s[0])
-                steps.append(next(r.seconds for r in run.records if r.phase == "prefill"))
-        att = attribute_step(llm.config, p, StepShape.prefill(1, S), median(steps), hw)
+                steps.append(next(r for r in run.records if r.phase == "prefill"))
+        forward, around = median(r.seconds for r in steps), median(r.around_seconds for r in steps)
+        att = attribute_step(llm.config, p, StepShape.prefill(1, S), forward, hw, around, calibration)
         phase = attribute_phases([att], hw)["prefill"]
         result.ttft.append(
             {
                 "prompt_tokens": S,
                 "measured_ttft_s": median(ttfts),
                 "measured_prefill_step_s": att.measured_s,
+                "expected_prefill_step_s": att.expected.total_s,
+                "bound_prefill_step_s": att.predicted.bound_s,
                 "predicted_ttft_s": att.predicted.time_s,
                 "achieved_flops_per_s": phase.achieved_flops_per_s,
                 "pct_of_compute_roof": phase.pct_of_compute_roof,
@@ -71,19 +76,23 @@ def sweep(
         step_times = []
         for rep in range(reps + 1):
             run = run_batch(llm, [synthetic_prompt(llm, context, 1000 * rep + i) for i in range(B)], output_len)
-            decodes = [r.seconds for r in run.records if r.phase == "decode" and r.shape.num_seqs == B]
+            decodes = [r.wall_seconds for r in run.records if r.phase == "decode" and r.shape.num_seqs == B]
             if rep and decodes:
                 step_times.append(median(decodes))
         measured = median(step_times)
         predicted = decode_time(llm.config, p, hw, B, context, output_len) / (output_len - 1)
         mid = StepShape.decode(B, context + output_len // 2)
-        att = attribute_step(llm.config, p, mid, measured, hw)
+        att = attribute_step(llm.config, p, mid, measured, hw, calibration=calibration)
         phase = attribute_phases([att], hw)["decode"]
+        expected = att.expected.total_s
         result.decode.append(
             {
                 "batch": B,
                 "context_tokens": context,
                 "measured_tpot_s": measured,
+                "expected_tpot_s": expected,
+                "bound_tpot_s": att.predicted.bound_s,
+                "expected_tokens_per_s_total": B / expected,
                 "predicted_tpot_s": predicted,
                 "measured_tokens_per_s_total": B / measured,
                 "predicted_tokens_per_s_total": B / predicted,

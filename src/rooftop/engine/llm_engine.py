@@ -134,6 +134,7 @@ class LLMEngine:
     def step(self) -> StepOutput:
         """Schedule, run one forward pass, sample; return what each request that got a token produced, and the
         step's record."""
+        began = time.perf_counter()
         batch = self._scheduler.schedule()
         if not batch:
             return StepOutput()
@@ -156,7 +157,8 @@ class LLMEngine:
         deltas = self._sample(batch, step.logits, step.sampled)
         finished = [self._requests.pop(d.request_id) for d in deltas if d.finished]
         self._scheduler.update(batch, finished)
-        return StepOutput(deltas, StepRecord(shape, step.seconds, time.perf_counter()))
+        now = time.perf_counter()
+        return StepOutput(deltas, StepRecord(shape, step.seconds, now, now - began - step.seconds))
 
     def _sample(self, batch: list[ScheduledSeq], logits: torch.Tensor | None, sampled: list[int]) -> list[RequestDelta]:
         """Next tokens for the sampling sequences, as deltas. A row whose logits are not finite ends its own request

@@ -53,8 +53,13 @@ class StepRecord:
     phase), its phase and its measured time."""
 
     shape: StepShape
-    seconds: float
+    seconds: float  # the forward pass and the lm_head, device-synchronized
     finished_at: float  # time.perf_counter() when the step's tokens were ready
+    around_seconds: float = 0.0  # the rest of the step: scheduling, sampling, detokenizing, bookkeeping
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.seconds + self.around_seconds
 
     @property
     def phase(self) -> Phase:

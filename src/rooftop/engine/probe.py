@@ -20,7 +20,8 @@ class EngineLinears:
     decode runs them at."""
 
     def kernels(self, device: str) -> str:
-        return "rooftop" if device == "cpu" and cpu.ops() is not None else "pytorch"
+        """Whose kernels, and for rooftop's which build of them: a probe taken before they changed is stale."""
+        return f"rooftop {cpu.sources_version()}" if device == "cpu" and cpu.ops() is not None else "pytorch"
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
         if device != "cpu":

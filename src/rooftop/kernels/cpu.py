@@ -49,6 +49,11 @@ def header_version() -> str:
     return hashlib.sha256(HEADER.read_bytes()).hexdigest()[:8]
 
 
+def sources_version() -> str:
+    """A hash of every kernel source: what a measurement of the kernels (the probe, a calibration) was taken with."""
+    return hashlib.sha256(b"".join(path.read_bytes() for path in [*SOURCES, HEADER])).hexdigest()[:8]
+
+
 def build(name: str, arch_flag: str) -> ModuleType:
     """Compile the sources as module `name` for `arch_flag` (compiler flags: -march=native here; the tests also build the portable
     loops that machines without AVX2 and F16C run, e.g. with -march=x86-64)."""

@@ -4,10 +4,13 @@ on its StepShape), and the measured time says what FLOP/s and bytes/s the run ac
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
 from rooftop.enums import Phase
+from rooftop.roofline.calibration import Calibration, ExpectedStep, Gap, step_gap
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape, expected_experts_touched
 from rooftop.roofline.precision import Precision
@@ -17,15 +20,39 @@ from rooftop.roofline.report import seconds
 
 @dataclass(frozen=True)
 class StepAttribution:
+    """One recorded step beside the analyzer: `forward_s` the forward pass as the engine timed it, `around_s` the
+    rest of the step (scheduling, sampling, detokenizing); the op model's numbers for its shape on the same
+    hardware; with a calibration, the expected time by part and the gap decomposed."""
+
     shape: StepShape
-    measured_s: float
-    predicted: StepTime  # the analyzer's numbers for the same shape on the same hardware
+    forward_s: float
+    predicted: StepTime
+    around_s: float = 0.0
+    expected: ExpectedStep | None = None
+
+    @property
+    def measured_s(self) -> float:
+        """The step's wall time: what it took from scheduling to its tokens."""
+        return self.forward_s + self.around_s
+
+    def gap(self, hw: Hardware) -> Gap | None:
+        if self.expected is None:
+            return None
+        return step_gap(self.predicted, self.expected, self.forward_s, self.around_s, hw)
 
 
 def attribute_step(
-    config: ModelConfig, p: Precision, shape: StepShape, seconds: float, hw: Hardware
+    config: ModelConfig,
+    p: Precision,
+    shape: StepShape,
+    seconds: float,
+    hw: Hardware,
+    around_s: float = 0.0,
+    calibration: Calibration | None = None,
 ) -> StepAttribution:
-    return StepAttribution(shape, seconds, time_step(config, p.at(shape.tokens), shape, hw))
+    predicted = time_step(config, p.at(shape.tokens), shape, hw)
+    expected = None if calibration is None else calibration.expected(config, p, shape, hw)
+    return StepAttribution(shape, seconds, predicted, around_s, expected)
 
 
 @dataclass(frozen=True)
@@ -35,14 +62,17 @@ class PhaseAttribution:
     phase: Phase
     steps: int
     tokens: int
-    measured_s: float
-    predicted_s: float
+    measured_s: float  # wall time of the steps
+    predicted_s: float  # the op model's roofline, ops one after another
+    bound_s: float  # the fused lower bound (StepTime.bound_s)
     flops: float
     bytes: float
     compute_time_s: float  # Σ FLOPs / peak: what the math alone would take at the roof
     memory_time_s: float  # Σ bytes / bandwidth
     peak_flops: float
     bandwidth: float
+    expected_s: float | None = None  # the calibrated time of the steps, with a calibration
+    gap: Gap | None = None  # the steps' gaps summed, with a calibration
 
     @property
     def achieved_flops_per_s(self) -> float:
@@ -61,12 +91,21 @@ class PhaseAttribution:
         return 100 * self.achieved_bytes_per_s / self.bandwidth
 
     @property
-    def bound(self) -> str:
+    def roof(self) -> str:
+        """The roof the phase's work meets first: compute or memory."""
         return "compute" if self.compute_time_s >= self.memory_time_s else "memory"
 
     @property
+    def bound(self) -> str:
+        """What bounds the phase, by the largest part of its time: its roof, or the host when the host's time
+        (in and around the forward pass) exceeds the kernels'."""
+        if self.gap is not None and self.gap.host_s + self.gap.around_s > self.measured_s / 2:
+            return "host"
+        return self.roof
+
+    @property
     def pct_of_bound_roof(self) -> float:
-        return self.pct_of_compute_roof if self.bound == "compute" else self.pct_of_bandwidth_roof
+        return self.pct_of_compute_roof if self.roof == "compute" else self.pct_of_bandwidth_roof
 
     def to_dict(self) -> dict:
         return {
@@ -74,6 +113,9 @@ class PhaseAttribution:
             "tokens": self.tokens,
             "measured_s": self.measured_s,
             "predicted_s": self.predicted_s,
+            "bound_s": self.bound_s,
+            "expected_s": self.expected_s,
+            "gap_s": None if self.gap is None else self.gap.parts(),
             "flops": self.flops,
             "bytes": self.bytes,
             "achieved_flops_per_s": self.achieved_flops_per_s,
@@ -81,6 +123,7 @@ class PhaseAttribution:
             "pct_of_compute_roof": self.pct_of_compute_roof,
             "pct_of_bandwidth_roof": self.pct_of_bandwidth_roof,
             "bound": self.bound,
+            "roof": self.roof,
             "pct_of_bound_roof": self.pct_of_bound_roof,
             "roof_flops_per_s": self.peak_flops,
             "roof_bytes_per_s": self.bandwidth,
@@ -95,36 +138,68 @@ def attribute_phases(steps: list[StepAttribution], hw: Hardware) -> dict[str, Ph
         chosen = [s for s in steps if s.shape.phase == phase]
         if not chosen:
             continue
+        gaps = [s.gap(hw) for s in chosen]
         phases[phase] = PhaseAttribution(
             phase=phase,
             steps=len(chosen),
             tokens=sum(s.shape.tokens for s in chosen),
             measured_s=sum(s.measured_s for s in chosen),
             predicted_s=sum(s.predicted.time_s for s in chosen),
+            bound_s=sum(s.predicted.bound_s for s in chosen),
             flops=sum(s.predicted.flops for s in chosen),
             bytes=sum(s.predicted.bytes for s in chosen),
             compute_time_s=sum(s.predicted.compute_time_s for s in chosen),
             memory_time_s=sum(s.predicted.memory_time_s for s in chosen),
             peak_flops=sum(s.predicted.flops for s in chosen) / sum(s.predicted.compute_time_s for s in chosen),
             bandwidth=hw.memory_bandwidth,
+            expected_s=None if None in gaps else sum(s.expected.total_s for s in chosen),
+            gap=None if None in gaps else functools.reduce(operator.add, gaps),
         )
     return phases
 
 
 def gap_sentence(phases: dict[str, PhaseAttribution]) -> str:
-    """One sentence per phase naming the distance to the roof, e.g. "decode reached 52% of memory bandwidth: ..."."""
+    """One sentence per phase: the distance to the roof, and the measured, expected and bound times, e.g.
+    "decode reached 38% of memory bandwidth: measured 5.2 ms, expected 5.1 ms, bound 1.9 ms per token, 47 steps"."""
     parts = []
     for name, p in phases.items():
-        roof = "compute peak" if p.bound == "compute" else "memory bandwidth"
+        roof = "compute peak" if p.roof == "compute" else "memory bandwidth"
         per = f"per token, {p.steps} steps" if name == "decode" else f"for {p.tokens} tokens"
-        if name == "decode":
-            predicted, measured = p.predicted_s / p.steps, p.measured_s / p.steps
-        else:
-            predicted, measured = p.predicted_s, p.measured_s
+        scale = p.steps if name == "decode" else 1
+        expected = "-" if p.expected_s is None else seconds(p.expected_s / scale)
         parts.append(
-            f"{name} reached {p.pct_of_bound_roof:.0f}% of {roof}: predicted {seconds(predicted)}, measured {seconds(measured)} {per}"
+            f"{name} reached {p.pct_of_bound_roof:.0f}% of {roof}: measured {seconds(p.measured_s / scale)}, "
+            f"expected {expected}, bound {seconds(p.bound_s / scale)} {per}"
         )
     return "; ".join(parts) + "."
+
+
+def advice(name: str, p: PhaseAttribution) -> str:
+    """The lever that would move this phase, chosen from what its time went to (its gap's largest part)."""
+    if p.bound == "host":
+        host = p.gap.host_s + p.gap.around_s
+        return (
+            f"{name} is host-bound: {100 * host / p.measured_s:.0f}% of its time is Python, step metadata, "
+            "scheduling and sampling; more sequences per step (--max-num-seqs) spread that cost over more tokens"
+        )
+    linears = p.gap.inefficiency["linears"] if p.gap else 0.0
+    if p.gap is not None and linears > p.gap.bound_s:
+        return (
+            f"{name}: the linears took {seconds(linears / max(1, p.steps if name == 'decode' else 1))} beyond their "
+            "roof, more than the bound itself: their kernels, not the hardware, set the pace; another weight "
+            "format (--weights) runs other kernels"
+        )
+    if p.roof == "memory" and name == "decode":
+        return (
+            "decode is memory-bound: each step reads every weight once, for all its sequences; batch more "
+            "sequences (--max-num-seqs) to share that read, or read fewer bytes per weight (--weights int4)"
+        )
+    if p.roof == "memory":
+        return f"{name} is memory-bound (few tokens per step): longer chunks or more prompts per step share the weights' read"
+    return (
+        f"{name} is compute-bound: a faster matmul format (--dtype bfloat16 where the CPU multiplies it natively) "
+        "or fewer FLOPs per token would move it"
+    )
 
 
 def experts_sentence(config: ModelConfig, steps: list[StepAttribution]) -> str | None:

@@ -76,10 +76,18 @@ class Op:
     bytes_written: float
     compute: str  # which peak computes it ("fp32", "bf16", "fp8")
     comm_bytes: float = 0.0  # bytes over the interconnect (all-reduces)
+    # Of bytes_read + bytes_written, the activations passed between ops: an engine that fused every op would keep
+    # them in cache or registers, so the step's bound counts only the rest (weights, KV cache, state).
+    activation_bytes: float = 0.0
 
     @property
     def bytes(self) -> float:
         return self.bytes_read + self.bytes_written
+
+    @property
+    def essential_bytes(self) -> float:
+        """What even a fully fused step must move: the bytes that are not activations."""
+        return self.bytes - self.activation_bytes
 
     @property
     def intensity(self) -> float:
@@ -129,6 +137,7 @@ def _linear(name: str, tokens: int, k: float, n: float, p: Precision, layers: in
         bytes_read=layers * (p.weights.linear_bytes(k, n) + tokens * k * p.activation_bytes),
         bytes_written=layers * tokens * n * p.activation_bytes,
         compute=p.compute,
+        activation_bytes=layers * tokens * (k + n) * p.activation_bytes,
     )
 
 
@@ -150,6 +159,7 @@ def _elementwise(
         bytes_read=layers * (reads * elements * ab + extra_read),
         bytes_written=layers * writes * elements * ab,
         compute=p.compute,
+        activation_bytes=layers * (reads + writes) * elements * ab,
     )
 
 
@@ -163,7 +173,14 @@ def step_ops(config: ModelConfig, p: Precision, shape: StepShape, tp: int = 1) -
     n_full, n_linear, n_layers = c.num_full_attention_layers, c.num_linear_attention_layers, c.num_layers
 
     ops = [
-        Op("embedding", 0.0, T * d * p.embedding_bytes_per_value / tp, T * d * ab, p.compute),
+        Op(
+            "embedding",
+            0.0,
+            T * d * p.embedding_bytes_per_value / tp,
+            T * d * ab,
+            p.compute,
+            activation_bytes=T * d * ab,
+        ),
         _elementwise("norms", T * d, 1, 1, 4, p, layers=2 * n_layers + 1, extra_read=d * ab),
     ]
     if n_full:
@@ -197,7 +214,14 @@ def _attention(shape: StepShape, heads: int, kv_heads: int, hd: int, p: Precisio
         kv_read += s.count * (s.cached + s.new) * 2 * kv_heads * hd * p.kv_bytes
         kv_written += s.count * s.new * 2 * kv_heads * hd * p.kv_bytes
         act += s.count * s.new * heads * hd * p.activation_bytes
-    return Op("attention", layers * flops, layers * (kv_read + act), layers * (kv_written + act), p.compute)
+    return Op(
+        "attention",
+        layers * flops,
+        layers * (kv_read + act),
+        layers * (kv_written + act),
+        p.compute,
+        activation_bytes=layers * 2 * act,
+    )
 
 
 def _linear_attention_ops(c: ModelConfig, shape: StepShape, p: Precision, tp: int, layers: int) -> list[Op]:
@@ -217,6 +241,7 @@ def _linear_attention_ops(c: ModelConfig, shape: StepShape, p: Precision, tp: in
             bytes_read=layers * (T * channels * ab + B * conv_state * ab + la.conv_kernel_dim * channels * ab),
             bytes_written=layers * (T * channels * ab + B * conv_state * ab),
             compute=p.compute,
+            activation_bytes=layers * 2 * T * channels * ab,
         ),
         Op(
             "linear_recurrence",  # per token and value head: decay, k·S, rank-1 update, q·S ≈ 8·dk·dv
@@ -224,6 +249,7 @@ def _linear_attention_ops(c: ModelConfig, shape: StepShape, p: Precision, tp: in
             bytes_read=layers * (B * state * sb + T * channels * ab),
             bytes_written=layers * (B * state * sb + T * nv * la.value_head_dim * ab),
             compute=p.compute,
+            activation_bytes=layers * T * (channels + nv * la.value_head_dim) * ab,
         ),
         _elementwise("linear_gated_norm", T * nv * la.value_head_dim, 2, 1, 6, p, layers),
         _linear("linear_out_proj", T, nv * la.value_head_dim, c.hidden_size, p, layers),
@@ -257,6 +283,7 @@ def _mlp_ops(c: ModelConfig, T: int, p: Precision, tp: int, touched: float | Non
             bytes_read=L * (touched * p.weights.linear_bytes(d, 2 * ff) + routed * d * ab),
             bytes_written=L * routed * 2 * ff * ab,
             compute=p.compute,
+            activation_bytes=L * routed * (d + 2 * ff) * ab,
         ),
         _elementwise("experts_silu_mul", routed * ff, 2, 1, 5, p, L),
         Op(
@@ -265,6 +292,7 @@ def _mlp_ops(c: ModelConfig, T: int, p: Precision, tp: int, touched: float | Non
             bytes_read=L * (touched * p.weights.linear_bytes(ff, d) + routed * ff * ab),
             bytes_written=L * routed * d * ab,
             compute=p.compute,
+            activation_bytes=L * routed * (ff + d) * ab,
         ),
     ]
     if c.shared_expert_intermediate_size:

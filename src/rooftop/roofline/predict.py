@@ -32,7 +32,10 @@ class DoesNotFitError(InvalidRequestError):
 
 @dataclass(frozen=True)
 class StepTime:
-    """One step's totals and its roofline time (the sum of its ops' times: ops run one after another)."""
+    """One step's totals and two times. `time_s`, the roofline of its ops as they run, one after another, each
+    at its own roof (the elementwise ops move their activations through memory). `bound_s`, a true lower bound:
+    the step's FLOPs at the peaks, or the bytes no fusion avoids (weights, KV cache, state) at the bandwidth, or
+    its interconnect traffic, whichever is slowest; no engine on this hardware can run the step faster."""
 
     ops: list[Op]
     time_s: float
@@ -41,6 +44,7 @@ class StepTime:
     compute_time_s: float
     memory_time_s: float
     comm_time_s: float
+    bound_s: float
 
     @property
     def bound(self) -> str:
@@ -62,7 +66,15 @@ def time_step(config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware,
         compute_time_s=sum(op.compute_time(hw) for op in ops),
         memory_time_s=sum(op.memory_time(hw) for op in ops),
         comm_time_s=sum(op.comm_time(hw) for op in ops),
+        bound_s=step_bound(ops, hw),
     )
+
+
+def step_bound(ops: list[Op], hw: Hardware) -> float:
+    """The fused lower bound of a step of `ops` (StepTime.bound_s)."""
+    compute = sum(op.compute_time(hw) for op in ops)
+    memory = sum(op.essential_bytes for op in ops) / hw.memory_bandwidth
+    return max(compute, memory, sum(op.comm_time(hw) for op in ops))
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,7 @@ class Prediction:
     decode_first: StepTime
     decode_last: StepTime
     decode_total_s: float
+    decode_bound_total_s: float  # the decode steps' fused lower bound, summed
     memory_needed_bytes: float  # per device
     memory_available_bytes: float
     max_batch: int
@@ -99,6 +112,16 @@ class Prediction:
     @property
     def ttft_s(self) -> float:
         return self.prefill.time_s
+
+    @property
+    def ttft_bound_s(self) -> float:
+        return self.prefill.bound_s
+
+    @property
+    def tpot_bound_s(self) -> float:
+        """No engine on this hardware decodes faster than this per token (the fused roofline)."""
+        steps = self.output_len - 1
+        return self.decode_bound_total_s / steps if steps > 0 else self.decode_first.bound_s
 
     @property
     def e2e_s(self) -> float:
@@ -129,6 +152,7 @@ class Prediction:
                 "compute_time_s": s.compute_time_s,
                 "memory_time_s": s.memory_time_s,
                 "interconnect_time_s": s.comm_time_s,
+                "bound_time_s": s.bound_s,
                 "bound": s.bound,
             }
 
@@ -166,7 +190,9 @@ class Prediction:
             "state_bytes_per_sequence": self.state_bytes_per_sequence,
             "state_bytes_per_value": self.state_bytes_per_value,
             "ttft_s": self.ttft_s,
+            "ttft_bound_s": self.ttft_bound_s,
             "tpot_s": self.tpot_s,
+            "tpot_bound_s": self.tpot_bound_s,
             "tpot_first_s": self.decode_first.time_s,
             "tpot_last_s": self.decode_last.time_s,
             "e2e_s": self.e2e_s,
@@ -306,15 +332,24 @@ def decode_crossover(config: ModelConfig, p: Precision, hw: Hardware, context: i
 
 
 def decode_time(
-    config: ModelConfig, p: Precision, hw: Hardware, batch: int, prompt_len: int, output_len: int, tp: int = 1
+    config: ModelConfig,
+    p: Precision,
+    hw: Hardware,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    tp: int = 1,
+    bound: bool = False,
 ) -> float:
-    """Total time of the output_len − 1 decode steps; step j attends to prompt_len + j − 1 cached tokens."""
+    """Total time of the output_len − 1 decode steps (their roofline, or with `bound` their fused lower bound);
+    step j attends to prompt_len + j − 1 cached tokens."""
     steps = output_len - 1
     if steps <= 0:
         return 0.0
 
     def at(j: float) -> float:
-        return time_step(config, p, StepShape.decode(batch, prompt_len + int(round(j)) - 1), hw, tp).time_s
+        step = time_step(config, p, StepShape.decode(batch, prompt_len + int(round(j)) - 1), hw, tp)
+        return step.bound_s if bound else step.time_s
 
     if steps <= EXACT_DECODE_STEPS:
         return sum(at(j) for j in range(1, steps + 1))
@@ -367,6 +402,7 @@ def analyze(
         decode_first=time_step(config, p, StepShape.decode(batch, prompt_len), hw, tp),
         decode_last=time_step(config, p, StepShape.decode(batch, prompt_len + max(0, output_len - 2)), hw, tp),
         decode_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp),
+        decode_bound_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp, bound=True),
         memory_needed_bytes=memory.needed(batch),
         memory_available_bytes=memory.usable,
         max_batch=memory.max_batch,

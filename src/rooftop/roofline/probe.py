@@ -88,7 +88,7 @@ class WeightOnlyTimer(Protocol):
     """Times the engine's int8/int4 linears for the weight-only peaks (rooftop.engine.probe.ENGINE_LINEARS)."""
 
     def kernels(self, device: str) -> str:
-        """Whose kernels run them on `device`: "rooftop" (kernels/cpu.cpp) or "pytorch"."""
+        """Whose kernels run them on `device`: "rooftop <version of its sources>" (kernels/cpu.cpp) or "pytorch"."""
         ...
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
@@ -112,7 +112,9 @@ class ProbeResult:
     torch_threads: int
     torch_version: str
     cuda_device: str | None
-    weight_only_kernels: str  # whose int8/int4 kernels were timed: "rooftop" (kernels/cpu.cpp), "pytorch" or "none"
+    weight_only_kernels: (
+        str  # whose int8/int4 kernels were timed: "rooftop <version>" (kernels/cpu.cpp), "pytorch" or "none"
+    )
     memory_bytes: int
     fp32_flops: float
     bf16_flops: float

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from rooftop.roofline.predict import Prediction, StepTime
 
@@ -21,6 +22,8 @@ def si(value: float | None, unit: str) -> str:
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
+    if value < 0:
+        return "-" + seconds(-value)
     if value >= 1:
         return f"{value:.3g} s"
     if value >= 1e-3:
@@ -79,11 +82,16 @@ def summary_table(pred: Prediction) -> Table:
             if pred.state_bytes_per_sequence
             else "none",
         ),
-        ("TTFT", f"{seconds(pred.ttft_s)} (prefill {pred.prefill.bound}-bound)"),
+        (
+            "TTFT",
+            f"{seconds(pred.ttft_s)} with each op at its roof; bound {seconds(pred.ttft_bound_s)} fused "
+            f"(prefill {pred.prefill.bound}-bound)",
+        ),
         (
             "TPOT",
             f"{seconds(pred.tpot_s)} mean: {seconds(pred.decode_first.time_s)} at the first token, "
-            f"{seconds(pred.decode_last.time_s)} at the last (decode {pred.decode_first.bound}-bound)",
+            f"{seconds(pred.decode_last.time_s)} at the last; bound {seconds(pred.tpot_bound_s)} fused "
+            f"(decode {pred.decode_first.bound}-bound)",
         ),
         ("end-to-end", seconds(pred.e2e_s)),
         (
@@ -122,13 +130,15 @@ def print_prediction(pred: Prediction, console: Console) -> None:
 
 
 def phase_table(phases: dict) -> Table:
-    """PREFILL | DECODE side by side: the work each phase did, the rates it reached, the prediction."""
+    """PREFILL | DECODE side by side: the work each phase did, the rates it reached, its bound and expected time."""
     names = list(phases)
     table = Table(*([""] + [n.upper() for n in names]), box=None, padding=(0, 2))
     rows = [
         ("steps / tokens", lambda p: f"{p.steps} / {p.tokens}"),
         ("time measured", lambda p: seconds(p.measured_s)),
-        ("time predicted", lambda p: seconds(p.predicted_s)),
+        ("time expected", lambda p: seconds(p.expected_s) if p.expected_s is not None else "- (not calibrated)"),
+        ("time bound", lambda p: f"{seconds(p.bound_s)} (fused roofline)"),
+        ("ops at their roofs", lambda p: seconds(p.predicted_s)),
         ("FLOPs", lambda p: si(p.flops, "FLOP")),
         ("bytes moved", lambda p: si(p.bytes, "B")),
         ("achieved", lambda p: f"{si(p.achieved_flops_per_s, 'FLOP/s')}, {si(p.achieved_bytes_per_s, 'B/s')}"),
@@ -139,3 +149,30 @@ def phase_table(phases: dict) -> Table:
     for label, cell in rows:
         table.add_row(label, *(cell(phases[n]) for n in names))
     return table
+
+
+GAP_COLOURS = {
+    "bound": "green",
+    "unfused ops": "cyan",
+    "linears inefficiency": "blue",
+    "attention inefficiency": "magenta",
+    "elementwise inefficiency": "bright_magenta",
+    "communication inefficiency": "bright_blue",
+    "host (forward)": "yellow",
+    "host (sampling, scheduling)": "bright_yellow",
+    "unexplained": "bright_black",
+}
+
+
+def gap_bar(name: str, gap, per: int, width: int = 48) -> Text:
+    """One phase's measured time as a stacked bar of its parts (those that take time; a part below zero, a class
+    faster than its roofline share, is only in the legend), each part per token (decode) or for the phase."""
+    parts = gap.parts()
+    total = sum(v for v in parts.values() if v > 0)
+    bar = Text(f"{name:<8}")
+    for part, value in parts.items():
+        if value > 0 and total > 0:
+            bar.append("█" * round(width * value / total), style=GAP_COLOURS[part])
+    legend = " · ".join(f"{part} {seconds(value / per)}" for part, value in parts.items() if abs(value) / per >= 1e-6)
+    bar.append(f"  {legend}")
+    return bar

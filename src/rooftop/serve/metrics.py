@@ -34,6 +34,8 @@ class ServerMetrics:
     steps: Counter  # label phase
     achieved_flops: Gauge  # label phase: FLOPs / measured seconds over the phase's recent steps
     achieved_bytes: Gauge
+    step_seconds: Gauge  # label phase: mean wall time of the phase's recent steps
+    step_bound_seconds: Gauge  # label phase: their mean fused lower bound at this machine's roofs
     roof_flops: Gauge  # the probe's measured ceilings, for % of roof in a dashboard of one's own
     roof_bytes: Gauge
 
@@ -70,6 +72,10 @@ def create_metrics() -> ServerMetrics:
         steps=Counter("rooftop_steps", "Engine steps by phase", ["phase"], registry=r),
         achieved_flops=Gauge("rooftop_achieved_flops_per_second", "FLOP/s of recent steps", ["phase"], registry=r),
         achieved_bytes=Gauge("rooftop_achieved_bytes_per_second", "Bytes/s of recent steps", ["phase"], registry=r),
+        step_seconds=Gauge("rooftop_step_seconds", "Mean wall time of recent steps", ["phase"], registry=r),
+        step_bound_seconds=Gauge(
+            "rooftop_step_bound_seconds", "Mean lower bound (fused roofline) of recent steps", ["phase"], registry=r
+        ),
         roof_flops=Gauge(
             "rooftop_roof_flops_per_second", "This machine's measured compute roofs", ["compute"], registry=r
         ),

@@ -33,6 +33,8 @@ class StepPoint:
     sampled: int  # tokens generated
     flops: float
     bytes: float
+    bound: float  # the fused lower bound at this machine's roofs, seconds
+    wall: float  # the whole step, scheduling and sampling included
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,9 @@ class Monitor:
             }
 
     def _record_step(self, record: StepRecord, sampled: int) -> None:
-        a = attribute_step(self.config, self.precision, record.shape, record.seconds, self.hardware)
+        a = attribute_step(
+            self.config, self.precision, record.shape, record.seconds, self.hardware, record.around_seconds
+        )
         point = StepPoint(
             record.finished_at,
             record.seconds,
@@ -112,6 +116,8 @@ class Monitor:
             sampled,
             a.predicted.flops,
             a.predicted.bytes,
+            a.predicted.bound_s,
+            a.measured_s,
         )
         with self.lock:
             self.steps.append(point)
@@ -121,6 +127,8 @@ class Monitor:
         if seconds > 0:
             self.metrics.achieved_flops.labels(phase=record.phase).set(sum(s.flops for s in recent) / seconds)
             self.metrics.achieved_bytes.labels(phase=record.phase).set(sum(s.bytes for s in recent) / seconds)
+        self.metrics.step_seconds.labels(phase=record.phase).set(sum(s.wall for s in recent) / len(recent))
+        self.metrics.step_bound_seconds.labels(phase=record.phase).set(sum(s.bound for s in recent) / len(recent))
 
     def _record_finish(self, output: RequestOutput, outcome: FinishReason) -> None:
         m, rm = self.metrics, output.metrics

@@ -1,0 +1,232 @@
+"""Calibration: the engine's own steps, timed op class by op class, at the model's own shapes, so the analyzer's
+expected time of a step (roofline/calibration.py) is what this engine takes on this machine.
+
+Real steps run on the loaded model: decodes at batches from 1 to the engine's limit over two context lengths, and
+prompts of several lengths (long ones in their chunks). While they run, every linear, the token-mixing ops and the
+elementwise ops are timed where they are called (`OpTimer`), so each class's time is measured inside the step,
+with the caches as the step leaves them, not in a loop that keeps one matrix hot. What the forward pass took beyond
+the timed ops is its host time (Python, metadata, dispatch); the rest of the step (scheduling, sampling,
+detokenizing) is the step record's own. Cached per machine, model, weight format and engine settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from statistics import median
+
+import torch
+
+from rooftop.engine.llm import LLM
+from rooftop.engine.runner import synchronize
+from rooftop.engine.sampling_params import SamplingParams
+from rooftop.enums import Phase
+from rooftop.errors import InvalidRequestError
+from rooftop.kernels import cpu
+from rooftop.models import delta_net, hybrid
+from rooftop.quant import linear as linears
+from rooftop.roofline import probe
+from rooftop.roofline.calibration import CLASSES, Calibration, Curve, class_roofline
+from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.predict import time_step
+
+LINEAR_CLASSES = (
+    linears.FloatLinear,
+    linears.Fp16Linear,
+    linears.Int8Linear,
+    linears.Int4Linear,
+    linears._KernelLinear,
+    linears.ConcatLinear,
+)
+FULL = {"batches": (1, 2, 4, 8, 16, 32), "contexts": (32, 256), "prompts": (16, 64, 256), "long": 4, "steps": 6}
+QUICK = {"batches": (1, 4), "contexts": (32,), "prompts": (16, 128), "long": 0, "steps": 3}
+
+
+class OpTimer:
+    """Seconds per op class while installed: the linears' calls (the outermost, where one linear calls its parts),
+    the model's attention and elementwise ops, the linear layers' conv and recurrence. The device is synchronized
+    around each timed call, as the step's own clock is."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds = dict.fromkeys(CLASSES, 0.0)
+        self._depth = 0
+
+    def reset(self) -> dict[str, float]:
+        taken, self.seconds = self.seconds, dict.fromkeys(CLASSES, 0.0)
+        return taken
+
+    def wrap(self, fn: Callable, name: str) -> Callable:
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if self._depth:
+                return fn(*args, **kwargs)
+            self._depth += 1
+            synchronize(self.device)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                synchronize(self.device)
+                self.seconds[name] += time.perf_counter() - start
+                self._depth -= 1
+
+        return timed
+
+    @contextlib.contextmanager
+    def installed(self, llm: LLM) -> Iterator[OpTimer]:
+        """Patch the model's op entry points for the duration (the linear classes, the model's op backend, the
+        hybrid layers' functions), restoring them after."""
+        ops = llm.model.ops
+        patches = [(cls, "__call__", "linears") for cls in LINEAR_CLASSES]
+        patches += [(ops, "attention", "attention"), (ops, "rms_norm", "elementwise"), (ops, "silu_mul", "elementwise")]
+        patches += [(hybrid, "paged_attention", "attention"), (delta_net, "gated_rms_norm", "elementwise")]
+        patches += [(delta_net, name, "attention") for name in ("causal_conv", "chunked", "recurrent")]
+        saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr, _ in patches]
+        for owner, attr, name in patches:
+            setattr(owner, attr, self.wrap(getattr(owner, attr), name))
+        try:
+            yield self
+        finally:
+            for owner, attr, original in saved:
+                if original is None:
+                    delattr(owner, attr)  # an instance attribute shadowing its class's method
+                else:
+                    setattr(owner, attr, original)
+
+
+def calibrate(
+    llm: LLM, hw: Hardware, quick: bool = False, on_progress: Callable[[str], None] = lambda _: None
+) -> Calibration:
+    """Run and time the calibration steps on `llm`'s engine (which must be idle)."""
+    eng = llm.engine
+    if eng.has_unfinished():
+        raise InvalidRequestError("calibration needs an idle engine: finish or abort its requests first")
+    plan = QUICK if quick else FULL
+    config, p = llm.config, llm.precision
+    timer = OpTimer(llm.device)
+    samples: dict[str, list[tuple[float, float]]] = {}
+    runs = _runs(llm, plan)
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(config.vocab_size, llm.tokenizer.vocab_size)
+    _run(eng, [torch.randint(vocab, (16,), generator=gen).tolist()], 2)  # warm up: kernels built, pages touched
+    with timer.installed(llm):
+        for label, batch, prompt_len, output_len in runs:
+            on_progress(label)
+            prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()  # shared: prefilled once if cached
+            groups: dict[tuple, list] = {}
+            for record, classes in _run(eng, [prompt] * batch, output_len, timer):
+                shape = record.shape
+                if record.phase is Phase.MIXED:
+                    continue  # its prefill and decode parts are measured on their own
+                cached = sum(s.cached * s.count for s in shape.seqs) if record.phase is Phase.PREFILL else 0
+                roof = class_roofline(time_step(config, p.at(shape.tokens), shape, hw), hw)
+                key = (record.phase, shape.num_seqs, shape.tokens, cached)
+                groups.setdefault(key, []).append((roof, classes, record.seconds, record.around_seconds))
+            for (phase, seqs, _, _), taken in groups.items():
+                for name in CLASSES:
+                    roof = median(r[name] for r, _, _, _ in taken)
+                    if roof > 0:
+                        samples.setdefault(f"{phase}.{name}", []).append(
+                            (roof, median(c[name] for _, c, _, _ in taken))
+                        )
+                host = median(forward - sum(c.values()) for _, c, forward, _ in taken)
+                samples.setdefault(f"{phase}.host", []).append((seqs, max(0.0, host)))
+                samples.setdefault(f"{phase}.around", []).append((seqs, median(a for _, _, _, a in taken)))
+    curves = {key: Curve.through(points) for key, points in samples.items()}
+    return Calibration(curves, identity(llm, hw), quick)
+
+
+def _runs(llm: LLM, plan: dict) -> list[tuple[str, int, int, int]]:
+    """(label, batch, prompt tokens, output tokens) of each calibration run, within the engine's limits."""
+    limits, kv_tokens = llm.engine.config, llm.engine.stats().kv_cache_tokens
+    room = llm.max_model_len - plan["steps"] - 2
+    runs = [
+        (f"decode at batch {b}, {c} tokens of context", b, c, plan["steps"] + 1)
+        for c in plan["contexts"]
+        if c <= room
+        for b in plan["batches"]
+        if b <= limits.max_num_seqs and b * (c + plan["steps"] + 1) <= kv_tokens
+    ]
+    runs += [(f"a prompt of {n} tokens", 1, n, 1) for n in plan["prompts"] if n <= room]
+    long = plan["long"] * limits.chunk_size
+    if plan["long"] and long <= room:
+        runs.append((f"a prompt of {long} tokens, in chunks of {limits.chunk_size}", 1, long, 1))
+    return runs
+
+
+def _run(eng, prompts: list[list[int]], output_len: int, timer: OpTimer | None = None):
+    """Run the prompts to the end, greedy: each step's record with its op classes' seconds (with a timer)."""
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    ids = [f"calibration-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        eng.add_request(request_id, prompt, params)
+    results = []
+    while eng.has_unfinished():
+        if timer is not None:
+            timer.reset()
+        out = eng.step()
+        if out.record is not None and timer is not None:
+            results.append((out.record, timer.reset()))
+    return results
+
+
+def identity(llm: LLM, hw: Hardware) -> dict[str, str]:
+    """What a calibration depends on: the machine (as the probe names it) and the roofs its curves are drawn
+    against, the model file, the formats it runs in, the engine settings that change a step's kernels, and the
+    kernels' build."""
+    engine = llm.engine.config
+    machine = probe._identity(str(llm.device) if llm.device.type == "cuda" else "cpu", None)
+    source = Path(llm.model_path)
+    stat = source.stat() if source.is_file() else None
+    run = llm.run_config
+    return {
+        **{k: str(v) for k, v in machine.items()},
+        "roofs": f"{hw.memory_bandwidth:.6g} B/s; "
+        + ", ".join(f"{k} {v:.6g}" for k, v in sorted(hw.peak_flops.items())),
+        "model": str(source),
+        "model_file": f"{stat.st_size} bytes, modified {stat.st_mtime:.0f}" if stat else "",
+        "load_format": f"{run.load_format} seed {run.dummy_seed}" if run.load_format == "dummy" else run.load_format,
+        "weights": llm.precision.weights.name,
+        "dtype": str(llm.dtype),
+        "device": str(llm.device),
+        "batch_invariant": str(engine.batch_invariant),
+        "block_size": str(engine.block_size),
+        "chunk_size": str(engine.chunk_size),
+        "kernels": cpu.sources_version() if cpu.ops() is not None else "pytorch",
+    }
+
+
+def cache_path(llm: LLM, hw: Hardware) -> Path:
+    """Beside the probe's cache: calibration-<hash of the identity>.json."""
+    key = hashlib.sha256(json.dumps(identity(llm, hw), sort_keys=True).encode()).hexdigest()[:16]
+    return probe.cache_path().with_name(f"calibration-{key}.json")
+
+
+def load_or_calibrate(
+    llm: LLM,
+    hw: Hardware,
+    force: bool = False,
+    quick: bool = False,
+    on_progress: Callable[[str], None] = lambda _: None,
+) -> Calibration:
+    """The cached calibration of this model here (a full one serves a quick request too), else calibrate and cache."""
+    path = cache_path(llm, hw)
+    if not force:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            cached = Calibration.from_dict(json.loads(path.read_text()))
+            if cached.identity == identity(llm, hw) and (quick or not cached.quick):
+                return cached
+    result = calibrate(llm, hw, quick, on_progress)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        tmp.replace(path)
+    return result

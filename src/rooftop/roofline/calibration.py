@@ -1,0 +1,222 @@
+"""What this machine's engine takes for each kind of op, measured at the model's own shapes, and from it the expected
+time of any step and the decomposition of a measured step's gap to its bound.
+
+The op model gives every op's roofline time; a calibration (engine/calibrate.py times the engine's own linears,
+attention and elementwise kernels inside real steps) maps, per phase and op class, the roofline time to the time the
+engine took, and records the step's host time (Python, metadata and dispatch inside the forward pass; scheduling,
+sampling and detokenizing around it) against the number of sequences. Plain data and arithmetic: no torch, no engine.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from rooftop.config import ModelConfig
+from rooftop.enums import Phase
+from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.ops import SeqShape, StepShape
+from rooftop.roofline.precision import Precision
+from rooftop.roofline.predict import StepTime, time_step
+
+CLASSES = ("linears", "attention", "elementwise", "communication")
+LINEARS = {
+    "qkv_proj",
+    "o_proj",
+    "gate_up_proj",
+    "down_proj",
+    "lm_head",
+    "router",
+    "experts_gate_up",
+    "experts_down",
+    "shared_gate_up",
+    "shared_down",
+    "linear_in_proj",
+    "linear_out_proj",
+}
+TOKEN_MIXING = {"attention", "rope", "qk_norm", "linear_conv", "linear_recurrence"}
+
+
+def op_class(name: str) -> str:
+    """The class an op of the op model is timed under: linears, attention (the ops that mix tokens: attention with
+    its RoPE and Q/K norm, the linear layers' conv and recurrence), communication, or elementwise (the rest)."""
+    if name in LINEARS:
+        return "linears"
+    if name in TOKEN_MIXING:
+        return "attention"
+    return "communication" if name == "all_reduce" else "elementwise"
+
+
+def class_roofline(step: StepTime, hw: Hardware) -> dict[str, float]:
+    """Each class's share of the step's roofline time (its ops one after another, each at its roof)."""
+    shares = dict.fromkeys(CLASSES, 0.0)
+    for op in step.ops:
+        shares[op_class(op.name)] += op.time(hw)
+    return shares
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Measured seconds against an input (a class's roofline seconds, or a step's number of sequences), ascending
+    in the input: linear between points; below the first, the first point's time (the floor fixed costs set);
+    above the last, the last point's ratio of time to input (the efficiency the largest shapes reached)."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def at(self, x: float) -> float:
+        xs = [p[0] for p in self.points]
+        if not self.points:
+            return 0.0
+        if x <= xs[0]:
+            return self.points[0][1]
+        if x >= xs[-1]:
+            last_x, last_y = self.points[-1]
+            return last_y * x / last_x if last_x > 0 else last_y
+        i = bisect.bisect_right(xs, x)
+        (x0, y0), (x1, y1) = self.points[i - 1], self.points[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    @classmethod
+    def through(cls, samples: list[tuple[float, float]]) -> Curve:
+        """A curve through (input, seconds) samples, equal inputs averaged."""
+        merged: dict[float, list[float]] = {}
+        for x, y in samples:
+            merged.setdefault(round(x, 12), []).append(y)
+        return cls(tuple((x, sum(ys) / len(ys)) for x, ys in sorted(merged.items())))
+
+
+@dataclass(frozen=True)
+class ExpectedStep:
+    """A step's expected time, by part: each op class's calibrated time, the host time inside the forward pass,
+    and the host time around it (scheduling, sampling, detokenizing)."""
+
+    classes: dict[str, float]
+    host_s: float
+    around_s: float
+
+    @property
+    def forward_s(self) -> float:
+        return sum(self.classes.values()) + self.host_s
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.around_s
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per "phase.class" (prefill.linears, decode.attention, ...) a curve of measured seconds against the class's
+    roofline seconds; per "phase.host" and "phase.around" a curve of seconds against the step's sequences. `identity`
+    says for which machine, model, format and engine settings it was measured."""
+
+    curves: dict[str, Curve]
+    identity: dict[str, str] = field(default_factory=dict)
+    quick: bool = False
+
+    def expected(self, config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware) -> ExpectedStep:
+        """The calibrated time of a step of `shape`. A mixed step's prefill chunks and decodes run their own kernels
+        (the chunks widen, the decodes do not): each part takes its phase's curves, the host its decodes'."""
+        parts = _by_phase(shape)
+        classes = dict.fromkeys(CLASSES, 0.0)
+        for phase, sub in parts.items():
+            roof = class_roofline(time_step(config, p.at(sub.tokens), sub, hw), hw)
+            for name, value in roof.items():
+                curve = self.curves.get(f"{phase}.{name}")
+                classes[name] += curve.at(value) if curve else value
+        host_phase = Phase.DECODE if Phase.DECODE in parts else Phase.PREFILL
+        seqs = shape.num_seqs
+        return ExpectedStep(
+            classes,
+            self._host(f"{host_phase}.host", seqs),
+            self._host(f"{host_phase}.around", seqs),
+        )
+
+    def _host(self, key: str, seqs: int) -> float:
+        curve = self.curves.get(key)
+        if curve is None:
+            return 0.0
+        xs = [x for x, _ in curve.points]  # host time grows with the sequences, not in proportion to them:
+        if seqs <= xs[-1]:  # beyond the largest batch measured, the last segment's slope
+            return curve.at(seqs)
+        if len(xs) == 1:
+            return curve.points[0][1]
+        (x0, y0), (x1, y1) = curve.points[-2], curve.points[-1]
+        return y1 + (y1 - y0) / (x1 - x0) * (seqs - x1)
+
+    def to_dict(self) -> dict:
+        return {
+            "identity": self.identity,
+            "quick": self.quick,
+            "curves": {k: [list(p) for p in c.points] for k, c in self.curves.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibration:
+        curves = {k: Curve(tuple((float(x), float(y)) for x, y in pts)) for k, pts in data["curves"].items()}
+        return cls(curves, dict(data.get("identity", {})), bool(data.get("quick", False)))
+
+
+def _by_phase(shape: StepShape) -> dict[Phase, StepShape]:
+    """The step's prefill and decode sequences as steps of their own (the experts touched stay the step's)."""
+    groups: dict[Phase, list[SeqShape]] = {}
+    for s in shape.seqs:
+        groups.setdefault(Phase.DECODE if s.phase is Phase.DECODE else Phase.PREFILL, []).append(s)
+    return {phase: StepShape(tuple(seqs), shape.experts_touched) for phase, seqs in groups.items()}
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A measured step (or a phase's steps, summed) split into parts that add up to the measured time:
+    `bound` (the fused lower bound), `unfused` (the ops one after another at their roofs, activations through
+    memory, minus the bound), each class's kernel inefficiency (calibrated time minus its roofline share), `host`
+    (inside the forward pass), `around` (scheduling, sampling, detokenizing: the step's own record), and
+    `unexplained` (what the calibration did not predict of the forward pass: noise, a busier memory bus, a colder
+    cache)."""
+
+    measured_s: float
+    bound_s: float
+    unfused_s: float
+    inefficiency: dict[str, float]
+    host_s: float
+    around_s: float
+    unexplained_s: float
+
+    def parts(self) -> dict[str, float]:
+        """The parts in the order a stacked bar draws them."""
+        return {
+            "bound": self.bound_s,
+            "unfused ops": self.unfused_s,
+            **{f"{name} inefficiency": v for name, v in self.inefficiency.items()},
+            "host (forward)": self.host_s,
+            "host (sampling, scheduling)": self.around_s,
+            "unexplained": self.unexplained_s,
+        }
+
+    def __add__(self, other: Gap) -> Gap:
+        return Gap(
+            self.measured_s + other.measured_s,
+            self.bound_s + other.bound_s,
+            self.unfused_s + other.unfused_s,
+            {k: self.inefficiency[k] + other.inefficiency[k] for k in self.inefficiency},
+            self.host_s + other.host_s,
+            self.around_s + other.around_s,
+            self.unexplained_s + other.unexplained_s,
+        )
+
+    def to_dict(self) -> dict:
+        return {"measured_s": self.measured_s, "bound_s": self.bound_s, "parts_s": self.parts()}
+
+
+def step_gap(predicted: StepTime, expected: ExpectedStep, forward_s: float, around_s: float, hw: Hardware) -> Gap:
+    """Decompose one recorded step: `forward_s` its forward pass as the engine timed it, `around_s` the rest of the
+    step (measured); `expected` the calibration's parts for its shape."""
+    roof = class_roofline(predicted, hw)
+    return Gap(
+        measured_s=forward_s + around_s,
+        bound_s=predicted.bound_s,
+        unfused_s=predicted.time_s - predicted.bound_s,
+        inefficiency={name: expected.classes[name] - roof[name] for name in CLASSES},
+        host_s=expected.host_s,
+        around_s=around_s,
+        unexplained_s=forward_s - expected.forward_s,
+    )

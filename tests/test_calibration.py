@@ -1,0 +1,175 @@
+"""Bound, expected and the gap between them and the measured step (issue 16): the fused bound on hand-made ops,
+the calibration's curves and expected times by hand on synthetic timings, the decomposition summing to the
+measured time, the calibration run on a real engine (quick mode), its cache, and the advice per phase."""
+
+import json
+
+import pytest
+
+from rooftop import SamplingParams
+from rooftop.engine import calibrate as calibration_run
+from rooftop.engine.probe import load_or_run_probe
+from rooftop.enums import Phase
+from rooftop.quant.linear import FloatLinear
+from rooftop.roofline.attribution import PhaseAttribution, advice, attribute_phases, attribute_step
+from rooftop.roofline.calibration import CLASSES, Calibration, Curve, Gap, class_roofline, op_class
+from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.ops import Op, StepShape
+from rooftop.roofline.precision import precision
+from rooftop.roofline.predict import step_bound, time_step
+from rooftop.roofline.presets import find_preset
+
+# a fake probe: round roofs, so every time below is a hand calculation
+HW = Hardware("fake", {"fp32": 1e11, "bf16": 1e11}, memory_bandwidth=1e10, memory_bytes=1e12)
+
+
+def test_the_bound_fuses_away_activations_and_overlaps_compute_with_memory():
+    ops = [
+        Op("qkv_proj", flops=2e9, bytes_read=1e8 + 4e6, bytes_written=2e6, compute="fp32", activation_bytes=6e6),
+        Op("norms", flops=1e6, bytes_read=4e6, bytes_written=4e6, compute="fp32", activation_bytes=8e6),
+    ]
+    # compute 2.001e9 / 1e11 = 20.01 ms; the bytes no fusion avoids: 1e8 / 1e10 = 10 ms
+    assert step_bound(ops, HW) == pytest.approx(0.02001)
+    # one after another at their roofs: max(20 ms, 10.6 ms) + max(0.01 ms, 0.8 ms)
+    assert sum(op.time(HW) for op in ops) == pytest.approx(0.0208)
+
+
+@pytest.mark.parametrize("shape", [StepShape.decode(1, 10), StepShape.decode(32, 4000), StepShape.prefill(2, 777)])
+def test_the_bound_is_below_the_ops_at_their_roofs(shape):
+    config, p = find_preset("qwen3-8b"), precision("bf16")
+    step = time_step(config, p, shape, HW)
+    assert 0 < step.bound_s <= step.time_s
+    assert sum(class_roofline(step, HW).values()) == pytest.approx(step.time_s)
+
+
+def test_op_classes():
+    assert [op_class(n) for n in ("down_proj", "lm_head", "rope", "linear_recurrence", "norms", "all_reduce")] == [
+        "linears",
+        "linears",
+        "attention",
+        "attention",
+        "elementwise",
+        "communication",
+    ]
+
+
+def test_a_curve_interpolates_floors_below_and_keeps_its_last_efficiency_above():
+    curve = Curve.through([(2.0, 3.0), (1.0, 2.0), (4.0, 4.0), (1.0, 4.0)])  # two samples at 1: averaged
+    assert curve.points == ((1.0, 3.0), (2.0, 3.0), (4.0, 4.0))
+    assert curve.at(0.1) == 3.0  # below the first point: its time (fixed costs)
+    assert curve.at(3.0) == pytest.approx(3.5)
+    assert curve.at(8.0) == pytest.approx(8.0)  # above: the last point's seconds per unit of input
+
+
+def test_expected_time_from_synthetic_timings_by_hand():
+    """Linears take twice their roofline, attention three times, elementwise the same; 1 ms of host per step plus
+    0.5 ms per sequence; 2 ms around each step."""
+    config, p = find_preset("llama-3.2-1b"), precision("fp32")
+
+    def scaled(factor):
+        return Curve(((1e-9, factor * 1e-9), (1.0, factor * 1.0)))
+
+    curves = {
+        f"{phase}.{name}": scaled(f)
+        for phase in ("prefill", "decode")
+        for name, f in (("linears", 2), ("attention", 3), ("elementwise", 1))
+    }
+    curves |= {f"{phase}.host": Curve(((1, 0.0015), (8, 0.005))) for phase in ("prefill", "decode")}
+    curves |= {f"{phase}.around": Curve(((1, 0.002), (8, 0.002))) for phase in ("prefill", "decode")}
+    cal = Calibration(curves)
+    shape = StepShape.decode(4, 100)
+    roof = class_roofline(time_step(config, p, shape, HW), HW)
+    expected = cal.expected(config, p, shape, HW)
+    assert expected.classes["linears"] == pytest.approx(2 * roof["linears"])
+    assert expected.classes["attention"] == pytest.approx(3 * roof["attention"])
+    assert expected.classes["elementwise"] == pytest.approx(roof["elementwise"])
+    assert expected.host_s == pytest.approx(0.0015 + 3 * 0.0035 / 7)
+    assert expected.total_s == pytest.approx(
+        2 * roof["linears"] + 3 * roof["attention"] + roof["elementwise"] + expected.host_s + 0.002
+    )
+    assert cal.expected(config, p, StepShape.decode(16, 100), HW).host_s == pytest.approx(0.005 + 8 * 0.0035 / 7)
+    # a mixed step: its prefill chunk and its decodes each on their own phase's curves
+    mixed = StepShape((*StepShape.prefill(1, 300).seqs, *shape.seqs))
+    both = cal.expected(config, p, mixed, HW)
+    alone = [cal.expected(config, p, s, HW) for s in (StepShape.prefill(1, 300), shape)]
+    assert both.classes["linears"] == pytest.approx(sum(e.classes["linears"] for e in alone))
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+
+
+def test_the_gap_parts_add_up_to_the_measured_step(tiny_llm, tmp_path, monkeypatch):
+    """On real recorded steps. (Whether the bound stays below the measured time depends on the probe's roofs being
+    the machine's: the suite's quick probe on a busy host is not, so the benchmark checks that, docs/BENCHMARKS.md.)"""
+    hw = load_or_run_probe(quick=True).to_hardware(working_set=tiny_llm.weight_bytes)  # the session's probe
+    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))  # the calibration's cache
+    cal = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True)
+    for key in ("decode.linears", "decode.attention", "decode.host", "decode.around", "prefill.linears"):
+        assert key in cal.curves and all(y >= 0 for _, y in cal.curves[key].points), key
+    before = len(tiny_llm.step_records)
+    tiny_llm.generate(["hello there", "a second prompt"], SamplingParams(max_tokens=6, temperature=0))
+    records = list(tiny_llm.step_records)[before:]
+    p = tiny_llm.precision
+    steps = [attribute_step(tiny_llm.config, p, r.shape, r.seconds, hw, r.around_seconds, cal) for r in records]
+    for step, record in zip(steps, records, strict=True):
+        gap = step.gap(hw)
+        assert sum(gap.parts().values()) == pytest.approx(record.wall_seconds, rel=1e-9)
+        assert 0 < gap.bound_s <= step.predicted.time_s and gap.unfused_s >= 0
+        assert step.expected.total_s > 0
+    phases = attribute_phases(steps, hw)
+    decode = phases["decode"]
+    assert sum(decode.gap.parts().values()) == pytest.approx(decode.measured_s)
+    assert decode.expected_s == pytest.approx(sum(s.expected.total_s for s in steps if s.shape.phase == "decode"))
+
+
+def test_calibration_is_cached_per_model_and_settings(tiny_llm, tmp_path, monkeypatch):
+    hw = load_or_run_probe(quick=True).to_hardware()
+    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
+    first = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True)
+    path = calibration_run.cache_path(tiny_llm, hw)
+    assert path.parent == tmp_path and json.loads(path.read_text())["quick"] is True
+    monkeypatch.setattr(calibration_run, "calibrate", lambda *a, **k: pytest.fail("the cache was not used"))
+    assert calibration_run.load_or_calibrate(tiny_llm, hw, quick=True) == first
+    faster = Hardware(hw.name, hw.peak_flops, 2 * hw.memory_bandwidth, hw.memory_bytes)
+    assert calibration_run.cache_path(tiny_llm, faster) != path  # other roofs: other curves
+
+
+def test_the_op_timer_puts_every_patched_op_back(tiny_llm):
+    ops, call = tiny_llm.model.ops, FloatLinear.__call__
+    timer = calibration_run.OpTimer(tiny_llm.device)
+    with timer.installed(tiny_llm):
+        assert FloatLinear.__call__ is not call and "attention" in vars(ops)
+        tiny_llm.generate("hi", SamplingParams(max_tokens=2, temperature=0))
+    assert timer.seconds["linears"] > 0 and timer.seconds["attention"] > 0
+    assert FloatLinear.__call__ is call and "attention" not in vars(ops)
+
+
+def test_calibration_refuses_a_busy_engine(tiny_llm):
+    hw = load_or_run_probe(quick=True).to_hardware()
+    tiny_llm.engine.add_request("busy", "hello", SamplingParams(max_tokens=2))
+    try:
+        with pytest.raises(Exception, match="calibration needs an idle engine"):
+            calibration_run.calibrate(tiny_llm, hw, quick=True)
+    finally:
+        while tiny_llm.engine.has_unfinished():
+            tiny_llm.engine.step()
+
+
+def phase(name, bound, host, around, linears=0.0, compute_time=1.0, memory_time=2.0, measured=None):
+    inefficiency = dict.fromkeys(CLASSES, 0.0) | {"linears": linears}
+    total = bound + host + around + linears
+    gap = Gap(measured or total, bound, 0.0, inefficiency, host, around, (measured or total) - total)
+    return PhaseAttribution(
+        Phase(name), 10, 10, measured or total, bound, bound, 1e9, 1e9, compute_time, memory_time, 1e9, 1e9, total, gap
+    )
+
+
+def test_advice_follows_the_largest_part():
+    host_bound = phase("decode", bound=1.0, host=2.0, around=1.5)
+    assert host_bound.bound == "host"
+    assert "host-bound: 78% of its time" in advice("decode", host_bound)
+    memory = phase("decode", bound=3.0, host=0.5, around=0.5)
+    assert memory.bound == "memory" and "batch more sequences (--max-num-seqs)" in advice("decode", memory)
+    assert "--weights int4" in advice("decode", memory)
+    kernels = phase("decode", bound=1.0, host=0.2, around=0.2, linears=3.0)
+    assert "their kernels, not the hardware, set the pace" in advice("decode", kernels)
+    compute = phase("prefill", bound=3.0, host=0.1, around=0.1, compute_time=3.0, memory_time=1.0)
+    assert compute.bound == "compute" and "faster matmul format" in advice("prefill", compute)
