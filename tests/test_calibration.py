@@ -173,3 +173,41 @@ def test_advice_follows_the_largest_part():
     assert "their kernels, not the hardware, set the pace" in advice("decode", kernels)
     compute = phase("prefill", bound=3.0, host=0.1, around=0.1, compute_time=3.0, memory_time=1.0)
     assert compute.bound == "compute" and "faster matmul format" in advice("prefill", compute)
+
+
+@pytest.mark.parametrize(
+    "hardware, weights, measured_ms",
+    [
+        ("a100", "bf16", 1000 / 93.89),  # gpt-fast's README, Llama-3.1-8B, A100-80GB at 330 W (not in the fit)
+        ("h100", "bf16", 1000 / 126.90),  # torchao's README, Llama-3.1-8B on an H100 (the check of the A100 fit)
+        ("h100", "int8", 1000 / 198.85),
+    ],
+)
+def test_catalog_gpus_expect_the_published_tpot_within_15_percent(hardware, weights, measured_ms):
+    from rooftop.roofline.api import predict
+
+    pred = predict("llama-3.1-8b", hardware, prompt_len=5, output_len=200, weights=weights)
+    assert pred.tpot_bound_s < pred.expected_tpot_s
+    assert abs(pred.expected_tpot_s * 1e3 - measured_ms) / measured_ms < 0.15
+    data = pred.to_dict()
+    assert data["expected_tpot_s"] == pred.expected_tpot_s and data["tpot_bound_s"] == pred.tpot_bound_s
+
+
+def test_efficiency_overrides_replace_the_catalogs_and_devices_without_figures_expect_nothing():
+    from rooftop.roofline.api import predict
+
+    assert predict("llama-3.1-8b", "h100", memory_efficiency=0.5).expected_tpot_s is None
+    assert predict("llama-3.1-8b", "l4", prompt_len=16, output_len=8).expected_ttft_s is None
+    by_hand = predict("llama-3.1-8b", "h100", prompt_len=16, output_len=2, batch=1)
+    hw = by_hand.hw
+    step = by_hand.prefill
+    eff = hw.efficiency
+    ops = sum(max(op.compute_time(hw) / eff.compute, op.memory_time(hw) / eff.memory) for op in step.ops)
+    assert by_hand.expected_ttft_s == pytest.approx(ops + 32 * eff.per_layer_s)
+    tp = predict("llama-3.1-8b", "h100", prompt_len=16, output_len=2, tp=2)
+    one = tp.prefill.ops
+    assert tp.expected_ttft_s == pytest.approx(
+        sum(max(o.compute_time(hw) / eff.compute, o.memory_time(hw) / eff.memory, o.comm_time(hw)) for o in one)
+        + 32 * eff.per_layer_s
+        + 64 * eff.all_reduce_s
+    )

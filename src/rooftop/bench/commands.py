@@ -66,7 +66,10 @@ def bench(
             probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
             hw = probe.to_hardware(working_set=llm.weight_bytes)
         with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
-            calibration = load_or_calibrate(llm, hw, on_progress=lambda s: status.update(f"calibrating: {s}"))
+            # quick mode measures batch 1 only: the quick calibration's shapes; the sweep needs every batch's
+            calibration = load_or_calibrate(
+                llm, hw, quick=quick, on_progress=lambda s: status.update(f"calibrating: {s}")
+            )
         needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
         if needed > llm.max_model_len:
             raise InvalidRequestError(

@@ -5,7 +5,25 @@ from __future__ import annotations
 import re
 
 from rooftop.errors import InvalidRequestError
-from rooftop.roofline.hardware import GIGA, TERA, Hardware, suggest
+from rooftop.roofline.hardware import GIGA, TERA, Efficiency, Hardware, suggest
+
+# What engines reach on NVIDIA's A100/H100-class GPUs, for the analyzer's expected times (`predict.expected_time`).
+# Fit on one set of published figures and checked on another (docs/PERFORMANCE.md, "Catalog GPUs"):
+# - decode, batch 1: TPOT = bytes / (memory x bandwidth) + layers x per_layer_s, least squares on the A100-80GB bf16
+#   and int8 weight-only figures of torchao's README (pytorch/ao, torchao/quantization/README.md, 2024-10-07:
+#   Llama-2-7B 107.38 / 170.83 tok/s, Llama-3-8B 95.64 / 153.03 tok/s, gpt-fast's harness, CUDA graphs): memory 0.926,
+#   2.43 ms per step for these 32-layer models = 76 us per layer; int4 (tinygemm, group 64: 201.14 and 180.80 tok/s)
+#   refit with the per-layer time held: memory_4bit 0.695. Checked on the same README's H100 Llama-3.1-8B
+#   (126.90 tok/s bf16, 198.85 int8, 241.39 int4) and gpt-fast's README (pytorch-labs/gpt-fast, A100-80GB at 330 W:
+#   Llama-2-7B 104.9 tok/s, Llama-3.1-8B 93.89).
+# - prefill: compute 0.63 of the dense bf16 peak, the mean of TensorRT-LLM v0.5's A100 first-token latencies at
+#   2048 tokens, batch 1 (docs/source/performance.md: LLaMA 7B 133 ms = 0.666, GPT-J 6B 129 ms = 0.598).
+# - all-reduce of a decode step's hidden states (8-32 KB): on H100, vLLM's custom all-reduce 8.5-11.8 us at 2-8
+#   GPUs (sglang PR #2904's unit test; NCCL ~6 us at 2 GPUs, nccl issue #1259): 9 us; on A100 no microbenchmark was
+#   found: gpt-fast's TP8 Llama-2-7B (3.045 ms per token over 64 all-reduces) leaves at most ~31 us per call.
+# The per-layer time comes from 32-layer models on one GPU; under tensor parallelism part of it shrinks with each
+# GPU's share of the work, which this does not model.
+NVIDIA_DECODE = {"memory": 0.926, "memory_4bit": 0.695, "compute": 0.63, "per_layer_s": 76e-6}
 
 # Conventions, the same for every entry:
 # - peaks are dense: vendors headline 2:4 structured sparsity, twice these; we halve such figures;
@@ -23,6 +41,7 @@ CATALOG: dict[str, Hardware] = {
         memory_bytes=80 * GIGA,
         interconnect_bandwidth=450 * GIGA,  # NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H100 Tensor Core GPU datasheet (2023), SXM column; H100 architecture whitepaper (2022)",
+        efficiency=Efficiency(**NVIDIA_DECODE, all_reduce_s=9e-6),
     ),
     "h200": Hardware(
         name="NVIDIA H200 SXM",
@@ -32,6 +51,7 @@ CATALOG: dict[str, Hardware] = {
         memory_bytes=141 * GIGA,
         interconnect_bandwidth=450 * GIGA,  # NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H200 Tensor Core GPU datasheet (2024), SXM column",
+        efficiency=Efficiency(**NVIDIA_DECODE, all_reduce_s=9e-6),  # the H100's, not checked on an H200
     ),
     "b200": Hardware(
         name="NVIDIA B200 (HGX B200, per GPU)",
@@ -52,6 +72,7 @@ CATALOG: dict[str, Hardware] = {
         memory_bytes=80 * GIGA,
         interconnect_bandwidth=300 * GIGA,  # NVLink 3: 600 GB/s bidirectional
         source="NVIDIA A100 Tensor Core GPU datasheet (2021), 80GB SXM column",
+        efficiency=Efficiency(**NVIDIA_DECODE, all_reduce_s=31e-6),
     ),
     "mi300x": Hardware(
         name="AMD Instinct MI300X",

@@ -31,7 +31,13 @@ def explain(pred: Prediction) -> str:
         f"4. Each decode step makes one token per sequence. It must read every weight again plus the KV cache: "
         f"{si(d.bytes, 'B')} for {si(d.flops, 'FLOP')}, only {d.intensity:.3g} FLOPs per byte. So decode is {d.bound}-bound.",
         f"5. So TTFT ≈ {seconds(pred.ttft_s)} (the prefill step) and TPOT ≈ {seconds(d.time_s)} per token at first, "
-        f"{seconds(pred.decode_last.time_s)} by the last of {pred.output_len} tokens as the cache grows.",
+        f"{seconds(pred.decode_last.time_s)} by the last of {pred.output_len} tokens as the cache grows. No engine "
+        f"beats {seconds(pred.ttft_bound_s)} and {seconds(pred.tpot_bound_s)} here (the bound: every op fused)"
+        + (
+            f"; engines as published reach about {seconds(pred.expected_ttft_s)} and {seconds(pred.expected_tpot_s)}."
+            if pred.expected_ttft_s is not None and pred.expected_tpot_s is not None
+            else "."
+        ),
     ]
     decode_x = pred.decode_compute_bound_from_batch
     lines.append(
@@ -48,6 +54,19 @@ def explain(pred: Prediction) -> str:
             f"7. Prompts from about {prefill_x} tokens on are compute-bound in prefill; shorter ones are limited by reading the weights."
         )
     lines.append(
-        "Fewer bits per weight cut decode's bytes (try --weights int4), and so its time; they do not cut prefill's math."
+        "What would move each phase: decode is "
+        + (
+            "memory-bound, so batch more sequences to share each read of the weights, or read fewer bytes per weight "
+            "(--weights int4; they do not cut prefill's math)"
+            if d.bound == "memory"
+            else f"{d.bound}-bound at this batch, so fewer FLOPs per token (a smaller batch per step) or a faster "
+            "matmul format would"
+        )
+        + "; prefill is "
+        + (
+            "compute-bound, so a faster matmul format (bf16 or fp8 where the device multiplies it) or a larger chunk."
+            if p.bound == "compute"
+            else "memory-bound at this prompt length, so longer prompts or more of them per step share the weights' read."
+        )
     )
     return "\n".join(lines)

@@ -12,6 +12,21 @@ GIGA = 1e9
 
 
 @dataclass(frozen=True)
+class Efficiency:
+    """What engines reach on a device, fit on published measurements (each entry's sources in roofline/catalog.py):
+    the share of the datasheet bandwidth a weight-streaming op reaches (`memory_4bit` for 4-bit weights, whose
+    kernels dequantize more per byte), the share of the dense peak a long prefill's matmuls reach, a time per layer
+    per step that no roofline counts (kernel launches and tails, norms, attention's fixed costs), and the latency of
+    one all-reduce of a step's small hidden states under tensor parallelism."""
+
+    memory: float
+    memory_4bit: float
+    compute: float
+    per_layer_s: float
+    all_reduce_s: float
+
+
+@dataclass(frozen=True)
 class Hardware:
     """One device. `peak_flops` maps a compute dtype ("fp32", "bf16", "fp8", "int8") to dense FLOP/s."""
 
@@ -23,6 +38,7 @@ class Hardware:
     source: str = ""
     notes: dict[str, str] = field(default_factory=dict)
     engine_formats: dict[str, str] = field(default_factory=dict)  # float/int8/int4 -> the engine's format here (probe)
+    efficiency: Efficiency | None = None  # published engines' efficiencies here: the analyzer's expected times
 
     def peak(self, compute: str) -> float:
         """Peak of `compute`. Weight-only int8/int4 kernels multiply in bf16: the bf16 peak unless this device's
@@ -38,7 +54,8 @@ class Hardware:
         return self.peak(compute) / self.memory_bandwidth
 
     def scaled(self, compute_efficiency: float = 1.0, memory_efficiency: float = 1.0) -> Hardware:
-        """The same device with peaks scaled by achievable fractions (roofline bounds when both are 1)."""
+        """The same device with peaks scaled by achievable fractions (roofline bounds when both are 1). Given
+        fractions replace the catalog's published efficiencies: the ops at the scaled roofs are then the expectation."""
         for name, value in (("compute_efficiency", compute_efficiency), ("memory_efficiency", memory_efficiency)):
             if not 0 < value <= 1:
                 raise InvalidRequestError(f"{name} must be in (0, 1], got {value}")
@@ -51,6 +68,7 @@ class Hardware:
             source=self.source,
             notes=self.notes,
             engine_formats=self.engine_formats,
+            efficiency=self.efficiency if compute_efficiency == memory_efficiency == 1.0 else None,
         )
 
 

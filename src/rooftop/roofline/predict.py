@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
@@ -70,6 +71,19 @@ def time_step(config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware,
     )
 
 
+def expected_time(step: StepTime, hw: Hardware, config: ModelConfig, p: Precision, tp: int = 1) -> float | None:
+    """What an engine is expected to take for the step on `hw`, from its published efficiencies (Efficiency): each
+    op at the reachable share of its roofs, a fixed time per layer, an all-reduce latency per collective; None
+    where the catalog has no efficiencies for the device."""
+    eff = hw.efficiency
+    if eff is None:
+        return None
+    memory = eff.memory_4bit if p.weights.bits <= 4.5 else eff.memory
+    ops = sum(max(op.compute_time(hw) / eff.compute, op.memory_time(hw) / memory, op.comm_time(hw)) for op in step.ops)
+    collectives = 2 * config.num_layers if tp > 1 else 0  # after attention and after the MLP, per layer
+    return ops + config.num_layers * eff.per_layer_s + collectives * eff.all_reduce_s
+
+
 def step_bound(ops: list[Op], hw: Hardware) -> float:
     """The fused lower bound of a step of `ops` (StepTime.bound_s)."""
     compute = sum(op.compute_time(hw) for op in ops)
@@ -108,6 +122,8 @@ class Prediction:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     activation_bytes: float = 0.0  # per device: the prefill step's working set, reserved beside weights and KV
     state_bytes_per_value: int = 4  # the recurrent state's dtype width (--state-dtype)
+    expected_ttft_s: float | None = None  # from the device's published efficiencies, where the catalog has them
+    expected_decode_total_s: float | None = None
 
     @property
     def ttft_s(self) -> float:
@@ -122,6 +138,13 @@ class Prediction:
         """No engine on this hardware decodes faster than this per token (the fused roofline)."""
         steps = self.output_len - 1
         return self.decode_bound_total_s / steps if steps > 0 else self.decode_first.bound_s
+
+    @property
+    def expected_tpot_s(self) -> float | None:
+        if self.expected_decode_total_s is None:
+            return None
+        steps = self.output_len - 1
+        return self.expected_decode_total_s / steps if steps > 0 else None
 
     @property
     def e2e_s(self) -> float:
@@ -193,6 +216,8 @@ class Prediction:
             "ttft_bound_s": self.ttft_bound_s,
             "tpot_s": self.tpot_s,
             "tpot_bound_s": self.tpot_bound_s,
+            "expected_ttft_s": self.expected_ttft_s,
+            "expected_tpot_s": self.expected_tpot_s,
             "tpot_first_s": self.decode_first.time_s,
             "tpot_last_s": self.decode_last.time_s,
             "e2e_s": self.e2e_s,
@@ -339,17 +364,16 @@ def decode_time(
     prompt_len: int,
     output_len: int,
     tp: int = 1,
-    bound: bool = False,
+    of: Callable[[StepTime], float] = lambda step: step.time_s,
 ) -> float:
-    """Total time of the output_len − 1 decode steps (their roofline, or with `bound` their fused lower bound);
-    step j attends to prompt_len + j − 1 cached tokens."""
+    """Total time of the output_len − 1 decode steps, each step's time taken by `of` (its roofline by default, or
+    its bound, or its expected time); step j attends to prompt_len + j − 1 cached tokens."""
     steps = output_len - 1
     if steps <= 0:
         return 0.0
 
     def at(j: float) -> float:
-        step = time_step(config, p, StepShape.decode(batch, prompt_len + int(round(j)) - 1), hw, tp)
-        return step.bound_s if bound else step.time_s
+        return of(time_step(config, p, StepShape.decode(batch, prompt_len + int(round(j)) - 1), hw, tp))
 
     if steps <= EXACT_DECODE_STEPS:
         return sum(at(j) for j in range(1, steps + 1))
@@ -385,6 +409,7 @@ def analyze(
     memory = memory_fit(config, p, hw, prompt_len, total_tokens, tp, gpu_memory_utilization)
     if check_memory:
         check_fits(memory, config, hw, batch, total_tokens)
+    prefill = time_step(config, p, StepShape.prefill(batch, prompt_len), hw, tp)
     return Prediction(
         model=config.name or config.architecture,
         hw=hw,
@@ -398,11 +423,17 @@ def analyze(
         weight_bytes=weight_bytes(config, p),
         kv_bytes_per_token=kv_bytes_per_token(config, p),
         state_bytes_per_sequence=state_bytes_per_sequence(config, p),
-        prefill=time_step(config, p, StepShape.prefill(batch, prompt_len), hw, tp),
+        prefill=prefill,
         decode_first=time_step(config, p, StepShape.decode(batch, prompt_len), hw, tp),
         decode_last=time_step(config, p, StepShape.decode(batch, prompt_len + max(0, output_len - 2)), hw, tp),
         decode_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp),
-        decode_bound_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp, bound=True),
+        decode_bound_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp, lambda s: s.bound_s),
+        expected_ttft_s=expected_time(prefill, hw, config, p, tp),
+        expected_decode_total_s=None
+        if hw.efficiency is None
+        else decode_time(
+            config, p, hw, batch, prompt_len, output_len, tp, lambda s: expected_time(s, hw, config, p, tp)
+        ),
         memory_needed_bytes=memory.needed(batch),
         memory_available_bytes=memory.usable,
         max_batch=memory.max_batch,

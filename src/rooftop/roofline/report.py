@@ -67,6 +67,16 @@ def op_table(title: str, step: StepTime, pred: Prediction) -> Table:
     return table
 
 
+def _expected(pred: Prediction) -> str:
+    if pred.expected_ttft_s is None:
+        return (
+            "no published efficiencies for this device: --compute-efficiency/--memory-efficiency set them "
+            "(the rows above are then at those shares of the roofs)"
+        )
+    tpot = "" if pred.expected_tpot_s is None else f", TPOT {seconds(pred.expected_tpot_s)}"
+    return f"TTFT {seconds(pred.expected_ttft_s)}{tpot} at the efficiencies published engines reach here"
+
+
 def summary_table(pred: Prediction) -> Table:
     table = Table(show_header=False, box=None, padding=(0, 2))
     params = pred.parameters
@@ -93,6 +103,7 @@ def summary_table(pred: Prediction) -> Table:
             f"{seconds(pred.decode_last.time_s)} at the last; bound {seconds(pred.tpot_bound_s)} fused "
             f"(decode {pred.decode_first.bound}-bound)",
         ),
+        ("expected", _expected(pred)),
         ("end-to-end", seconds(pred.e2e_s)),
         (
             "output tok/s",
