@@ -61,6 +61,10 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
     assert [row["batch"] for row in data["decode"]] == [1, 2]
     for row in data["ttft"]:
         assert row["measured_ttft_s"] > 0 and row["predicted_ttft_s"] > 0
+        assert 0 < row["bound_prefill_step_s"] and row["expected_prefill_step_s"] > 0
+    for gap, row in zip(data["gaps"], data["ttft"] + data["decode"], strict=True):  # the parts add up to the step
+        measured = row.get("measured_prefill_step_s", row.get("measured_tpot_s"))
+        assert sum(v for k, v in gap.items() if k != "step") == pytest.approx(measured)
     roof = data["machine"]["roofs"]["bandwidth_bytes_per_s"]
     for row in data["decode"]:
         assert row["measured_tpot_s"] > 0 and row["predicted_tpot_s"] > 0
@@ -69,11 +73,11 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
         assert row["pct_of_bandwidth_roof"] == pytest.approx(100 * row["achieved_bytes_per_s"] / roof)
     for key in ("cpu", "cores", "threads", "torch", "rooftop", "dtype", "weights_format", "date"):
         assert key in data["machine"]
-    for name in ("roofline.png", "ttft.png", "batch.png"):
+    for name in ("roofline.png", "gap.png", "ttft.png", "batch.png"):
         png = (tmp_path / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     page = (tmp_path / "b.html").read_text()
-    assert page.count("data:image/png;base64,") == 3
+    assert page.count("data:image/png;base64,") == 4
     assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
 
 

@@ -121,7 +121,12 @@ def bench(
                 d = phases["decode"]
                 report["decode"].update(measured_tpot_s=summary["tpot_s"], predicted_tpot_s=d.predicted_s / d.steps)
         else:
-            report.update(ttft=result.ttft, decode=result.decode, steps=[vars(p) for p in result.points])
+            report.update(
+                ttft=result.ttft,
+                decode=result.decode,
+                steps=[vars(p) for p in result.points],
+                gaps=[{"step": label, **{f"{k}_s": v for k, v in parts.items()}} for label, parts in result.gaps],
+            )
             _print_sweep(console, result)
             written = _write_plots(
                 result, hw, llm.precision.compute, plots or (html_path.parent if html_path else None)
@@ -204,11 +209,12 @@ def _print_sweep(console: Console, result) -> None:
 def _write_plots(result, hw, compute: str, directory: Path | None) -> list[Path]:
     if directory is None:
         return []
-    from rooftop.bench.plots import batch_plot, roofline_plot, ttft_plot
+    from rooftop.bench.plots import batch_plot, gap_plot, roofline_plot, ttft_plot
 
     directory.mkdir(parents=True, exist_ok=True)
     written = [
         roofline_plot(result, hw, compute, directory / "roofline.png"),
+        gap_plot(result, directory / "gap.png"),
         ttft_plot(result, directory / "ttft.png"),
         batch_plot(result, directory / "batch.png"),
     ]

@@ -47,6 +47,7 @@ img {{ max-width: 100%; margin: 1em 0; }}
 <ul>{info}</ul>
 <h2>TTFT against prompt length</h2>{_table(report["ttft"])}
 <h2>Decode against batch size</h2>{_table(report["decode"])}
+<h2>Each step's time by part: the bound, then the gap (seconds)</h2>{_table(report["gaps"])}
 <h2>Plots</h2>{"".join(_img(p) for p in plots)}
 </body></html>
 """

@@ -105,6 +105,23 @@ def batch_plot(result: SweepResult, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def gap_plot(result: SweepResult, path: Path) -> Path:
+    """Each measured step (a prefill of pp tokens, a decode step at batch b) as a stacked bar of its gap's parts:
+    the bound at the bottom, then what the kernels, the host and the unexplained rest added, as a share of the
+    measured time (parts below zero, a class faster than its roofline share, are left out of the bar)."""
+    labels = [label for label, _ in result.gaps]
+    parts = list(result.gaps[0][1]) if result.gaps else []
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(labels) + 3), 4.8))
+    bottoms = [0.0] * len(labels)
+    for i, part in enumerate(parts):
+        shares = [max(0.0, gap[part]) / sum(max(0.0, v) for v in gap.values()) * 100 for _, gap in result.gaps]
+        ax.bar(labels, shares, bottom=bottoms, label=part, color=plt.cm.tab10(i))
+        bottoms = [b + v for b, v in zip(bottoms, shares, strict=True)]
+    ax.set(ylabel="% of the measured step", title="Where each step's time went: the bound, then the gap by part")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save_figure(fig, path)
+
+
 def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -31,6 +31,7 @@ class SweepResult:
     ttft: list[dict] = field(default_factory=list)
     decode: list[dict] = field(default_factory=list)
     points: list[StepPoint] = field(default_factory=list)
+    gaps: list[tuple[str, dict[str, float]]] = field(default_factory=list)  # (label, a step's gap by part, seconds)
 
 
 def sweep(
@@ -70,19 +71,21 @@ def sweep(
             }
         )
         result.points.append(_point("prefill", f"pp{S}", att, hw))
+        result.gaps.append((f"pp{S}", att.gap(hw).parts()))
     context = min(prompt_lens)  # decodes attend to the shortest prompt: the batch, not the context, varies
     for B in batch_sizes:
         on_progress(f"decode at batch {B}")
-        step_times = []
+        forwards, arounds = [], []
         for rep in range(reps + 1):
             run = run_batch(llm, [synthetic_prompt(llm, context, 1000 * rep + i) for i in range(B)], output_len)
-            decodes = [r.wall_seconds for r in run.records if r.phase == "decode" and r.shape.num_seqs == B]
+            decodes = [r for r in run.records if r.phase == "decode" and r.shape.num_seqs == B]
             if rep and decodes:
-                step_times.append(median(decodes))
-        measured = median(step_times)
+                forwards.append(median(r.seconds for r in decodes))
+                arounds.append(median(r.around_seconds for r in decodes))
         predicted = decode_time(llm.config, p, hw, B, context, output_len) / (output_len - 1)
         mid = StepShape.decode(B, context + output_len // 2)
-        att = attribute_step(llm.config, p, mid, measured, hw, calibration=calibration)
+        att = attribute_step(llm.config, p, mid, median(forwards), hw, median(arounds), calibration)
+        measured = att.measured_s
         phase = attribute_phases([att], hw)["decode"]
         expected = att.expected.total_s
         result.decode.append(
@@ -101,6 +104,7 @@ def sweep(
             }
         )
         result.points.append(_point("decode", f"b{B}", att, hw))
+        result.gaps.append((f"b{B}", att.gap(hw).parts()))
     return result
 
 
