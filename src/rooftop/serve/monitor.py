@@ -193,6 +193,8 @@ class Monitor:
         return {
             "flops_per_s": sum(s.flops for s in recent) / seconds,
             "bytes_per_s": sum(s.bytes for s in recent) / seconds,
+            "step_ms": sum(s.wall for s in recent) / len(recent) * 1e3,
+            "bound_ms": sum(s.bound for s in recent) / len(recent) * 1e3,
         }
 
 

@@ -117,7 +117,8 @@ function show(state) {
   const roof = state.roofline;
   $("hardware").textContent = roof.hardware;
   $("achieved").textContent = Object.entries(roof.achieved)
-    .map(([phase, a]) => `${phase}: ${si(a.flops_per_s, "FLOP/s")}, ${si(a.bytes_per_s, "B/s")}`).join("   ·   ");
+    .map(([phase, a]) => `${phase}: ${si(a.flops_per_s, "FLOP/s")}, ${si(a.bytes_per_s, "B/s")}; ` +
+      `step ${a.step_ms.toFixed(2)} ms, bound ${a.bound_ms.toFixed(2)} ms`).join("   ·   ");
   drawRoofline(roof);
 }
 
