@@ -131,8 +131,14 @@ def test_generate_ends_with_the_phase_report():
         "% of compute roof",
         "% of bandwidth roof",
         "bound",
-        "time predicted",
+        "time expected",
+        "time bound",
+        "ops at their roofs",
         "decode reached",
+        "host (sampling, scheduling)",  # the gap's bar
+        "unexplained",
         weights,
     ):
         assert text in r.stderr, text
+    assert "(not calibrated)" not in r.stderr  # a quick calibration ran once and was cached
+    assert any(lever in r.stderr for lever in ("--max-num-seqs", "--weights", "faster matmul format"))  # the advice

@@ -51,7 +51,7 @@ def bench(
     largest batch measured. `rooftop bench serve` loads a running OpenAI-compatible server instead."""
     if ctx.invoked_subcommand is not None:
         return
-    from rooftop.bench.measure import machine_info
+    from rooftop.bench.measure import fresh_engine, machine_info
     from rooftop.engine.calibrate import load_or_calibrate
     from rooftop.engine.llm import LLM
     from rooftop.engine.probe import load_or_run_probe
@@ -66,10 +66,13 @@ def bench(
             probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
             hw = probe.to_hardware(working_set=llm.weight_bytes)
         with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
-            # quick mode measures batch 1 only: the quick calibration's shapes; the sweep needs every batch's
+            # on an engine set up as the measurements' are (no chunking of the longest prompt, room for the largest
+            # batch); quick mode measures batch 1 only: the quick calibration's shapes
+            engine = fresh_engine(llm, (pp or 512) if quick else max(lens), 1 if quick else max(batches))
             calibration = load_or_calibrate(
-                llm, hw, quick=quick, on_progress=lambda s: status.update(f"calibrating: {s}")
+                llm, hw, quick=quick, on_progress=lambda s: status.update(f"calibrating: {s}"), engine=engine
             )
+            del engine  # its KV pool
         needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
         if needed > llm.max_model_len:
             raise InvalidRequestError(

@@ -24,6 +24,7 @@ from statistics import median
 import torch
 
 from rooftop.engine.llm import LLM
+from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.runner import synchronize
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import Phase
@@ -44,8 +45,11 @@ LINEAR_CLASSES = (
     linears._KernelLinear,
     linears.ConcatLinear,
 )
-FULL = {"batches": (1, 2, 4, 8, 16, 32), "contexts": (32, 256), "prompts": (16, 64, 256), "long": 4, "steps": 6}
+# decode batches and contexts; prompt lengths (each up to the engine's chunk) and one long prompt of `long` chunks
+# (at most LONGEST tokens), for its chunks' attention over what the earlier chunks cached; decode steps per run
+FULL = {"batches": (1, 2, 4, 8, 16, 32), "contexts": (32, 256), "prompts": (16, 64, 256, 1024), "long": 2, "steps": 6}
 QUICK = {"batches": (1, 4), "contexts": (32,), "prompts": (16, 128), "long": 0, "steps": 3}
+LONGEST = 2048
 
 
 class OpTimer:
@@ -102,17 +106,23 @@ class OpTimer:
 
 
 def calibrate(
-    llm: LLM, hw: Hardware, quick: bool = False, on_progress: Callable[[str], None] = lambda _: None
+    llm: LLM,
+    hw: Hardware,
+    quick: bool = False,
+    on_progress: Callable[[str], None] = lambda _: None,
+    engine: LLMEngine | None = None,
 ) -> Calibration:
-    """Run and time the calibration steps on `llm`'s engine (which must be idle)."""
-    eng = llm.engine
+    """Run and time the calibration steps on `engine` (default: `llm`'s own; it must be idle): its settings — the
+    chunk size, the batch limit — decide which kernels its steps run, so the bench calibrates on the engine it
+    measures with."""
+    eng = engine or llm.engine
     if eng.has_unfinished():
         raise InvalidRequestError("calibration needs an idle engine: finish or abort its requests first")
     plan = QUICK if quick else FULL
     config, p = llm.config, llm.precision
     timer = OpTimer(llm.device)
     samples: dict[str, list[tuple[float, float]]] = {}
-    runs = _runs(llm, plan)
+    runs = _runs(llm, eng, plan)
     gen = torch.Generator().manual_seed(0)
     vocab = min(config.vocab_size, llm.tokenizer.vocab_size)
     _run(eng, [torch.randint(vocab, (16,), generator=gen).tolist()], 2)  # warm up: kernels built, pages touched
@@ -140,12 +150,12 @@ def calibrate(
                 samples.setdefault(f"{phase}.host", []).append((seqs, max(0.0, host)))
                 samples.setdefault(f"{phase}.around", []).append((seqs, median(a for _, _, _, a in taken)))
     curves = {key: Curve.through(points) for key, points in samples.items()}
-    return Calibration(curves, identity(llm, hw), quick)
+    return Calibration(curves, identity(llm, hw, eng), quick)
 
 
-def _runs(llm: LLM, plan: dict) -> list[tuple[str, int, int, int]]:
+def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int]]:
     """(label, batch, prompt tokens, output tokens) of each calibration run, within the engine's limits."""
-    limits, kv_tokens = llm.engine.config, llm.engine.stats().kv_cache_tokens
+    limits, kv_tokens = eng.config, eng.stats().kv_cache_tokens
     room = llm.max_model_len - plan["steps"] - 2
     runs = [
         (f"decode at batch {b}, {c} tokens of context", b, c, plan["steps"] + 1)
@@ -154,9 +164,9 @@ def _runs(llm: LLM, plan: dict) -> list[tuple[str, int, int, int]]:
         for b in plan["batches"]
         if b <= limits.max_num_seqs and b * (c + plan["steps"] + 1) <= kv_tokens
     ]
-    runs += [(f"a prompt of {n} tokens", 1, n, 1) for n in plan["prompts"] if n <= room]
+    runs += [(f"a prompt of {n} tokens", 1, n, 1) for n in plan["prompts"] if n <= min(room, limits.chunk_size)]
     long = plan["long"] * limits.chunk_size
-    if plan["long"] and long <= room:
+    if plan["long"] and long <= min(room, LONGEST, kv_tokens):
         runs.append((f"a prompt of {long} tokens, in chunks of {limits.chunk_size}", 1, long, 1))
     return runs
 
@@ -177,11 +187,11 @@ def _run(eng, prompts: list[list[int]], output_len: int, timer: OpTimer | None =
     return results
 
 
-def identity(llm: LLM, hw: Hardware) -> dict[str, str]:
+def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
     """What a calibration depends on: the machine (as the probe names it) and the roofs its curves are drawn
     against, the model file, the formats it runs in, the engine settings that change a step's kernels, and the
     kernels' build."""
-    engine = llm.engine.config
+    engine = eng.config
     machine = probe._identity(str(llm.device) if llm.device.type == "cuda" else "cpu", None)
     source = Path(llm.model_path)
     stat = source.stat() if source.is_file() else None
@@ -203,9 +213,10 @@ def identity(llm: LLM, hw: Hardware) -> dict[str, str]:
     }
 
 
-def cache_path(llm: LLM, hw: Hardware) -> Path:
+def cache_path(llm: LLM, hw: Hardware, engine: LLMEngine | None = None) -> Path:
     """Beside the probe's cache: calibration-<hash of the identity>.json."""
-    key = hashlib.sha256(json.dumps(identity(llm, hw), sort_keys=True).encode()).hexdigest()[:16]
+    ident = identity(llm, hw, engine or llm.engine)
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return probe.cache_path().with_name(f"calibration-{key}.json")
 
 
@@ -215,15 +226,17 @@ def load_or_calibrate(
     force: bool = False,
     quick: bool = False,
     on_progress: Callable[[str], None] = lambda _: None,
+    engine: LLMEngine | None = None,
 ) -> Calibration:
     """The cached calibration of this model here (a full one serves a quick request too), else calibrate and cache."""
-    path = cache_path(llm, hw)
+    eng = engine or llm.engine
+    path = cache_path(llm, hw, eng)
     if not force:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             cached = Calibration.from_dict(json.loads(path.read_text()))
-            if cached.identity == identity(llm, hw) and (quick or not cached.quick):
+            if cached.identity == identity(llm, hw, eng) and (quick or not cached.quick):
                 return cached
-    result = calibrate(llm, hw, quick, on_progress)
+    result = calibrate(llm, hw, quick, on_progress, eng)
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
