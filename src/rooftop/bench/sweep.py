@@ -43,7 +43,10 @@ def sweep(
     output_len: int,
     reps: int,
     on_progress: Callable[[str], None] = lambda _: None,
+    decode_context: int | None = None,
 ) -> SweepResult:
+    """TTFT at each prompt length (batch 1), then decode at each batch size, its sequences `decode_context` tokens
+    deep (default: the shortest prompt's length)."""
     p = llm.precision
     result = SweepResult()
     for S in prompt_lens:
@@ -72,7 +75,7 @@ def sweep(
         )
         result.points.append(_point("prefill", f"pp{S}", att, hw))
         result.gaps.append((f"pp{S}", att.gap(hw).parts()))
-    context = min(prompt_lens)  # decodes attend to the shortest prompt: the batch, not the context, varies
+    context = decode_context or min(prompt_lens)  # the batch, not the context, varies
     for B in batch_sizes:
         on_progress(f"decode at batch {B}")
         forwards, arounds = [], []
