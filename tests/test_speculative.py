@@ -321,12 +321,19 @@ def test_a_draft_model_is_refused_as_not_implemented(tiny_llm):
         LLMEngine(tiny_llm.model, tiny_llm.tokenizer, config)
 
 
-def test_random_drafts_never_change_greedy_tokens(tiny_llm, monkeypatch):
-    """Whatever the proposer guesses, right or wrong, the tokens are those of plain decoding (the tiny model)."""
+@pytest.fixture(scope="module", params=["float32", "bfloat16"], ids=["kernels", "torch-ops"])
+def tiny(request, tiny_gguf):
+    """The tiny model on rooftop's decode attention kernel (float32) and on PyTorch's attention (bfloat16)."""
+    return LLM(model=tiny_gguf, dtype=request.param)
+
+
+def test_random_drafts_never_change_greedy_tokens(tiny, monkeypatch):
+    """Whatever the proposer guesses, right or wrong, the tokens are those of plain decoding (the tiny model, on
+    both attention paths)."""
     rnd = random.Random(0)
     reqs = [(f"t{i}", "abcabcabc"[: 3 + i], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)) for i in range(4)]  # fmt: skip
-    plain, _ = run(engine(tiny_llm, num_kv_blocks=64, block_size=4), reqs)
-    eng = engine(tiny_llm, NGRAM, num_kv_blocks=64, block_size=4)
+    plain, _ = run(engine(tiny, num_kv_blocks=64, block_size=4), reqs)
+    eng = engine(tiny, NGRAM, num_kv_blocks=64, block_size=4)
     guesses = [plain[rid].token_ids for rid, _, _ in reqs]
 
     def propose(most):  # half the time the right continuation, else noise
