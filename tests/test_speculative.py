@@ -3,7 +3,9 @@ batched with sequences that propose nothing, under preemption — the acceptance
 in the block pool, stop strings and max_tokens inside an accepted run, the counts, and refused options."""
 
 import random
+import time
 
+import openai
 import pytest
 import torch
 from hypothesis import given, settings
@@ -347,3 +349,24 @@ def test_random_drafts_never_change_greedy_tokens(tiny, monkeypatch):
     spec, _ = run(eng, reqs)
     assert {rid: o.token_ids for rid, o in spec.items()} == {rid: o.token_ids for rid, o in plain.items()}
     assert 0 < eng.stats().spec_decode.accepted_tokens < eng.stats().spec_decode.draft_tokens
+
+
+def test_metrics_count_drafts_in_vllms_names(bundled):
+    """/metrics has vLLM's spec_decode counters (rooftop_ prefix), equal to the engine's counts."""
+    from serve_support import metrics, running_server
+
+    with running_server(None, llm=bundled, served_model_name="bundled") as url:
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": PROMPTS[0]}]
+        c.chat.completions.create(model="bundled", messages=messages, max_tokens=24, temperature=0)
+        counts = bundled.engine.stats().spec_decode
+        deadline = time.monotonic() + 30  # the engine thread counts after the step that finished the request
+        while metrics(url)["rooftop_spec_decode_num_drafts_total"] < counts.drafts and time.monotonic() < deadline:
+            time.sleep(0.05)
+        m = metrics(url)
+    assert counts.drafts > 0
+    assert m["rooftop_spec_decode_num_drafts_total"] == counts.drafts
+    assert m["rooftop_spec_decode_num_draft_tokens_total"] == counts.draft_tokens
+    assert m["rooftop_spec_decode_num_accepted_tokens_total"] == counts.accepted_tokens
+    for pos, accepted in enumerate(counts.accepted_per_pos):
+        assert m[f'rooftop_spec_decode_num_accepted_tokens_per_pos_total{{position="{pos}"}}'] == accepted
