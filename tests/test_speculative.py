@@ -370,3 +370,38 @@ def test_metrics_count_drafts_in_vllms_names(bundled):
     assert m["rooftop_spec_decode_num_accepted_tokens_total"] == counts.accepted_tokens
     for pos, accepted in enumerate(counts.accepted_per_pos):
         assert m[f'rooftop_spec_decode_num_accepted_tokens_per_pos_total{{position="{pos}"}}'] == accepted
+
+
+def test_the_analyzer_predicts_tpot_for_an_acceptance_rate():
+    """E = (1 - a^(k+1)) / (1 - a) tokens per verify step; a verify step is a decode of k + 1 new tokens, which on
+    a memory-bound device costs about one decode step, so the speedup approaches E."""
+    from rooftop.roofline.api import resolve_precision
+    from rooftop.roofline.catalog import find_hardware
+    from rooftop.roofline.presets import find_preset
+    from rooftop.roofline.speculative import expected_tokens_per_step, predict_speculative
+
+    assert expected_tokens_per_step(0.0, 4) == 1.0 and expected_tokens_per_step(1.0, 4) == 5.0
+    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
+    config, hw = find_preset("llama-3.1-8b"), find_hardware("h200")
+    p = resolve_precision(None, None, None, hw, config)
+    spec = predict_speculative(config, p, hw, 4, 0.7, 1024)
+    assert spec.verify.time_s > spec.decode.time_s and spec.verify.flops == pytest.approx(5 * spec.decode.flops, 0.05)
+    assert 0.9 * spec.tokens_per_step < spec.speedup < spec.tokens_per_step
+    with pytest.raises(InvalidRequestError, match="acceptance must be in"):
+        predict_speculative(config, p, hw, 4, 1.2, 1024)
+
+
+def test_rooftop_roofline_takes_speculative_options():
+    import json
+
+    from typer.testing import CliRunner
+
+    from rooftop.cli import app
+
+    args = ["roofline", "-H", "h200", "-m", "llama-3.1-8b", "--num-speculative-tokens", "4", "--acceptance", "0.7"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    spec = json.loads(result.stdout)["speculative"]
+    assert spec["num_speculative_tokens"] == 4 and spec["tokens_per_verify_step"] == pytest.approx(2.7731)
+    assert "speculative decoding, 4 draft tokens accepted at 70% each" in CliRunner().invoke(app, args).stdout
+    result = CliRunner().invoke(app, args[:-2])
+    assert result.exit_code == 1 and "--num-speculative-tokens and --acceptance go together" in result.stderr

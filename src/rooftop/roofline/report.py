@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rooftop.roofline.predict import Prediction, StepTime
+from rooftop.roofline.speculative import SpeculativePrediction
 
 
 def si(value: float | None, unit: str) -> str:
@@ -139,3 +140,14 @@ def phase_table(phases: dict) -> Table:
     for label, cell in rows:
         table.add_row(label, *(cell(phases[n]) for n in names))
     return table
+
+
+def speculative_sentence(spec: SpeculativePrediction) -> str:
+    """What speculative decoding's prediction says, in one sentence."""
+    k, a = spec.num_speculative_tokens, spec.acceptance
+    return (
+        f"speculative decoding, {k} draft tokens accepted at {a:.0%} each: {spec.tokens_per_step:.2f} tokens per "
+        f"verify step of {seconds(spec.verify.time_s)} (a decode step: {seconds(spec.decode.time_s)}, "
+        f"{spec.context} tokens deep), TPOT {seconds(spec.tpot_s)} instead of {seconds(spec.decode_tpot_s)}: "
+        f"{spec.speedup:.2f}x"
+    )
