@@ -405,3 +405,12 @@ def test_rooftop_roofline_takes_speculative_options():
     assert "speculative decoding, 4 draft tokens accepted at 70% each" in CliRunner().invoke(app, args).stdout
     result = CliRunner().invoke(app, args[:-2])
     assert result.exit_code == 1 and "--num-speculative-tokens and --acceptance go together" in result.stderr
+
+
+def test_hybrid_models_refuse_speculation():
+    """Their linear-attention state cannot be rolled back to before a rejected draft."""
+    from rooftop.engine.speculative import make_proposer
+    from rooftop.roofline.presets import find_preset
+
+    with pytest.raises(InvalidRequestError, match="recurrent state that cannot be rolled back"):
+        make_proposer(SpeculativeConfig(**NGRAM), find_preset("qwen3.6-27b"))
