@@ -161,6 +161,7 @@ ENGINE_OPTIONS = (
     "--max-model-len",
     "--load-format",
     "--dummy-seed",
+    "--speculative-config",
 )
 
 
@@ -183,6 +184,15 @@ def test_every_command_that_starts_an_engine_takes_the_same_engine_options(comma
         (["generate", "hi", "--threads", "0"], ["threads must be an integer >= 1"]),
         (["bench", "--dtype", "float8"], ["dtype must be one of auto, float32, bfloat16, float16"]),
         (["generate", "hi", "--weights", "int3"], ["unknown weight format 'int3' (known: auto, float, int8, int4"]),
+        (["serve", "--speculative-config", "{method: ngram}"], ["--speculative-config is not valid JSON"]),
+        (
+            ["bench", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
+            ["num_speculative_tokens must be an integer >= 1"],
+        ),
+        (
+            ["chat", "--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}'],
+            ["method must be one of ngram, draft; got 'medusa'"],
+        ),
     ],
 )
 def test_bad_engine_options_fail_in_one_line_before_anything_loads(args, words):

@@ -47,7 +47,7 @@ def feed(run, ids):
     for t, token in enumerate(ids):
         if run.output is not None:
             break
-        delta = run.processor.on_token(run.seq, token, None, now=1.0 + t)
+        delta = run.processor.on_tokens(run.seq, [token], None, now=1.0 + t)
         assert delta.new_token_ids == [token] and delta.finished == (delta.output is not None)
         run.output = delta.output
         deltas.append(delta.text)

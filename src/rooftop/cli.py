@@ -103,6 +103,14 @@ def print_report(m: RequestMetrics, finish_reason: str | None) -> None:
         "decode time",
         f"{ms(m.decode_time)} / {m.decode_steps} steps",
     )
+    spec = m.spec_decode
+    if spec.drafts:
+        table.add_row(
+            "speculative",
+            f"{spec.accepted_tokens} / {spec.draft_tokens} drafts accepted ({100 * spec.acceptance_rate:.0f}%)",
+            "accepted length",
+            f"{spec.mean_accepted_length:.2f} tok / verify step ({spec.drafts} steps)",
+        )
     err.print(table)
 
 

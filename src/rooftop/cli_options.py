@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Annotated, Any, get_type_hints
@@ -13,6 +14,7 @@ import typer
 
 from rooftop.config import DTYPES, LOAD_FORMATS, EngineConfig, RunConfig
 from rooftop.console import user_errors
+from rooftop.errors import InvalidRequestError
 from rooftop.roofline.precision import WEIGHTS_HELP, check_weight_choice
 
 RUN_HELP = {
@@ -45,7 +47,11 @@ ENGINE_HELP = {
     "chunked_prefill_size": "most prompt tokens of one sequence per step (SGLang's name; default 256 with batch "
     "invariance, where chunks start at its multiples and the prefix cache is reused in whole chunks; else "
     "max-num-batched-tokens)",
+    "speculative_config": "speculative decoding as vLLM's JSON, e.g. "
+    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
+    "(n-gram prompt lookup: drafts from the prompt and output; greedy and seeded outputs stay the same)",
 }
+JSON_FIELDS = {"speculative_config"}  # EngineConfig fields given on the command line as a JSON object
 RUN_FIELDS = [f for f in fields(RunConfig) if f.name != "engine"]
 
 
@@ -65,8 +71,20 @@ def _run_parameters() -> list[inspect.Parameter]:
     engine, engine_types = EngineConfig(), get_type_hints(EngineConfig)
     for f in fields(EngineConfig):
         text = f"engine: {ENGINE_HELP[f.name]}"
-        params.append(_parameter(f.name, engine_types[f.name], getattr(engine, f.name), help=text))
+        kind = str | None if f.name in JSON_FIELDS else engine_types[f.name]
+        params.append(_parameter(f.name, kind, getattr(engine, f.name), help=text))
     return params
+
+
+def parse_json_option(name: str, text: str | None) -> dict | None:
+    """A JSON object option's value (None when not given); text that is not JSON is refused naming the option."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        option = "--" + name.replace("_", "-")
+        raise InvalidRequestError(f"{option} is not valid JSON ({e.msg} at character {e.pos}): {text!r}", name) from e
 
 
 def with_run_config(command: Callable) -> Callable:
@@ -80,6 +98,8 @@ def with_run_config(command: Callable) -> Callable:
     def wrapper(**kwargs):
         options = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
         with user_errors():
+            for name in JSON_FIELDS:
+                options[name] = parse_json_option(name, options[name])
             engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig)})
             run = RunConfig(**options, engine=engine)
             check_weight_choice(run.weights)

@@ -6,7 +6,7 @@ the roofline analyzer takes the same. Mixture-of-experts and hybrid models add t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
 
@@ -152,6 +152,67 @@ def check_runnable(config: ModelConfig) -> None:
         )
 
 
+SPECULATIVE_METHODS = ("ngram", "draft")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, as vLLM's --speculative-config: each decoding sequence proposes up to
+    `num_speculative_tokens` draft tokens, and one verify step of the target model checks them all.
+    `ngram` proposes the continuation of the latest earlier occurrence of the sequence's last n tokens
+    (prompt_lookup_max >= n >= prompt_lookup_min) in its prompt and output; `draft` proposes with a second model
+    (`model`, sharing the target's tokenizer)."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise InvalidRequestError(
+                f"speculative_config method must be one of {', '.join(SPECULATIVE_METHODS)}; got {self.method!r}",
+                "speculative_config",
+            )
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidRequestError(
+                    f"speculative_config {name} must be an integer >= 1, got {value!r}", "speculative_config"
+                )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise InvalidRequestError(
+                f"speculative_config prompt_lookup_min ({self.prompt_lookup_min}) cannot exceed prompt_lookup_max "
+                f"({self.prompt_lookup_max})",
+                "speculative_config",
+            )
+        if (self.method == "draft") != (self.model is not None):
+            raise InvalidRequestError(
+                "speculative_config model names the draft model's file: required with method 'draft', "
+                f"and only with it (method {self.method!r}, model {self.model!r})",
+                "speculative_config",
+            )
+
+    @classmethod
+    def from_dict(cls, options: dict) -> SpeculativeConfig:
+        """From vLLM's JSON form; an unknown key is refused by name, never ignored."""
+        if not isinstance(options, dict):
+            raise InvalidRequestError(
+                f"speculative_config is a JSON object, not {type(options).__name__}", "speculative_config"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown speculative_config keys {unknown}; known: {', '.join(sorted(known))}", "speculative_config"
+            )
+        missing = [name for name in ("method", "num_speculative_tokens") if name not in options]
+        if missing:
+            raise InvalidRequestError(f"speculative_config needs {' and '.join(missing)}", "speculative_config")
+        return cls(**options)
+
+
 @dataclass
 class EngineConfig:
     """How the engine batches: sequences and tokens per step, the KV pool's size, prefix caching (vLLM's names)."""
@@ -165,8 +226,16 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context length
     batch_invariant: bool = True  # a request's outputs do not depend on what shares its steps
     chunked_prefill_size: int | None = None  # default: DEFAULT_CHUNK tokens, at most max_num_batched_tokens
+    speculative_config: SpeculativeConfig | None = None  # also given as vLLM's dict; None: no speculation
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        elif self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
+            raise InvalidRequestError(
+                f"speculative_config is a dict of vLLM's keys, not {type(self.speculative_config).__name__}",
+                "speculative_config",
+            )
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")

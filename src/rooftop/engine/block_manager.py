@@ -99,6 +99,14 @@ class BlockManager:
         while len(table) < self.blocks_needed(num_tokens):
             table.append(self._take())
 
+    def truncate(self, table: list[int], num_tokens: int) -> None:
+        """Shrink the block table to the blocks that hold its first `num_tokens` tokens, freeing the rest (a
+        verify step's rejected drafts: never named for the prefix cache, so they go back to the free list)."""
+        keep = self.blocks_needed(num_tokens)
+        tail = table[keep:]
+        del table[keep:]
+        self.free(tail)
+
     def cache_full_blocks(self, table: list[int], token_ids: list[int], num_computed: int) -> None:
         """Name every block whose tokens are all computed, so later prompts can find it."""
         if not self.enable_prefix_caching:

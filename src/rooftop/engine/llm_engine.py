@@ -7,6 +7,7 @@ text deltas and finish reasons; the scheduler takes in what the step computed an
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import replace
@@ -15,7 +16,7 @@ import torch
 
 from rooftop.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from rooftop.engine.block_manager import BlockManager
-from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.metrics import RequestMetrics, SpecDecodeCounts
 from rooftop.engine.output_processor import OutputProcessor
 from rooftop.engine.outputs import EngineStats, RequestDelta, RequestOutput, StepOutput, StepRecord
 from rooftop.engine.runner import run_step
@@ -23,6 +24,7 @@ from rooftop.engine.sampler import SamplingRow, sample, token_logprob
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.scheduler import ScheduledSeq, Scheduler
 from rooftop.engine.sequence import Sequence
+from rooftop.engine.speculative import accepted_run, make_proposer, sampling_runs
 from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.loading.tokenizer import Tokenizer
@@ -55,6 +57,8 @@ class LLMEngine:
         self._outputs = OutputProcessor(tokenizer, eos_token_ids, self.max_model_len)
         self._requests: dict[str, Sequence] = {}
         self._arrivals = 0
+        self._proposer = make_proposer(self.config.speculative_config, mc)
+        self._spec_decode = SpecDecodeCounts()
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -129,13 +133,14 @@ class LLMEngine:
             prefix_queries=blocks.prefix_queries,
             prefix_hits=blocks.prefix_hits,
             preemptions=self._scheduler.num_preemptions,
+            spec_decode=copy.deepcopy(self._spec_decode),
         )
 
     def step(self) -> StepOutput:
         """Schedule, run one forward pass, sample; return what each request that got a token produced, and the
         step's record."""
         began = time.perf_counter()
-        batch = self._scheduler.schedule()
+        batch = self._scheduler.schedule(self._propose())
         if not batch:
             return StepOutput()
         started = time.perf_counter()
@@ -160,33 +165,64 @@ class LLMEngine:
         now = time.perf_counter()
         return StepOutput(deltas, StepRecord(shape, step.seconds, now, now - began - step.seconds))
 
+    def _propose(self) -> dict[Sequence, list[int]]:
+        """Draft tokens for the decoding sequences, as many as could still be kept: a verify step adds up to one
+        token more than its drafts, within max_tokens and the context."""
+        if self._proposer is None:
+            return {}
+        most = {
+            seq: min(seq.params.max_tokens - len(seq.output_token_ids) - 1, self.max_model_len - seq.num_tokens)
+            for seq in self._scheduler.decoding()
+        }
+        return self._proposer.propose(most)
+
     def _sample(self, batch: list[ScheduledSeq], logits: torch.Tensor | None, sampled: list[int]) -> list[RequestDelta]:
-        """Next tokens for the sampling sequences, as deltas. A row whose logits are not finite ends its own request
-        with `error`; the others go on."""
+        """Next tokens for the sampling sequences, as deltas: one, or a verify step's accepted drafts and the token
+        after them. A row whose logits are not finite ends its own request with `error`; the others go on."""
         if logits is None:
             return []
-        seqs = [batch[i].seq for i in sampled]
+        runs = sampling_runs(sampled)
         finite = torch.isfinite(logits.sum(-1)).tolist()  # a NaN or inf anywhere in a row; isfinite(logits) took 0.1 ms
-        good = [k for k, ok in enumerate(finite) if ok]
+        good, rows = [], []
+        for i, first, count in runs:
+            s = batch[i]
+            seq = s.seq
+            usable = next((j for j in range(count) if not finite[first + j]), count)  # rows up to the first bad one
+            for j in range(usable):
+                output = seq.output_token_ids if j == 0 else seq.output_token_ids + s.draft[:j]  # as if accepted
+                draft = s.draft[j] if j < usable - 1 else None
+                rows.append(SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, draft))
+                good.append(first + j)
         tokens: dict[int, int] = {}
         error = "the model produced non-finite logits"
         if good:
-            rows = [SamplingRow(s.params, s.generator, s.prompt_token_ids, s.output_token_ids) for s in seqs]
             try:
-                kept = logits if len(good) == len(rows) else logits[good]  # indexing copies the rows
-                tokens = dict(zip(good, sample(kept, [rows[k] for k in good]), strict=True))
+                kept = logits if len(good) == logits.shape[0] else logits[good]  # indexing copies the rows
+                tokens = dict(zip(good, sample(kept, rows), strict=True))
             except (RuntimeError, ValueError):  # a sampling failure fails this step's samples, not the engine
                 log.exception("sampling failed")
-                error = "sampling failed on this step (the log has the details)"
+                tokens, error = {}, "sampling failed on this step (the log has the details)"
         now = time.perf_counter()
         deltas = []
-        for k, seq in enumerate(seqs):
-            if k not in tokens:
-                deltas.append(self._outputs.on_error(seq, error))
+        for i, first, count in runs:
+            s = batch[i]
+            run = accepted_run(s.draft, [tokens.get(first + j) for j in range(count)])
+            if run is None:  # a row it needed has no token (with drafts: the step's accepted run is dropped too)
+                deltas.append(self._outputs.on_error(s.seq, error))
                 continue
-            k_logprobs = seq.params.logprobs
-            logprob = None if k_logprobs is None else token_logprob(logits[k], tokens[k], k_logprobs)
-            deltas.append(self._outputs.on_token(seq, tokens[k], logprob, now))
+            k_logprobs = s.seq.params.logprobs
+            logprobs = None
+            if k_logprobs is not None:
+                logprobs = [token_logprob(logits[first + j], t, k_logprobs) for j, t in enumerate(run)]
+            delta = self._outputs.on_tokens(s.seq, run, logprobs, now)
+            s.accepted = len(delta.new_token_ids) - 1
+            if s.phase is Phase.DECODE:
+                s.seq.metrics.decode_tokens += len(delta.new_token_ids)
+            if s.draft:
+                for counts in (s.seq.metrics.spec_decode, self._spec_decode):
+                    counts.add(len(s.draft), len(run) - 1)
+                self._proposer.observe(s.seq, len(run) - 1)
+            deltas.append(delta)
         return deltas
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[list[int], str | None]:

@@ -6,6 +6,36 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class SpecDecodeCounts:
+    """Speculative decoding's counts (vLLM's spec_decode metrics): verify steps that checked drafts, the draft
+    tokens they checked, those accepted, and the accepted ones by position in the draft."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def add(self, drafted: int, accepted: int) -> None:
+        """One verify step that checked `drafted` draft tokens and accepted the first `accepted`."""
+        self.drafts += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.accepted_per_pos += [0] * (drafted - len(self.accepted_per_pos))
+        for pos in range(accepted):
+            self.accepted_per_pos[pos] += 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per verify step, the one the model adds after the accepted drafts included (vLLM's mean
+        acceptance length)."""
+        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+
+
+@dataclass
 class RequestMetrics:
     """When each thing happened to one request, and how long its prefill and decode work took."""
 
@@ -19,6 +49,8 @@ class RequestMetrics:
     prefill_tokens: int = 0
     decode_time: float = 0.0  # seconds in decode forward passes (device-synchronized, sampling excluded)
     decode_steps: int = 0
+    decode_tokens: int = 0  # output tokens of decode steps (several per verify step with speculative decoding)
+    spec_decode: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
 
     @property
     def output_tokens(self) -> int:
@@ -55,4 +87,4 @@ class RequestMetrics:
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        return self.decode_steps / self.decode_time if self.decode_time > 0 else None
+        return self.decode_tokens / self.decode_time if self.decode_time > 0 else None

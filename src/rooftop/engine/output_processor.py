@@ -36,8 +36,21 @@ class OutputProcessor:
     def add(self, seq: Sequence) -> None:
         self._texts[seq.request_id] = _Text(IncrementalDetokenizer(self.tokenizer))
 
-    def on_token(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float) -> RequestDelta:
-        """Record a sampled token; return what it adds to the request, and whether the request is done."""
+    def on_tokens(
+        self, seq: Sequence, token_ids: list[int], logprobs: list[TokenLogprob] | None, now: float
+    ) -> RequestDelta:
+        """Record a step's sampled tokens (one, or a verify step's accepted run) one at a time, stopping at the
+        first that ends the request (the rest are discarded); return what they add to it, and whether it is done."""
+        taken = []
+        for k, token_id in enumerate(token_ids):
+            taken.append(token_id)
+            if self._append(seq, token_id, None if logprobs is None else logprobs[k], now):
+                break
+        state = self._texts[seq.request_id]
+        return self._delta(seq, state, taken, [] if logprobs is None else logprobs[: len(taken)])
+
+    def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float) -> bool:
+        """Append one token to the request; whether it ends it."""
         seq.output_token_ids.append(token_id)
         seq.metrics.token_times.append(now)
         if logprob is not None:
@@ -60,7 +73,7 @@ class OutputProcessor:
                 before = len(state.text)
                 state.text += state.detokenizer.flush()
                 self._cut_at_stop_string(state, p.stop, before)
-        return self._delta(seq, state, [token_id], [logprob] if logprob is not None else [])
+        return state.finish_reason is not None
 
     def on_error(self, seq: Sequence, message: str) -> RequestDelta:
         """The request's step failed (e.g. non-finite logits): it ends with `error`; the others go on."""

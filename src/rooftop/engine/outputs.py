@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rooftop.engine.metrics import RequestMetrics
+from rooftop.engine.metrics import RequestMetrics, SpecDecodeCounts
 from rooftop.engine.sampler import TokenLogprob
 from rooftop.enums import FinishReason, Phase
 from rooftop.roofline.ops import StepShape
@@ -88,6 +88,7 @@ class EngineStats:
     prefix_queries: int  # prompt tokens looked up in the prefix cache, since the engine started
     prefix_hits: int  # of which found
     preemptions: int
+    spec_decode: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)  # since the engine started
 
     @property
     def kv_cache_tokens(self) -> int:

@@ -3,7 +3,7 @@
 The scheduler has decided each sequence's phase; the runner lays the step out with the prefill chunks' rows first
 (those that widen quantized weights to float matmuls before the others) and the decodes' after them, runs it in
 one forward pass (every weight read once for all of them) and returns the logits of the sequences that reached
-their last token, with the device synchronized around the clock so the measured time is real.
+their last token (all the rows of a verify step), with the device synchronized around the clock so the measured time is real.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from rooftop.quant.linear import WIDEN_ROWS, row_plan
 @dataclass
 class StepLogits:
     """The float32 logits (rows, vocab) of the step's sampling sequences, `sampled[k]` the index in the batch of
-    row k, and the step's device-synchronized seconds."""
+    row k (a verify step's sequence has 1 + its drafts rows, consecutive), and the step's device-synchronized
+    seconds."""
 
     logits: torch.Tensor | None
     sampled: list[int]
@@ -51,7 +52,7 @@ def run_step(model: Transformer, pool: KVPool, batch: list[ScheduledSeq], batch_
     token_ids, positions, seqs = [], [], []
     for i in order:
         s = batch[i]
-        token_ids += s.seq.all_token_ids[s.cached : s.cached + s.new]
+        token_ids += s.seq.all_token_ids[s.cached : s.cached + s.new - len(s.draft)] + s.draft
         positions += range(s.cached, s.cached + s.new)
         seqs.append(AttentionSeq(s.seq.block_table, s.cached, s.new, s.phase, s.seq.state_slot or 0))
     device = model.device
@@ -67,9 +68,9 @@ def run_step(model: Transformer, pool: KVPool, batch: list[ScheduledSeq], batch_
     end = 0
     for i in order:
         end += batch[i].new
-        if batch[i].needs_logits:
-            rows.append(end - 1)
-            sampled.append(i)
+        if batch[i].needs_logits:  # a verify step samples each of its rows: its last token's and every draft's
+            rows += range(end - 1 - len(batch[i].draft), end)
+            sampled += [i] * (1 + len(batch[i].draft))
     logits = model.logits(hidden[rows], batch_invariant) if rows else None
     synchronize(device)
     return StepLogits(logits, sampled, time.perf_counter() - t0)

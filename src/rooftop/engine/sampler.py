@@ -51,6 +51,9 @@ class SamplingRow:
     generator: torch.Generator | None = None
     prompt_ids: Sequence[int] = ()
     output_ids: Sequence[int] = ()
+    # a verify step's row before the sequence's last: the draft token the next row (the same sequence's, one
+    # position on) takes as its context. A seeded sequence's next row is drawn only if this row draws the draft
+    draft: int | None = None
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -140,10 +143,12 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     return kept if c.ids is None else torch.full_like(logits, float("-inf")).scatter_(1, c.ids, kept)
 
 
-def draw(c: Candidates, generators: list[torch.Generator | None]) -> torch.Tensor:
+def draw(c: Candidates, generators: list[torch.Generator | None], drafts: list[int | None]) -> torch.Tensor:
     """One candidate index per row: unseeded rows in one call, each seeded row from its own generator over only the
     candidates it keeps (best first, a prefix of the row), so a seeded request draws the same tokens whatever else
-    shares its batch."""
+    shares its batch. A seeded verify step draws its rows in order and stops at the first that does not draw its
+    draft (the rows after it are beyond what the sequence keeps: index 0, unused), so its generator advances once
+    per kept token, exactly as decoding them one step each would."""
     weights = c.probs.masked_fill(~c.keep, 0.0)
     if all(g is None for g in generators):
         return torch.multinomial(weights, 1)[:, 0]
@@ -152,10 +157,17 @@ def draw(c: Candidates, generators: list[torch.Generator | None]) -> torch.Tenso
     if unseeded:
         picks[unseeded] = torch.multinomial(weights[unseeded], 1)[:, 0]
     kept = c.keep.sum(-1).tolist()
+    beyond = False  # the previous row was a draft's that did not draw it: this row is not drawn
     for i, g in enumerate(generators):
-        if g is not None:
+        if g is None:
+            continue
+        if beyond:
+            picks[i] = 0
+        else:
             row = weights[i] if c.ids is None else weights[i, : kept[i]]
             picks[i] = torch.multinomial(row, 1, generator=g)[0]
+        token = int(picks[i]) if c.ids is None else int(c.ids[i, picks[i]])
+        beyond = drafts[i] is not None and (beyond or token != drafts[i])
     return picks
 
 
@@ -175,7 +187,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
         if not group:
             continue
         c = candidates(logits if len(group) == len(rows) else logits[group], [rows[i].params for i in group])
-        picks = draw(c, [rows[i].generator for i in group])
+        picks = draw(c, [rows[i].generator for i in group], [rows[i].draft for i in group])
         tokens[group] = picks if c.ids is None else c.ids.gather(1, picks[:, None])[:, 0]
     return tokens.tolist()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rooftop.config import EngineConfig
 from rooftop.engine.block_manager import BlockManager
@@ -33,11 +33,16 @@ class ScheduledSeq:
     new: int  # tokens computed for it this step
     cached: int  # tokens it already had in the cache
     phase: Phase
+    # a verify step (speculative decoding): the draft tokens computed after the token it sampled last, new - 1 of
+    # them; after sampling, `accepted` of them turned out to be what the model samples
+    draft: list[int] = field(default_factory=list)
+    accepted: int = 0
 
     @property
     def needs_logits(self) -> bool:
-        """The step reaches the sequence's last token, so a new token is sampled from its logits."""
-        return self.cached + self.new == self.seq.num_tokens
+        """The step reaches the sequence's last token, so a new token is sampled from its logits (from each of a
+        verify step's rows)."""
+        return self.cached + self.new - len(self.draft) == self.seq.num_tokens
 
 
 def running_phase(seq: Sequence, replay: bool) -> Phase:
@@ -75,11 +80,16 @@ class Scheduler:
         self._free_state(seq)
         seq.status = Status.FINISHED
 
-    def tokens_this_step(self, seq: Sequence, cached: int, phase: Phase, budget: int) -> int:
+    def decoding(self) -> list[Sequence]:
+        """The running sequences whose next step decodes the token they sampled last (not a replay after a
+        preemption): those a speculative proposer may give draft tokens to verify in that step."""
+        return [s for s in self.running if s.uncached == 1 and s.output_token_ids]
+
+    def tokens_this_step(self, seq: Sequence, cached: int, phase: Phase, budget: int, drafts: int = 0) -> int:
         """How many tokens `seq`, with `cached` of them in the cache, computes in a step with `budget` tokens left
-        (0: it waits for a later step)."""
+        (0: it waits for a later step); a decode with `drafts` draft tokens verifies as many of them as fit."""
         if phase is Phase.DECODE:
-            return min(1, budget)
+            return min(1 + drafts, budget)
         chunk = self.config.chunk_size
         if not self.config.batch_invariant:
             return min(seq.num_tokens - cached, chunk, budget)
@@ -95,7 +105,10 @@ class Scheduler:
             return seq.num_tokens - 1, self.config.block_size
         return len(seq.prompt_token_ids) - 1, math.lcm(self.config.chunk_size, self.config.block_size)
 
-    def schedule(self) -> list[ScheduledSeq]:
+    def schedule(self, drafts: dict[Sequence, list[int]] | None = None) -> list[ScheduledSeq]:
+        """The next step's sequences. A decoding sequence with `drafts` verifies them in its step (new = 1 + the
+        drafts that fit in the token budget), or decodes plainly when the pool has no room for them."""
+        drafts = drafts or {}
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         preempted = False
@@ -105,9 +118,13 @@ class Scheduler:
         for seq in decodes + prefills:
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            n = self.tokens_this_step(seq, seq.cached, phases[seq], budget)
+            draft = drafts.get(seq, []) if phases[seq] is Phase.DECODE else []
+            n = self.tokens_this_step(seq, seq.cached, phases[seq], budget, len(draft))
             if n == 0:
                 continue  # no room left in this step for its next chunk
+            draft = draft[: n - 1]
+            if draft and not self.blocks.can_append(seq.block_table, seq.cached + n):
+                draft, n = [], 1  # no blocks to spare for the drafts: a plain decode preempts no one for them
             while not self.blocks.can_append(seq.block_table, seq.cached + n):
                 victim = max(self.running, key=lambda s: s.arrival_index)
                 for entry in [e for e in scheduled if e.seq is victim]:  # give back what it was granted
@@ -120,7 +137,7 @@ class Scheduler:
             if seq.status is not Status.RUNNING:
                 continue
             self.blocks.append(seq.block_table, seq.cached + n)
-            scheduled.append(ScheduledSeq(seq, n, seq.cached, phases[seq]))
+            scheduled.append(ScheduledSeq(seq, n, seq.cached, phases[seq], draft))
             budget -= n
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -144,9 +161,13 @@ class Scheduler:
 
     def update(self, batch: list[ScheduledSeq], finished: list[Sequence]) -> None:
         """Take in a step's work: each sequence's new tokens are cached (full blocks named for the prefix cache),
-        and the sequences that finished give their blocks back."""
+        and the sequences that finished give their blocks back. A verify step keeps the K/V of the token it
+        decoded and of its accepted drafts; the rejected drafts' slots are rolled back: overwritten by later steps,
+        and blocks that hold nothing but rejected drafts go back to the pool."""
         for s in batch:
-            s.seq.cached += s.new
+            s.seq.cached += s.new - len(s.draft) + s.accepted
+            if s.draft:
+                self.blocks.truncate(s.seq.block_table, s.seq.cached)
             self.blocks.cache_full_blocks(s.seq.block_table, s.seq.all_token_ids, self.shareable(s.seq))
         for seq in finished:
             self.finish(seq)

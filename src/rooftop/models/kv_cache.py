@@ -130,7 +130,7 @@ def table_slots(table: torch.Tensor, block_size: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class AttentionSeq:
     """One sequence of a step as attention sees it: its blocks, its cached and new tokens, and the phase the
-    scheduler gave it (a decode brings exactly one token)."""
+    scheduler gave it (a decode brings one token, a verify step's decode one per draft token more)."""
 
     block_table: list[int]
     cached: int
@@ -155,9 +155,11 @@ def build_metadata(
         table, cached, new = s.block_table, s.cached, s.new
         slot_mapping += [table[p // block_size] * block_size + p % block_size for p in range(cached, cached + new)]
         if s.phase is Phase.DECODE:
-            if new != 1 or cached < 1:
-                raise ValueError(f"a decode brings one token after a non-empty cache, not {new} after {cached}")
-            decodes.append((row, table, cached + 1, s.state_slot))
+            if cached < 1:
+                raise ValueError(f"a decode comes after a non-empty cache, not after {cached} tokens")
+            # a verify step's rows are decodes of their own, row i attending the cache and rows 0..i: exactly
+            # what decoding them one step each computes (decode attention writes every row's K/V first)
+            decodes += [(row + i, table, cached + i + 1, s.state_slot) for i in range(new)]
         else:
             if decodes:
                 raise ValueError("a step lays out its prefill chunks before its decodes")

@@ -164,7 +164,13 @@ def gap_sentence(phases: dict[str, PhaseAttribution]) -> str:
     parts = []
     for name, p in phases.items():
         roof = "compute peak" if p.roof == "compute" else "memory bandwidth"
-        per = f"per token, {p.steps} steps" if name == "decode" else f"for {p.tokens} tokens"
+        per = f"for {p.tokens} tokens"
+        if name == "decode":  # verify steps of speculative decoding compute several tokens each
+            per = (
+                f"per token, {p.steps} steps"
+                if p.tokens == p.steps
+                else f"per step, {p.steps} steps of {p.tokens} tokens"
+            )
         scale = p.steps if name == "decode" else 1
         expected = "-" if p.expected_s is None else seconds(p.expected_s / scale)
         parts.append(

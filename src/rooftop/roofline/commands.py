@@ -12,10 +12,12 @@ from rich.progress import Progress
 
 from rooftop.console import err, user_errors
 from rooftop.engine.probe import load_or_run_probe
+from rooftop.errors import InvalidRequestError
 from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
 from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.precision import DEFAULT_STATE_DTYPE, STATE_DTYPES, WEIGHTS_HELP
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, analyze
+from rooftop.roofline.speculative import predict_speculative
 
 ModelArg = Annotated[
     str | None,
@@ -72,8 +74,15 @@ def roofline(
     plot: Annotated[str | None, typer.Option(help="write the roofline chart to this PNG")] = None,
     gpu_memory_utilization: UtilizationArg = DEFAULT_GPU_MEMORY_UTILIZATION,
     state_dtype: StateDtypeArg = DEFAULT_STATE_DTYPE,
+    num_speculative_tokens: Annotated[
+        int | None, typer.Option(help="speculative decoding: draft tokens per verify step (with --acceptance)")
+    ] = None,
+    acceptance: Annotated[
+        float | None, typer.Option(help="speculative decoding: the probability each draft token is accepted")
+    ] = None,
 ) -> None:
-    """Predict FLOPs, bytes, bound and time of prefill and decode for a model on a device."""
+    """Predict FLOPs, bytes, bound and time of prefill and decode for a model on a device; with
+    --num-speculative-tokens and --acceptance, also TPOT with speculative decoding."""
     with user_errors():
         config, hw, p = _resolve(
             model,
@@ -87,13 +96,21 @@ def roofline(
             compute_efficiency,
             memory_efficiency,
         )
+        if (num_speculative_tokens is None) != (acceptance is None):
+            raise InvalidRequestError("--num-speculative-tokens and --acceptance go together: give both or neither")
         pred = analyze(config, hw, p, prompt, output, batch, tp, gpu_memory_utilization=gpu_memory_utilization)
+        spec = None
+        if num_speculative_tokens is not None:  # at the output's middle context, as a mean TPOT
+            context = prompt + output // 2
+            spec = predict_speculative(config, p, hw, num_speculative_tokens, acceptance, context, batch, tp)
         if as_json:
-            typer.echo(json.dumps(pred.to_dict(), indent=2))
+            typer.echo(json.dumps(pred.to_dict() | ({"speculative": spec.to_dict()} if spec else {}), indent=2))
         else:
-            from rooftop.roofline.report import print_prediction
+            from rooftop.roofline.report import print_prediction, speculative_sentence
 
             print_prediction(pred, Console(highlight=False))
+            if spec:
+                typer.echo(speculative_sentence(spec))
         if plot:
             from rooftop.roofline.plot import plot_roofline
 

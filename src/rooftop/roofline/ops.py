@@ -57,7 +57,9 @@ class StepShape:
 
     @property
     def logits_rows(self) -> int:
-        return sum(s.count for s in self.seqs if s.needs_logits)
+        """The lm_head's rows: one per sampling sequence, and every row of a decode (a verify step of speculative
+        decoding, new = 1 + its draft tokens, samples each)."""
+        return sum(s.count * (s.new if s.phase is Phase.DECODE else 1) for s in self.seqs if s.needs_logits)
 
     @property
     def phase(self) -> Phase:

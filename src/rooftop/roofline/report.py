@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rooftop.roofline.predict import Prediction, StepTime
+from rooftop.roofline.speculative import SpeculativePrediction
 
 
 def si(value: float | None, unit: str) -> str:
@@ -187,3 +188,14 @@ def gap_bar(name: str, gap, per: int, width: int = 48) -> Text:
     legend = " · ".join(f"{part} {seconds(value / per)}" for part, value in parts.items() if abs(value) / per >= 1e-6)
     bar.append(f"  {legend}")
     return bar
+
+
+def speculative_sentence(spec: SpeculativePrediction) -> str:
+    """What speculative decoding's prediction says, in one sentence."""
+    k, a = spec.num_speculative_tokens, spec.acceptance
+    return (
+        f"speculative decoding, {k} draft tokens accepted at {a:.0%} each: {spec.tokens_per_step:.2f} tokens per "
+        f"verify step of {seconds(spec.verify.time_s)} (a decode step: {seconds(spec.decode.time_s)}, "
+        f"{spec.context} tokens deep), TPOT {seconds(spec.tpot_s)} instead of {seconds(spec.decode_tpot_s)}: "
+        f"{spec.speedup:.2f}x"
+    )

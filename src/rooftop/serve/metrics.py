@@ -31,6 +31,10 @@ class ServerMetrics:
     prefix_cache_queries: Counter
     prefix_cache_hits: Counter
     preemptions: Counter
+    spec_decode_num_drafts: Counter  # speculative decoding: verify steps that checked drafts
+    spec_decode_num_draft_tokens: Counter
+    spec_decode_num_accepted_tokens: Counter
+    spec_decode_num_accepted_tokens_per_pos: Counter  # label position: 0 is the first draft token
     steps: Counter  # label phase
     achieved_flops: Gauge  # label phase: FLOPs / measured seconds over the phase's recent steps
     achieved_bytes: Gauge
@@ -69,6 +73,21 @@ def create_metrics() -> ServerMetrics:
         ),
         prefix_cache_hits=Counter("rooftop_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r),
         preemptions=Counter("rooftop_num_preemptions", "Sequences preempted for KV blocks (recomputed)", registry=r),
+        spec_decode_num_drafts=Counter(
+            "rooftop_spec_decode_num_drafts", "Speculative decoding: verify steps that checked draft tokens", registry=r
+        ),
+        spec_decode_num_draft_tokens=Counter(
+            "rooftop_spec_decode_num_draft_tokens", "Speculative decoding: draft tokens checked", registry=r
+        ),
+        spec_decode_num_accepted_tokens=Counter(
+            "rooftop_spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted", registry=r
+        ),
+        spec_decode_num_accepted_tokens_per_pos=Counter(
+            "rooftop_spec_decode_num_accepted_tokens_per_pos",
+            "Speculative decoding: draft tokens accepted, by position in the draft",
+            ["position"],
+            registry=r,
+        ),
         steps=Counter("rooftop_steps", "Engine steps by phase", ["phase"], registry=r),
         achieved_flops=Gauge("rooftop_achieved_flops_per_second", "FLOP/s of recent steps", ["phase"], registry=r),
         achieved_bytes=Gauge("rooftop_achieved_bytes_per_second", "Bytes/s of recent steps", ["phase"], registry=r),

@@ -54,7 +54,9 @@ class Monitor:
         self.finished: deque[FinishedPoint] = deque(maxlen=10_000)
         self.state = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0}
         self.outcomes = {outcome: 0 for outcome in FinishReason}
-        self._counted = (0, 0, 0)  # the engine's prefix queries, prefix hits and preemptions already counted
+        # the engine's prefix queries, prefix hits, preemptions and speculative decoding counts already counted
+        self._counted = (0, 0, 0, 0, 0, 0)
+        self._counted_per_pos: list[int] = []
         # quantized weights: decode runs the weight-only kernels, large (prefill) steps widen them to float matmuls
         computes = sorted({precision.compute, precision.at(1 << 30).compute})
         self.peaks = {compute: hardware.peak(compute) for compute in computes}
@@ -89,12 +91,30 @@ class Monitor:
         m.running.set(stats.running)
         m.waiting.set(stats.waiting)
         m.kv_cache_usage.set(stats.kv_cache_usage)
-        now = (stats.prefix_queries, stats.prefix_hits, stats.preemptions)
-        for counter, value, counted in zip(
-            (m.prefix_cache_queries, m.prefix_cache_hits, m.preemptions), now, self._counted, strict=True
-        ):
+        spec = stats.spec_decode
+        now = (
+            stats.prefix_queries,
+            stats.prefix_hits,
+            stats.preemptions,
+            spec.drafts,
+            spec.draft_tokens,
+            spec.accepted_tokens,
+        )
+        counters = (
+            m.prefix_cache_queries,
+            m.prefix_cache_hits,
+            m.preemptions,
+            m.spec_decode_num_drafts,
+            m.spec_decode_num_draft_tokens,
+            m.spec_decode_num_accepted_tokens,
+        )
+        for counter, value, counted in zip(counters, now, self._counted, strict=True):
             counter.inc(value - counted)
         self._counted = now
+        counted = self._counted_per_pos + [0] * (len(spec.accepted_per_pos) - len(self._counted_per_pos))
+        for position, (value, before) in enumerate(zip(spec.accepted_per_pos, counted, strict=True)):
+            m.spec_decode_num_accepted_tokens_per_pos.labels(position=position).inc(value - before)
+        self._counted_per_pos = list(spec.accepted_per_pos)
         with self.lock:
             self.state = {
                 "running": stats.running,
