@@ -125,7 +125,10 @@ def calibrate(
     runs = _runs(llm, eng, plan)
     gen = torch.Generator().manual_seed(0)
     vocab = min(config.vocab_size, llm.tokenizer.vocab_size)
-    _run(eng, [torch.randint(vocab, (16,), generator=gen).tolist()], 2)  # warm up: kernels built, pages touched
+    # warm up: kernels built, every weight page touched, the allocator's and the CPU's caches in their running
+    # state (the first timed runs came out slower than the same shapes later without it)
+    warm = min(256, eng.config.chunk_size, llm.max_model_len - plan["steps"] - 4)
+    _run(eng, [torch.randint(vocab, (warm,), generator=gen).tolist()], plan["steps"] + 2)
     with timer.installed(llm):
         for label, batch, prompt_len, output_len in runs:
             on_progress(label)
@@ -210,6 +213,7 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
         "block_size": str(engine.block_size),
         "chunk_size": str(engine.chunk_size),
         "kernels": cpu.sources_version() if cpu.ops() is not None else "pytorch",
+        "procedure": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8],  # this file: what was measured
     }
 
 
