@@ -211,3 +211,31 @@ def test_efficiency_overrides_replace_the_catalogs_and_devices_without_figures_e
         + 32 * eff.per_layer_s
         + 64 * eff.all_reduce_s
     )
+
+
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "qwen3_5"])
+def test_a_quick_calibration_times_moe_and_hybrid_layers(architecture, tmp_path, monkeypatch):
+    """The op timer reaches the experts (linears) and the Gated DeltaNet layers' conv and recurrence (attention):
+    every class of those models gets a curve, and the gap of their steps adds up."""
+    import test_hybrid
+    import test_moe
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from rooftop import LLM
+
+    torch.manual_seed(0)
+    if architecture == "qwen3_moe":
+        model, source = Qwen3MoeForCausalLM(Qwen3MoeConfig(**test_moe.CONFIG)), test_moe
+    else:
+        model, source = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**test_hybrid.CONFIG)), test_hybrid
+    llm = LLM(model=source.save_random(model.eval(), tmp_path / architecture))
+    hw = load_or_run_probe(quick=True).to_hardware()
+    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
+    cal = calibration_run.calibrate(llm, hw, quick=True)
+    for key in ("decode.linears", "decode.attention", "decode.elementwise", "prefill.attention", "decode.host"):
+        assert key in cal.curves and cal.curves[key].points[-1][1] > 0, key
+    llm.generate("a few words", SamplingParams(max_tokens=3, temperature=0))
+    record = llm.step_records[-1]
+    step = attribute_step(llm.config, llm.precision, record.shape, record.seconds, hw, record.around_seconds, cal)
+    assert sum(step.gap(hw).parts().values()) == pytest.approx(record.wall_seconds)
