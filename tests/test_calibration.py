@@ -239,3 +239,11 @@ def test_a_quick_calibration_times_moe_and_hybrid_layers(architecture, tmp_path,
     record = llm.step_records[-1]
     step = attribute_step(llm.config, llm.precision, record.shape, record.seconds, hw, record.around_seconds, cal)
     assert sum(step.gap(hw).parts().values()) == pytest.approx(record.wall_seconds)
+
+
+def test_calibration_fits_a_small_kv_pool_and_leaves_the_engine_idle(tiny_gguf):
+    from rooftop import LLM
+
+    small = LLM(model=tiny_gguf, num_kv_blocks=12, block_size=16)  # 192 tokens of KV cache
+    cal = calibration_run.calibrate(small, load_or_run_probe(quick=True).to_hardware(), quick=True)
+    assert "decode.linears" in cal.curves and not small.engine.has_unfinished()

@@ -57,7 +57,7 @@ def test_dashboard_shows_live_numbers(server):
             assert page.text_content("#kv").endswith("%")
             assert page.text_content("#ttft-p50").endswith(" ms") and page.text_content("#tpot-p50").endswith(" ms")
             assert "decode:" in page.text_content("#achieved") and "FLOP/s" in page.text_content("#achieved")
-            assert "bound" in page.text_content("#achieved")
+            assert "bound" in page.text_content("#achieved") and "expected" in page.text_content("#achieved")
             assert page.text_content("#hardware").startswith("this machine")
             roof_pixels = page.evaluate(
                 "(() => { const c = document.getElementById('roofline');"

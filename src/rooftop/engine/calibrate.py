@@ -28,7 +28,7 @@ from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.runner import synchronize
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import Phase
-from rooftop.errors import InvalidRequestError
+from rooftop.errors import InvalidRequestError, RooftopError
 from rooftop.kernels import cpu
 from rooftop.models import delta_net, hybrid
 from rooftop.quant import linear as linears
@@ -127,7 +127,7 @@ def calibrate(
     vocab = min(config.vocab_size, llm.tokenizer.vocab_size)
     # warm up: kernels built, every weight page touched, the allocator's and the CPU's caches in their running
     # state (the first timed runs came out slower than the same shapes later without it)
-    warm = min(256, eng.config.chunk_size, llm.max_model_len - plan["steps"] - 4)
+    warm = min(256, eng.config.chunk_size, llm.max_model_len, eng.stats().kv_cache_tokens) - plan["steps"] - 4
     _run(eng, [torch.randint(vocab, (warm,), generator=gen).tolist()], plan["steps"] + 2)
     with timer.installed(llm):
         for label, batch, prompt_len, output_len in runs:
@@ -159,7 +159,7 @@ def calibrate(
 def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int]]:
     """(label, batch, prompt tokens, output tokens) of each calibration run, within the engine's limits."""
     limits, kv_tokens = eng.config, eng.stats().kv_cache_tokens
-    room = llm.max_model_len - plan["steps"] - 2
+    room = min(llm.max_model_len, kv_tokens) - plan["steps"] - 2
     runs = [
         (f"decode at batch {b}, {c} tokens of context", b, c, plan["steps"] + 1)
         for c in plan["contexts"]
@@ -167,7 +167,11 @@ def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int
         for b in plan["batches"]
         if b <= limits.max_num_seqs and b * (c + plan["steps"] + 1) <= kv_tokens
     ]
-    runs += [(f"a prompt of {n} tokens", 1, n, 1) for n in plan["prompts"] if n <= min(room, limits.chunk_size)]
+    runs += [
+        (f"a prompt of {n} tokens", 1, n, 1)
+        for n in plan["prompts"]
+        if n <= min(room, limits.chunk_size, kv_tokens - 2)
+    ]
     long = plan["long"] * limits.chunk_size
     if plan["long"] and long <= min(room, LONGEST, kv_tokens):
         runs.append((f"a prompt of {long} tokens, in chunks of {limits.chunk_size}", 1, long, 1))
@@ -178,8 +182,13 @@ def _run(eng, prompts: list[list[int]], output_len: int, timer: OpTimer | None =
     """Run the prompts to the end, greedy: each step's record with its op classes' seconds (with a timer)."""
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     ids = [f"calibration-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
-    for request_id, prompt in zip(ids, prompts, strict=True):
-        eng.add_request(request_id, prompt, params)
+    try:
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            eng.add_request(request_id, prompt, params)
+    except RooftopError:  # one did not fit: the engine is left as idle as it was found
+        for request_id in ids:
+            eng.abort(request_id)
+        raise
     results = []
     while eng.has_unfinished():
         if timer is not None:

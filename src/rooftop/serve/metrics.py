@@ -40,6 +40,7 @@ class ServerMetrics:
     achieved_bytes: Gauge
     step_seconds: Gauge  # label phase: mean wall time of the phase's recent steps
     step_bound_seconds: Gauge  # label phase: their mean fused lower bound at this machine's roofs
+    step_expected_seconds: Gauge  # label phase: their mean calibrated expectation
     roof_flops: Gauge  # the probe's measured ceilings, for % of roof in a dashboard of one's own
     roof_bytes: Gauge
 
@@ -94,6 +95,9 @@ def create_metrics() -> ServerMetrics:
         step_seconds=Gauge("rooftop_step_seconds", "Mean wall time of recent steps", ["phase"], registry=r),
         step_bound_seconds=Gauge(
             "rooftop_step_bound_seconds", "Mean lower bound (fused roofline) of recent steps", ["phase"], registry=r
+        ),
+        step_expected_seconds=Gauge(
+            "rooftop_step_expected_seconds", "Mean calibrated expected time of recent steps", ["phase"], registry=r
         ),
         roof_flops=Gauge(
             "rooftop_roof_flops_per_second", "This machine's measured compute roofs", ["compute"], registry=r

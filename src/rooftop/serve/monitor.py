@@ -13,6 +13,7 @@ from rooftop.config import ModelConfig
 from rooftop.engine.outputs import EngineStats, RequestOutput, StepOutput, StepRecord
 from rooftop.enums import FinishReason, Phase
 from rooftop.roofline.attribution import attribute_step
+from rooftop.roofline.calibration import Calibration
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.precision import Precision
 from rooftop.serve.metrics import ServerMetrics
@@ -35,6 +36,7 @@ class StepPoint:
     bytes: float
     bound: float  # the fused lower bound at this machine's roofs, seconds
     wall: float  # the whole step, scheduling and sampling included
+    expected: float | None  # the calibration's time for the step, where the monitor has one
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,16 @@ class FinishedPoint:
 class Monitor:
     """Written by the engine thread, read by HTTP handlers (`snapshot`): the history sits behind a lock."""
 
-    def __init__(self, metrics: ServerMetrics, config: ModelConfig, precision: Precision, hardware: Hardware):
+    def __init__(
+        self,
+        metrics: ServerMetrics,
+        config: ModelConfig,
+        precision: Precision,
+        hardware: Hardware,
+        calibration: Calibration | None = None,
+    ):
         self.metrics, self.config, self.precision, self.hardware = metrics, config, precision, hardware
+        self.calibration = calibration  # each step's expected time, beside its bound
         self.lock = threading.Lock()
         self.steps: deque[StepPoint] = deque(maxlen=STEPS_KEPT)
         self.finished: deque[FinishedPoint] = deque(maxlen=10_000)
@@ -125,7 +135,13 @@ class Monitor:
 
     def _record_step(self, record: StepRecord, sampled: int) -> None:
         a = attribute_step(
-            self.config, self.precision, record.shape, record.seconds, self.hardware, record.around_seconds
+            self.config,
+            self.precision,
+            record.shape,
+            record.seconds,
+            self.hardware,
+            record.around_seconds,
+            self.calibration,
         )
         point = StepPoint(
             record.finished_at,
@@ -138,6 +154,7 @@ class Monitor:
             a.predicted.bytes,
             a.predicted.bound_s,
             a.measured_s,
+            None if a.expected is None else a.expected.total_s,
         )
         with self.lock:
             self.steps.append(point)
@@ -149,6 +166,9 @@ class Monitor:
             self.metrics.achieved_bytes.labels(phase=record.phase).set(sum(s.bytes for s in recent) / seconds)
         self.metrics.step_seconds.labels(phase=record.phase).set(sum(s.wall for s in recent) / len(recent))
         self.metrics.step_bound_seconds.labels(phase=record.phase).set(sum(s.bound for s in recent) / len(recent))
+        if point.expected is not None:
+            expected = [s.expected for s in recent if s.expected is not None]
+            self.metrics.step_expected_seconds.labels(phase=record.phase).set(sum(expected) / len(expected))
 
     def _record_finish(self, output: RequestOutput, outcome: FinishReason) -> None:
         m, rm = self.metrics, output.metrics
@@ -215,6 +235,11 @@ class Monitor:
             "bytes_per_s": sum(s.bytes for s in recent) / seconds,
             "step_ms": sum(s.wall for s in recent) / len(recent) * 1e3,
             "bound_ms": sum(s.bound for s in recent) / len(recent) * 1e3,
+            "expected_ms": (
+                sum(s.expected for s in recent) / len(recent) * 1e3
+                if all(s.expected is not None for s in recent)
+                else None
+            ),
         }
 
 

@@ -10,9 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rooftop.engine.calibrate import load_or_calibrate
 from rooftop.engine.llm import LLM
 from rooftop.engine.probe import load_or_run_probe
 from rooftop.errors import RooftopError
+from rooftop.roofline.calibration import Calibration
+from rooftop.roofline.hardware import Hardware
 from rooftop.serve.config import ServeConfig
 from rooftop.serve.engine_loop import EngineLoop
 from rooftop.serve.errors import ApiError
@@ -36,6 +39,16 @@ class Ready:
     prompts: Prompts
 
 
+def calibrated(llm: LLM, hardware: Hardware) -> Calibration | None:
+    """The model's quick calibration, or None (and a warning) where this engine cannot run it: the server serves
+    either way, its steps' expected times left out."""
+    try:
+        return load_or_calibrate(llm, hardware, quick=True)
+    except RooftopError as error:
+        log.warning("no calibration, so no expected step times: %s", error)
+        return None
+
+
 @dataclass
 class ServerState:
     config: ServeConfig
@@ -44,7 +57,8 @@ class ServerState:
     load_error: str | None = None
 
     def load(self, llm: LLM | None = None, on_error: Callable[[str], None] | None = None) -> None:
-        """Load the model (unless given), read this machine's roofs (probing once, cached) and start the engine thread."""
+        """Load the model (unless given), read this machine's roofs (probing once, cached) and the model's calibration
+        (a quick one, cached), and start the engine thread."""
         c = self.config
         try:
             if llm is None:
@@ -53,13 +67,15 @@ class ServerState:
             log.info("reading this machine's roofs (measured once, ~15 s, then cached)")
             probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
             hardware = probe.to_hardware(working_set=llm.weight_bytes)
+            log.info("calibrating this model's ops (a quick one, once per model and settings, then cached)")
+            calibration = calibrated(llm, hardware)
         except Exception as e:  # a bad model path and a broken file alike end the server with one line
             self.load_error = str(e) if isinstance(e, RooftopError) else f"{type(e).__name__}: {e}"
             log.error("cannot serve: %s", self.load_error)
             if on_error is not None:
                 on_error(self.load_error)
             return
-        monitor = Monitor(self.metrics, llm.config, llm.precision, hardware)
+        monitor = Monitor(self.metrics, llm.config, llm.precision, hardware, calibration)
         engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests)
         engine_loop.start()
         name = c.served_model_name or _file_name(c.run.model or llm.model_path)

@@ -118,7 +118,8 @@ function show(state) {
   $("hardware").textContent = roof.hardware;
   $("achieved").textContent = Object.entries(roof.achieved)
     .map(([phase, a]) => `${phase}: ${si(a.flops_per_s, "FLOP/s")}, ${si(a.bytes_per_s, "B/s")}; ` +
-      `step ${a.step_ms.toFixed(2)} ms, bound ${a.bound_ms.toFixed(2)} ms`).join("   ·   ");
+      `step ${a.step_ms.toFixed(2)} ms, expected ${a.expected_ms === null ? "-" : a.expected_ms.toFixed(2) + " ms"}, ` +
+      `bound ${a.bound_ms.toFixed(2)} ms`).join("   ·   ");
   drawRoofline(roof);
 }
 
