@@ -1,5 +1,5 @@
-"""The bench's pictures: measured steps on this machine's roofline, TTFT against prompt length, TPOT and
-throughput against batch size, each measured beside predicted."""
+"""The bench's pictures: measured steps on this machine's roofline, where each step's time went, TTFT against
+prompt length, TPOT and throughput against batch size, each measured beside expected and the bound."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def ttft_plot(result: SweepResult, path: Path) -> Path:
     S = [r["prompt_tokens"] for r in result.ttft]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(S, [r["measured_ttft_s"] * 1e3 for r in result.ttft], "o-", color=COLORS["prefill"], label="measured")
-    ax.plot(S, [r["predicted_ttft_s"] * 1e3 for r in result.ttft], "s--", color="gray", label="predicted (roofline)")
+    ax.plot(S, [r["expected_prefill_step_s"] * 1e3 for r in result.ttft], "^:", color="black", label="expected")
+    ax.plot(S, [r["bound_prefill_step_s"] * 1e3 for r in result.ttft], "s--", color="gray", label="bound")
     ax.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="TTFT (ms)", title="TTFT against prompt length")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend()
@@ -82,15 +83,15 @@ def batch_plot(result: SweepResult, path: Path) -> Path:
     B = [r["batch"] for r in result.decode]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     left.plot(B, [r["measured_tpot_s"] * 1e3 for r in result.decode], "o-", color=COLORS["decode"], label="measured")
-    left.plot(
-        B, [r["predicted_tpot_s"] * 1e3 for r in result.decode], "s--", color="gray", label="predicted (roofline)"
-    )
+    left.plot(B, [r["expected_tpot_s"] * 1e3 for r in result.decode], "^:", color="black", label="expected")
+    left.plot(B, [r["bound_tpot_s"] * 1e3 for r in result.decode], "s--", color="gray", label="bound")
     left.set(xscale="log", xlabel="batch size", ylabel="TPOT (ms)", title="TPOT against batch size")
     right.plot(
         B, [r["measured_tokens_per_s_total"] for r in result.decode], "o-", color=COLORS["decode"], label="measured"
     )
+    right.plot(B, [r["expected_tokens_per_s_total"] for r in result.decode], "^:", color="black", label="expected")
     right.plot(
-        B, [r["predicted_tokens_per_s_total"] for r in result.decode], "s--", color="gray", label="predicted (roofline)"
+        B, [r["batch"] / r["bound_tpot_s"] for r in result.decode], "s--", color="gray", label="bound (the most)"
     )
     right.set(
         xscale="log",
