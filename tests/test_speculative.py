@@ -363,10 +363,11 @@ def test_aborting_frees_the_draft_cache(bundled):
 
 
 def test_a_draft_model_file_gives_the_tokens_decoding_gives(tiny_llm, tmp_path):
-    """Another tiny model with the same byte vocabulary (other weights) drafts for the tiny model."""
+    """Another tiny model with the same byte vocabulary (other weights, a 12-token context the sequences outgrow:
+    it stops proposing there) drafts for the tiny model."""
     from gguf_factory import write_tiny_gguf
 
-    write_tiny_gguf(tmp_path / "draft.gguf", seed=1)
+    write_tiny_gguf(tmp_path / "draft.gguf", seed=1, context_length=12)
     reqs = [(f"t{i}", "abcabcabc"[: 3 + i], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)) for i in range(3)]  # fmt: skip
     plain, _ = run(engine(tiny_llm, num_kv_blocks=64, block_size=4), reqs)
     draft = {"method": "draft", "num_speculative_tokens": 3, "model": str(tmp_path / "draft.gguf")}

@@ -94,7 +94,10 @@ class DraftProposer:
         drafts = {}
         with torch.inference_mode():
             for seq, limit in most.items():
-                k = min(limit, self.config.num_speculative_tokens)
+                # the draft writes positions up to num_tokens + k - 2: within its own context too (a draft file's
+                # may be shorter than the target's)
+                room = self.model.config.max_position_embeddings - seq.num_tokens + 1
+                k = min(limit, self.config.num_speculative_tokens, room)
                 if k >= 1:
                     drafts[seq] = self._draft(seq, k)
         return drafts
@@ -103,7 +106,8 @@ class DraftProposer:
         tokens = seq.all_token_ids
         entry = self.caches.get(seq)
         if entry is None:
-            capacity = min(len(seq.prompt_token_ids) + seq.params.max_tokens, self.max_model_len)
+            longest = min(len(seq.prompt_token_ids) + seq.params.max_tokens, self.max_model_len)
+            capacity = min(longest, self.model.config.max_position_embeddings)
             entry = DraftCache(KVCache(self.model.config, capacity, self.model.dtype, self.model.device), [])
             self.caches[seq] = entry
         kept = 0  # the longest prefix of the sequence's tokens the cache holds, leaving one token to compute
