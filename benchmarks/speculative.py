@@ -1,6 +1,10 @@
-"""Speculative decoding (n-gram prompt lookup) on the bundled model: decode speed with and without it.
+"""Speculative decoding (n-gram prompt lookup or a draft model) on the bundled model: decode speed with and without.
 
     .venv/bin/python benchmarks/speculative.py [--reps 3] [--max-tokens 128] [--k 4] [--limit N] [--json FILE]
+        [--method ngram | --method draft --draft-layers 4,8,16 | --method draft --draft-model FILE]
+
+`--method draft --draft-layers 4,8,16` runs one self-draft per N (the target's first N layers and its lm_head) and
+prints a row per N and set: the N that pays is chosen by this measurement.
 
 Two prompt sets (benchmarks/prompts/): input-grounded tasks (correct or rewrite a given paragraph, edit a given
 code block, quote from a given text), where the answer copies the prompt and prompt lookup should pay, and
@@ -64,14 +68,34 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each set")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--method", choices=["ngram", "draft"], default="ngram")
+    parser.add_argument("--draft-layers", default=None, help="method draft: self-drafts of these layer counts, 4,8,16")
+    parser.add_argument("--draft-model", default=None, help="method draft: a draft model file (the target's vocab)")
     args = parser.parse_args()
 
     llm = LLM()
-    spec_config = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    if args.method == "ngram":
+        spec_configs = {
+            "ngram": {
+                "method": "ngram",
+                "num_speculative_tokens": args.k,
+                "prompt_lookup_max": 4,
+                "prompt_lookup_min": 2,
+            }
+        }
+    elif args.draft_model is not None:
+        spec_configs = {"draft": {"method": "draft", "num_speculative_tokens": args.k, "model": args.draft_model}}
+    elif args.draft_layers:
+        spec_configs = {
+            f"self-draft {n}": {"method": "draft", "num_speculative_tokens": args.k, "draft_layers": n}
+            for n in (int(v) for v in args.draft_layers.split(","))
+        }
+    else:
+        raise SystemExit("--method draft needs --draft-layers N[,N...] or --draft-model FILE")
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     hw = load_or_run_probe().to_hardware(working_set=llm.weight_bytes)
     rows = []
-    for name in SETS:
+    for (label, spec_config), name in ((c, n) for c in spec_configs.items() for n in SETS):
         prompts = load_prompts(name, llm, args.limit)
         plain_rates, spec_rates, identical = [], [], True
         counts = SpecDecodeCounts()
@@ -95,6 +119,7 @@ def main() -> None:
         rows.append(
             {
                 "set": name,
+                "config": label,
                 "prompts": len(prompts),
                 "plain_tokens_per_s": plain,
                 "spec_tokens_per_s": spec,
@@ -106,17 +131,19 @@ def main() -> None:
                 "greedy_identical": identical,
             }
         )
-        print(f"{name}: {plain:.1f} -> {spec:.1f} tok/s, acceptance {acceptance:.2f}", flush=True)
+        print(f"{label}, {name}: {plain:.1f} -> {spec:.1f} tok/s, acceptance {acceptance:.2f}", flush=True)
 
     print()
     print(f"k = {args.k}, {args.max_tokens} tokens max, greedy, one request at a time, median of {args.reps}")
     print()
-    print("| prompts | without | with ngram | speedup | acceptance | mean accepted length | predicted | identical |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| speculation | prompts | without | with | speedup | acceptance | mean accepted length | predicted | identical |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         length = "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
         print(
-            f"| {r['set']} ({r['prompts']}) | {r['plain_tokens_per_s']:.1f} tok/s | {r['spec_tokens_per_s']:.1f} tok/s "
+            f"| {r['config']} | {r['set']} ({r['prompts']}) | {r['plain_tokens_per_s']:.1f} tok/s | {r['spec_tokens_per_s']:.1f} tok/s "
             f"| {r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | {length} | {r['predicted_speedup']:.2f}x "
             f"| {'yes' if r['greedy_identical'] else 'NO'} |"
         )

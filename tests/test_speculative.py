@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram prompt lookup): the same tokens as without it — greedy, seeded, with penalties,
+"""Speculative decoding (n-gram prompt lookup, a draft model, a self-draft): the same tokens as without it — greedy, seeded, with penalties,
 batched with sequences that propose nothing, under preemption — the acceptance rule's distribution, KV rollback
 in the block pool, stop strings and max_tokens inside an accepted run, the counts, and refused options."""
 
@@ -303,8 +303,12 @@ def test_the_counts_follow_vllms_definitions():
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, r"unknown speculative_config keys \['lookahead'\]"),
         ({"method": "ngram"}, "speculative_config needs num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, "prompt_lookup_min .* cannot exceed"),
-        ({"method": "draft", "num_speculative_tokens": 2}, "model names the draft model's file"),
-        ({"method": "ngram", "num_speculative_tokens": 2, "model": "x.gguf"}, "model names the draft model's file"),
+        ({"method": "draft", "num_speculative_tokens": 2}, "method 'draft' takes exactly one of model .* and draft_layers"),
+        ({"method": "draft", "num_speculative_tokens": 2, "model": "x.gguf", "draft_layers": 4}, "takes exactly one of model"),
+        ({"method": "draft", "num_speculative_tokens": 2, "draft_layers": 0}, "draft_layers must be an integer >= 1, got 0"),
+        ({"method": "draft", "num_speculative_tokens": 0, "draft_layers": 4}, "num_speculative_tokens must be an integer >= 1"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "model": "x.gguf"}, "model and draft_layers go with method 'draft' only"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "draft_layers": 4}, "model and draft_layers go with method 'draft' only"),
         ("ngram", "speculative_config is a dict"),
     ],
 )  # fmt: skip
@@ -317,10 +321,74 @@ def test_a_config_value_and_a_dict_are_the_same():
     assert EngineConfig(speculative_config=NGRAM).speculative_config == SpeculativeConfig(**NGRAM)
 
 
-def test_a_draft_model_is_refused_as_not_implemented(tiny_llm):
-    config = EngineConfig(speculative_config={"method": "draft", "num_speculative_tokens": 2, "model": "d.gguf"})
-    with pytest.raises(InvalidRequestError, match="method 'draft' is not implemented yet"):
-        LLMEngine(tiny_llm.model, tiny_llm.tokenizer, config)
+SELF_DRAFT = {"method": "draft", "num_speculative_tokens": 4, "draft_layers": 8}  # 8 of the bundled model's 30
+
+
+def test_a_self_draft_gives_the_tokens_decoding_gives(bundled, requests, plain):
+    """The target's first 8 layers and its lm_head propose; greedy and seeded requests arriving one by one, verify
+    steps sharing steps with prefills and plain decodes: the tokens, text and logprobs are those without
+    speculation, and no draft cache outlives its request."""
+    eng = engine(bundled, SELF_DRAFT)
+    spec, shapes = run(eng, requests[:4], arrive_every=3)
+    assert_same(spec, {rid: plain[rid] for rid in spec})
+    counts = eng.stats().spec_decode
+    assert counts.drafts > 0 and 0 <= counts.accepted_tokens <= counts.draft_tokens <= 4 * counts.drafts
+    verify = [any(s.phase == "decode" and s.new > 1 for s in shape.seqs) for shape in shapes]
+    plain_decode = [any(s.phase == "decode" and s.new == 1 for s in shape.seqs) for shape in shapes]
+    assert any(v and d for v, d in zip(verify, plain_decode, strict=True))  # verify and plain decode share steps
+    assert eng._proposer.caches == {}
+    assert eng._proposer.model.layers == bundled.model.layers[:8]  # the target's own layer objects, no copy
+
+
+def test_a_self_draft_under_preemption_gives_the_same_tokens(bundled, requests, plain):
+    """A preempted sequence's draft cache is dropped and rebuilt when it decodes again; nothing changes."""
+    eng = engine(bundled, SELF_DRAFT, num_kv_blocks=14, block_size=16)
+    spec, _ = run(eng, requests[:4])
+    assert_same(spec, {rid: plain[rid] for rid in spec})
+    assert eng.stats().preemptions > 0 and eng.stats().spec_decode.drafts > 0
+    assert eng._proposer.caches == {} and eng.stats().kv_blocks_used == 0
+
+
+def test_aborting_frees_the_draft_cache(bundled):
+    eng = engine(bundled, SELF_DRAFT)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    eng.add_request("a", chat(bundled, PROMPTS[3]), params)
+    eng.add_request("b", chat(bundled, PROMPTS[4]), params)
+    while len(eng._proposer.caches) < 2:
+        eng.step()
+    eng.abort("a")
+    assert [seq.request_id for seq in eng._proposer.caches] == ["b"]
+    eng.abort("b")
+    assert eng._proposer.caches == {} and not eng.has_unfinished()
+
+
+def test_a_draft_model_file_gives_the_tokens_decoding_gives(tiny_llm, tmp_path):
+    """Another tiny model with the same byte vocabulary (other weights, a 12-token context the sequences outgrow:
+    it stops proposing there) drafts for the tiny model."""
+    from gguf_factory import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "draft.gguf", seed=1, context_length=12)
+    reqs = [(f"t{i}", "abcabcabc"[: 3 + i], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)) for i in range(3)]  # fmt: skip
+    plain, _ = run(engine(tiny_llm, num_kv_blocks=64, block_size=4), reqs)
+    draft = {"method": "draft", "num_speculative_tokens": 3, "model": str(tmp_path / "draft.gguf")}
+    eng = engine(tiny_llm, draft, num_kv_blocks=64, block_size=4)
+    spec, _ = run(eng, reqs)
+    assert {rid: o.token_ids for rid, o in spec.items()} == {rid: o.token_ids for rid, o in plain.items()}
+    assert eng.stats().spec_decode.drafts > 0 and eng._proposer.caches == {}
+
+
+def test_a_draft_with_another_vocabulary_is_refused(bundled, tiny_llm, tiny_gguf):
+    config = EngineConfig(speculative_config={"method": "draft", "num_speculative_tokens": 2, "model": str(tiny_gguf)})
+    vocab = tiny_llm.config.vocab_size
+    with pytest.raises(InvalidRequestError, match=f"vocabulary has {vocab} tokens, the target's 49152"):
+        LLMEngine(bundled.model, bundled.tokenizer, config)
+
+
+@pytest.mark.parametrize("layers", [30, 31])
+def test_a_self_draft_needs_fewer_layers_than_the_target(bundled, layers):
+    config = EngineConfig(speculative_config={"method": "draft", "num_speculative_tokens": 2, "draft_layers": layers})
+    with pytest.raises(InvalidRequestError, match=r"draft_layers must be in 1\.\.29 \(the target has 30 layers\)"):
+        LLMEngine(bundled.model, bundled.tokenizer, config)
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"], ids=["kernels", "torch-ops"])

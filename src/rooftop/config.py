@@ -160,14 +160,16 @@ class SpeculativeConfig:
     """Speculative decoding, as vLLM's --speculative-config: each decoding sequence proposes up to
     `num_speculative_tokens` draft tokens, and one verify step of the target model checks them all.
     `ngram` proposes the continuation of the latest earlier occurrence of the sequence's last n tokens
-    (prompt_lookup_max >= n >= prompt_lookup_min) in its prompt and output; `draft` proposes with a second model
-    (`model`, sharing the target's tokenizer)."""
+    (prompt_lookup_max >= n >= prompt_lookup_min) in its prompt and output; `draft` proposes greedily with a draft
+    model: the file `model` (sharing the target's tokenizer and vocabulary), or, with `draft_layers` N (rooftop's
+    own key; vLLM has none), a self-draft: the target's own first N layers, final norm and lm_head."""
 
     method: str
     num_speculative_tokens: int
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     model: str | None = None
+    draft_layers: int | None = None  # method draft: the target's first N layers as the draft (a self-draft)
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -187,10 +189,23 @@ class SpeculativeConfig:
                 f"({self.prompt_lookup_max})",
                 "speculative_config",
             )
-        if (self.method == "draft") != (self.model is not None):
+        if self.draft_layers is not None and (
+            not isinstance(self.draft_layers, int) or isinstance(self.draft_layers, bool) or self.draft_layers < 1
+        ):
             raise InvalidRequestError(
-                "speculative_config model names the draft model's file: required with method 'draft', "
-                f"and only with it (method {self.method!r}, model {self.model!r})",
+                f"speculative_config draft_layers must be an integer >= 1, got {self.draft_layers!r}",
+                "speculative_config",
+            )
+        if self.method == "draft" and (self.model is None) == (self.draft_layers is None):
+            raise InvalidRequestError(
+                "speculative_config method 'draft' takes exactly one of model (the draft model's file) and "
+                f"draft_layers (a self-draft of the target's first N layers); got model {self.model!r}, "
+                f"draft_layers {self.draft_layers!r}",
+                "speculative_config",
+            )
+        if self.method != "draft" and (self.model is not None or self.draft_layers is not None):
+            raise InvalidRequestError(
+                f"speculative_config model and draft_layers go with method 'draft' only (method {self.method!r})",
                 "speculative_config",
             )
 

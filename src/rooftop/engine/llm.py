@@ -90,8 +90,9 @@ class LLM:
     the analyzer (`rooftop.roofline.presets`) or a config.json.
     Engine options (vLLM's names, EngineConfig's fields): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or
     num_kv_blocks, block_size, enable_prefix_caching, max_model_len, speculative_config (vLLM's dict, e.g.
-    {"method": "ngram", "num_speculative_tokens": 4}). `LLM.from_config(RunConfig(...))` takes the same as one
-    value.
+    {"method": "ngram", "num_speculative_tokens": 4}; a draft model: {"method": "draft", "model": PATH,
+    "num_speculative_tokens": 4}, or a self-draft of the first N layers: {"method": "draft", "draft_layers": N,
+    "num_speculative_tokens": 4}). `LLM.from_config(RunConfig(...))` takes the same as one value.
     """
 
     def __init__(

@@ -57,7 +57,7 @@ class LLMEngine:
         self._outputs = OutputProcessor(tokenizer, eos_token_ids, self.max_model_len)
         self._requests: dict[str, Sequence] = {}
         self._arrivals = 0
-        self._proposer = make_proposer(self.config.speculative_config, mc)
+        self._proposer = make_proposer(self.config.speculative_config, mc, model, self.max_model_len)
         self._spec_decode = SpecDecodeCounts()
 
     @property
@@ -112,6 +112,8 @@ class LLMEngine:
         if seq is None:
             return None
         self._scheduler.finish(seq)
+        if self._proposer is not None:
+            self._proposer.release(seq)  # a draft model's cache of it goes too
         return self._outputs.abort(seq)
 
     def has_request(self, request_id: str) -> bool:
@@ -162,6 +164,9 @@ class LLMEngine:
         deltas = self._sample(batch, step.logits, step.sampled)
         finished = [self._requests.pop(d.request_id) for d in deltas if d.finished]
         self._scheduler.update(batch, finished)
+        if self._proposer is not None:
+            for seq in finished:
+                self._proposer.release(seq)
         now = time.perf_counter()
         return StepOutput(deltas, StepRecord(shape, step.seconds, now, now - began - step.seconds))
 

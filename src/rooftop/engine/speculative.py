@@ -1,4 +1,5 @@
-"""Speculative decoding's proposers: draft tokens for the decoding sequences, which the next step verifies.
+"""Speculative decoding's proposers: draft tokens for the decoding sequences, which the next step verifies (the
+n-gram one here, the draft model's in engine/draft.py).
 
 A proposal is a point mass: the tokens a sequence is guessed to continue with. The verify step computes the
 target model's rows for them (engine/runner.py) and the sampler draws each row as a decode would
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rooftop.config import ModelConfig, SpeculativeConfig
+from rooftop.engine.draft import DraftProposer
 from rooftop.engine.sequence import Sequence
 from rooftop.errors import InvalidRequestError
+from rooftop.models.transformer import Transformer
 
 MAX_PAUSE = 32  # the most decode steps a sequence waits before proposing again after fruitless verify steps
 
@@ -80,9 +83,15 @@ class NgramProposer:
         """A verify step of `seq` accepted `accepted` of its drafts."""
         self._backoff.setdefault(seq, Backoff()).observe(accepted)
 
+    def release(self, seq: Sequence) -> None:
+        """The sequence finished or was aborted (its backoff goes with it: a weak key)."""
 
-def make_proposer(config: SpeculativeConfig | None, model: ModelConfig) -> NgramProposer | None:
-    """The proposer `config` asks for, or None without speculation; refused by name where it cannot run."""
+
+def make_proposer(
+    config: SpeculativeConfig | None, model: ModelConfig, target: Transformer | None = None, max_model_len: int = 0
+) -> NgramProposer | DraftProposer | None:
+    """The proposer `config` asks for, or None without speculation; refused by name where it cannot run. The draft
+    method needs the `target` model (a self-draft is made of its layers; a draft file must share its vocabulary)."""
     if config is None:
         return None
     if model.num_linear_attention_layers:
@@ -92,9 +101,9 @@ def make_proposer(config: SpeculativeConfig | None, model: ModelConfig) -> Ngram
             "speculative_config",
         )
     if config.method == "draft":
-        raise InvalidRequestError(
-            "speculative_config method 'draft' is not implemented yet; use method 'ngram'", "speculative_config"
-        )
+        if target is None:
+            raise ValueError("the draft method needs the target model")
+        return DraftProposer(config, target, max_model_len or model.max_position_embeddings)
     return NgramProposer(config)
 
 
