@@ -261,7 +261,7 @@ def test_the_avx2_dot_products_match_vnni():
     (maddubs). Built here without VNNI (~50 s, cached), every quantized linear must give the same integer dots: the
     same numbers, or on an AVX-512 host (whose 512-bit loops scale and sum the dots in another order) the same to
     float32 rounding; the dequantizations exactly."""
-    avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.header_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
+    avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.sources_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
     gen = torch.Generator().manual_seed(13)
     w, x = torch.randn(48, 224, generator=gen), torch.randn(5, 224, generator=gen)
     q4, q8 = Q4Linear.from_weight(quantize_int4(w), None), Q8Linear.from_weight(w, None)
@@ -282,7 +282,7 @@ def test_the_avx2_dot_products_match_vnni():
 def test_the_portable_loops_match_the_vector_kernels():
     """Without AVX2 and F16C (an ARM machine, an old x86) cpu.cpp compiles to plain C++ loops: built here for
     baseline x86-64 (~45 s, cached), every kernel must give what the vector code gives."""
-    portable = cpu.build(f"rooftop_cpu_portable_{cpu.header_version()}", "-march=x86-64")
+    portable = cpu.build(f"rooftop_cpu_portable_{cpu.sources_version()}", "-march=x86-64")
     gen = torch.Generator().manual_seed(12)
     w = torch.randn(48, 224, generator=gen)
     x, residual = torch.randn(5, 224, generator=gen), torch.randn(5, 48, generator=gen)

@@ -36,7 +36,7 @@ def ops() -> ModuleType | None:
     if not enabled():
         return None
     # -march=native: the build is for this CPU; the name keeps builds for different vector widths apart.
-    name = f"rooftop_cpu_{torch.backends.cpu.get_cpu_capability().lower()}_{header_version()}"
+    name = f"rooftop_cpu_{torch.backends.cpu.get_cpu_capability().lower()}_{sources_version()}"
     try:
         return build(name, "-march=native")
     except (OSError, RuntimeError, ImportError) as error:  # no compiler or ninja, or a failed build
@@ -44,13 +44,10 @@ def ops() -> ModuleType | None:
         return None
 
 
-def header_version() -> str:
-    """A hash of the shared header: PyTorch rebuilds when a source changes, but does not look at what they include."""
-    return hashlib.sha256(HEADER.read_bytes()).hexdigest()[:8]
-
-
 def sources_version() -> str:
-    """A hash of every kernel source: what a measurement of the kernels (the probe, a calibration) was taken with."""
+    """A hash of every kernel source, header included: in the module's name, so that checkouts with different
+    sources never rebuild into (and load) one another's build (PyTorch looks at the sources it compiles, not at
+    what they include), and in the probe's and the calibration's cache keys, which measured one build."""
     return hashlib.sha256(b"".join(path.read_bytes() for path in [*SOURCES, HEADER])).hexdigest()[:8]
 
 
