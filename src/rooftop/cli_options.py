@@ -47,6 +47,8 @@ ENGINE_HELP = {
     "chunked_prefill_size": "most prompt tokens of one sequence per step (SGLang's name; default 256 with batch "
     "invariance, where chunks start at its multiples and the prefix cache is reused in whole chunks; else "
     "max-num-batched-tokens)",
+    "kv_cache_dtype": "KV cache storage (vLLM's name): auto (the model's dtype), float32, bfloat16, float16 (the "
+    "model's dtype only, for now), int8 (a float32 scale per token and KV head), fp8_e4m3 (not supported yet)",
     "speculative_config": "speculative decoding as vLLM's JSON, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
     "(n-gram prompt lookup: drafts from the prompt and output; greedy and seeded outputs stay the same)",
