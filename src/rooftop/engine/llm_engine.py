@@ -62,6 +62,11 @@ class LLMEngine:
         self._spec_decode = SpecDecodeCounts()
 
     @property
+    def kv_cache_dtype(self) -> str:
+        """What the pool stores: the model's float dtype or int8 (--kv-cache-dtype resolved)."""
+        return kv_dtype_name(self._pool.dtype)
+
+    @property
     def kv_cache_tokens(self) -> int:
         return self._pool.num_blocks * self._pool.block_size
 
@@ -133,7 +138,7 @@ class LLMEngine:
             kv_blocks_total=blocks.num_blocks,
             block_size=blocks.block_size,
             kv_cache_bytes=self._pool.nbytes,
-            kv_cache_dtype=kv_dtype_name(self._pool.dtype),
+            kv_cache_dtype=self.kv_cache_dtype,
             prefix_queries=blocks.prefix_queries,
             prefix_hits=blocks.prefix_hits,
             preemptions=self._scheduler.num_preemptions,
