@@ -118,14 +118,18 @@ def test_an_int8_engine_holds_more_tokens_in_the_same_bytes_and_says_its_dtype(b
     assert engines["auto"].stats().kv_cache_dtype == "float32"
 
 
-def test_batched_greedy_with_int8_kv_is_what_each_gets_alone(bundled_llm):
+@pytest.mark.parametrize("kv", ["int8", "bfloat16", "float16"])
+def test_batched_greedy_with_quantized_kv_is_what_each_gets_alone(bundled_llm, kv):
     from rooftop.engine.llm_engine import LLMEngine
 
+    llm = bundled_llm
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
     reqs = [(f"r{i}", prompt(i, n), greedy) for i, n in enumerate([3, 17, 40])]
-    config = dict(num_kv_blocks=64, kv_cache_dtype="int8")
-    model, tok = bundled_llm.model, bundled_llm.tokenizer
-    batched = run(LLMEngine(model, tok, EngineConfig(max_num_batched_tokens=64, **config)), reqs)
+    config = dict(num_kv_blocks=64, kv_cache_dtype=kv)
+    model, tok = llm.model, llm.tokenizer
+    batched_engine = LLMEngine(model, tok, EngineConfig(max_num_batched_tokens=64, **config))
+    assert batched_engine.kv_cache_dtype == kv
+    batched = run(batched_engine, reqs)
     alone = {}
     for r in reqs:
         alone |= run(LLMEngine(model, tok, EngineConfig(enable_prefix_caching=False, **config)), [r])
@@ -141,13 +145,27 @@ def test_bad_kv_cache_dtypes_are_refused_with_the_valid_ones():
         LLM(kv_cache_dtype="x")
 
 
-def test_a_float_kv_dtype_other_than_the_models_is_refused(bundled_llm):
+def test_a_float_kv_dtype_other_than_the_models_is_stored_as_named(bundled_llm):
     from rooftop.engine.llm_engine import LLMEngine
 
-    with pytest.raises(InvalidRequestError, match="bfloat16 is not supported yet"):
-        LLMEngine(bundled_llm.model, bundled_llm.tokenizer, EngineConfig(num_kv_blocks=4, kv_cache_dtype="bfloat16"))
-    eng = LLMEngine(bundled_llm.model, bundled_llm.tokenizer, EngineConfig(num_kv_blocks=4, kv_cache_dtype="float32"))
-    assert eng.stats().kv_cache_dtype == "float32"
+    eng = LLMEngine(bundled_llm.model, bundled_llm.tokenizer, EngineConfig(num_kv_blocks=4, kv_cache_dtype="float16"))
+    assert eng.kv_cache_dtype == "float16" and eng.stats().kv_cache_bytes == 4 * KVPool.bytes_per_block(
+        bundled_llm.model.config, 16, torch.float16
+    )
+    pool = KVPool(CONFIG, 4, BLOCK, torch.bfloat16, torch.device("cpu"))  # activations float32
+    x = torch.randn(5, KV_HEADS, DIM)
+    pool.k_layers[0].index_copy_(0, torch.arange(5), x)
+    assert pool.k.dtype == torch.bfloat16
+    got = pool.k_layers[0].index_select(0, torch.arange(5))
+    assert got.dtype == torch.float32 and torch.equal(got, x.bfloat16().float())
+
+
+def test_another_kv_dtype_under_a_bfloat16_model_is_refused_for_now():
+    from rooftop.models.kv_cache import kv_storage_dtype
+
+    assert kv_storage_dtype("auto", torch.bfloat16) == kv_storage_dtype("bfloat16", torch.bfloat16) == torch.bfloat16
+    with pytest.raises(InvalidRequestError, match="int8 is not supported yet with a bfloat16 model"):
+        kv_storage_dtype("int8", torch.bfloat16)
 
 
 def test_the_cli_refuses_a_bad_kv_cache_dtype(tiny_gguf):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from rooftop.config import ModelConfig
 from rooftop.kernels import cpu
 from rooftop.models.attention import paged_attention, prefill_chunks
-from rooftop.models.kv_cache import AttentionMetadata, Int8Pool
+from rooftop.models.kv_cache import AttentionMetadata, CastPool, Int8Pool
 from rooftop.models.rope import apply_rope
 
 
@@ -82,6 +82,10 @@ class KernelOps:
         self.kernels.rope_(
             qkv, c.num_heads + c.num_kv_heads, c.head_dim, positions, self.cos, self.sin, qk_norm, c.rms_norm_eps
         )
+        if isinstance(k_pool, CastPool):  # a float cache in another dtype: PyTorch's path, cast as it reads
+            T = qkv.shape[0]
+            q, k, v = qkv.view(T, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
+            return paged_attention(q, k, v, k_pool, v_pool, meta).reshape(T, c.q_size)
         parts = []
         rows = meta.num_prefill_rows
         if meta.prefills:
