@@ -78,7 +78,7 @@ def load(run: RunConfig) -> LLM:
         caching += " (hybrid model: its linear layers' state is not in the shared KV blocks)"
     err.print(
         f"[dim]KV cache: {stats.kv_blocks_total} blocks of {stats.block_size} tokens = {stats.kv_cache_tokens} "
-        f"tokens, {stats.kv_cache_bytes / 2**20:.0f} MiB{STATE_NOTE if hybrid else ''}; "
+        f"tokens, {stats.kv_cache_dtype}, {stats.kv_cache_bytes / 2**20:.0f} MiB{STATE_NOTE if hybrid else ''}; "
         f"prefix caching {caching}[/]"
     )
     return llm

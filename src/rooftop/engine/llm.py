@@ -7,7 +7,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,7 +23,7 @@ from rooftop.loading.model_files import load_model
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import weight_bytes
-from rooftop.roofline.precision import Precision
+from rooftop.roofline.precision import KV_BYTES, KV_SCALE_BYTES, Precision
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STEP_HISTORY = 10_000  # step records kept for the phase report
@@ -146,8 +146,10 @@ class LLM:
 
     @property
     def precision(self) -> Precision:
-        """What the engine's steps read and compute in, for the roofline attribution."""
-        return self.model.precision
+        """What the engine's steps read and compute in, for the roofline attribution: the model's, with the KV cache
+        at the width the engine's pool stores (--kv-cache-dtype, scales included)."""
+        kv = self.engine.kv_cache_dtype
+        return replace(self.model.precision, kv_bytes=KV_BYTES[kv], kv_scale_bytes=KV_SCALE_BYTES.get(kv, 0))
 
     @property
     def weight_bytes(self) -> float:

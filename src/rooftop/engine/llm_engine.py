@@ -28,7 +28,7 @@ from rooftop.engine.speculative import accepted_run, make_proposer, sampling_run
 from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.loading.tokenizer import Tokenizer
-from rooftop.models.kv_cache import KVPool
+from rooftop.models.kv_cache import KVPool, kv_dtype_name, kv_storage_dtype
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import SeqShape, StepShape
 
@@ -46,11 +46,12 @@ class LLMEngine:
             log.info("prefix caching is off for hybrid models: shared KV blocks do not hold the recurrent state")
             self.config = replace(self.config, enable_prefix_caching=False)
         self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        block_bytes = KVPool.bytes_per_block(mc, self.config.block_size, model.dtype)
+        kv_dtype = kv_storage_dtype(self.config.kv_cache_dtype, model.dtype)
+        block_bytes = KVPool.bytes_per_block(mc, self.config.block_size, kv_dtype)
         kv_bytes = self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
         num_blocks = self.config.num_kv_blocks or max(1, kv_bytes // block_bytes)
         slots = self.config.max_num_seqs if hybrid else 0
-        self._pool = KVPool(mc, num_blocks, self.config.block_size, model.dtype, model.device, max(slots, 1))
+        self._pool = KVPool(mc, num_blocks, self.config.block_size, kv_dtype, model.device, max(slots, 1), model.dtype)
         self._blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self._scheduler = Scheduler(self.config, self._blocks, slots)
         eos_token_ids = sorted(set(mc.eos_token_ids) | set(tokenizer.eos_token_ids))
@@ -59,6 +60,11 @@ class LLMEngine:
         self._arrivals = 0
         self._proposer = make_proposer(self.config.speculative_config, mc, model, self.max_model_len)
         self._spec_decode = SpecDecodeCounts()
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """What the pool stores: the model's float dtype or int8 (--kv-cache-dtype resolved)."""
+        return kv_dtype_name(self._pool.dtype)
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -132,6 +138,7 @@ class LLMEngine:
             kv_blocks_total=blocks.num_blocks,
             block_size=blocks.block_size,
             kv_cache_bytes=self._pool.nbytes,
+            kv_cache_dtype=self.kv_cache_dtype,
             prefix_queries=blocks.prefix_queries,
             prefix_hits=blocks.prefix_hits,
             preemptions=self._scheduler.num_preemptions,

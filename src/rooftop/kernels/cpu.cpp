@@ -432,6 +432,42 @@ void weighted_sum(const float* p, const float* base, const int64_t* rows, int64_
   }
 }
 
+// scores over int8 keys with a float32 scale per (slot, KV head): p[s] = scale * kscale[rows[s]] * (q . key).
+void scores_q8(const float* q, const int8_t* base, const float* kscale, const int64_t* rows, int64_t stride,
+               int64_t sstride, int64_t n, int64_t dim, float scale, float* p) {
+  for (int64_t s = 0; s < n; ++s) {
+    const int8_t* k = base + rows[s] * stride;
+    float sum = 0.f;
+    for (int64_t j = 0; j < dim; ++j) sum += q[j] * static_cast<float>(k[j]);
+    p[s] = sum * scale * kscale[rows[s] * sstride];
+  }
+}
+
+// weighted_sum over int8 values: y = sum_s p[s] * vscale[rows[s]] * (the value at rows[s]).
+void weighted_sum_q8(const float* p, const int8_t* base, const float* vscale, const int64_t* rows, int64_t stride,
+                     int64_t sstride, int64_t n, int64_t dim, float* y) {
+  for (int64_t d = 0; d < dim; ++d) y[d] = 0.f;
+  for (int64_t s = 0; s < n; ++s) {
+    const float w = p[s] * vscale[rows[s] * sstride];
+    const int8_t* v = base + rows[s] * stride;
+    for (int64_t d = 0; d < dim; ++d) y[d] += w * static_cast<float>(v[d]);
+  }
+}
+
+// x (kv_heads * dim) -> int8 values and a scale per head: scale = max|x| / 127, q = round(x / scale), as
+// kv_cache.quantize_int8 does.
+void quantize_heads(const float* x, int64_t kv_heads, int64_t dim, int8_t* q, float* scale) {
+  for (int64_t h = 0; h < kv_heads; ++h) {
+    const float* xh = x + h * dim;
+    float top = 0.f;
+    for (int64_t j = 0; j < dim; ++j) top = std::max(top, std::fabs(xh[j]));
+    const float sc = top / 127.f, div = sc == 0.f ? 1.f : sc;
+    for (int64_t j = 0; j < dim; ++j)
+      q[h * dim + j] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, std::nearbyint(xh[j] / div))));
+    scale[h] = sc;
+  }
+}
+
 // p[0..n) -> softmax(p), in place.
 void softmax_(float* p, int64_t n) {
   float top = -INFINITY;
@@ -509,6 +545,64 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
   return out;
 }
 
+// decode_attention over an int8 pool: values (slots, kv_heads, head_dim) int8 and their scales (slots, kv_heads)
+// float32; the new k and v are quantized into their slots, then attended as stored (each row times its scale).
+at::Tensor decode_attention_q8(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& k_scale, at::Tensor& v_pool,
+                               at::Tensor& v_scale, const at::Tensor& slot_mapping, const at::Tensor& tables,
+                               const at::Tensor& lengths, int64_t block_size, int64_t heads, int64_t kv_heads,
+                               double scale) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32 (B, W)");
+  TORCH_CHECK(k_pool.scalar_type() == at::kChar && v_pool.scalar_type() == at::kChar && k_pool.is_contiguous() &&
+                  v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.size(1) == kv_heads && v_pool.sizes() == k_pool.sizes(),
+              "pools must be contiguous int8 (slots, kv_heads, head_dim)");
+  TORCH_CHECK(k_scale.scalar_type() == at::kFloat && v_scale.scalar_type() == at::kFloat && k_scale.is_contiguous() &&
+                  v_scale.is_contiguous() && k_scale.dim() == 2 && k_scale.size(0) == k_pool.size(0) &&
+                  k_scale.size(1) == kv_heads && v_scale.sizes() == k_scale.sizes(),
+              "scales must be contiguous float32 (slots, kv_heads)");
+  TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+  const int64_t b_count = qkv.size(0), dim = k_pool.size(2), pool_slots = k_pool.size(0);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 * kv_heads) * head_dim");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && tables.scalar_type() == at::kLong &&
+                  tables.dim() == 2 && tables.is_contiguous() && tables.size(0) == b_count && lengths.scalar_type() == at::kLong &&
+                  lengths.numel() == b_count && block_size > 0,
+              "slot_mapping (B,), tables (B, blocks) and lengths (B,) must be int64");
+  const int64_t blocks = tables.size(1), s_max = blocks * block_size;
+  const float* in = qkv.data_ptr<float>();
+  int8_t* kp = k_pool.data_ptr<int8_t>();
+  int8_t* vp = v_pool.data_ptr<int8_t>();
+  float* ks = k_scale.data_ptr<float>();
+  float* vs = v_scale.data_ptr<float>();
+  const int64_t* write = slot_mapping.data_ptr<int64_t>();
+  const int64_t* tb = tables.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  const int64_t width = qkv.size(1), kv_width = kv_heads * dim, group = heads / kv_heads;
+  for (int64_t b = 0; b < b_count; ++b) {
+    TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
+    quantize_heads(in + b * width + heads * dim, kv_heads, dim, kp + write[b] * kv_width, ks + write[b] * kv_heads);
+    quantize_heads(in + b * width + (heads + kv_heads) * dim, kv_heads, dim, vp + write[b] * kv_width, vs + write[b] * kv_heads);
+    for (int64_t i = 0; i < blocks; ++i) TORCH_CHECK(tb[b * blocks + i] >= 0 && (tb[b * blocks + i] + 1) * block_size <= pool_slots, "block out of range");
+  }
+  auto out = at::empty({b_count, heads * dim}, qkv.options());
+  float* o = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, b_count * kv_heads, std::max<int64_t>(1, (1 << 15) / (s_max * dim * group)), [&](int64_t t0, int64_t t1) {
+    std::vector<float> p(s_max);
+    std::vector<int64_t> seq(s_max);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / kv_heads, kvh = t % kv_heads, n = len[b];
+      for (int64_t s = 0; s < n; ++s) seq[s] = tb[b * blocks + s / block_size] * block_size + s % block_size;
+      const float* q = in + b * width + kvh * group * dim;
+      float* y = o + b * heads * dim + kvh * group * dim;
+      for (int64_t h = 0; h < group; ++h) {
+        scores_q8(q + h * dim, kp + kvh * dim, ks + kvh, seq.data(), kv_width, kv_heads, n, dim, sc, p.data());
+        softmax_(p.data(), n);
+        weighted_sum_q8(p.data(), vp + kvh * dim, vs + kvh, seq.data(), kv_width, kv_heads, n, dim, y + h * dim);
+      }
+    }
+  });
+  return out;
+}
+
 // GGUF's block formats (blocks.cpp).
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& data, int64_t format,
                         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
@@ -532,4 +626,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("eps") = 1e-6);
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("decode_attention", &decode_attention, "decode attention over the paged KV pool");
+  m.def("decode_attention_q8", &decode_attention_q8, "decode attention over an int8 paged KV pool with scales");
 }

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from rooftop.config import ModelConfig
 from rooftop.kernels import cpu
 from rooftop.models.attention import paged_attention, prefill_chunks
-from rooftop.models.kv_cache import AttentionMetadata
+from rooftop.models.kv_cache import AttentionMetadata, CastPool, Int8Pool
 from rooftop.models.rope import apply_rope
 
 
@@ -82,6 +82,10 @@ class KernelOps:
         self.kernels.rope_(
             qkv, c.num_heads + c.num_kv_heads, c.head_dim, positions, self.cos, self.sin, qk_norm, c.rms_norm_eps
         )
+        if isinstance(k_pool, CastPool):  # a float cache in another dtype: PyTorch's path, cast as it reads
+            T = qkv.shape[0]
+            q, k, v = qkv.view(T, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
+            return paged_attention(q, k, v, k_pool, v_pool, meta).reshape(T, c.q_size)
         parts = []
         rows = meta.num_prefill_rows
         if meta.prefills:
@@ -89,7 +93,23 @@ class KernelOps:
             k_pool.index_copy_(0, meta.slot_mapping[:rows], k)
             v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
             parts.append(prefill_chunks(q, k_pool, v_pool, meta).reshape(rows, c.q_size))
-        if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
+        if meta.has_decodes and isinstance(k_pool, Int8Pool):  # quantized on the way in, read as stored
+            decodes = self.kernels.decode_attention_q8(
+                qkv[rows:],
+                k_pool.values,
+                k_pool.scale,
+                v_pool.values,
+                v_pool.scale,
+                meta.slot_mapping[rows:],
+                meta.decode_tables,
+                meta.decode_lengths,
+                meta.block_size,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim**-0.5,
+            )
+            parts.append(decodes)
+        elif meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
             decodes = self.kernels.decode_attention(
                 qkv[rows:],
                 k_pool,

@@ -25,7 +25,13 @@ ModelArg = Annotated[
 ]
 HardwareArg = Annotated[str | None, typer.Option("--hardware", "-H", help="catalog name (h200, a100, ...) or 'this'")]
 PromptArg = Annotated[int, typer.Option("--prompt", "-p", help="prompt tokens per sequence")]
-KvArg = Annotated[str | None, typer.Option(help="KV cache: bf16|fp16|fp32|fp8|int8")]
+KvArg = Annotated[
+    str | None,
+    typer.Option(
+        help="KV cache: auto|float32|bfloat16|float16|int8|fp8_e4m3 (--kv-cache-dtype's names) or "
+        "bf16|fp16|fp32|fp8; int8 and fp8_e4m3 count a 4-byte scale per token and KV head"
+    ),
+]
 StateDtypeArg = Annotated[
     str,
     typer.Option(help=f"recurrent state of linear-attention (Gated DeltaNet) layers: {'|'.join(STATE_DTYPES)}"),

@@ -213,8 +213,8 @@ def _attention(shape: StepShape, heads: int, kv_heads: int, hd: int, p: Precisio
     flops = kv_read = kv_written = act = 0.0
     for s in shape.seqs:
         flops += s.count * 4 * heads * hd * s.new * (s.cached + (s.new + 1) / 2)
-        kv_read += s.count * (s.cached + s.new) * 2 * kv_heads * hd * p.kv_bytes
-        kv_written += s.count * s.new * 2 * kv_heads * hd * p.kv_bytes
+        kv_read += s.count * (s.cached + s.new) * 2 * kv_heads * p.kv_head_bytes(hd)
+        kv_written += s.count * s.new * 2 * kv_heads * p.kv_head_bytes(hd)
         act += s.count * s.new * heads * hd * p.activation_bytes
     return Op(
         "attention",
@@ -380,8 +380,8 @@ def weight_bytes(c: ModelConfig, p: Precision) -> float:
 
 
 def kv_bytes_per_token(c: ModelConfig, p: Precision) -> float:
-    """2 (K and V) · full-attention layers · KV heads · head_dim · bytes per value."""
-    return 2 * c.num_full_attention_layers * c.num_kv_heads * c.head_dim * p.kv_bytes
+    """2 (K and V) · full-attention layers · KV heads · (head_dim · bytes per value + a quantized cache's scale)."""
+    return 2 * c.num_full_attention_layers * c.num_kv_heads * p.kv_head_bytes(c.head_dim)
 
 
 def state_bytes_per_sequence(c: ModelConfig, p: Precision) -> float:

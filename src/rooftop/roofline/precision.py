@@ -53,6 +53,10 @@ WEIGHT_FORMATS = {
 }
 
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+# the engine's --kv-cache-dtype names (vLLM's) for the same widths; auto: the activations' width
+KV_BYTES |= {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1}
+# a float32 scale per token and KV head (head_dim values): rooftop's int8 pool; fp8_e4m3 as issue 19 plans it
+KV_SCALE_BYTES = {"int8": 4, "fp8_e4m3": 4}
 # the recurrent state of linear-attention layers (Gated DeltaNet): fp32 in the reference kernels, the default
 STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_STATE_DTYPE = "float32"
@@ -106,11 +110,16 @@ class Precision:
     weights: WeightFormat
     kv_bytes: int
     activation_bytes: int
+    kv_scale_bytes: int = 0  # per head_dim values of one KV head (a quantized cache's scale), beside kv_bytes each
     state_bytes: int = STATE_DTYPES[DEFAULT_STATE_DTYPE]  # linear-attention recurrent state (with_state)
     widen_rows: int | None = None  # prefill chunks of this many tokens or more widen quantized weights to floats
     widen_compute: str | None = None  # the peak those widened chunks run at (default: the activations' float peak)
     lm_head: WeightFormat | None = None  # when the lm_head is held in another format than the other linears
     embedding: WeightFormat | None = None  # when the input embedding table is (a quantized checkpoint's: floats)
+
+    def kv_head_bytes(self, head_dim: int) -> int:
+        """Stored bytes of one token's K (or V) in one KV head: its values and their scale."""
+        return head_dim * self.kv_bytes + self.kv_scale_bytes
 
     @property
     def compute(self) -> str:
@@ -151,10 +160,12 @@ def precision(weights: str | WeightFormat = "bf16", kv: str | None = None) -> Pr
         raise InvalidRequestError(f"unknown weight format {weights!r} (known: {', '.join(WEIGHT_FORMATS)})")
     fmt = WEIGHT_FORMATS[weights] if isinstance(weights, str) else weights
     activation_bytes = 4 if fmt.compute == "fp32" else 2
-    kv = kv or ("fp32" if activation_bytes == 4 else "bf16")
+    kv = kv if kv and kv != "auto" else ("fp32" if activation_bytes == 4 else "bf16")
     if kv not in KV_BYTES:
-        raise InvalidRequestError(f"unknown KV cache format {kv!r} (known: {', '.join(KV_BYTES)})")
-    return Precision(weights=fmt, kv_bytes=KV_BYTES[kv], activation_bytes=activation_bytes)
+        raise InvalidRequestError(f"unknown KV cache format {kv!r} (known: auto, {', '.join(KV_BYTES)})")
+    return Precision(
+        weights=fmt, kv_bytes=KV_BYTES[kv], activation_bytes=activation_bytes, kv_scale_bytes=KV_SCALE_BYTES.get(kv, 0)
+    )
 
 
 # A config.json's own description of its weights (ModelConfig.torch_dtype, .quantization_config): what the analyzer

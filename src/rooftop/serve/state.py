@@ -81,7 +81,9 @@ class ServerState:
         name = c.served_model_name or _file_name(c.run.model or llm.model_path)
         prompts = Prompts(llm.tokenizer, llm.max_model_len, llm.config.vocab_size)
         self.ready = Ready(llm, monitor, engine_loop, name, prompts)
-        log.info("serving %s on http://%s:%d (dashboard at /)", name, c.host, c.port)
+        log.info(
+            "serving %s on http://%s:%d (dashboard at /; KV cache %s)", name, c.host, c.port, llm.engine.kv_cache_dtype
+        )
 
     def require_ready(self) -> Ready:
         if self.ready is None:
