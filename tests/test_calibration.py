@@ -247,3 +247,23 @@ def test_calibration_fits_a_small_kv_pool_and_leaves_the_engine_idle(tiny_gguf):
     small = LLM(model=tiny_gguf, num_kv_blocks=12, block_size=16)  # 192 tokens of KV cache
     cal = calibration_run.calibrate(small, load_or_run_probe(quick=True).to_hardware(), quick=True)
     assert "decode.linears" in cal.curves and not small.engine.has_unfinished()
+
+
+def test_the_servers_steps_get_their_expected_time_from_a_cached_calibration(tiny_llm, tmp_path, monkeypatch):
+    from rooftop.serve.metrics import create_metrics
+    from rooftop.serve.monitor import Monitor
+    from rooftop.serve.state import calibrated
+
+    hw = load_or_run_probe(quick=True).to_hardware()
+    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
+    assert calibrated(tiny_llm, hw) is None  # none cached: the server starts without running one
+    calibration_run.load_or_calibrate(tiny_llm, hw, quick=True)
+    cal = calibrated(tiny_llm, hw)
+    assert cal is not None
+    metrics = create_metrics()
+    monitor = Monitor(metrics, tiny_llm.config, tiny_llm.precision, hw, cal)
+    tiny_llm.generate("hi", SamplingParams(max_tokens=2, temperature=0))
+    record = tiny_llm.step_records[-1]
+    monitor._record_step(record, 1)
+    expected = cal.expected(tiny_llm.config, tiny_llm.precision, record.shape, hw).total_s
+    assert metrics.step_expected_seconds.labels(phase=record.phase)._value.get() == pytest.approx(expected)

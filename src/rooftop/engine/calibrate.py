@@ -233,6 +233,17 @@ def cache_path(llm: LLM, hw: Hardware, engine: LLMEngine | None = None) -> Path:
     return probe.cache_path().with_name(f"calibration-{key}.json")
 
 
+def cached_calibration(llm: LLM, hw: Hardware, engine: LLMEngine | None = None) -> Calibration | None:
+    """The cached calibration of this model and engine here (quick or full), or None: for a server, which starts
+    without running one (its engine may already be serving, or held, by the time a calibration would run)."""
+    eng = engine or llm.engine
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        cached = Calibration.from_dict(json.loads(cache_path(llm, hw, eng).read_text()))
+        if cached.identity == identity(llm, hw, eng):
+            return cached
+    return None
+
+
 def load_or_calibrate(
     llm: LLM,
     hw: Hardware,
@@ -244,11 +255,9 @@ def load_or_calibrate(
     """The cached calibration of this model here (a full one serves a quick request too), else calibrate and cache."""
     eng = engine or llm.engine
     path = cache_path(llm, hw, eng)
-    if not force:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            cached = Calibration.from_dict(json.loads(path.read_text()))
-            if cached.identity == identity(llm, hw, eng) and (quick or not cached.quick):
-                return cached
+    cached = None if force else cached_calibration(llm, hw, eng)
+    if cached is not None and (quick or not cached.quick):
+        return cached
     result = calibrate(llm, hw, quick, on_progress, eng)
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rooftop.engine.calibrate import load_or_calibrate
+from rooftop.engine.calibrate import cached_calibration
 from rooftop.engine.llm import LLM
 from rooftop.engine.probe import load_or_run_probe
 from rooftop.errors import RooftopError
@@ -40,13 +40,15 @@ class Ready:
 
 
 def calibrated(llm: LLM, hardware: Hardware) -> Calibration | None:
-    """The model's quick calibration, or None (and a warning) where this engine cannot run it: the server serves
-    either way, its steps' expected times left out."""
-    try:
-        return load_or_calibrate(llm, hardware, quick=True)
-    except RooftopError as error:
-        log.warning("no calibration, so no expected step times: %s", error)
-        return None
+    """The model's cached calibration (`rooftop calibrate`, or `generate`'s quick one), or None: the server does not
+    run one itself, and without it its steps' expected times are left out."""
+    calibration = cached_calibration(llm, hardware)
+    if calibration is None:
+        log.info(
+            "no calibration cached for this model and settings: `rooftop calibrate` with the same options gives "
+            "the steps' expected times in /metrics and the dashboard"
+        )
+    return calibration
 
 
 @dataclass
@@ -57,8 +59,8 @@ class ServerState:
     load_error: str | None = None
 
     def load(self, llm: LLM | None = None, on_error: Callable[[str], None] | None = None) -> None:
-        """Load the model (unless given), read this machine's roofs (probing once, cached) and the model's calibration
-        (a quick one, cached), and start the engine thread."""
+        """Load the model (unless given), read this machine's roofs (probing once, cached) and the model's cached
+        calibration, if any, and start the engine thread."""
         c = self.config
         try:
             if llm is None:
@@ -67,7 +69,6 @@ class ServerState:
             log.info("reading this machine's roofs (measured once, ~15 s, then cached)")
             probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
             hardware = probe.to_hardware(working_set=llm.weight_bytes)
-            log.info("calibrating this model's ops (a quick one, once per model and settings, then cached)")
             calibration = calibrated(llm, hardware)
         except Exception as e:  # a bad model path and a broken file alike end the server with one line
             self.load_error = str(e) if isinstance(e, RooftopError) else f"{type(e).__name__}: {e}"
