@@ -488,6 +488,28 @@ void softmax_(float* p, int64_t n) {
   for (int64_t j = 0; j < n; ++j) p[j] *= inv;
 }
 
+// What both decode attentions take besides their pools: qkv's width, the heads' grouping, and every row's slot,
+// length and blocks within the pool.
+void check_decode_step(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t dim, int64_t pool_slots,
+                       const at::Tensor& slot_mapping, const at::Tensor& tables, const at::Tensor& lengths,
+                       int64_t block_size) {
+  const int64_t b_count = qkv.size(0);
+  TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 * kv_heads) * head_dim");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && tables.scalar_type() == at::kLong &&
+                  tables.dim() == 2 && tables.is_contiguous() && tables.size(0) == b_count && lengths.scalar_type() == at::kLong &&
+                  lengths.numel() == b_count && block_size > 0,
+              "slot_mapping (B,), tables (B, blocks) and lengths (B,) must be int64");
+  const int64_t blocks = tables.size(1), s_max = blocks * block_size;
+  const int64_t* write = slot_mapping.data_ptr<int64_t>();
+  const int64_t* tb = tables.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < b_count; ++b) {
+    TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
+    for (int64_t i = 0; i < blocks; ++i) TORCH_CHECK(tb[b * blocks + i] >= 0 && (tb[b * blocks + i] + 1) * block_size <= pool_slots, "block out of range");
+  }
+}
+
 }  // namespace
 
 // Decode attention straight from the paged pool. qkv (B, (H + 2*KVH)*D) holds each sequence's new q, k, v
@@ -501,13 +523,8 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
   TORCH_CHECK(k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
                   v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.size(1) == kv_heads,
               "pools must be contiguous float32 (slots, kv_heads, head_dim)");
-  TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
   const int64_t b_count = qkv.size(0), dim = k_pool.size(2), pool_slots = k_pool.size(0);
-  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 * kv_heads) * head_dim");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && tables.scalar_type() == at::kLong &&
-                  tables.dim() == 2 && tables.is_contiguous() && tables.size(0) == b_count && lengths.scalar_type() == at::kLong &&
-                  lengths.numel() == b_count && block_size > 0,
-              "slot_mapping (B,), tables (B, blocks) and lengths (B,) must be int64");
+  check_decode_step(qkv, heads, kv_heads, dim, pool_slots, slot_mapping, tables, lengths, block_size);
   const int64_t blocks = tables.size(1), s_max = blocks * block_size;
   const float* in = qkv.data_ptr<float>();
   float* kp = k_pool.data_ptr<float>();
@@ -517,10 +534,8 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
   const int64_t* len = lengths.data_ptr<int64_t>();
   const int64_t width = qkv.size(1), kv_width = kv_heads * dim, group = heads / kv_heads;
   for (int64_t b = 0; b < b_count; ++b) {
-    TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
     std::memcpy(kp + write[b] * kv_width, in + b * width + heads * dim, kv_width * sizeof(float));
     std::memcpy(vp + write[b] * kv_width, in + b * width + (heads + kv_heads) * dim, kv_width * sizeof(float));
-    for (int64_t i = 0; i < blocks; ++i) TORCH_CHECK(tb[b * blocks + i] >= 0 && (tb[b * blocks + i] + 1) * block_size <= pool_slots, "block out of range");
   }
   auto out = at::empty({b_count, heads * dim}, qkv.options());
   float* o = out.data_ptr<float>();
@@ -559,13 +574,8 @@ at::Tensor decode_attention_q8(const at::Tensor& qkv, at::Tensor& k_pool, at::Te
                   v_scale.is_contiguous() && k_scale.dim() == 2 && k_scale.size(0) == k_pool.size(0) &&
                   k_scale.size(1) == kv_heads && v_scale.sizes() == k_scale.sizes(),
               "scales must be contiguous float32 (slots, kv_heads)");
-  TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
   const int64_t b_count = qkv.size(0), dim = k_pool.size(2), pool_slots = k_pool.size(0);
-  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 * kv_heads) * head_dim");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && tables.scalar_type() == at::kLong &&
-                  tables.dim() == 2 && tables.is_contiguous() && tables.size(0) == b_count && lengths.scalar_type() == at::kLong &&
-                  lengths.numel() == b_count && block_size > 0,
-              "slot_mapping (B,), tables (B, blocks) and lengths (B,) must be int64");
+  check_decode_step(qkv, heads, kv_heads, dim, pool_slots, slot_mapping, tables, lengths, block_size);
   const int64_t blocks = tables.size(1), s_max = blocks * block_size;
   const float* in = qkv.data_ptr<float>();
   int8_t* kp = k_pool.data_ptr<int8_t>();
@@ -577,10 +587,8 @@ at::Tensor decode_attention_q8(const at::Tensor& qkv, at::Tensor& k_pool, at::Te
   const int64_t* len = lengths.data_ptr<int64_t>();
   const int64_t width = qkv.size(1), kv_width = kv_heads * dim, group = heads / kv_heads;
   for (int64_t b = 0; b < b_count; ++b) {
-    TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
     quantize_heads(in + b * width + heads * dim, kv_heads, dim, kp + write[b] * kv_width, ks + write[b] * kv_heads);
     quantize_heads(in + b * width + (heads + kv_heads) * dim, kv_heads, dim, vp + write[b] * kv_width, vs + write[b] * kv_heads);
-    for (int64_t i = 0; i < blocks; ++i) TORCH_CHECK(tb[b * blocks + i] >= 0 && (tb[b * blocks + i] + 1) * block_size <= pool_slots, "block out of range");
   }
   auto out = at::empty({b_count, heads * dim}, qkv.options());
   float* o = out.data_ptr<float>();

@@ -108,12 +108,11 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = t
     return (q.float() * scale[..., None]).to(dtype)
 
 
-class CastPool:
-    """One layer's float K (or V) stored in another float dtype than the activations': cast on the way in, and the
-    gathered rows only cast back (`index_select`), like Int8Pool."""
+class StoredPool:
+    """What attention asks of a layer's pool tensor beside `index_copy_` and `index_select`: the stored values'
+    shape and device (the pools that store another dtype than the activations')."""
 
-    def __init__(self, values: torch.Tensor, dtype: torch.dtype):
-        self.values, self.dtype = values, dtype
+    values: torch.Tensor
 
     @property
     def shape(self) -> torch.Size:
@@ -122,6 +121,14 @@ class CastPool:
     @property
     def device(self) -> torch.device:
         return self.values.device
+
+
+class CastPool(StoredPool):
+    """One layer's float K (or V) stored in another float dtype than the activations': cast on the way in, and the
+    gathered rows only cast back (`index_select`), like Int8Pool."""
+
+    def __init__(self, values: torch.Tensor, dtype: torch.dtype):
+        self.values, self.dtype = values, dtype
 
     def index_copy_(self, dim: int, slots: torch.Tensor, x: torch.Tensor) -> CastPool:
         self.values.index_copy_(dim, slots, x.to(self.values.dtype))
@@ -131,21 +138,13 @@ class CastPool:
         return self.values.index_select(dim, slots).to(self.dtype)
 
 
-class Int8Pool:
+class Int8Pool(StoredPool):
     """One layer's int8 K (or V) with its scales, (slots, kv_heads, hd) + (slots, kv_heads): written and gathered
     like a float pool tensor (`index_copy_`, `index_select`), so attention's PyTorch path takes it unchanged."""
 
     def __init__(self, values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32):
         self.values, self.scale = values, scale
         self.dtype = dtype  # what index_select gives
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.values.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.values.device
 
     def index_copy_(self, dim: int, slots: torch.Tensor, x: torch.Tensor) -> Int8Pool:
         q, scale = quantize_int8(x)

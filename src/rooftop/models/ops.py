@@ -93,27 +93,17 @@ class KernelOps:
             k_pool.index_copy_(0, meta.slot_mapping[:rows], k)
             v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
             parts.append(prefill_chunks(q, k_pool, v_pool, meta).reshape(rows, c.q_size))
-        if meta.has_decodes and isinstance(k_pool, Int8Pool):  # quantized on the way in, read as stored
-            decodes = self.kernels.decode_attention_q8(
+        if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
+            if isinstance(k_pool, Int8Pool):  # quantized on the way in, read as stored
+                kernel, pools = (
+                    self.kernels.decode_attention_q8,
+                    (k_pool.values, k_pool.scale, v_pool.values, v_pool.scale),
+                )
+            else:
+                kernel, pools = self.kernels.decode_attention, (k_pool, v_pool)
+            decodes = kernel(
                 qkv[rows:],
-                k_pool.values,
-                k_pool.scale,
-                v_pool.values,
-                v_pool.scale,
-                meta.slot_mapping[rows:],
-                meta.decode_tables,
-                meta.decode_lengths,
-                meta.block_size,
-                c.num_heads,
-                c.num_kv_heads,
-                c.head_dim**-0.5,
-            )
-            parts.append(decodes)
-        elif meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
-            decodes = self.kernels.decode_attention(
-                qkv[rows:],
-                k_pool,
-                v_pool,
+                *pools,
                 meta.slot_mapping[rows:],
                 meta.decode_tables,
                 meta.decode_lengths,
