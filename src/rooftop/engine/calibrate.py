@@ -204,7 +204,7 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
     against, the model file, the formats it runs in, the engine settings that change a step's kernels, and the
     kernels' build."""
     engine = eng.config
-    machine = probe._identity(str(llm.device) if llm.device.type == "cuda" else "cpu", None)
+    machine = probe.identity(str(llm.device) if llm.device.type == "cuda" else "cpu", None)
     source = Path(llm.model_path)
     stat = source.stat() if source.is_file() else None
     run = llm.run_config

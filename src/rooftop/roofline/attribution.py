@@ -51,7 +51,7 @@ def attribute_step(
     calibration: Calibration | None = None,
 ) -> StepAttribution:
     predicted = time_step(config, p.at(shape.tokens), shape, hw)
-    expected = None if calibration is None else calibration.expected(config, p, shape, hw)
+    expected = None if calibration is None else calibration.expected(config, p, shape, hw, predicted)
     return StepAttribution(shape, seconds, predicted, around_s, expected)
 
 

@@ -59,18 +59,24 @@ def class_roofline(step: StepTime, hw: Hardware) -> dict[str, float]:
 class Curve:
     """Measured seconds against an input (a class's roofline seconds, or a step's number of sequences), ascending
     in the input: linear between points; below the first, the first point's time (the floor fixed costs set);
-    above the last, the last point's ratio of time to input (the efficiency the largest shapes reached)."""
+    above the last, the last point's ratio of time to input (the efficiency the largest shapes reached) or, for
+    a cost that grows with the input but not in proportion to it (the host's per step), the last segment's slope."""
 
     points: tuple[tuple[float, float], ...]
 
-    def at(self, x: float) -> float:
-        xs = [p[0] for p in self.points]
+    def at(self, x: float, proportional: bool = True) -> float:
         if not self.points:
             return 0.0
+        xs = [p[0] for p in self.points]
         if x <= xs[0]:
             return self.points[0][1]
         if x >= xs[-1]:
             last_x, last_y = self.points[-1]
+            if not proportional:
+                if len(xs) == 1:
+                    return last_y
+                x0, y0 = self.points[-2]
+                return last_y + (last_y - y0) / (last_x - x0) * (x - last_x)
             return last_y * x / last_x if last_x > 0 else last_y
         i = bisect.bisect_right(xs, x)
         (x0, y0), (x1, y1) = self.points[i - 1], self.points[i]
@@ -113,35 +119,25 @@ class Calibration:
     identity: dict[str, str] = field(default_factory=dict)
     quick: bool = False
 
-    def expected(self, config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware) -> ExpectedStep:
-        """The calibrated time of a step of `shape`. A mixed step's prefill chunks and decodes run their own kernels
-        (the chunks widen, the decodes do not): each part takes its phase's curves, the host its decodes'."""
+    def expected(
+        self, config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware, step: StepTime | None = None
+    ) -> ExpectedStep:
+        """The calibrated time of a step of `shape` (`step`: the op model's time of it, if the caller has it). A mixed
+        step's prefill chunks and decodes run their own kernels (the chunks widen, the decodes do not): each part
+        takes its phase's curves, the host its decodes'."""
         parts = _by_phase(shape)
         classes = dict.fromkeys(CLASSES, 0.0)
         for phase, sub in parts.items():
-            roof = class_roofline(time_step(config, p.at(sub.tokens), sub, hw), hw)
-            for name, value in roof.items():
+            timed = step if step is not None and len(parts) == 1 else time_step(config, p.at(sub.tokens), sub, hw)
+            for name, value in class_roofline(timed, hw).items():
                 curve = self.curves.get(f"{phase}.{name}")
                 classes[name] += curve.at(value) if curve else value
         host_phase = Phase.DECODE if Phase.DECODE in parts else Phase.PREFILL
-        seqs = shape.num_seqs
-        return ExpectedStep(
-            classes,
-            self._host(f"{host_phase}.host", seqs),
-            self._host(f"{host_phase}.around", seqs),
-        )
+        return ExpectedStep(classes, self._host(f"{host_phase}.host", shape), self._host(f"{host_phase}.around", shape))
 
-    def _host(self, key: str, seqs: int) -> float:
+    def _host(self, key: str, shape: StepShape) -> float:
         curve = self.curves.get(key)
-        if curve is None:
-            return 0.0
-        xs = [x for x, _ in curve.points]  # host time grows with the sequences, not in proportion to them:
-        if seqs <= xs[-1]:  # beyond the largest batch measured, the last segment's slope
-            return curve.at(seqs)
-        if len(xs) == 1:
-            return curve.points[0][1]
-        (x0, y0), (x1, y1) = curve.points[-2], curve.points[-1]
-        return y1 + (y1 - y0) / (x1 - x0) * (seqs - x1)
+        return 0.0 if curve is None else curve.at(shape.num_seqs, proportional=False)
 
     def to_dict(self) -> dict:
         return {

@@ -224,7 +224,7 @@ def run_probe(
     step = on_step or (lambda description: None)
     start = time.perf_counter()
     notes: dict[str, str] = {}
-    identity = _identity(device, weight_only)
+    machine = identity(device, weight_only)
     if weight_only is None:
         weight_only = _NotTimed()
 
@@ -254,7 +254,7 @@ def run_probe(
 
     memory = _total_ram_bytes() if device == "cpu" else torch.cuda.get_device_properties(device).total_memory
     return ProbeResult(
-        **{"weight_only_kernels": "none", **identity},
+        **{"weight_only_kernels": "none", **machine},
         memory_bytes=memory,
         fp32_flops=fp32,
         bf16_flops=bf16,
@@ -295,7 +295,7 @@ def load_or_run_probe(
     path = cache_path(device)
     if not force:
         cached = _read_cache(path)
-        if cached is not None and _matches(cached, _identity(device, weight_only)) and (quick or not cached.quick):
+        if cached is not None and _matches(cached, identity(device, weight_only)) and (quick or not cached.quick):
             return cached
     result = run_probe(device, quick=quick, on_step=on_step, weight_only=weight_only)
     try:
@@ -329,7 +329,7 @@ def _checked_device(device: str) -> str:
     return "cpu" if parsed.type == "cpu" else str(parsed)
 
 
-def _identity(device: str, weight_only: WeightOnlyTimer | None) -> dict:
+def identity(device: str, weight_only: WeightOnlyTimer | None) -> dict:
     """What the roofs depend on besides the hardware's mood: a cached probe is reused only if all of it is unchanged
     (whose weight-only kernels it timed is left out when no timer is given)."""
     cpu_model, cpu_signature = _cpu_description()
