@@ -1,6 +1,8 @@
 """GGUF's block formats: the ones rooftop's kernels run as stored (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q4_0's nibbles
-repacked in pairs of groups) against gguf's own dequantizer and the exact matmul on the kernels' int8 activations; the rarer types gguf decodes, converted at
+repacked in tiles of 16 rows) against gguf's own dequantizer and the exact matmul on the kernels' int8 activations; the rarer types gguf decodes, converted at
 load to rooftop's int4; bad blocks refused with the reason."""
+
+import copy
 
 import gguf
 import numpy as np
@@ -64,9 +66,8 @@ def test_stored_blocks_run_exactly_as_gguf_decodes_them(qtype):
         lin = make_linear(w, torch.randn(24, generator=torch.Generator().manual_seed(1)), "int4", stored=True)
         assert type(lin) is (Q4_0Linear if qtype == QType.Q4_0 else BlockLinear) and lin.format == w.format
         assert torch.equal(lin.dequantize(), reference)  # the kernel's own decoding, which prefill widens with
-        assert lin.nbytes == raw.nbytes + (
-            24 * 16 if qtype == QType.Q4_0 and k % 64 else 0
-        )  # an odd group pads its pair
+        padding = 8 * raw.nbytes // 24 if qtype == QType.Q4_0 else 0  # Q4_0's tiles of 16 rows: 24 rows take 32
+        assert lin.nbytes == raw.nbytes + padding
         gen = torch.Generator().manual_seed(k)
         for rows in (1, 3, 4, 5, 9):
             x, residual = torch.randn(rows, k, generator=gen), torch.randn(rows, 24, generator=gen)
@@ -156,8 +157,12 @@ def test_a_k_quant_mix_matches_transformers_on_the_float_path_and_runs_each_form
     ids = list(range(3, 40))
     with torch.no_grad():
         theirs = reference(torch.tensor([ids])).logits[0]
+        exact = copy.deepcopy(reference).double()(torch.tensor([ids])).logits[0]
     float_llm = LLM(model=str(path), weights="float")
-    torch.testing.assert_close(rooftop_logits(float_llm)(ids), theirs, atol=1e-4, rtol=1e-4)
+    # float32 rounding against float64 on the same weights, judged by transformers' own: on an Intel Xeon host its
+    # float32 logits were 6.6e-4 from float64, rooftop's 1.7e-4 (an AMD host: both under 1e-4)
+    ours = rooftop_logits(float_llm)(ids).double()
+    assert (ours - exact).abs().max() <= max(2 * (theirs.double() - exact).abs().max(), 1e-4)
     if kernels is None:
         return
     llm = LLM(model=str(path))  # auto: every matrix in the format the file holds it in
