@@ -1,7 +1,7 @@
 """One quantized linear of rooftop's CPU kernels, timed alone: a decode row (or a few) against random weights of each
 format, at a matrix size that stays in L2 and one that streams from DRAM, with the read rate it reached.
 
-.venv/bin/python benchmarks/kernels.py [--formats q4_0,q4_k,q5_k,q6_k,q5_0] [--threads 1] [--rows 1] [--shapes 512x2048,16384x2048]
+.venv/bin/python benchmarks/kernels.py [--formats q4_0,q4_1,q8_0,q4_k,q5_k,q6_k,q5_0] [--threads 1] [--rows 1,5] [--shapes 512x2048,16384x2048]
 
 What a decode step's linears can do at best on this host, without the model around them (docs/PERFORMANCE.md):
 compare the DRAM rate with `rooftop probe`'s read bandwidth, measured in the same minutes on a shared host.
@@ -19,14 +19,20 @@ from gguf import GGMLQuantizationType as QType
 from rooftop.kernels import cpu
 from rooftop.quant.gguf_blocks import stored_blocks
 from rooftop.quant.gguf_quantize import quantize
-from rooftop.quant.linear import BlockLinear, Q4_0Linear
+from rooftop.quant.linear import BlockLinear, Q4_0Linear, Q4Linear, Q8Linear
+from rooftop.quant.weights import quantize_int4
 
 
 def linear(fmt: str, n: int, k: int):
-    """A random (n, k) matrix quantized to `fmt` by rooftop's GGUF quantizer, as the engine keeps it."""
+    """A random (n, k) matrix quantized to `fmt` (GGUF's blocks by rooftop's quantizer; Q4_1 and Q8_0 by the
+    engine's own int4 and int8 quantization), as the engine keeps it."""
+    values = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.02
+    if fmt == "q4_1":
+        return Q4Linear.from_weight(quantize_int4(values), None)
+    if fmt == "q8_0":
+        return Q8Linear.from_weight(values, None)
     qtype = QType[fmt.upper()]
-    values = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)).numpy() * 0.02
-    weight = stored_blocks(quantize(values, qtype), qtype, (n, k))
+    weight = stored_blocks(quantize(values.numpy(), qtype), qtype, (n, k))
     return (Q4_0Linear if fmt == "q4_0" else BlockLinear).from_weight(weight, None)
 
 
@@ -45,24 +51,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", default="q4_0,q4_k,q5_k,q6_k,q5_0")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--rows", default="1", help="activation rows per call, comma-separated: 1,2,5,8")
     parser.add_argument("--shapes", default="512x2048,16384x2048", help="NxK: output rows x input width")
     parser.add_argument("--reps", type=int, default=100)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if cpu.ops() is None:
         raise SystemExit("rooftop's CPU kernels did not build on this machine")
-    print(f"{torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s), {args.rows} row(s)")
-    print("| format | N x K | us | GB/s | G weights/s |\n|---|---|---|---|---|")
+    print(f"{torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s)")
+    print("| format | N x K | rows | us | x 1 row | GB/s | G weights/s |\n|---|---|---|---|---|---|---|")
     for fmt in args.formats.split(","):
         for shape in args.shapes.split(","):
             n, k = (int(v) for v in shape.split("x"))
             lin = linear(fmt, n, k)
-            x = torch.randn(args.rows, k, generator=torch.Generator().manual_seed(1))
-            seconds = median_seconds(lambda lin=lin, x=x: lin(x), args.reps)
-            print(
-                f"| {fmt} | {n}x{k} | {seconds * 1e6:.0f} | {lin.nbytes / seconds / 1e9:.1f} | {n * k / seconds / 1e9:.1f} |"
-            )
+            one = None
+            for rows in (int(r) for r in args.rows.split(",")):
+                x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1))
+                seconds = median_seconds(lambda lin=lin, x=x: lin(x), args.reps)
+                one = one or (seconds if rows == 1 else None)
+                ratio = f"{seconds / one:.2f}" if one else "-"
+                print(
+                    f"| {fmt} | {n}x{k} | {rows} | {seconds * 1e6:.0f} | {ratio} | {lin.nbytes / seconds / 1e9:.1f} "
+                    f"| {n * k * rows / seconds / 1e9:.1f} |"
+                )
 
 
 if __name__ == "__main__":

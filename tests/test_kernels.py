@@ -9,7 +9,7 @@ from near_ties import FLOAT_TIE, parting, rooftop_logits
 
 from rooftop.kernels import cpu
 from rooftop.quant.linear import Q4Linear, Q8Linear
-from rooftop.quant.weights import expand_groups, quantize_int4, quantize_int8_groups
+from rooftop.quant.weights import quantize_int4, quantize_int8_groups
 
 kernels = cpu.ops()
 pytestmark = pytest.mark.skipif(kernels is None, reason="rooftop's CPU kernels did not build on this machine")
@@ -23,10 +23,10 @@ def quantized_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
-# 64: one pair of groups, no four; 96: the last pair half empty; 224: four groups (one 512-bit load) and a tail of 3
-@pytest.mark.parametrize("k", [64, 96, 224, 576])
+@pytest.mark.parametrize("k", [32, 96, 224, 576])
 def test_q4_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows, k):
     gen = torch.Generator().manual_seed(rows * k)
+    # 40 output rows: two tiles of 16 and a part-filled third
     w, bias = torch.randn(40, k, generator=gen), torch.randn(40, generator=gen)
     x, residual = torch.randn(rows, k, generator=gen), torch.randn(rows, 40, generator=gen)
     lin = Q4Linear.from_weight(quantize_int4(w), bias)
@@ -43,8 +43,8 @@ def test_q8_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows):
     gen = torch.Generator().manual_seed(rows)
     w, x = torch.randn(72, 160, generator=gen), torch.randn(rows, 160, generator=gen) * 3
     lin = Q8Linear.from_weight(w, None)
-    dense = lin.q.float() * expand_groups(lin.d)
-    torch.testing.assert_close(dense, quantize_int8_groups(w).dequantize())
+    dense = lin.dequantize()
+    assert torch.equal(dense, quantize_int8_groups(w).dequantize())
     exact = (quantized_activations(x).double() @ dense.double().t()).float()
     torch.testing.assert_close(lin(x), exact, atol=1e-4, rtol=1e-4)
     ref = x @ w.t()
@@ -66,14 +66,33 @@ def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_the_plann
     assert torch.equal(widened[-8:], lin(many[-8:]))
 
 
+@pytest.mark.parametrize("kind", [Q4Linear, Q8Linear])
+def test_a_row_gives_the_same_bits_at_any_batch_size(kind):
+    """The tiled kernels pass over a tile's weights for up to 8 activation rows at once: each row's result must not
+    depend on how many rows share the call or where it sits among them (batch invariance, speculative verify)."""
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(48, 256, generator=gen), torch.randn(19, 256, generator=gen)
+    lin = kind.from_weight(quantize_int4(w) if kind is Q4Linear else w, None)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(19)])
+    for rows in (2, 5, 8, 9, 19):
+        assert torch.equal(lin(x[:rows]), alone[:rows])
+    assert torch.equal(lin(x[3:11]), alone[3:11])
+
+
 def test_bad_kernel_inputs_are_refused_with_the_reason():
     w = Q8Linear.from_weight(torch.randn(8, 64), None)
     with pytest.raises(RuntimeError, match="K must be a multiple of 32"):
-        kernels.q8_linear(torch.randn(1, 48), w.q[:, :48].contiguous(), w.d[:, :1].contiguous(), None, None)
+        kernels.tiled_linear(torch.randn(1, 48), w.q, w.dm, 2, 8, None, None)
+    with pytest.raises(RuntimeError, match="x has 96 inputs, the weights 64"):
+        kernels.tiled_linear(torch.randn(1, 96), w.q, w.dm, 2, 8, None, None)
     with pytest.raises(RuntimeError, match="x must be contiguous float32"):
-        kernels.q8_linear(torch.randn(1, 64).double(), w.q, w.d, None, None)
+        kernels.tiled_linear(torch.randn(1, 64).double(), w.q, w.dm, 2, 8, None, None)
     with pytest.raises(RuntimeError, match="residual must be contiguous float32"):
-        kernels.q8_linear(torch.randn(2, 64), w.q, w.d, None, torch.randn(1, 8))
+        kernels.tiled_linear(torch.randn(2, 64), w.q, w.dm, 2, 8, None, torch.randn(1, 8))
+    with pytest.raises(RuntimeError, match=r"dm must be float16 \(ceil\(N/16\), K/32, parts, 16\)"):
+        kernels.tiled_linear(torch.randn(1, 64), w.q, w.dm, 1, 8, None, None)  # Q4_1 has two parts
+    with pytest.raises(RuntimeError, match="format must be 0"):
+        kernels.tiled_dequantize(w.q, w.dm, 3, 8)
 
 
 def test_rms_norm_and_silu_mul_match_pytorch():
@@ -241,8 +260,8 @@ def block_format_calls() -> tuple[list, list]:
 
     q4_0 = Q4_0Linear.from_weight(stored_blocks(random_blocks(QType.Q4_0, 16, 224, 9), QType.Q4_0, (16, 224)), None)
     x224 = torch.randn(5, 224, generator=torch.Generator().manual_seed(224))
-    linears = [lambda m: m.q4_linear(x224, q4_0.qs, q4_0.dm, None, None)]
-    dequantizations = [lambda m: m.q4_dequantize(q4_0.qs, q4_0.dm)]
+    linears = [lambda m: m.tiled_linear(x224, q4_0.q, q4_0.dm, 0, 16, None, None)]
+    dequantizations = [lambda m: m.tiled_dequantize(q4_0.q, q4_0.dm, 0, 16)]
     for fmt_id, name in enumerate(KERNEL_FORMATS):
         for k in (768,) if name.endswith("_k") else (768, 96):
             data = torch.from_numpy(random_blocks(QType[name.upper()], 16, k, seed=fmt_id))
@@ -258,20 +277,26 @@ def block_format_calls() -> tuple[list, list]:
 )
 def test_the_avx2_dot_products_match_vnni():
     """On a VNNI host the kernels' integer dots are one dpbusd; AVX2 hosts multiply byte pairs into int16 first
-    (maddubs). Built here without VNNI (~50 s, cached), every quantized linear must give the same integer dots: the
-    same numbers, or on an AVX-512 host (whose 512-bit loops scale and sum the dots in another order) the same to
-    float32 rounding; the dequantizations exactly."""
+    (maddubs). Built here without VNNI (~50 s, cached), every quantized linear must give the same integer dots. The
+    tiled kernels (Q4_0, Q4_1, Q8_0) then do the same float operations in the same order at either width: the same
+    bits. The block formats' 512-bit loops scale and sum in another float order: the same to float32 rounding. The
+    dequantizations exactly."""
     avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.sources_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
     gen = torch.Generator().manual_seed(13)
-    w, x = torch.randn(48, 224, generator=gen), torch.randn(5, 224, generator=gen)
+    w, x = torch.randn(48, 224, generator=gen), torch.randn(9, 224, generator=gen)
     q4, q8 = Q4Linear.from_weight(quantize_int4(w), None), Q8Linear.from_weight(w, None)
     linears, dequantizations = block_format_calls()
-    for call in [lambda k: k.q4_linear(x, q4.qs, q4.dm, None, None), *linears]:
-        if "avx512_vnni" in open("/proc/cpuinfo").read().split():  # the 512-bit loops sum in another float order
+    tiled = [lambda k, lin=lin: k.tiled_linear(x, lin.q, lin.dm, lin.kernel_format, 48, None, None) for lin in (q4, q8)]
+    for call in tiled + [
+        lambda k, lin=lin: k.tiled_dequantize(lin.q, lin.dm, lin.kernel_format, 48) for lin in (q4, q8)
+    ]:
+        assert torch.equal(call(avx2), call(kernels))
+    for call in linears:
+        if "avx512_vnni" in open("/proc/cpuinfo").read().split():
             torch.testing.assert_close(call(kernels), call(avx2), atol=1e-5, rtol=1e-5)
         else:
             assert torch.equal(call(avx2), call(kernels))
-    for call in [lambda k: k.q8_linear(x, q8.q, q8.d, None, None), *dequantizations]:
+    for call in dequantizations:
         assert torch.equal(call(avx2), call(kernels))
 
 
@@ -288,10 +313,14 @@ def test_the_portable_loops_match_the_vector_kernels():
     x, residual = torch.randn(5, 224, generator=gen), torch.randn(5, 48, generator=gen)
     q4 = Q4Linear.from_weight(quantize_int4(w), torch.randn(48, generator=gen))
     q8 = Q8Linear.from_weight(w, None)
+    for same_bits in (  # the same integer dots and float operations in the same order as the vector loops
+        lambda k: k.tiled_linear(x, q4.q, q4.dm, 1, 48, q4.bias, residual),
+        lambda k: k.tiled_linear(x, q8.q, q8.dm, 2, 48, None, None),
+        lambda k: k.tiled_dequantize(q4.q, q4.dm, 1, 48),
+        lambda k: k.tiled_dequantize(q8.q, q8.dm, 2, 48),
+    ):
+        assert torch.equal(same_bits(portable), same_bits(kernels))
     for module_call in (
-        lambda k: k.q4_linear(x, q4.qs, q4.dm, q4.bias, residual),
-        lambda k: k.q8_linear(x, q8.q, q8.d, None, None),
-        lambda k: k.q4_dequantize(q4.qs, q4.dm),
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
         lambda k: k.argmax_rows(x),

@@ -35,7 +35,7 @@ inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
 
 // Q5_0: per 32 weights a float16 d, a 32-bit mask of fifth bits and 16 bytes whose low nibbles are weights 0-15
 // and high nibbles 16-31; Q5_1 has a float16 minimum m after d. x = d * (u - 16) and d * u + m. (Q4_0 runs on
-// cpu.cpp's Q4 loop, its nibbles repacked four groups to 64 bytes, which reads them faster.)
+// tiles.cpp's loop, repacked in tiles of 16 rows, which batches better.)
 template <bool Min>
 struct Block32 {
   static constexpr int64_t QK = 32, HIGH = Min ? 4 : 2, QS = HIGH + 4, BYTES = QS + 16;

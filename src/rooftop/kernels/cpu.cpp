@@ -1,10 +1,9 @@
 // rooftop's CPU kernels: the decode step's work in few calls, on float32 activations.
 //
 // Decode reads every weight once per token, so its time is the weight bytes and the overhead around them.
-// The linears here read 4-bit (Q4_1-style) or 8-bit (Q8_0-style) weight groups and dot them with the
-// activations quantized to int8 per group of 32, as llama.cpp does: AVX2's maddubs (VNNI's dpbusd) multiplies 32
-// byte pairs per instruction, so the nibbles are never widened to floats; GGUF's other block formats are in
-// blocks.cpp. The small ops around them (RMSNorm, RoPE, SiLU-mul, attention over the paged cache) are one call
+// The linears (tiles.cpp: Q4_0, Q4_1, Q8_0; blocks.cpp: GGUF's other block formats) dot the weights with the
+// activations quantized to int8 per group of 32, as llama.cpp does: AVX2's maddubs (VNNI's dpbusd) multiplies
+// byte pairs, so the nibbles are never widened to floats. The small ops around them (RMSNorm, RoPE, SiLU-mul, attention over the paged cache) are one call
 // each instead of a handful of PyTorch ops.
 // Compiled on first use by rooftop/kernels/cpu.py with -march=native; without AVX2 and F16C plain loops run.
 
@@ -13,14 +12,6 @@
 namespace {
 
 #ifdef ROOFTOP_AVX2
-
-// 32 bytes of nibbles -> two groups of 32 unsigned bytes: the low nibbles and the high nibbles.
-inline void unpack_pair(const uint8_t* p, __m256i& low, __m256i& high) {
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i mask = _mm256_set1_epi8(15);
-  low = _mm256_and_si256(b, mask);
-  high = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-}
 
 // e^x as 2^n * 2^f (n = round(x log2 e), |f| <= 1/2) with 2^f's Taylor series to degree 6: relative error
 // ~1e-7, float32's own. libm's scalar expf made SiLU-mul cost 15 µs per layer of the bundled model.
@@ -37,214 +28,7 @@ inline __m256 exp_ps(__m256 x) {
 }
 #endif
 
-// Where group g of a Q4 row's `groups` lies: each four groups share 64 bytes, groups 4q and 4q + 1 in the low
-// nibbles and 4q + 2 and 4q + 3 in the high nibbles, so one 512-bit load and two masks give 128 weights in the
-// order of the activations (a 256-bit host reads the two halves); the last 1-3 groups pair up in 32 bytes, g low
-// and g + 1 high, so a row takes ceil(groups / 2) * 32 bytes, no padding.
-inline const uint8_t* q4_group(const uint8_t* row, int64_t g, int64_t groups, int& shift) {
-  const int64_t quads = groups / 4 * 4;
-  if (g < quads) {
-    shift = 4 * ((g % 4) / 2);
-    return row + (g / 4) * 64 + (g % 2) * 32;
-  }
-  shift = 4 * ((g - quads) % 2);
-  return row + quads * 16 + ((g - quads) / 2) * 32;
-}
-
-// One output row of Q4 weights dotted with R activation rows (R a template constant, so the accumulators live
-// in registers), four groups at a time, the last 0-3 singly. The min term sum_g m[g] * s[g] is a separate short
-// dot. Q4_0 (w = d·(q - 8)) runs the same loop with the mins read from d and scaled by -8: `parts` is 1 there, 2
-// for Q4_1's d and m, and `min_scale` -8 and 1.
-struct Q4Weights {
-  const uint8_t* q;  // (N, ceil(G / 2), 32) nibbles, groups placed as q4_group says
-  const at::Half* dm;  // (N, parts, G): the scales d, then (Q4_1) the mins m, of each row
-  const QuantizedRows* a;
-  int64_t groups, parts;
-  float min_scale;
-
-  template <int R>
-  void dot(int64_t n, int64_t r0, float* acc) const {
-    const int64_t pairs = (groups + 1) / 2, quads = groups / 4 * 4;
-    const uint8_t* wq = q + n * pairs * 32;
-    const at::Half *d = dm + n * parts * groups, *m = d + (parts - 1) * groups;
-    const int8_t* xq = a->q.data() + r0 * groups * GROUP;
-    const float *xd = a->d.data() + r0 * groups, *xs = a->s.data() + r0 * groups;
-#ifdef ROOFTOP_AVX2
-    __m256 sum[R];
-    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
-    int64_t g = 0;
-#ifdef ROOFTOP_AVX512
-    __m512 wide[R][2];
-    for (int r = 0; r < R; ++r) wide[r][0] = wide[r][1] = _mm512_setzero_ps();
-    const __m512i mask = _mm512_set1_epi8(15);
-    for (; g < quads; g += 4) {
-      const __m512i b = _mm512_loadu_si512(wq + g * 16);
-      const __m512i low = _mm512_and_si512(b, mask), high = _mm512_and_si512(_mm512_srli_epi16(b, 4), mask);
-      const __m128 dw = half4(d + g);
-      for (int r = 0; r < R; ++r) {
-        const int64_t ag = r * groups + g;
-        const __m128 scales = _mm_mul_ps(dw, _mm_loadu_ps(xd + ag));
-        fma4_wide(low, high, xq + ag * GROUP, _mm256_set_m128(scales, scales), wide[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) sum[r] = fold(wide[r]);
-#else
-    for (; g < quads; g += 4) {
-      __m256i w0, w1, w2, w3;
-      unpack_pair(wq + g * 16, w0, w2);
-      unpack_pair(wq + g * 16 + 32, w1, w3);
-      const __m128 dw = half4(d + g);
-      for (int r = 0; r < R; ++r) {
-        const int64_t ag = r * groups + g;
-        const int8_t* x = xq + ag * GROUP;
-        sum[r] = fma4(dot_i32(w0, load32(x)), dot_i32(w1, load32(x + 32)), dot_i32(w2, load32(x + 64)),
-                      dot_i32(w3, load32(x + 96)), _mm_mul_ps(dw, _mm_loadu_ps(xd + ag)), sum[r]);
-      }
-    }
-#endif
-    for (; g < groups; ++g) {
-      int shift;
-      const uint8_t* p = q4_group(wq, g, groups, shift);
-      const __m256i w = _mm256_and_si256(_mm256_srli_epi16(load32(p), shift), _mm256_set1_epi8(15));
-      for (int r = 0; r < R; ++r) {
-        const int64_t ag = r * groups + g;
-        sum[r] = _mm256_fmadd_ps(_mm256_set1_ps(float(d[g]) * xd[ag]), _mm256_cvtepi32_ps(dot_i32(w, load32(xq + ag * GROUP))), sum[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      __m256 mins = _mm256_setzero_ps();
-      int64_t j = 0;
-      for (; j + 8 <= groups; j += 8) mins = _mm256_fmadd_ps(half8(m + j), _mm256_loadu_ps(xs + r * groups + j), mins);
-      acc[r] = hsum(_mm256_fmadd_ps(mins, _mm256_set1_ps(min_scale), sum[r]));
-      for (; j < groups; ++j) acc[r] += min_scale * float(m[j]) * xs[r * groups + j];
-    }
-#else
-    for (int r = 0; r < R; ++r) {
-      acc[r] = 0.f;
-      for (int64_t g = 0; g < groups; ++g) {
-        int shift;
-        const uint8_t* b = q4_group(wq, g, groups, shift);
-        const int8_t* xa = xq + (r * groups + g) * GROUP;
-        int sum = 0;
-        for (int i = 0; i < GROUP; ++i) sum += ((b[i] >> shift) & 15) * xa[i];
-        acc[r] += float(d[g]) * xd[r * groups + g] * sum + min_scale * float(m[g]) * xs[r * groups + g];
-      }
-    }
-#endif
-  }
-};
-
-// One output row of Q8_0 weights dotted with R activation rows, four groups at a time like Q4Weights. maddubs
-// takes unsigned x signed bytes, so |w| goes in as unsigned and w's sign moves onto x, as llama.cpp does.
-struct Q8Weights {
-  const int8_t* q;  // (N, K)
-  const at::Half* d;  // (N, G)
-  const QuantizedRows* a;
-  int64_t groups;
-
-  template <int R>
-  void dot(int64_t n, int64_t r0, float* acc) const {
-    const int8_t* w = q + n * groups * GROUP;
-    const at::Half* dw = d + n * groups;
-    const int8_t* xq = a->q.data() + r0 * groups * GROUP;
-    const float* xd = a->d.data() + r0 * groups;
-#ifdef ROOFTOP_AVX2
-    __m256 sum[R];
-    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_ps();
-    auto signed_dot = [](__m256i wv, const int8_t* x) {
-      return dot_i32(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(load32(x), wv));
-    };
-    int64_t g = 0;
-    for (; g + 4 <= groups; g += 4) {
-      const __m256i w0 = load32(w + g * GROUP), w1 = load32(w + g * GROUP + 32);
-      const __m256i w2 = load32(w + g * GROUP + 64), w3 = load32(w + g * GROUP + 96);
-      const __m128 scales = half4(dw + g);
-      for (int r = 0; r < R; ++r) {
-        const int64_t ag = r * groups + g;
-        const int8_t* x = xq + ag * GROUP;
-        sum[r] = fma4(signed_dot(w0, x), signed_dot(w1, x + 32), signed_dot(w2, x + 64), signed_dot(w3, x + 96),
-                      _mm_mul_ps(scales, _mm_loadu_ps(xd + ag)), sum[r]);
-      }
-    }
-    for (; g < groups; ++g) {
-      const __m256i wv = load32(w + g * GROUP);
-      for (int r = 0; r < R; ++r) {
-        const int64_t ag = r * groups + g;
-        sum[r] = _mm256_fmadd_ps(_mm256_set1_ps(float(dw[g]) * xd[ag]), _mm256_cvtepi32_ps(signed_dot(wv, xq + ag * GROUP)), sum[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) acc[r] = hsum(sum[r]);
-#else
-    for (int r = 0; r < R; ++r) {
-      acc[r] = 0.f;
-      for (int64_t g = 0; g < groups; ++g) {
-        int sum = 0;
-        for (int i = 0; i < GROUP; ++i) sum += w[g * GROUP + i] * xq[(r * groups + g) * GROUP + i];
-        acc[r] += float(dw[g]) * xd[r * groups + g] * sum;
-      }
-    }
-#endif
-  }
-};
-
 }  // namespace
-
-// x (rows, K) float32; qs (N, ceil(K/64), 32) uint8 nibbles (q4_group); dm (N, 2, K/32) float16 scales d and
-// mins m: w = d*q + m (GGUF's Q4_1), or dm (N, 1, K/32) the scales alone: w = d*(q - 8) (GGUF's Q4_0).
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& dm,
-                     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
-  const int64_t k = x.size(1), n = qs.size(0), groups = k / GROUP;
-  check_linear_inputs(x, bias, residual, n);
-  TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * ((groups + 1) / 2) * 32,
-              "qs must be uint8 (N, ceil(K/64), 32)");
-  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.dim() == 3 && dm.size(0) == n &&
-                  (dm.size(1) == 1 || dm.size(1) == 2) && dm.size(2) == groups,
-              "dm must be float16 (N, 2, K/32) or (N, 1, K/32)");
-  const int64_t parts = dm.size(1);
-  return run_linear(Q4Weights{qs.data_ptr<uint8_t>(), dm.data_ptr<at::Half>(), nullptr, groups, parts, parts == 2 ? 1.f : -8.f},
-                    x, n, bias, residual);
-}
-
-// x (rows, K) float32; q (N, K) int8; d (N, K/32) float16: w = d*q (GGUF's Q8_0).
-at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d,
-                     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
-  const int64_t k = x.size(1), n = q.size(0), groups = k / GROUP;
-  check_linear_inputs(x, bias, residual, n);
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.is_contiguous() && q.numel() == n * k, "q must be int8 (N, K)");
-  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() == n * groups, "d must be float16 (N, K/32)");
-  return run_linear(Q8Weights{q.data_ptr<int8_t>(), d.data_ptr<at::Half>(), nullptr, groups}, x, n, bias, residual);
-}
-
-// Float32 or bfloat16 (N, K) from Q4 groups: the weights a prefill chunk widens to run as one sgemm.
-at::Tensor q4_dequantize(const at::Tensor& qs, const at::Tensor& dm, bool bf16) {
-  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.dim() == 3 && (dm.size(1) == 1 || dm.size(1) == 2),
-              "dm must be float16 (N, 2, K/32) or (N, 1, K/32)");
-  const int64_t n = dm.size(0), groups = dm.size(2), pairs = (groups + 1) / 2, parts = dm.size(1);
-  TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * pairs * 32, "qs must be uint8 (N, ceil(K/64), 32)");
-  const float min_scale = parts == 2 ? 1.f : -8.f;
-  const uint8_t* q = qs.data_ptr<uint8_t>();
-  const at::Half* dmp = dm.data_ptr<at::Half>();
-  return widened(n, groups * GROUP, bf16, dm.options(), [&](auto* o) {
-    at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
-      for (int64_t row = n0; row < n1; ++row) {
-        const at::Half *d = dmp + row * parts * groups, *m = d + (parts - 1) * groups;
-        for (int64_t g = 0; g < groups; ++g) {
-          int shift;
-          const uint8_t* b = q4_group(q + row * pairs * 32, g, groups, shift);
-          const float dg = d[g], mg = min_scale * float(m[g]);
-          auto* y = o + (row * groups + g) * GROUP;
-#ifdef ROOFTOP_AVX2
-          const __m256i bytes = load32(b);
-          const __m256i u = _mm256_and_si256(shift ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(15));
-          widen32(u, dg, -mg, dg, -mg, y);
-#else
-          for (int i = 0; i < GROUP; ++i) put(y + i, dg * ((b[i] >> shift) & 15) + mg);
-#endif
-        }
-      }
-    });
-  });
-}
 
 // weight * x / rms(x) per row, float32 (T, D).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -611,6 +395,11 @@ at::Tensor decode_attention_q8(const at::Tensor& qkv, at::Tensor& k_pool, at::Te
   return out;
 }
 
+// Q4_0, Q4_1 and Q8_0 in tiles of 16 output rows (tiles.cpp).
+at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n,
+                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
+at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, bool bf16);
+
 // GGUF's block formats (blocks.cpp).
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& data, int64_t format,
                         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
@@ -621,12 +410,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("format"), py::arg("bias") = py::none(), py::arg("residual") = py::none());
   m.def("block_dequantize", &block_dequantize, "GGUF block rows -> float32 or bfloat16 (N, K)", py::arg("data"),
         py::arg("format"), py::arg("k"), py::arg("bf16") = false);
-  m.def("q4_linear", &q4_linear, "x @ Q4 weights^T (+bias) (+residual)", py::arg("x"), py::arg("qs"), py::arg("dm"),
-        py::arg("bias") = py::none(), py::arg("residual") = py::none());
-  m.def("q8_linear", &q8_linear, "x @ Q8_0 weights^T (+bias) (+residual)", py::arg("x"), py::arg("q"), py::arg("d"),
-        py::arg("bias") = py::none(), py::arg("residual") = py::none());
-  m.def("q4_dequantize", &q4_dequantize, "Q4 groups -> float32 or bfloat16 (N, K)", py::arg("qs"), py::arg("dm"),
-        py::arg("bf16") = false);
+  m.def("tiled_linear", &tiled_linear, "x @ tiled Q4_0/Q4_1/Q8_0 weights^T (+bias) (+residual)", py::arg("x"),
+        py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bias") = py::none(),
+        py::arg("residual") = py::none());
+  m.def("tiled_dequantize", &tiled_dequantize, "tiled Q4_0/Q4_1/Q8_0 weights -> float32 or bfloat16 (N, K)",
+        py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bf16") = false);
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");
   m.def("rope_", &rope_, "optional per-head RMSNorm, then RoPE, in place", py::arg("qkv"), py::arg("heads"),

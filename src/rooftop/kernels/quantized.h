@@ -1,6 +1,6 @@
 // What every quantized linear of rooftop's CPU kernels shares: activations quantized to int8 per group of 32,
 // the integer dot products (AVX2's maddubs, or VNNI's dpbusd where the host has it), and the loop that reads each
-// weight row once for a few activation rows. cpu.cpp (Q4_1, Q8_0) and blocks.cpp (GGUF's block formats) include it.
+// weight row once for a few activation rows (blocks.cpp's; tiles.cpp has its own loop over tiles of 16 rows).
 
 #pragma once
 
@@ -34,12 +34,13 @@ constexpr int64_t ROWS_AT_ONCE = 4;  // activation rows dotted with each weight 
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d, s, s16;
+  std::vector<int32_t> sum;  // sum(q) per 32, for the tiled kernels' offsets (tiles.cpp)
 };
 
 inline QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
   const int64_t groups = k / GROUP;
   QuantizedRows out{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups), std::vector<float>(rows * groups),
-                    std::vector<float>(rows * groups * 2)};
+                    std::vector<float>(rows * groups * 2), std::vector<int32_t>(rows * groups)};
   for (int64_t g = 0; g < rows * groups; ++g) {
     const float* v = x + g * GROUP;
     float amax = 0.f;
@@ -52,6 +53,7 @@ inline QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
       sum[i / 16] += q;
     }
     out.d[g] = d;
+    out.sum[g] = sum[0] + sum[1];
     out.s[g] = d * static_cast<float>(sum[0] + sum[1]);
     out.s16[2 * g] = d * static_cast<float>(sum[0]);
     out.s16[2 * g + 1] = d * static_cast<float>(sum[1]);
@@ -69,8 +71,7 @@ inline float hsum(__m256 v) {
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Four and eight float16 scales as float32 (F16C): the scales stay at the file's 16 bits, a fifth of Q4's bytes.
-inline __m128 half4(const at::Half* p) { return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+// Eight float16 scales as float32 (F16C): the scales stay at the file's 16 bits, a fifth of Q4's bytes.
 inline __m256 half8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // Dot products of 32 unsigned x signed bytes, as 8 int32 lanes (lane i: bytes 4i..4i+3). VNNI does it in one
@@ -93,10 +94,6 @@ inline __m256i dot_i32(__m256i u, __m256i s) {
 inline __m256 fma4(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256 scales, __m256 acc) {
   const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scales, acc);
-}
-
-inline __m256 fma4(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m128 scales, __m256 acc) {
-  return fma4(p0, p1, p2, p3, _mm256_set_m128(scales, scales), acc);
 }
 
 #ifdef ROOFTOP_AVX512

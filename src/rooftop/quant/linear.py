@@ -32,7 +32,6 @@ from rooftop.quant.weights import (
     Int4Weight,
     Int8GroupWeight,
     Weight,
-    expand_groups,
     quantize_int4,
     quantize_int8,
     quantize_int8_groups,
@@ -308,20 +307,36 @@ def _like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y if x.dim() == 2 and x.dtype == y.dtype else y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
-def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """(N, K) values 0..15 -> the Q4 kernel's (N, ceil(K / 64), 32) bytes (kernels/cpu.cpp's q4_group): each four
-    groups in 64 bytes, groups 4i and 4i + 1 in the low nibbles and 4i + 2 and 4i + 3 in the high ones; the last 1-3
-    groups in pairs, 2p low and 2p + 1 high."""
+TILE = 16  # output rows per tile of kernels/tiles.cpp
+
+
+def _padded_rows(t: torch.Tensor) -> torch.Tensor:
+    """(N, ...) with zero rows appended up to a multiple of TILE (their outputs are never stored)."""
+    pad = -t.shape[0] % TILE
+    return t if pad == 0 else torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+
+
+def tile_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """(N, K) levels 0..15 -> tiles.cpp's (ceil(N / 16), K / 32, 256) bytes: per tile and group, 4 chunks of 64
+    bytes, byte 4o + i of chunk j holding row o's input 8j + i in its low nibble and 8j + 4 + i in its high one."""
     n, k = q.shape
-    groups = q.view(n, k // GROUP, GROUP)
-    quads = groups.shape[1] // 4 * 4
-    four = groups[:, :quads].reshape(n, quads // 4, 2, 2 * GROUP)
-    parts = [(four[:, :, 0] | (four[:, :, 1] << 4)).reshape(n, quads // 2, GROUP)]
-    tail = groups[:, quads:]
-    if tail.shape[1] % 2:  # the last pair's high nibbles stay empty
-        tail = torch.cat([tail, torch.zeros_like(tail[:, :1])], dim=1)
-    parts.append(tail[:, 0::2] | (tail[:, 1::2] << 4))
-    return torch.cat(parts, dim=1).contiguous()
+    v = _padded_rows(q.to(torch.uint8)).view(-1, TILE, k // GROUP, 4, 2, 4)  # tile, o, group, j, half, i
+    v = v.permute(0, 2, 3, 1, 5, 4)  # tile, group, j, o, i, half
+    return (v[..., 0] | (v[..., 1] << 4)).reshape(-1, k // GROUP, 256).contiguous()
+
+
+def tile_bytes(q: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 -> tiles.cpp's (ceil(N / 16), K / 32, 512) bytes: per tile and group, 8 chunks of 64 bytes,
+    byte 4o + i of chunk m holding row o's input 4m + i."""
+    n, k = q.shape
+    v = _padded_rows(q.contiguous().view(torch.uint8)).view(-1, TILE, k // GROUP, 8, 4)  # tile, o, group, m, i
+    return v.permute(0, 2, 3, 1, 4).reshape(-1, k // GROUP, 512).contiguous()
+
+
+def tile_scales(*scales: torch.Tensor) -> torch.Tensor:
+    """Per-group (N, K / 32) scales (and minima) -> tiles.cpp's (ceil(N / 16), K / 32, parts, 16) float16."""
+    v = _padded_rows(torch.stack(scales, dim=1).half())  # (N', parts, G)
+    return v.view(-1, TILE, len(scales), v.shape[-1]).permute(0, 3, 2, 1).contiguous()
 
 
 class _KernelLinear:
@@ -350,72 +365,74 @@ class _KernelLinear:
 
 
 @dataclass
-class Q4Linear(_KernelLinear):
-    """GGUF Q4_1 groups (w = d·q + m per 32 weights) run by rooftop's CPU kernel against int8-quantized
-    activations; prefill-sized steps widen to float32 sgemm. Groups are packed by four (`pack_nibbles`), so that one
-    64-byte load unpacks 128 weights in the activations' order."""
+class TiledLinear(_KernelLinear):
+    """GGUF's 32-weight groups in tiles of 16 output rows (kernels/tiles.cpp), run by rooftop's CPU kernel against
+    int8-quantized activations: a tile's unpacked weights serve up to 8 activation rows, so a batch's or a verify
+    step's extra rows cost little more than the first. Prefill-sized chunks widen to one matmul."""
 
-    qs: torch.Tensor  # (N, ceil(K / 64), 32) uint8 nibbles, in pack_nibbles' order
-    dm: torch.Tensor  # (N, 2, K / 32) float16 (as in the GGUF): each row's scales d, then its mins m
+    q: torch.Tensor  # (ceil(N / 16), K / 32, 256 or 512) uint8, as tile_nibbles or tile_bytes lay them out
+    dm: torch.Tensor  # (ceil(N / 16), K / 32, parts, 16) float16 (as in the GGUF): scales d, then (Q4_1) minima m
+    out_features: int
     bias: torch.Tensor | None = None
-    format: ClassVar[str] = "q4_1"
+    format: ClassVar[str]
+    kernel_format: ClassVar[int]  # tiles.cpp's Format
 
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        return cpu.ops().q4_linear(x, self.qs, self.dm, self.bias, residual)
+        return cpu.ops().tiled_linear(x, self.q, self.dm, self.kernel_format, self.out_features, self.bias, residual)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return cpu.ops().q4_dequantize(self.qs, self.dm, dtype == torch.bfloat16)
+        wide = cpu.ops().tiled_dequantize(
+            self.q, self.dm, self.kernel_format, self.out_features, dtype == torch.bfloat16
+        )
+        return wide.to(dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.qs.nbytes + self.dm.nbytes
+        return self.q.nbytes + self.dm.nbytes
+
+
+def _bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.float().contiguous()
+
+
+@dataclass
+class Q4Linear(TiledLinear):
+    """GGUF Q4_1 groups: w = d·q + m per 32 weights."""
+
+    format: ClassVar[str] = "q4_1"
+    kernel_format: ClassVar[int] = 1
 
     @classmethod
     def from_weight(cls, w: Int4Weight, bias: torch.Tensor | None) -> Q4Linear:
-        dm = torch.stack([w.scale, w.zero - 8 * w.scale], dim=1).half().contiguous()  # (q - 8)·s + z = s·q + (z - 8s)
-        return cls(pack_nibbles(w.q), dm, None if bias is None else bias.float().contiguous())
+        dm = tile_scales(w.scale, w.zero - 8 * w.scale)  # (q - 8)·s + z = s·q + (z - 8s)
+        return cls(tile_nibbles(w.q), dm, w.q.shape[0], _bias(bias))
 
 
 @dataclass
 class Q4_0Linear(Q4Linear):
-    """A stored GGUF Q4_0 matrix (w = d·(q - 8)) on the same kernel loop: its nibbles repacked as Q4Linear's and
-    its scales d alone (dm (N, 1, K / 32)), at the file's own 4.5 bits."""
+    """A stored GGUF Q4_0 matrix (w = d·(q - 8)), its scales d alone, at the file's own 4.5 bits."""
 
     format: ClassVar[str] = "q4_0"
+    kernel_format: ClassVar[int] = 0
 
     @classmethod
     def from_weight(cls, w: BlockWeight, bias: torch.Tensor | None) -> Q4_0Linear:
         q = q4_0_as_int4(w)
-        dm = q.scale[:, None, :].half().contiguous()
-        return cls(pack_nibbles(q.q), dm, None if bias is None else bias.float().contiguous())
+        return cls(tile_nibbles(q.q), tile_scales(q.scale), q.q.shape[0], _bias(bias))
 
 
 @dataclass
-class Q8Linear(_KernelLinear):
-    """GGUF Q8_0 groups (w = d·q, 32 int8 weights per scale) run by rooftop's CPU kernel against int8-quantized
-    activations, with float32 outputs: the lm_head of the quantized formats and every linear of int8."""
+class Q8Linear(TiledLinear):
+    """GGUF Q8_0 groups (w = d·q, 32 int8 weights per scale), with float32 outputs: the lm_head of the quantized
+    formats and every linear of int8."""
 
-    q: torch.Tensor  # (N, K) int8
-    d: torch.Tensor  # (N, K / 32) float16 (as in the GGUF)
-    bias: torch.Tensor | None = None
     format: ClassVar[str] = "q8_0"
-
-    def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        return cpu.ops().q8_linear(x, self.q, self.d, self.bias, residual)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.q.float() * expand_groups(self.d.float())).to(dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.nbytes + self.d.nbytes
+    kernel_format: ClassVar[int] = 2
 
     @classmethod
     def from_weight(cls, w: Weight, bias: torch.Tensor | None) -> Q8Linear:
         groups = w if isinstance(w, Int8GroupWeight) else quantize_int8_groups(to_float(w))
-        return cls(
-            groups.q.contiguous(), groups.scale.half().contiguous(), None if bias is None else bias.float().contiguous()
-        )
+        return cls(tile_bytes(groups.q), tile_scales(groups.scale), groups.q.shape[0], _bias(bias))
 
 
 KERNEL_FORMATS = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # kernels/blocks.cpp's format ids, in its order
