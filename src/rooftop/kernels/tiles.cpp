@@ -261,9 +261,34 @@ at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional
 template <Format F, typename T>
 void widen_group(const uint8_t* b, const at::Half* s, int64_t rows, int64_t k, T* out) {
   alignas(64) int8_t levels[TILE][GROUP];
+#ifdef ROOFTOP_AVX2
+  // Inputs 8j..8j+7 of a row are four bytes of two vectors (Q4: a chunk's low and high nibbles; Q8: chunks 2j
+  // and 2j + 1): interleaving their 32-bit lanes puts each row's 8 bytes side by side, two rows per 128 bits.
+  for (int j = 0; j < 4; ++j) {
+    for (int h = 0; h < 2; ++h) {
+      __m256i p, q;
+      if constexpr (nibbles(F)) {
+        const __m256i v = load32(b + 64 * j + 32 * h), mask = _mm256_set1_epi8(15);
+        p = _mm256_and_si256(v, mask), q = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+      } else {
+        p = load32(b + 128 * j + 32 * h), q = load32(b + 128 * j + 64 + 32 * h);
+      }
+      const __m256i pairs[2] = {_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q)};
+      for (int lane = 0; lane < 2; ++lane) {
+        for (int u = 0; u < 2; ++u) {
+          const __m128i two = lane ? _mm256_extracti128_si256(pairs[u], 1) : _mm256_castsi256_si128(pairs[u]);
+          const int64_t o = 8 * h + 4 * lane + 2 * u;
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(&levels[o][8 * j]), two);
+          _mm_storeh_pd(reinterpret_cast<double*>(&levels[o + 1][8 * j]), _mm_castsi128_pd(two));
+        }
+      }
+    }
+  }
+#else
   for (int64_t o = 0; o < rows; ++o) {
     for (int64_t i = 0; i < GROUP; ++i) levels[o][i] = static_cast<int8_t>(level<F>(b, o, i));
   }
+#endif
   for (int64_t o = 0; o < rows; ++o) {
     const float d = s[o], m = parts(F) == 2 ? float(s[TILE + o]) : F == Q4_0 ? -8.f * d : 0.f;
     T* y = out + o * k;
