@@ -125,6 +125,15 @@ def test_an_unconstrained_row_is_untouched_by_constrained_neighbours(llm):
     assert len(compiler) == 1  # compiled once, copied per request
 
 
+def test_a_grammar_state_refuses_a_token_outside_it_and_says_why(llm):
+    compiler = GrammarCompiler(llm.tokenizer.backend, llm.model.config.vocab_size, llm.tokenizer.eos_token_ids)
+    state = compiler.start(StructuredOutputsParams(choice=["yes"]))
+    no = llm.tokenizer.encode("no", add_special_tokens=False)
+    assert not state.advance(no) and state.error
+    state = compiler.start(StructuredOutputsParams(choice=["yes"]))
+    assert state.advance(llm.tokenizer.encode("yes", add_special_tokens=False) + llm.tokenizer.eos_token_ids)
+
+
 def run(eng: LLMEngine, requests) -> dict:
     for rid, prompt, params in requests:
         eng.add_request(rid, prompt, params)

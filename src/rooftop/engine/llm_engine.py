@@ -233,9 +233,11 @@ class LLMEngine:
             logprobs = None
             if k_logprobs is not None:
                 logprobs = [token_logprob(logits[first + j], t, k_logprobs) for j, t in enumerate(run)]
+            grammar = s.seq.grammar  # a structured output does not draft: its run is one token
+            if grammar is not None and not grammar.advance(run):
+                deltas.append(self._outputs.on_error(s.seq, f"the grammar rejected a sampled token: {grammar.error}"))
+                continue
             delta = self._outputs.on_tokens(s.seq, run, logprobs, now)
-            if s.seq.grammar is not None:
-                s.seq.grammar.advance(delta.new_token_ids)
             s.accepted = len(delta.new_token_ids) - 1
             if s.phase is Phase.DECODE:
                 s.seq.metrics.decode_tokens += len(delta.new_token_ids)

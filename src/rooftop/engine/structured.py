@@ -101,12 +101,19 @@ class GrammarState:
 
     matcher: llguidance.LLMatcher
 
-    def advance(self, token_ids: list[int]) -> None:
+    def advance(self, token_ids: list[int]) -> bool:
+        """Take the tokens in order; False (the grammar in its error state, `error` says why) at one it rejects,
+        which the mask should have made impossible."""
         for token_id in token_ids:
             if self.matcher.is_stopped():  # EOS was taken: nothing follows it in this request
-                return
+                return True
             if not self.matcher.consume_token(token_id):
-                raise RuntimeError(f"token {token_id} is outside the grammar: {self.matcher.get_error()}")
+                return False
+        return True
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
 
 
 class GrammarCompiler:
@@ -156,20 +163,16 @@ def _executor() -> llguidance.LLExecutor:
 
 
 def apply_grammars(logits: torch.Tensor, grammars: list[GrammarState | None]) -> torch.Tensor:
-    """(B, vocab) logits with each constrained row's disallowed tokens at -inf: one bitmask for all of them,
-    filled by llguidance's executor and applied in one op. The input itself when no row is constrained; a copy
-    otherwise (the logprobs are reported from the model's own distribution), with the other rows as they were."""
-    rows = [i for i, g in enumerate(grammars) if g is not None]
-    if not rows:
+    """(B, vocab) logits with each constrained row's disallowed tokens at -inf: one bitmask for the step (all bits
+    set in unconstrained rows), the constrained rows' filled in parallel by llguidance's executor, applied in one
+    op that copies every other logit as it was. The input itself when no row is constrained; a new tensor otherwise
+    (the logprobs are reported from the model's own distribution)."""
+    constrained = [(g.matcher, i) for i, g in enumerate(grammars) if g is not None]
+    if not constrained:
         return logits
-    vocab = logits.shape[-1]
+    rows, vocab = logits.shape
     words = (vocab + 31) // 32
-    bitmask = torch.zeros(len(rows), words, dtype=torch.int32)
-    _executor().unsafe_compute_mask_ptr(
-        [(grammars[i].matcher, k) for k, i in enumerate(rows)], bitmask.data_ptr(), words * 4, len(rows)
-    )
-    allowed = ((bitmask[:, :, None] >> _BITS) & 1).bool().reshape(len(rows), words * 32)[:, :vocab]
-    logits = logits.clone()
-    index = torch.tensor(rows, device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
-    return logits
+    bitmask = torch.full((rows, words), -1, dtype=torch.int32)
+    _executor().unsafe_compute_mask_ptr(constrained, bitmask.data_ptr(), words * 4, rows)
+    allowed = ((bitmask[:, :, None] >> _BITS) & 1).bool().reshape(rows, words * 32)[:, :vocab]
+    return torch.where(allowed.to(logits.device), logits, float("-inf"))

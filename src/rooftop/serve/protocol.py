@@ -87,7 +87,9 @@ class StructuredOutputs(Body):
     json_object: bool | None = None
 
     def params(self) -> StructuredOutputsParams:
-        return StructuredOutputsParams(self.json_, self.regex, self.choice, self.grammar, self.json_object)
+        return StructuredOutputsParams(
+            json=self.json_, regex=self.regex, choice=self.choice, grammar=self.grammar, json_object=self.json_object
+        )
 
 
 class SamplingFields(Body):
