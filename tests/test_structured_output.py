@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import jsonschema
@@ -14,6 +15,7 @@ from serve_support import api_error, running_server, sse_events
 
 from rooftop import LLM, InvalidRequestError, SamplingParams, StructuredOutputsParams
 from rooftop.config import EngineConfig
+from rooftop.engine import sampler
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.structured import GrammarCompiler, apply_grammars
 
@@ -143,6 +145,26 @@ def run(eng: LLMEngine, requests) -> dict:
             if delta.finished:
                 outputs[delta.request_id] = delta.output
     return outputs
+
+
+def test_the_mask_is_timed_as_the_steps_host_time(llm, monkeypatch):
+    """The grammar's work runs in the step after the forward pass: in around_seconds (what the attribution counts
+    as host time), which the forward pass's `seconds` leaves out."""
+    delay = 0.05
+
+    def slow(logits, grammars):
+        time.sleep(delay)
+        return apply_grammars(logits, grammars)
+
+    monkeypatch.setattr(sampler, "apply_grammars", slow)
+    eng = LLMEngine(llm.model, llm.tokenizer, EngineConfig(num_kv_blocks=64))
+    eng.add_request(
+        "a", "Call me at", SamplingParams(max_tokens=3, structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    )
+    records = []
+    while eng.has_unfinished():
+        records.append(eng.step().record)
+    assert len(records) == 3 and all(r.around_seconds >= delay for r in records)
 
 
 def test_speculation_skips_structured_rows_and_keeps_them_valid(llm):

@@ -79,7 +79,7 @@ def _to_llguidance(kind: str, value) -> str:
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS)
         except ValueError as e:
-            raise refuse(f"not a JSON object: {e}") from None
+            raise refuse(f"a schema is a JSON object: {e}") from None
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise refuse(f"must be a non-empty list of non-empty strings, got {value!r}")
