@@ -5,6 +5,7 @@ from rooftop.engine.llm import LLM, StreamChunk
 from rooftop.engine.metrics import RequestMetrics
 from rooftop.engine.outputs import RequestOutput
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.engine.structured import StructuredOutputsParams
 from rooftop.enums import FinishReason, Phase
 from rooftop.errors import (
     InvalidRequestError,
@@ -20,6 +21,7 @@ __all__ = [
     "RunConfig",
     "EngineConfig",
     "SamplingParams",
+    "StructuredOutputsParams",
     "RequestOutput",
     "RequestMetrics",
     "StreamChunk",

@@ -25,6 +25,7 @@ from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.scheduler import ScheduledSeq, Scheduler
 from rooftop.engine.sequence import Sequence
 from rooftop.engine.speculative import accepted_run, make_proposer, sampling_runs
+from rooftop.engine.structured import GrammarCompiler
 from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.loading.tokenizer import Tokenizer
@@ -56,6 +57,7 @@ class LLMEngine:
         self._scheduler = Scheduler(self.config, self._blocks, slots)
         eos_token_ids = sorted(set(mc.eos_token_ids) | set(tokenizer.eos_token_ids))
         self._outputs = OutputProcessor(tokenizer, eos_token_ids, self.max_model_len)
+        self._grammars = GrammarCompiler(tokenizer.backend, mc.vocab_size, eos_token_ids)
         self._requests: dict[str, Sequence] = {}
         self._arrivals = 0
         self._proposer = make_proposer(self.config.speculative_config, mc, model, self.max_model_len)
@@ -93,6 +95,8 @@ class LLMEngine:
                 f"the request needs up to {longest} tokens of KV cache; the pool holds {self.kv_cache_tokens} "
                 "(raise kv_cache_bytes / num_kv_blocks or lower max_tokens)"
             )
+        spec = params.structured_outputs
+        grammar = None if spec is None else self._grammars.start(spec)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.model.device).manual_seed(params.seed)
@@ -105,6 +109,7 @@ class LLMEngine:
             metrics=RequestMetrics(arrival_time=arrival, prompt_tokens=len(ids)),
             arrival_index=self._arrivals,
             generator=generator,
+            grammar=grammar,
         )
         self._arrivals += 1
         self._requests[request_id] = seq
@@ -179,12 +184,14 @@ class LLMEngine:
 
     def _propose(self) -> dict[Sequence, list[int]]:
         """Draft tokens for the decoding sequences, as many as could still be kept: a verify step adds up to one
-        token more than its drafts, within max_tokens and the context."""
+        token more than its drafts, within max_tokens and the context. A structured output does not draft: it decodes
+        one token per step, each drawn under its grammar's mask (drafts are not checked against the grammar)."""
         if self._proposer is None:
             return {}
         most = {
             seq: min(seq.params.max_tokens - len(seq.output_token_ids) - 1, self.max_model_len - seq.num_tokens)
             for seq in self._scheduler.decoding()
+            if seq.grammar is None
         }
         return self._proposer.propose(most)
 
@@ -203,7 +210,7 @@ class LLMEngine:
             for j in range(usable):
                 output = seq.output_token_ids if j == 0 else seq.output_token_ids + s.draft[:j]  # as if accepted
                 draft = s.draft[j] if j < usable - 1 else None
-                rows.append(SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, draft))
+                rows.append(SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, draft, seq.grammar))
                 good.append(first + j)
         tokens: dict[int, int] = {}
         error = "the model produced non-finite logits"
@@ -226,6 +233,10 @@ class LLMEngine:
             logprobs = None
             if k_logprobs is not None:
                 logprobs = [token_logprob(logits[first + j], t, k_logprobs) for j, t in enumerate(run)]
+            grammar = s.seq.grammar  # a structured output does not draft: its run is one token
+            if grammar is not None and not grammar.advance(run):
+                deltas.append(self._outputs.on_error(s.seq, f"the grammar rejected a sampled token: {grammar.error}"))
+                continue
             delta = self._outputs.on_tokens(s.seq, run, logprobs, now)
             s.accepted = len(delta.new_token_ids) - 1
             if s.phase is Phase.DECODE:

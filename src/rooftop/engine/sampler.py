@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.engine.structured import GrammarState, apply_grammars
 from rooftop.kernels import cpu
 
 
@@ -54,6 +55,7 @@ class SamplingRow:
     # a verify step's row before the sequence's last: the draft token the next row (the same sequence's, one
     # position on) takes as its context. A seeded sequence's next row is drawn only if this row draws the draft
     draft: int | None = None
+    grammar: GrammarState | None = None  # a structured output's: only the tokens it allows may be drawn
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -172,10 +174,10 @@ def draw(c: Candidates, generators: list[torch.Generator | None], drafts: list[i
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-    """One token id per row of (B, vocab) float32 logits: penalties, then greedy rows by argmax and the others
-    drawn among their candidates, each group in batched calls. Rows with top-k or top-p draw among a few hundred
+    """One token id per row of (B, vocab) float32 logits: the grammars' masks, penalties, then greedy rows by argmax
+    and the others drawn among their candidates, each group in batched calls. Rows with top-k or top-p draw among a few hundred
     tokens at most (a draw over all 49152 took ~2 ms of random numbers), the others over the whole vocabulary."""
-    logits = apply_penalties(logits, rows)
+    logits = apply_penalties(apply_grammars(logits, [r.grammar for r in rows]), rows)
     greedy = [r.params.greedy for r in rows]
     if all(greedy):
         return argmax(logits).tolist()

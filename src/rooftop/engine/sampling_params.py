@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rooftop.engine.structured import StructuredOutputsParams
 from rooftop.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
@@ -13,7 +14,8 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 @dataclass
 class SamplingParams:
     """temperature 0 is greedy; top_k 0, top_p 1, min_p 0, repetition_penalty 1 and presence/frequency_penalty 0
-    switch those off. `logprobs` k records each output token's log-probability and the k most likely alternatives."""
+    switch those off. `logprobs` k records each output token's log-probability and the k most likely alternatives.
+    `structured_outputs` constrains every token to a grammar (engine/structured.py)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -28,6 +30,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -73,6 +76,17 @@ class SamplingParams:
             all(isinstance(s, str) and s for s in self.stop),
             "stop",
             f"stop strings must be non-empty strings, got {self.stop!r}",
+        )
+        check(
+            self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs",
+            f"structured_outputs must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}",
+        )
+        check(
+            self.structured_outputs is None or not self.ignore_eos,
+            "ignore_eos",
+            "ignore_eos cannot be combined with structured_outputs: a complete output ends at EOS, the only token "
+            "its grammar allows there",
         )
 
     @property

@@ -10,6 +10,7 @@ import torch
 from rooftop.engine.metrics import RequestMetrics
 from rooftop.engine.sampler import TokenLogprob
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.engine.structured import GrammarState
 
 
 class Status(enum.Enum):
@@ -29,6 +30,7 @@ class Sequence:
     metrics: RequestMetrics
     arrival_index: int = 0  # first come, first served; the latest arrival is preempted first
     generator: torch.Generator | None = None  # seeded sampling keeps its state across steps
+    grammar: GrammarState | None = None  # structured output's place in its grammar, across steps and preemptions
     status: Status = Status.WAITING
     cached: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)

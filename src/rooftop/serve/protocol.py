@@ -1,5 +1,8 @@
 """The OpenAI request bodies (with vLLM's extra sampling fields), parsed strictly: "16" is not a number, NaN is
-not a temperature. Unknown fields are ignored, as OpenAI-compatible servers do."""
+not a temperature. Unknown fields are ignored, as OpenAI-compatible servers do.
+
+Structured output comes as OpenAI's `response_format` or vLLM's `structured_outputs`, never both; either becomes
+SamplingParams.structured_outputs."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rooftop.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from rooftop.engine.structured import StructuredOutputsParams
 from rooftop.errors import InvalidRequestError
 
 Float = Annotated[float, Field(allow_inf_nan=False)]
@@ -44,6 +48,50 @@ class Message(Body):
         return {"role": self.role, "content": self.content or ""}
 
 
+class JsonSchemaFormat(Body):
+    """OpenAI's response_format.json_schema. `strict` false is accepted, and the schema is enforced all the same."""
+
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def structured_outputs(self) -> StructuredOutputsParams | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise InvalidRequestError(
+                "response_format of type json_schema needs json_schema.schema", "response_format.json_schema"
+            )
+        try:
+            return StructuredOutputsParams(json=self.json_schema.schema_)
+        except InvalidRequestError as e:  # name the field the client sent
+            message = str(e).replace("structured_outputs.json", "response_format.json_schema.schema")
+            raise InvalidRequestError(message, "response_format.json_schema.schema") from None
+
+
+class StructuredOutputs(Body):
+    """vLLM's structured_outputs: exactly one of its fields."""
+
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def params(self) -> StructuredOutputsParams:
+        return StructuredOutputsParams(
+            json=self.json_, regex=self.regex, choice=self.choice, grammar=self.grammar, json_object=self.json_object
+        )
+
+
 class SamplingFields(Body):
     """What chat and completions share: OpenAI's fields and vLLM's extras (top_k, min_p, repetition_penalty, ...)."""
 
@@ -63,6 +111,8 @@ class SamplingFields(Body):
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -91,7 +141,20 @@ class SamplingFields(Body):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            structured_outputs=self.structured_outputs_params(),
         )
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """From response_format or structured_outputs; a body with both (response_format not "text") is refused."""
+        wanted = self.response_format is not None and self.response_format.type != "text"
+        if wanted and self.structured_outputs is not None:
+            raise InvalidRequestError(
+                "response_format and structured_outputs both constrain the output: send one of them",
+                "response_format",
+            )
+        if self.structured_outputs is not None:
+            return self.structured_outputs.params()
+        return None if self.response_format is None else self.response_format.structured_outputs()
 
 
 class ChatCompletionRequest(SamplingFields):
