@@ -4,9 +4,9 @@ weight becomes: on rooftop's CPU kernels int8 is GGUF Q8_0 (a scale per group of
 and a minimum per group of 32); without them int8 has one scale per row and int4 a scale and zero per 32.
 
 Decode is matrix-vector work that streams every weight once per step, so its time follows the weight bytes:
-int8 reads about a quarter of float32, int4 an eighth. Where rooftop's CPU kernels build (kernels/cpu.cpp),
+int8 reads about a quarter of float32, int4 an eighth. Where rooftop's CPU kernels build (kernels/tiles.cpp),
 `Q4Linear` and `Q8Linear` dot the weights with int8-quantized activations as llama.cpp does (GGUF Q4_1 and
-Q8_0 groups, as the file holds them). Elsewhere `Int4Linear` and `Int8Linear` run PyTorch's CPU weight-only
+Q8_0 groups, the file's values repacked in tiles of 16 output rows). Elsewhere `Int4Linear` and `Int8Linear` run PyTorch's CPU weight-only
 kernels, which take bfloat16 activations and compute (q - 8)·s + z, so GGUF Q4_1 blocks (x = d·q + m) load as
 s = d, z = m + 8d and Q4_0 (x = d·(q - 8)) as s = d, z = 0.
 """
@@ -464,7 +464,7 @@ class BlockLinear(_KernelLinear):
 
     @classmethod
     def from_weight(cls, w: BlockWeight, bias: torch.Tensor | None) -> BlockLinear:
-        return cls(w, None if bias is None else bias.float().contiguous())
+        return cls(w, _bias(bias))
 
 
 @dataclass
