@@ -153,12 +153,28 @@ def test_calibration_refuses_a_busy_engine(tiny_llm):
             tiny_llm.engine.step()
 
 
-def phase(name, bound, host, around, linears=0.0, compute_time=1.0, memory_time=2.0, measured=None):
+def phase(
+    name, bound, host, around, linears=0.0, compute_time=1.0, memory_time=2.0, measured=None, tokens=10, kv_share=0.1
+):
     inefficiency = dict.fromkeys(CLASSES, 0.0) | {"linears": linears}
     total = bound + host + around + linears
     gap = Gap(measured or total, bound, 0.0, inefficiency, host, around, (measured or total) - total)
     return PhaseAttribution(
-        Phase(name), 10, 10, measured or total, bound, bound, 1e9, 1e9, compute_time, memory_time, 1e9, 1e9, total, gap
+        Phase(name),
+        10,
+        tokens,
+        measured or total,
+        bound,
+        bound,
+        1e9,
+        1e9,
+        compute_time,
+        memory_time,
+        1e9,
+        1e9,
+        total,
+        gap,
+        kv_share,
     )
 
 
@@ -173,6 +189,19 @@ def test_advice_follows_the_largest_part():
     assert "their kernels, not the hardware, set the pace" in advice("decode", kernels)
     compute = phase("prefill", bound=3.0, host=0.1, around=0.1, compute_time=3.0, memory_time=1.0)
     assert compute.bound == "compute" and "faster matmul format" in advice("prefill", compute)
+
+
+def test_memory_bound_decode_advice_names_what_its_bytes_are():
+    """Most of the bytes in the KV cache: a narrower cache, unless it is int8 already; otherwise the weights'
+    levers; at one sequence per step, speculative decoding too."""
+    long_context = phase("decode", bound=3.0, host=0.1, around=0.1, tokens=40, kv_share=0.6)
+    said = advice("decode", long_context, kv_value_bytes=4)
+    assert "the KV cache is 60% of each step's bytes" in said and "--kv-cache-dtype int8 takes about 25%" in said
+    assert "--speculative-config" not in said  # four sequences per step
+    assert "--kv-cache-dtype" not in advice("decode", long_context, kv_value_bytes=1)  # int8 already
+    one_sequence = phase("decode", bound=3.0, host=0.1, around=0.1, tokens=10, kv_share=0.2)
+    said = advice("decode", one_sequence, kv_value_bytes=4)
+    assert "--weights int4" in said and "speculative decoding (--speculative-config" in said
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,17 @@ class StepTime:
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else float("inf")
 
+    @property
+    def essential_bytes(self) -> float:
+        """The bytes no fusion avoids: weights, KV cache, state."""
+        return sum(op.essential_bytes for op in self.ops)
+
+    @property
+    def kv_share(self) -> float:
+        """The KV cache's share of the essential bytes."""
+        kv = sum(op.essential_bytes for op in self.ops if op.name == "attention")
+        return kv / self.essential_bytes if self.essential_bytes else 0.0
+
 
 def time_step(config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware, tp: int = 1) -> StepTime:
     ops = step_ops(config, p, shape, tp)
