@@ -14,7 +14,7 @@ from rooftop.quant.linear import FloatLinear
 from rooftop.roofline.attribution import PhaseAttribution, advice, attribute_phases, attribute_step
 from rooftop.roofline.calibration import CLASSES, Calibration, Curve, Gap, class_roofline, op_class
 from rooftop.roofline.hardware import Hardware
-from rooftop.roofline.ops import Op, StepShape
+from rooftop.roofline.ops import Op, SeqShape, StepShape
 from rooftop.roofline.precision import precision
 from rooftop.roofline.predict import step_bound, time_step
 from rooftop.roofline.presets import find_preset
@@ -62,8 +62,9 @@ def test_a_curve_interpolates_floors_below_and_keeps_its_last_efficiency_above()
 
 
 def test_expected_time_from_synthetic_timings_by_hand():
-    """Linears take twice their roofline, attention three times, elementwise the same; 1 ms of host per step plus
-    0.5 ms per sequence; 2 ms around each step."""
+    """Linears take twice their roofline in prefill and 1 ms + 3/7 ms per row past the first in decode, attention
+    three times its roofline, elementwise the same; 1 ms of host per step plus 0.5 ms per sequence; 2 ms around each
+    step."""
     config, p = find_preset("llama-3.2-1b"), precision("fp32")
 
     def scaled(factor):
@@ -74,19 +75,26 @@ def test_expected_time_from_synthetic_timings_by_hand():
         for phase in ("prefill", "decode")
         for name, f in (("linears", 2), ("attention", 3), ("elementwise", 1))
     }
+    curves["decode.linears"] = Curve(((1, 0.001), (8, 0.004)))  # against the step's rows (ROWS_KEYED)
     curves |= {f"{phase}.host": Curve(((1, 0.0015), (8, 0.005))) for phase in ("prefill", "decode")}
     curves |= {f"{phase}.around": Curve(((1, 0.002), (8, 0.002))) for phase in ("prefill", "decode")}
     cal = Calibration(curves)
     shape = StepShape.decode(4, 100)
     roof = class_roofline(time_step(config, p, shape, HW), HW)
     expected = cal.expected(config, p, shape, HW)
-    assert expected.classes["linears"] == pytest.approx(2 * roof["linears"])
+    assert expected.classes["linears"] == pytest.approx(0.001 + 3 * 0.003 / 7)
     assert expected.classes["attention"] == pytest.approx(3 * roof["attention"])
     assert expected.classes["elementwise"] == pytest.approx(roof["elementwise"])
     assert expected.host_s == pytest.approx(0.0015 + 3 * 0.0035 / 7)
     assert expected.total_s == pytest.approx(
-        2 * roof["linears"] + 3 * roof["attention"] + roof["elementwise"] + expected.host_s + 0.002
+        expected.classes["linears"] + 3 * roof["attention"] + roof["elementwise"] + expected.host_s + 0.002
     )
+    # a speculative verify step of 4 rows per sequence: its linears at 16 rows, past the last point on its slope
+    verify = StepShape((SeqShape(4, 100, count=4, phase=Phase.DECODE),))
+    assert cal.expected(config, p, verify, HW).classes["linears"] == pytest.approx(0.004 + 8 * 0.003 / 7)
+    prefill = StepShape.prefill(1, 300)
+    prefill_roof = class_roofline(time_step(config, p, prefill, HW), HW)
+    assert cal.expected(config, p, prefill, HW).classes["linears"] == pytest.approx(2 * prefill_roof["linears"])
     assert cal.expected(config, p, StepShape.decode(16, 100), HW).host_s == pytest.approx(0.005 + 8 * 0.0035 / 7)
     # a mixed step: its prefill chunk and its decodes each on their own phase's curves
     mixed = StepShape((*StepShape.prefill(1, 300).seqs, *shape.seqs))

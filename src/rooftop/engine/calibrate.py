@@ -33,7 +33,7 @@ from rooftop.kernels import cpu
 from rooftop.models import delta_net, hybrid
 from rooftop.quant import linear as linears
 from rooftop.roofline import probe
-from rooftop.roofline.calibration import CLASSES, Calibration, Curve, class_roofline
+from rooftop.roofline.calibration import CLASSES, ROWS_KEYED, Calibration, Curve, class_roofline
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.predict import time_step
 
@@ -142,12 +142,13 @@ def calibrate(
                 roof = class_roofline(time_step(config, p.at(shape.tokens), shape, hw), hw)
                 key = (record.phase, shape.num_seqs, shape.tokens, cached)
                 groups.setdefault(key, []).append((roof, classes, record.seconds, record.around_seconds))
-            for (phase, seqs, _, _), taken in groups.items():
+            for (phase, seqs, tokens, _), taken in groups.items():
                 for name in CLASSES:
                     roof = median(r[name] for r, _, _, _ in taken)
                     if roof > 0:
-                        samples.setdefault(f"{phase}.{name}", []).append(
-                            (roof, median(c[name] for _, c, _, _ in taken))
+                        key = f"{phase}.{name}"
+                        samples.setdefault(key, []).append(
+                            (tokens if key in ROWS_KEYED else roof, median(c[name] for _, c, _, _ in taken))
                         )
                 host = median(forward - sum(c.values()) for _, c, forward, _ in taken)
                 samples.setdefault(f"{phase}.host", []).append((seqs, max(0.0, host)))

@@ -35,6 +35,11 @@ LINEARS = {
     "linear_out_proj",
 }
 TOKEN_MIXING = {"attention", "rope", "qk_norm", "linear_conv", "linear_recurrence"}
+# Curves drawn against the step's rows instead of the class's roofline seconds: a decode step reads the same weight
+# bytes at every batch, so its linears' roofline seconds barely move from 1 to 8 rows while the kernels' work per
+# extra row does (a 5-row speculative verify step took ~1.6x one row's linears); against roofline seconds, batches
+# 1, 2, 4 and 8 fell within a few percent of one another and the curve zig-zagged between their noisy times.
+ROWS_KEYED = {"decode.linears"}
 
 
 def op_class(name: str) -> str:
@@ -112,8 +117,9 @@ class ExpectedStep:
 @dataclass(frozen=True)
 class Calibration:
     """Per "phase.class" (prefill.linears, decode.attention, ...) a curve of measured seconds against the class's
-    roofline seconds; per "phase.host" and "phase.around" a curve of seconds against the step's sequences. `identity`
-    says for which machine, model, format and engine settings it was measured."""
+    roofline seconds (ROWS_KEYED: against the step's rows); per "phase.host" and "phase.around" a curve of seconds
+    against the step's sequences. `identity` says for which machine, model, format and engine settings it was
+    measured."""
 
     curves: dict[str, Curve]
     identity: dict[str, str] = field(default_factory=dict)
@@ -130,8 +136,14 @@ class Calibration:
         for phase, sub in parts.items():
             timed = step if step is not None and len(parts) == 1 else time_step(config, p.at(sub.tokens), sub, hw)
             for name, value in class_roofline(timed, hw).items():
-                curve = self.curves.get(f"{phase}.{name}")
-                classes[name] += curve.at(value) if curve else value
+                key = f"{phase}.{name}"
+                curve = self.curves.get(key)
+                if curve is None:
+                    classes[name] += value
+                elif key in ROWS_KEYED:
+                    classes[name] += curve.at(sub.tokens, proportional=False)
+                else:
+                    classes[name] += curve.at(value)
         host_phase = Phase.DECODE if Phase.DECODE in parts else Phase.PREFILL
         return ExpectedStep(classes, self._host(f"{host_phase}.host", shape), self._host(f"{host_phase}.around", shape))
 
