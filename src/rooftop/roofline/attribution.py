@@ -98,9 +98,12 @@ class PhaseAttribution:
     @property
     def bound(self) -> str:
         """What bounds the phase, by the largest part of its time: its roof, or the host when the host's time
-        (in and around the forward pass) exceeds the kernels'."""
+        (in and around the forward pass) is over half of it, or communication when a tensor-parallel step's
+        collectives are."""
         if self.gap is not None and self.gap.host_s + self.gap.around_s > self.measured_s / 2:
             return "host"
+        if self.gap is not None and self.gap.communication_s > self.measured_s / 2:
+            return "communication"
         return self.roof
 
     @property
@@ -187,6 +190,12 @@ def advice(name: str, p: PhaseAttribution) -> str:
         return (
             f"{name} is host-bound: {100 * host / p.measured_s:.0f}% of its time is Python, step metadata, "
             "scheduling and sampling; more sequences per step (--max-num-seqs) spread that cost over more tokens"
+        )
+    if p.bound == "communication":
+        return (
+            f"{name} is communication-bound: {100 * p.gap.communication_s / p.measured_s:.0f}% of its time waits on "
+            "the tensor-parallel collectives (two all-reduces per layer); fewer ranks (--tensor-parallel-size), a "
+            "faster interconnect, or more tokens per step to spread each collective's latency"
         )
     linears = p.gap.inefficiency["linears"] if p.gap else 0.0
     if p.gap is not None and linears > p.gap.bound_s:
