@@ -184,7 +184,7 @@ def probe(
 ) -> None:
     """Measure this machine's roofs (matmul FLOP/s, memory bandwidth) and cache them; in a tensor-parallel group
     also the latency and bandwidth of its all-reduce."""
-    from rooftop.roofline.probe import STEPS
+    from rooftop.roofline.probe import ALL_REDUCE_STEP, STEPS
     from rooftop.roofline.report import seconds, si
 
     with user_errors():
@@ -192,10 +192,11 @@ def probe(
             device=device, tensor_parallel_size=tensor_parallel_size, distributed_timeout_s=distributed_timeout
         )
         with group_for_probe(run) as lead, Progress(console=err, transient=True) as progress:
-            task = progress.add_task("probing", total=len(STEPS))
+            steps = [*STEPS, ALL_REDUCE_STEP] if lead is not None else list(STEPS)
+            task = progress.add_task("probing", total=len(steps))
 
             def on_step(what: str) -> None:
-                progress.update(task, description=what, completed=STEPS.index(what) if what in STEPS else None)
+                progress.update(task, description=what, completed=steps.index(what) if what in steps else None)
 
             result = load_or_run_probe(device=device, force=force, on_step=on_step, collectives=lead)
         if as_json:

@@ -33,8 +33,8 @@ STEPS = (
     "int4 weight-only matmul",
     "copy bandwidth",
     "read bandwidth",
-    "all-reduce",
 )
+ALL_REDUCE_STEP = "all-reduce"  # one more, in a tensor-parallel group
 MIB = 1 << 20
 
 
@@ -294,7 +294,7 @@ def run_probe(
 
     communication = {}
     if collectives is not None:
-        step(STEPS[6])
+        step(ALL_REDUCE_STEP)
         communication = _all_reduce(collectives, device, plan)
         notes["all_reduce"] = (
             f"{collectives.group()}: "
