@@ -1,7 +1,8 @@
 """Tensor-parallel groups started and stopped by each test (a process leads one group at a time): the bundled model
 (9 query heads, 3 KV heads) over 3 ranks against one; a rank killed, and a rank hung, while the group runs: the run
 stops with TensorParallelError naming the rank within the timeout, never a silent hang, and every later step is
-refused at once."""
+refused at once. NCCL runs the same code with another backend, on a machine with two GPUs (one GPU cannot hold two
+NCCL ranks); elsewhere that test is skipped."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import signal
 import time
 
 import pytest
-from near_ties import QUANTIZED_TIE, greedy_partings, rooftop_logits
+import torch
+from near_ties import FLOAT_TIE, QUANTIZED_TIE, greedy_partings, rooftop_logits
 
 from rooftop import LLM, SamplingParams
 from rooftop.errors import TensorParallelError
@@ -80,3 +82,19 @@ def test_a_hung_rank_stops_the_run_within_the_timeout(tiny_gguf):
         os.kill(worker.pid, signal.SIGCONT)
         llm.close()
     assert worker.poll() is not None, "closing a failed group ends the worker rooftop started"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank: this machine has fewer than 2")
+def test_nccl_runs_the_same_split_over_two_gpus(tiny_gguf, tiny_llm):
+    """float32 on two GPUs against the float32 reference on the CPU: parting only at a float path's near-ties."""
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    llm = LLM(model=tiny_gguf, device="cuda", dtype="float32", tensor_parallel_size=2, kv_cache_bytes=KV)
+    try:
+        assert llm.lead.group() == "nccl x2"
+        logits_of = rooftop_logits(tiny_llm)
+        for prompt in ["Hello there", "The quick brown fox"]:
+            ids = tiny_llm.tokenizer.encode(prompt)
+            ref = tiny_llm.generate([ids], params)[0].token_ids
+            assert all(margin < FLOAT_TIE for _, margin in greedy_partings(logits_of, llm, ids, ref))
+    finally:
+        llm.close()

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from rooftop.config import EngineConfig, RunConfig
-from rooftop.errors import InvalidRequestError, TensorParallelError
-from rooftop.models.parallel import TPGroup
+from rooftop.errors import InvalidRequestError, TensorParallelError, UnsupportedModelError
+from rooftop.loading.loaded import LoadedModel
+from rooftop.models.parallel import TPGroup, check_tensor_parallel
 
 RUN_ENV = "ROOFTOP_TP_RUN"  # a spawned worker's RunConfig, as JSON
 MODEL_ENV = "ROOFTOP_TP_MODEL"  # "0": the group runs no model (the probe's)
@@ -170,7 +171,7 @@ def join_group(launch: Launch, device: torch.device, timeout_s: float, batch_inv
         ) from None
     plans = dist.new_group(backend="gloo", timeout=timeout)
     startup = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(timeout_s, LOAD_TIMEOUT_S)))
-    return Joined(TPGroup(launch.rank, launch.size, None, batch_invariant), plans, startup)
+    return Joined(TPGroup(launch.rank, launch.size, batch_invariant), plans, startup)
 
 
 def handshake(startup: object, rank: int, error: str | None) -> None:
@@ -193,7 +194,7 @@ def handshake(startup: object, rank: int, error: str | None) -> None:
     )
 
 
-def time_all_reduce(tp: TPGroup, sizes: tuple[int, ...], reps: int, device: torch.device) -> dict[int, float]:
+def time_all_reduce(sizes: tuple[int, ...], reps: int, device: torch.device) -> dict[int, float]:
     """Median seconds of one all-reduce of each size in bytes (float32). Every rank runs exactly these calls (their
     number is fixed by the size, not by a clock, which would differ between ranks); rank 0's times are the result."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -202,13 +203,13 @@ def time_all_reduce(tp: TPGroup, sizes: tuple[int, ...], reps: int, device: torc
         x = torch.zeros(max(1, size // 4), device=device)
         count = max(1, min(64, (16 << 20) // size))
         for _ in range(2):
-            dist.all_reduce(x, group=tp.group)
+            dist.all_reduce(x)
         measured = []
         for _ in range(reps):
             sync()
             start = time.perf_counter()
             for _ in range(count):
-                dist.all_reduce(x, group=tp.group)
+                dist.all_reduce(x)
             sync()
             measured.append((time.perf_counter() - start) / count)
         times[size] = statistics.median(measured)
@@ -217,3 +218,16 @@ def time_all_reduce(tp: TPGroup, sizes: tuple[int, ...], reps: int, device: torc
 
 def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def check_parallel_run(run: RunConfig, loaded: LoadedModel) -> None:
+    """What tensor parallelism refuses before any rank starts: a model it cannot split this many ways, a draft
+    model (it runs on rank 0 alone)."""
+    check_tensor_parallel(loaded.config, run.tensor_parallel_size)
+    spec = run.engine.speculative_config
+    if spec is not None and spec.method == "draft":
+        raise UnsupportedModelError(
+            "speculative decoding with a draft model runs on one rank only for now: with tensor parallelism use "
+            '{"method": "ngram", ...}',
+            "speculative_config",
+        )

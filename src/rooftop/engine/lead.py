@@ -105,7 +105,7 @@ class Lead:
         return f"{dist.get_backend()} x{self.ranks}"
 
     def all_reduce_seconds(self, sizes: tuple[int, ...], device: str, plan: Plan) -> dict[int, float]:
-        return self.run(("probe", sizes, plan.reps), lambda: time_all_reduce(self.tp, sizes, plan.reps, self.device))
+        return self.run(("probe", sizes, plan.reps), lambda: time_all_reduce(sizes, plan.reps, self.device))
 
     def close(self) -> None:
         """Stop the other ranks (a worker rooftop started that does not exit is killed) and leave the group."""

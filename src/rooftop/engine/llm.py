@@ -13,22 +13,15 @@ from pathlib import Path
 import torch
 
 from rooftop.config import EngineConfig, RunConfig
-from rooftop.engine.distributed import (
-    launch_of,
-    rank_device,
-    rank_threads,
-)
+from rooftop.engine.distributed import check_parallel_run, launch_of, rank_device, rank_threads
 from rooftop.engine.lead import Lead, lead_group
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.outputs import RequestDelta, RequestOutput, StepRecord
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import FinishReason
-from rooftop.errors import InvalidRequestError, UnsupportedModelError
-from rooftop.loading.dummy import load_dummy
-from rooftop.loading.loaded import LoadedModel
-from rooftop.loading.model_files import load_model
+from rooftop.errors import InvalidRequestError
+from rooftop.loading.model_files import load_weights
 from rooftop.models.loader import build_model
-from rooftop.models.parallel import check_tensor_parallel
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import weight_bytes
 from rooftop.roofline.precision import KV_BYTES, KV_SCALE_BYTES, Precision
@@ -81,27 +74,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     return TORCH_DTYPES[dtype]
-
-
-def load_weights(run: RunConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """The run's model as a LoadedModel (config, tokenizer, tensors read when the model asks): its file, or seeded
-    random weights (load_format dummy)."""
-    if run.load_format == "dummy":
-        return load_dummy(run.model, run.weights, device, dtype, run.dummy_seed)
-    return load_model(run.model)
-
-
-def check_parallel_run(run: RunConfig, loaded: LoadedModel) -> None:
-    """What tensor parallelism refuses before any rank starts: a model it cannot split this many ways, a draft
-    model (it runs on rank 0 alone)."""
-    check_tensor_parallel(loaded.config, run.tensor_parallel_size)
-    spec = run.engine.speculative_config
-    if spec is not None and spec.method == "draft":
-        raise UnsupportedModelError(
-            "speculative decoding with a draft model runs on one rank only for now: with tensor parallelism use "
-            '{"method": "ngram", ...}',
-            "speculative_config",
-        )
 
 
 class LLM:

@@ -81,6 +81,8 @@ def execute(model: Transformer, pool: KVPool, plan: StepPlan) -> torch.Tensor | 
     """The forward pass of `plan` and its sampled rows' logits (on rank 0 under tensor parallelism; None on the
     other ranks, and for a step that samples nothing)."""
     device = model.device
+    if model.tp is not None:  # every rank reduces the step the same way: in rank order with batch invariance
+        model.tp.ordered = plan.batch_invariant
     ids = torch.tensor(plan.token_ids, dtype=torch.long, device=device)
     positions = torch.tensor(plan.positions, dtype=torch.long, device=device)
     chunks = [s.new for s in plan.seqs if s.phase is Phase.PREFILL]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 
 import torch
@@ -21,6 +22,7 @@ from rooftop.config import RunConfig
 from rooftop.engine.distributed import (
     MODEL_ENV,
     Launch,
+    check_parallel_run,
     first_line,
     handshake,
     join_group,
@@ -30,13 +32,13 @@ from rooftop.engine.distributed import (
     run_config_from_env,
     time_all_reduce,
 )
-from rooftop.engine.llm import available_cores, check_parallel_run, load_weights, resolve_dtype
+from rooftop.engine.llm import available_cores, resolve_dtype
 from rooftop.engine.llm_engine import pool_from_spec
 from rooftop.engine.runner import execute
 from rooftop.errors import RooftopError, TensorParallelError
+from rooftop.loading.model_files import load_weights
 from rooftop.models.kv_cache import KVPool
 from rooftop.models.loader import build_model
-from rooftop.models.parallel import TPGroup
 from rooftop.models.transformer import Transformer
 
 
@@ -69,7 +71,7 @@ def serve_rank(run: RunConfig, launch: Launch, with_model: bool = True) -> int:
         error = str(e) if isinstance(e, RooftopError) else f"{type(e).__name__}: {e}"
     try:
         handshake(joined.startup, launch.rank, error)
-        return _serve(model, joined.tp, joined.plans, launch.rank, device)
+        return _serve(model, joined.plans, launch.rank, device)
     except TensorParallelError:
         return 1
     finally:
@@ -77,7 +79,7 @@ def serve_rank(run: RunConfig, launch: Launch, with_model: bool = True) -> int:
             dist.destroy_process_group()
 
 
-def _serve(model: Transformer | None, tp: TPGroup, plans: object, rank: int, device: torch.device) -> int:
+def _serve(model: Transformer | None, plans: object, rank: int, device: torch.device) -> int:
     pools: dict[int, KVPool] = {}
     while True:
         try:
@@ -96,7 +98,7 @@ def _serve(model: Transformer | None, tp: TPGroup, plans: object, rank: int, dev
             elif kind == "step":
                 execute(model, pools[message[1]], message[2])
             elif kind == "probe":
-                time_all_reduce(tp, message[1], message[2], device)
+                time_all_reduce(message[1], message[2], device)
         except Exception as e:  # a collective failed (another rank died or hung) or this rank's own step did
             _say(rank, f"the {kind} failed: {first_line(e)}")
             return 1
@@ -107,6 +109,9 @@ def _say(rank: int, text: str) -> None:
 
 
 def main() -> None:
+    """A worker rooftop started: Ctrl-C in the terminal reaches its whole process group, but stopping is rank 0's
+    to decide (it stops the workers, or they see it gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     run = run_config_from_env()
     sys.exit(serve_rank(run, launch_of(run), os.environ.get(MODEL_ENV, "1") == "1"))
 

@@ -3,113 +3,34 @@ which form each weight keeps (float in the run's dtype, or a file's 4/8-bit grou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, check_runnable
-from rooftop.errors import ModelLoadError, UnsupportedModelError
-from rooftop.loading.loaded import LazyWeights, LoadedModel
-from rooftop.loading.shard import Shard, ShardError, shard_weight
+from rooftop.errors import UnsupportedModelError
+from rooftop.loading.loaded import LoadedModel
+from rooftop.loading.shard import ShardError
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.mlp import DenseMLP, SparseMoE
 from rooftop.models.ops import choose_ops
 from rooftop.models.parallel import (
-    RowParallel,
     TPGroup,
     VocabParallelEmbedding,
     VocabParallelHead,
     check_tensor_parallel,
     kv_head_rows,
     rank_config,
-    split,
     tensor_parallel_sizes,
     vocab_rows,
 )
 from rooftop.models.rope import cos_sin_table
+from rooftop.models.tensors import Tensors
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import FloatLinear, Linear, as_stored, make_linear, weight_policy
+from rooftop.quant.linear import FloatLinear, weight_policy
 from rooftop.quant.weights import Weight, to_float
 
-Part = tuple[int, int] | None  # rows or columns start:stop of a tensor one rank reads; None: all of them
 
-
-class _Tensors:
-    """The file's tensors in the form the model keeps: float tensors in its dtype on its device, quantized groups and
-    blocks as they are where the CPU kernels read them (float linears and other devices get them dequantized).
-    `stored` (the `auto` weight choice): each quantized matrix runs in the format the file holds it in. Under tensor
-    parallelism (`tp`) each tensor is read in the part this rank holds."""
-
-    def __init__(
-        self,
-        weights: Mapping[str, Weight],
-        dtype: torch.dtype,
-        device: torch.device,
-        policy: str,
-        stored: bool,
-        tp: TPGroup | None = None,
-    ):
-        self.weights, self.dtype, self.device, self.policy, self.stored = weights, dtype, device, policy, stored
-        self.keep_groups = policy != "float" and device.type == "cpu"
-        self.tp = tp if tp is not None and tp.size > 1 else None
-
-    def linear(self, weight: Weight | list[Weight], bias: torch.Tensor | None, lm_head: bool = False) -> Linear:
-        return make_linear(weight, bias, self.policy, lm_head, self.stored)
-
-    def row_parallel(self, weight: Weight, bias: torch.Tensor | None) -> Linear | RowParallel:
-        """A linear whose input features are split over the ranks: each rank's partial sum all-reduced, the bias
-        added once after."""
-        if self.tp is None:
-            return self.linear(weight, bias)
-        return RowParallel(self.linear(weight, None), self.tp, bias)
-
-    def part(self, n: int) -> Part:
-        """This rank's even share of n rows or columns."""
-        return None if self.tp is None else split(n, self.tp.rank, self.tp.size)
-
-    def take(
-        self,
-        name: str,
-        shape: tuple[int, ...] | None,
-        required: bool = True,
-        rows: Part = None,
-        columns: Part = None,
-    ) -> Weight | None:
-        """Tensor `name` of the given (whole) shape, or only its `rows` or `columns` start:stop."""
-        if name not in self.weights:
-            if required:
-                raise ModelLoadError(f"the model file has no tensor {name}")
-            return None
-        shard = None
-        if rows is not None or columns is not None:
-            dim, (start, stop) = (0, rows) if rows is not None else (1, columns)
-            shard = Shard(dim, start, stop, shape[dim])
-            shape = (*shape[:dim], stop - start, *shape[dim + 1 :])
-        if isinstance(self.weights, LazyWeights):
-            w = self.weights.read(name, shard)
-        else:
-            w = shard_weight(self.weights[name], shard, name)
-        if shape is not None and tuple(w.shape) != shape:
-            raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
-        if not isinstance(w, torch.Tensor) and not self.keep_groups:
-            w = w.dequantize()
-        return w.to(device=self.device, dtype=self.dtype).contiguous() if isinstance(w, torch.Tensor) else w
-
-    def cat(self, *parts: Weight | None) -> Weight | list[Weight] | None:
-        """Fused projections: one matrix from several, kept in their common form when they share one; the parts
-        themselves when each runs as stored in a different format."""
-        if any(t is None for t in parts):
-            return None
-        form = {(type(t), getattr(t, "format", None)) for t in parts}
-        if len(form) == 1 and not isinstance(parts[0], torch.Tensor):
-            return type(parts[0]).cat(list(parts))
-        if self.stored and any(as_stored(t, self.policy) for t in parts):
-            return list(parts)
-        return torch.cat([to_float(t).to(device=self.device, dtype=self.dtype) for t in parts], dim=0).contiguous()
-
-
-def _decoder_block(t: _Tensors, c: ModelConfig, i: int) -> DecoderBlock:
+def _decoder_block(t: Tensors, c: ModelConfig, i: int) -> DecoderBlock:
     """Layer i of a Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint under Hugging Face's names. Under tensor parallelism
     the fused QKV is column-parallel (this rank's query heads and their KV heads) and o row-parallel."""
     d, qs, kvs = c.hidden_size, c.q_size, c.kv_size
@@ -141,7 +62,7 @@ def _decoder_block(t: _Tensors, c: ModelConfig, i: int) -> DecoderBlock:
     )
 
 
-def _dense_mlp(t: _Tensors, p: str, d: int, ff: int) -> DenseMLP:
+def _dense_mlp(t: Tensors, p: str, d: int, ff: int) -> DenseMLP:
     """Gate and up fused; under tensor parallelism column-parallel (this rank's intermediate features of both), and
     down row-parallel over the same features."""
     part = t.part(ff)
@@ -152,7 +73,7 @@ def _dense_mlp(t: _Tensors, p: str, d: int, ff: int) -> DenseMLP:
     return DenseMLP(gate_up=t.linear(gate_up, None), down=down)
 
 
-def _moe(t: _Tensors, c: ModelConfig, p: str) -> SparseMoE:
+def _moe(t: Tensors, c: ModelConfig, p: str) -> SparseMoE:
     """The router in float32 (its logits pick the experts: rounding them would change which run) and each expert's
     gate/up and down in the model's weight format."""
     d = c.hidden_size
@@ -166,7 +87,7 @@ def _moe(t: _Tensors, c: ModelConfig, p: str) -> SparseMoE:
 
 
 def _hybrid_block(
-    t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int, tiled: bool
+    t: Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int, tiled: bool
 ):
     """Layer i of Qwen3.5 or Qwen3-Next: Gated DeltaNet or gated attention, then the MLP (Qwen3-Next: experts and a
     shared expert). Their RMSNorms are zero-centred (the file holds weight - 1; transformers multiplies by
@@ -277,7 +198,7 @@ def build_model(
         raise UnsupportedModelError("int4 weights run on PyTorch's CPU kernels only for now; use int8 or float")
     if tp is not None and tp.size > 1:
         check_tensor_parallel(c, tp.size)
-    t = _Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp)
+    t = Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp)
     try:
         return _build(loaded, t, dtype, device, policy)
     except ShardError as e:  # a format's blocks that this many ranks would cut: which sizes keep them whole
@@ -293,7 +214,7 @@ def build_model(
         ) from None
 
 
-def _build(loaded: LoadedModel, t: _Tensors, dtype: torch.dtype, device: torch.device, policy: str) -> Transformer:
+def _build(loaded: LoadedModel, t: Tensors, dtype: torch.dtype, device: torch.device, policy: str) -> Transformer:
     c, tp = loaded.config, t.tp
     vocab = None if tp is None else vocab_rows(c.vocab_size, tp.rank, tp.size)
     # a lookup table, in the file's form (under tensor parallelism: this rank's rows of the vocabulary)

@@ -34,13 +34,13 @@ class Lead(Protocol):
 
 @dataclass
 class TPGroup:
-    """This process's place in the tensor-parallel group: its rank among `size`, the device backend's process group
-    for the forward pass's collectives, and on rank 0 the `lead` that sends each step to the others. `ordered`:
-    a reduction adds the ranks' partial sums in rank order whatever the message's length (batch invariance)."""
+    """This process's place in the tensor-parallel group: its rank among `size` (the forward pass's collectives run on
+    torch.distributed's default group, the device's backend), and on rank 0 the `lead` that sends each step to the
+    others. `ordered`: a reduction adds the ranks' partial sums in rank order whatever the message's length (batch
+    invariance; each step's plan sets it on every rank)."""
 
     rank: int
     size: int
-    group: Any = None  # torch.distributed.ProcessGroup; None: the default group
     ordered: bool = True
     lead: Lead | None = None
 
@@ -52,10 +52,10 @@ class TPGroup:
         else the step holds."""
         x = x.contiguous()
         if not self.ordered or self.size == 2:
-            dist.all_reduce(x, group=self.group)
+            dist.all_reduce(x)
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x, group=self.group)
+        dist.all_gather(parts, x)
         total = parts[0]
         for part in parts[1:]:
             total += part
@@ -65,7 +65,7 @@ class TPGroup:
         """Every rank's `x` (same shape) concatenated along the last dimension on rank 0; None on the others."""
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(x, parts, dst=0, group=self.group)
+        dist.gather(x, parts, dst=0)
         return torch.cat(parts, dim=-1) if parts is not None else None
 
 
