@@ -192,10 +192,11 @@ def advice(name: str, p: PhaseAttribution) -> str:
             "scheduling and sampling; more sequences per step (--max-num-seqs) spread that cost over more tokens"
         )
     if p.bound == "communication":
+        share = p.gap.communication_s / (p.expected_s or p.measured_s)
         return (
-            f"{name} is communication-bound: {100 * p.gap.communication_s / p.measured_s:.0f}% of its time waits on "
-            "the tensor-parallel collectives (two all-reduces per layer); fewer ranks (--tensor-parallel-size), a "
-            "faster interconnect, or more tokens per step to spread each collective's latency"
+            f"{name} is communication-bound: {100 * share:.0f}% of its expected time waits on the tensor-parallel "
+            "collectives (two all-reduces per layer); fewer ranks (--tensor-parallel-size), a faster interconnect, "
+            "or more tokens per step to spread each collective's latency"
         )
     linears = p.gap.inefficiency["linears"] if p.gap else 0.0
     if p.gap is not None and linears > p.gap.bound_s:
