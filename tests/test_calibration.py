@@ -3,6 +3,7 @@ the calibration's curves and expected times by hand on synthetic timings, the de
 measured time, the calibration run on a real engine (quick mode), its cache, and the advice per phase."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -197,6 +198,11 @@ def test_advice_follows_the_largest_part():
     assert "their kernels, not the hardware, set the pace" in advice("decode", kernels)
     compute = phase("prefill", bound=3.0, host=0.1, around=0.1, compute_time=3.0, memory_time=1.0)
     assert compute.bound == "compute" and "faster matmul format" in advice("prefill", compute)
+    waiting = phase("decode", bound=1.0, host=0.2, around=0.2)
+    waiting = replace(waiting, gap=replace(waiting.gap, communication_s=3.0), measured_s=4.4, expected_s=4.4)
+    assert waiting.bound == "communication"  # a tensor-parallel step over half in its collectives
+    assert "communication-bound: 68% of its expected time" in advice("decode", waiting)
+    assert waiting.gap.parts()["communication"] == 3.0
 
 
 def test_memory_bound_decode_advice_names_what_its_bytes_are():
@@ -246,7 +252,7 @@ def test_efficiency_overrides_replace_the_catalogs_and_devices_without_figures_e
     assert tp.expected_ttft_s == pytest.approx(
         sum(max(o.compute_time(hw) / eff.compute, o.memory_time(hw) / eff.memory, o.comm_time(hw)) for o in one)
         + 32 * eff.per_layer_s
-        + 64 * eff.all_reduce_s
+        + (2 * 32 + 3) * eff.all_reduce_s  # two all-reduces per layer, the embedding's, the plan, the logits
     )
 
 

@@ -54,7 +54,7 @@ def bench(
     from rooftop.bench.measure import fresh_engine, machine_info
     from rooftop.engine.calibrate import load_or_calibrate
     from rooftop.engine.llm import LLM
-    from rooftop.engine.probe import load_or_run_probe
+    from rooftop.engine.probe import load_or_run_probe, probe_device
 
     with user_errors():
         if reps < 1 or output_len < 2:
@@ -63,7 +63,7 @@ def bench(
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         with err.status("loading model and this machine's roofs..."):
             llm = LLM.from_config(run)
-            probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
+            probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
             hw = probe.to_hardware(working_set=llm.weight_bytes)
         with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
             # on an engine set up as the measurements' are (no chunking of the longest prompt, room for the largest

@@ -99,9 +99,12 @@ class PhaseAttribution:
     @property
     def bound(self) -> str:
         """What bounds the phase, by the largest part of its time: its roof, or the host when the host's time
-        (in and around the forward pass) exceeds the kernels'."""
+        (in and around the forward pass) is over half of it, or communication when a tensor-parallel step's
+        collectives are."""
         if self.gap is not None and self.gap.host_s + self.gap.around_s > self.measured_s / 2:
             return "host"
+        if self.gap is not None and self.gap.communication_s > self.measured_s / 2:
+            return "communication"
         return self.roof
 
     @property
@@ -191,6 +194,13 @@ def advice(name: str, p: PhaseAttribution, kv_value_bytes: float = 4) -> str:
         return (
             f"{name} is host-bound: {100 * host / p.measured_s:.0f}% of its time is Python, step metadata, "
             "scheduling and sampling; more sequences per step (--max-num-seqs) spread that cost over more tokens"
+        )
+    if p.bound == "communication":
+        share = p.gap.communication_s / (p.expected_s or p.measured_s)
+        return (
+            f"{name} is communication-bound: {100 * share:.0f}% of its expected time waits on the tensor-parallel "
+            "collectives (two all-reduces per layer); fewer ranks (--tensor-parallel-size), a faster interconnect, "
+            "or more tokens per step to spread each collective's latency"
         )
     linears = p.gap.inefficiency["linears"] if p.gap else 0.0
     if p.gap is not None and linears > p.gap.bound_s:

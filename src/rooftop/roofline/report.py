@@ -191,7 +191,7 @@ GAP_COLOURS = {
     "linears inefficiency": "blue",
     "attention inefficiency": "magenta",
     "elementwise inefficiency": "bright_magenta",
-    "communication inefficiency": "bright_blue",
+    "communication": "bright_blue",
     "host (forward)": "yellow",
     "host (sampling, scheduling)": "bright_yellow",
     "unexplained": "bright_black",

@@ -8,14 +8,14 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.outputs import RequestDelta
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import FinishReason
-from rooftop.errors import RooftopError
+from rooftop.errors import RooftopError, TensorParallelError
 from rooftop.serve.monitor import Monitor
 
 log = logging.getLogger("rooftop.serve")
@@ -82,14 +82,26 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Fatal:
+    reason: str  # the engine cannot go on (a tensor-parallel rank died or hung): stop serving
+
+
 _STOP = object()
 
 
 class EngineLoop:
     """Runs `LLMEngine.step` on its own thread while any request is unfinished; sleeps on the command queue otherwise."""
 
-    def __init__(self, engine: LLMEngine, monitor: Monitor, max_waiting: int):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        monitor: Monitor,
+        max_waiting: int,
+        on_fatal: Callable[[str], None] | None = None,
+    ):
         self.engine, self.monitor, self.max_waiting = engine, monitor, max_waiting
+        self.on_fatal = on_fatal  # told (on the engine thread) when the engine stops for good
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[str, _Add] = {}  # owned by the engine thread
         self.thread = threading.Thread(target=self._run, name="rooftop-engine", daemon=True)
@@ -125,6 +137,11 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self.commands.put(_Abort(request_id))
 
+    def fail(self, reason: str) -> None:
+        """The engine cannot go on (from any thread, e.g. the tensor-parallel group's watch): the engine thread
+        ends every request with a 503 and stops."""
+        self.commands.put(_Fatal(reason))
+
     def _run(self) -> None:
         while True:
             command = self._next_command() if self.engine.has_unfinished() else self.commands.get()  # idle: sleep
@@ -135,11 +152,17 @@ class EngineLoop:
                             EngineStoppedError("the server shut down before this request finished"), FinishReason.ABORT
                         )
                         return
+                    if isinstance(command, _Fatal):
+                        self._stop_for(command.reason)
+                        return
                     self._apply(command)
                     command = self._next_command()
                 if self.engine.has_unfinished():
                     self._step()
                 self.monitor.on_state(self.engine.stats())
+            except TensorParallelError as e:  # a rank died or hung: no step can run any more
+                self._stop_for(str(e))
+                return
             except Exception:  # a bug, not bad input: fail the requests in flight, keep serving new ones
                 error_id = uuid.uuid4().hex[:12]
                 log.exception("the engine loop failed (error id %s)", error_id)
@@ -194,6 +217,19 @@ class EngineLoop:
             by_loop.setdefault(command.loop, []).append((command.stream.queue, delta))
         for loop, items in by_loop.items():
             _deliver(loop, items)
+
+    def _stop_for(self, reason: str) -> None:
+        """Stop for good: no new request is taken, the queued and running ones end with a 503, and the server is
+        told (it exits with an error)."""
+        with self._stopping:
+            self.stopped = True
+        error = EngineStoppedError(f"the engine stopped: {reason}")
+        self._fail_all(error, FinishReason.ERROR)
+        while (command := self._next_command()) is not None:
+            if isinstance(command, _Add):
+                command.loop.call_soon_threadsafe(_settle, command.accepted, error)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     def _fail_all(self, error: Exception, outcome: FinishReason) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
