@@ -95,6 +95,10 @@ class LLMEngine:
                 f"the request needs up to {longest} tokens of KV cache; the pool holds {self.kv_cache_tokens} "
                 "(raise kv_cache_bytes / num_kv_blocks or lower max_tokens)"
             )
+        vocab = self.model.config.vocab_size
+        outside = [t for t in params.logit_bias or {} if t >= vocab]
+        if outside:
+            raise InvalidRequestError(f"logit_bias token ids out of range [0, {vocab}): {outside[:5]}", "logit_bias")
         spec = params.structured_outputs
         grammar = None if spec is None else self._grammars.start(spec)
         generator = None
