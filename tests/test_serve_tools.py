@@ -32,6 +32,7 @@ WEATHER = {
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 ASK = [{"role": "user", "content": "What is the weather in Lagos?"}]
 CHAT = "/v1/chat/completions"
+pytestmark = pytest.mark.slow  # the bundled model
 
 
 @pytest.fixture(scope="module")

@@ -149,6 +149,7 @@ def test_the_reader_reads_the_same_calls_whole_and_streamed(output, content, cal
         assert len({c.id for c in reader.calls}) == len(calls) and all(len(c.id) == 29 for c in reader.calls)
 
 
+@pytest.mark.slow
 def test_the_default_tool_prompt_writes_tools_calls_and_results(llm):
     """SmolLM2's template has no tool syntax: the tools go in a system prompt, earlier calls back into the assistant's
     turn as <tool_call> blocks, a turn's tool results into one user turn of <tool_response> blocks."""
@@ -184,6 +185,7 @@ TOOL_TEMPLATE = (  # a template with its own tool syntax, as Qwen's: it reads `t
 )
 
 
+@pytest.mark.slow
 def test_a_template_with_its_own_tool_syntax_gets_the_tools_and_the_calls_as_objects(llm):
     tokenizer = Tokenizer(llm.tokenizer.backend, chat_template=TOOL_TEMPLATE)
     assert tokenizer.template_takes_tools
@@ -203,6 +205,7 @@ def valid_calls(calls, names) -> None:
         jsonschema.validate(json.loads(call.arguments), by_name[call.name].parameters)
 
 
+@pytest.mark.slow
 def test_required_and_named_tool_choices_call_defined_functions_with_valid_arguments(llm):
     """Greedy and seeded: `required` makes the output calls only (exactly one without parallel calls), a named
     function one call of it; every call's arguments validate against its parameters ($refs included)."""
@@ -221,6 +224,7 @@ def test_required_and_named_tool_choices_call_defined_functions_with_valid_argum
             assert out.finish_reason == "length" and len(out.token_ids) == 48
 
 
+@pytest.mark.slow
 def test_auto_lets_text_through_and_holds_calls_to_the_tools(llm):
     """The grammar of `auto` takes free text, and a call only of a defined function with valid arguments; without
     parallel calls nothing follows the first call."""
@@ -239,6 +243,7 @@ def test_auto_lets_text_through_and_holds_calls_to_the_tools(llm):
     assert not takes('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2, "c": 3}}')  # none but its own
 
 
+@pytest.mark.slow
 def test_a_tool_round_trip_in_the_python_api(llm):
     """A call forced by name, its result sent back as a tool message, then an answer: text, not another call."""
     params = SamplingParams(max_tokens=40, temperature=0)
