@@ -80,7 +80,7 @@ def test_a_spec_holds_exactly_one_valid_constraint():
     assert e.value.param == "ignore_eos"
 
 
-def test_open_numbers_are_bounded_and_the_schemas_own_bounds_kept():
+def test_open_numbers_are_bounded_and_listed_properties_closed_the_schemas_own_choices_kept():
     limit = 10**15
     schema = {
         "type": "object",
@@ -89,11 +89,16 @@ def test_open_numbers_are_bounded_and_the_schemas_own_bounds_kept():
             "score": {"type": "number", "minimum": 0, "multipleOf": 0.5},
             "big": {"type": "integer", "minimum": 10**18},
             "list": {"type": "array", "items": {"anyOf": [{"type": "number"}, {"$ref": "#/$defs/n"}]}},
+            "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}},
+            "free": {"type": "object"},
+            "pair": {"prefixItems": [{"type": "string"}, {"type": "boolean"}]},
+            "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
         },
         "$defs": {"n": {"type": ["integer", "null"], "maximum": 9}},
     }
     out = bounded(schema)
     props = out["properties"]
+    assert out["additionalProperties"] is False
     assert props["id"] == {"type": "integer", "exclusiveMaximum": limit, "exclusiveMinimum": -limit}
     assert props["score"] == {"type": "number", "minimum": 0, "multipleOf": 0.5, "exclusiveMaximum": limit}
     assert props["big"] == {"type": "integer", "minimum": 10**18}  # a bound past ours: left as it is
@@ -104,7 +109,9 @@ def test_open_numbers_are_bounded_and_the_schemas_own_bounds_kept():
         "multipleOf": 1e-6,
     }
     assert out["$defs"]["n"] == {"type": ["integer", "null"], "maximum": 9, "exclusiveMinimum": -limit}
-    assert schema["properties"]["id"] == {"type": "integer"}  # the caller's schema is not touched
+    assert props["open"] == schema["properties"]["open"] and props["free"] == {"type": "object"}
+    assert props["pair"]["items"] is False and props["both"] == schema["properties"]["both"]
+    assert schema["properties"]["id"] == {"type": "integer"} and "additionalProperties" not in schema  # untouched
 
 
 def test_numbers_end_within_their_digits(llm):

@@ -9,9 +9,10 @@ first), and `length` when max_tokens cut it.
 
 JSON is compact: no free whitespace and "," / ":" separators. A small model allowed free whitespace between
 tokens tends to emit newlines and spaces until max_tokens; with none allowed every token makes progress. Numbers
-are bounded where the schema leaves them open (`bounded`): a small model asked for an id writes digits until
-max_tokens, each one as valid as the last. Strings and arrays are bounded only by the schema's own maxLength and
-maxItems and by the request's max_tokens.
+are bounded where the schema leaves them open, and objects that list their properties take no others (`bounded`):
+a small model asked for an id writes digits until max_tokens, each one as valid as the last, and one allowed extra
+keys makes them up. Strings and arrays are bounded only by the schema's own maxLength and maxItems and by the
+request's max_tokens.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ INTEGER_DIGITS, FRACTION_DIGITS = 15, 6
 # The keywords whose values are subschemas: a schema or a list of them, or a map of names to them
 SUBSCHEMAS = ("additionalProperties", "items", "prefixItems", "contains", "not", "if", "then", "else")
 SUBSCHEMAS += ("anyOf", "oneOf", "allOf", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+OPEN_OBJECT = {"additionalProperties", "patternProperties", "unevaluatedProperties"}  # the schema decides itself
+OPEN_TUPLE = {"items", "unevaluatedItems"}
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 # json_object: any JSON object, its values spelled out so that their numbers are bounded like a schema's
 ANY_VALUE = {
@@ -118,21 +121,30 @@ def json_grammar(schema: dict, options: dict | None = None) -> str:
     return llguidance.LLMatcher.grammar_from_json_schema(bounded(schema), defaults=options or JSON_OPTIONS)
 
 
-def bounded(schema):
-    """A copy of `schema` whose integers and numbers without bounds get them: |x| < 10**INTEGER_DIGITS, and a
-    number at most FRACTION_DIGITS decimals (a multipleOf). Every output it allows validates against `schema`;
-    bounds and a multipleOf the schema sets are kept."""
+def bounded(schema, close: bool = True):
+    """A copy of `schema` with what a small model could go on writing forever bounded, so that every token makes
+    progress; every output it allows validates against `schema`:
+    - an integer or number without bounds gets |x| < 10**INTEGER_DIGITS, a number without a multipleOf at most
+      FRACTION_DIGITS decimals (the schema's own bounds and multipleOf are kept);
+    - an object that lists its properties takes no others, and a tuple (prefixItems) no more items, unless the
+      schema says otherwise (additionalProperties, patternProperties, unevaluatedProperties; items,
+      unevaluatedItems): vLLM's default grammar backend, xgrammar, does the same in its strict mode. Not inside
+      allOf (`close` false), whose parts each list only some of the properties."""
     if isinstance(schema, list):
-        return [bounded(s) for s in schema]
+        return [bounded(s, close) for s in schema]
     if not isinstance(schema, dict):
         return schema
     schema = dict(schema)
     for key in SUBSCHEMAS:
         if key in schema:
-            schema[key] = bounded(schema[key])
+            schema[key] = bounded(schema[key], close and key != "allOf")
     for key in SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
             schema[key] = {name: bounded(s) for name, s in schema[key].items()}
+    if close and "properties" in schema and not OPEN_OBJECT.intersection(schema):
+        schema["additionalProperties"] = False
+    if close and "prefixItems" in schema and not OPEN_TUPLE.intersection(schema):
+        schema["items"] = False
     types = schema.get("type")
     types = types if isinstance(types, list) else [types]
     if "integer" in types or "number" in types:

@@ -181,7 +181,6 @@ def _literal(text: str) -> str:
 
 def _arguments(f: Function) -> str:
     """The function's parameters as the embedded schema of its arguments: its own root (its $defs and $refs work),
-    open numbers bounded, spaced as CALL_JSON, and no arguments beyond those it names unless it says otherwise
-    (a small model otherwise stuffs in made-up ones; what it writes still validates against the parameters)."""
-    closed = {"additionalProperties": False} if "additionalProperties" not in f.parameters else {}
-    return json.dumps({**bounded(f.parameters), **closed, "x-guidance": CALL_JSON})
+    bounded as structured output's schemas are (open numbers bounded; no arguments beyond those it names unless it
+    says otherwise: a small model otherwise makes some up), spaced as CALL_JSON."""
+    return json.dumps({**bounded(f.parameters), "x-guidance": CALL_JSON})
