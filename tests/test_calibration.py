@@ -194,6 +194,8 @@ def test_advice_follows_the_largest_part():
     memory = phase("decode", bound=3.0, host=0.5, around=0.5)
     assert memory.bound == "memory" and "batch more sequences (--max-num-seqs)" in advice("decode", memory)
     assert "--weights int4" in advice("decode", memory)
+    said = advice("decode", memory, weight_bits=4.5)  # a 4-bit file is not told to read 4 bits
+    assert "--weights int4" not in said and "4.5 bits each already" in said
     kernels = phase("decode", bound=1.0, host=0.2, around=0.2, linears=3.0)
     assert "their kernels, not the hardware, set the pace" in advice("decode", kernels)
     compute = phase("prefill", bound=3.0, host=0.1, around=0.1, compute_time=3.0, memory_time=1.0)

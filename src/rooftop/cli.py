@@ -137,7 +137,9 @@ def print_phase_report(llm: LLM, since: float) -> None:
         if phase.gap is not None:
             err.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
     for name, phase in phases.items():
-        err.print(f"[dim]{escape(advice(name, phase, llm.precision.kv_bytes))}[/]")
+        err.print(
+            f"[dim]{escape(advice(name, phase, llm.precision.kv_bytes, llm.precision.weights.bits_per_weight()))}[/]"
+        )
     if experts := experts_sentence(llm.config, steps):
         err.print(experts)
 

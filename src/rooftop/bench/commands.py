@@ -117,7 +117,7 @@ def bench(
             console.print(gap_sentence(phases))
             for name, phase in phases.items():
                 console.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
-                console.print(advice(name, phase, llm.precision.kv_bytes))
+                console.print(advice(name, phase, llm.precision.kv_bytes, llm.precision.weights.bits_per_weight()))
             report.update(summary)
             report.update({name: phase.to_dict() for name, phase in phases.items()})
             if "decode" in phases:

@@ -71,7 +71,7 @@ def sweep(
                 "achieved_flops_per_s": phase.achieved_flops_per_s,
                 "pct_of_compute_roof": phase.pct_of_compute_roof,
                 "prefill_tokens_per_s": S / att.measured_s,
-                "advice": advice("prefill", phase, p.kv_bytes),
+                "advice": advice("prefill", phase, p.kv_bytes, p.weights.bits_per_weight()),
             }
         )
         result.points.append(_point("prefill", f"pp{S}", att, hw))
@@ -105,7 +105,7 @@ def sweep(
                 "predicted_tokens_per_s_total": B / predicted,
                 "achieved_bytes_per_s": phase.achieved_bytes_per_s,
                 "pct_of_bandwidth_roof": phase.pct_of_bandwidth_roof,
-                "advice": advice("decode", phase, p.kv_bytes),
+                "advice": advice("decode", phase, p.kv_bytes, p.weights.bits_per_weight()),
             }
         )
         result.points.append(_point("decode", f"b{B}", att, hw))

@@ -186,9 +186,10 @@ def gap_sentence(phases: dict[str, PhaseAttribution]) -> str:
     return "; ".join(parts) + "."
 
 
-def advice(name: str, p: PhaseAttribution, kv_value_bytes: float = 4) -> str:
+def advice(name: str, p: PhaseAttribution, kv_value_bytes: float = 4, weight_bits: float = 16) -> str:
     """The lever that would move this phase, chosen from what its time went to (its gap's largest part) and, for
-    a memory-bound decode, from what its bytes are (the KV cache is stored at `kv_value_bytes` per value)."""
+    a memory-bound decode, from what its bytes are (the KV cache is stored at `kv_value_bytes` per value, the
+    weights at `weight_bits` each)."""
     if p.bound == "host":
         host = p.gap.host_s + p.gap.around_s
         return (
@@ -210,7 +211,7 @@ def advice(name: str, p: PhaseAttribution, kv_value_bytes: float = 4) -> str:
             "format (--weights) runs other kernels"
         )
     if p.roof == "memory" and name == "decode":
-        return "decode is memory-bound: " + decode_lever(p.kv_share, kv_value_bytes, p.tokens / p.steps)
+        return "decode is memory-bound: " + decode_lever(p.kv_share, kv_value_bytes, p.tokens / p.steps, weight_bits)
     if p.roof == "memory":
         return f"{name} is memory-bound (few tokens per step): longer chunks or more prompts per step share the weights' read"
     return (

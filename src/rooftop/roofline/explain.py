@@ -57,7 +57,12 @@ def explain(pred: Prediction) -> str:
         "What would move each phase: decode is "
         + (
             "memory-bound by the last token: "
-            + decode_lever(pred.decode_last.kv_share, pred.kv_bytes_per_value, pred.batch)
+            + decode_lever(
+                pred.decode_last.kv_share,
+                pred.kv_bytes_per_value,
+                pred.batch,
+                pred.weight_bytes * 8 / pred.parameters.total,
+            )
             + " (fewer bytes do not cut prefill's math)"
             if pred.decode_last.bound == "memory"
             else f"{d.bound}-bound at this batch, so fewer FLOPs per token (a smaller batch per step) or a faster "

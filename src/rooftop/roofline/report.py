@@ -34,19 +34,22 @@ def seconds(value: float | None) -> str:
     return f"{value * 1e9:.3g} ns"
 
 
-def decode_lever(kv_share: float, kv_value_bytes: float, batch: float) -> str:
+def decode_lever(kv_share: float, kv_value_bytes: float, batch: float, weight_bits: float = 16) -> str:
     """What would move a memory-bound decode step, from what its bytes are: the KV cache (`kv_share` of the bytes
-    no fusion avoids, stored at `kv_value_bytes` per value) or the weights; at one sequence per step, speculative
-    decoding shares the weights' read across several of its tokens."""
+    no fusion avoids, stored at `kv_value_bytes` per value) or the weights (`weight_bits` each: a 4-bit format is
+    not told to read 4 bits); at one sequence per step, speculative decoding shares the weights' read across
+    several of its tokens."""
     if kv_share >= 0.5 and kv_value_bytes > 1:
         lever = (
             f"the KV cache is {100 * kv_share:.0f}% of each step's bytes, so store it in fewer "
             f"(--kv-cache-dtype int8 takes about {100 / kv_value_bytes:.0f}% of the bytes it takes now)"
         )
     else:
-        lever = (
-            "each step reads every weight once for all its sequences, so batch more sequences (--max-num-seqs) to "
-            "share that read or read fewer bytes per weight (--weights int4)"
+        lever = "each step reads every weight once for all its sequences, so batch more sequences (--max-num-seqs) to share that read"
+        lever += (
+            " or read fewer bytes per weight (--weights int4)"
+            if weight_bits > 5
+            else f" (the weights are {weight_bits:.2g} bits each already)"
         )
     if batch < 1.5:
         lever += (
