@@ -48,8 +48,8 @@ ENGINE_HELP = {
     "invariance, where chunks start at its multiples and the prefix cache is reused in whole chunks; else "
     "max-num-batched-tokens)",
     "kv_cache_dtype": "KV cache storage (vLLM's name): auto (the model's dtype), float32, bfloat16, float16 (cast "
-    "on write and on read where not the model's dtype), int8 (a float32 scale per token and KV head); other than "
-    "the model's dtype needs a float32 model for now; fp8_e4m3 is not supported yet",
+    "on write and on read where not the model's dtype), int8 or fp8_e4m3 (1 byte per value and a float32 scale per "
+    "token and KV head, quantized as each token is written and read as stored by decode attention)",
     "speculative_config": "speculative decoding as vLLM's JSON, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
     "(n-gram prompt lookup: drafts from the prompt and output; greedy and seeded outputs stay the same)",

@@ -65,7 +65,8 @@ class LLMEngine:
 
     @property
     def kv_cache_dtype(self) -> str:
-        """What the pool stores: the model's float dtype or int8 (--kv-cache-dtype resolved)."""
+        """What the pool stores, in --kv-cache-dtype's names: the model's float dtype, another float dtype, int8 or
+        fp8_e4m3 (--kv-cache-dtype resolved)."""
         return kv_dtype_name(self._pool.dtype)
 
     @property

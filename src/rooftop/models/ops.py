@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from rooftop.config import ModelConfig
 from rooftop.kernels import cpu
 from rooftop.models.attention import paged_attention, prefill_chunks
-from rooftop.models.kv_cache import AttentionMetadata, CastPool, Int8Pool
+from rooftop.models.kv_cache import AttentionMetadata, CastPool, ScaledPool
 from rooftop.models.rope import apply_rope
 
 
@@ -94,16 +94,11 @@ class KernelOps:
             v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
             parts.append(prefill_chunks(q, k_pool, v_pool, meta).reshape(rows, c.q_size))
         if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
-            if isinstance(k_pool, Int8Pool):  # quantized on the way in, read as stored
-                kernel, pools = (
-                    self.kernels.decode_attention_q8,
-                    (k_pool.values, k_pool.scale, v_pool.values, v_pool.scale),
-                )
-            else:
-                kernel, pools = self.kernels.decode_attention, (k_pool, v_pool)
-            decodes = kernel(
+            scaled = isinstance(k_pool, ScaledPool)  # int8 / fp8: quantized on the way in, read as stored
+            decodes = self.kernels.decode_attention(
                 qkv[rows:],
-                *pools,
+                k_pool.values if scaled else k_pool,
+                v_pool.values if scaled else v_pool,
                 meta.slot_mapping[rows:],
                 meta.decode_tables,
                 meta.decode_lengths,
@@ -111,6 +106,8 @@ class KernelOps:
                 c.num_heads,
                 c.num_kv_heads,
                 c.head_dim**-0.5,
+                k_scale=k_pool.scale if scaled else None,
+                v_scale=v_pool.scale if scaled else None,
             )
             parts.append(decodes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -77,6 +77,7 @@ class ServerState:
                 on_error(self.load_error)
             return
         monitor = Monitor(self.metrics, llm.config, llm.precision, hardware, calibration)
+        monitor.on_state(llm.engine.stats())  # the KV pool's size and dtype, before the first request
         engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests)
         engine_loop.start()
         name = c.served_model_name or _file_name(c.run.model or llm.model_path)
