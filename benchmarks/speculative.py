@@ -12,8 +12,11 @@ free-form chat, where it should cost next to nothing (a sequence whose drafts ke
 while). Each prompt runs alone, greedy, on an engine with and one without speculation, alternating, `reps` times;
 decode tokens/s is a request's tokens after the first over its time after the first (proposing, verifying and
 sampling included), summed over the set, and the table shows each set's median. Greedy outputs must be identical
-token for token; the script fails if they are not. The last column is the analyzer's speedup
-(roofline/speculative.py) at the measured acceptance rate, on this machine's probed roofs.
+token for token; the script fails if they are not. The last columns are the analyzer's speedup
+(roofline/speculative.py) at the measured acceptance rate, on this machine's probed roofs, and the calibrated one:
+the engine's expected time (`rooftop calibrate`'s curves, which time a decode step's linears by its rows) of the
+steps the run took — its verify steps, at their mean draft length, and its plain decodes (a sequence backing off
+proposes nothing) — against every token decoded plainly.
 """
 
 from __future__ import annotations
@@ -27,9 +30,14 @@ from pathlib import Path
 
 from rooftop import LLM, SamplingParams
 from rooftop.config import EngineConfig
+from rooftop.engine.calibrate import load_or_calibrate
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.metrics import SpecDecodeCounts
 from rooftop.engine.probe import load_or_run_probe
+from rooftop.enums import Phase
+from rooftop.roofline.calibration import Calibration
+from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.ops import SeqShape, StepShape
 from rooftop.roofline.speculative import predict_speculative
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -58,7 +66,23 @@ def run_set(eng: LLMEngine, prompts: list[list[int]], params: SamplingParams) ->
         counts.drafts += spec.drafts
         counts.draft_tokens += spec.draft_tokens
         counts.accepted_tokens += spec.accepted_tokens
-    return {"tokens": tokens, "tokens_per_s": decoded / seconds, "counts": counts}
+    return {"tokens": tokens, "tokens_per_s": decoded / seconds, "counts": counts, "decoded": decoded}
+
+
+def expected_speedup(
+    llm: LLM, calibration: Calibration, hw: Hardware, counts: SpecDecodeCounts, decoded: int, context: int
+) -> float:
+    """The calibrated time of every token decoded plainly over that of the steps the run took: `counts.drafts`
+    verify steps of 1 + the mean draft length rows, and a plain decode for each token no verify step gave."""
+
+    def step(new: int) -> float:
+        shape = StepShape((SeqShape(new, context, phase=Phase.DECODE),))
+        return calibration.expected(llm.config, llm.precision, shape, hw).total_s
+
+    drafts = counts.drafts
+    rows = 1 + round(counts.draft_tokens / drafts) if drafts else 1
+    plain_steps = decoded - drafts - counts.accepted_tokens
+    return decoded * step(1) / (drafts * step(rows) + plain_steps * step(1))
 
 
 def main() -> None:
@@ -94,6 +118,7 @@ def main() -> None:
         raise SystemExit("--method draft needs --draft-layers N[,N...] or --draft-model FILE")
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     hw = load_or_run_probe().to_hardware(working_set=llm.weight_bytes)
+    calibration = load_or_calibrate(llm, hw)
     rows = []
     for (label, spec_config), name in ((c, n) for c in spec_configs.items() for n in SETS):
         prompts = load_prompts(name, llm, args.limit)
@@ -111,11 +136,13 @@ def main() -> None:
                 plain_rates.append(results["plain"]["tokens_per_s"])
                 spec_rates.append(results["spec"]["tokens_per_s"])
                 counts = results["spec"]["counts"]  # the same every repetition: greedy drafts are deterministic
+                decoded = results["spec"]["decoded"]
         plain, spec = statistics.median(plain_rates), statistics.median(spec_rates)
         acceptance = counts.acceptance_rate or 0.0
         lengths = [len(p) for p in prompts]
         context = int(statistics.mean(lengths)) + args.max_tokens // 2
         predicted = predict_speculative(llm.config, llm.precision, hw, args.k, acceptance, context)
+        expected = expected_speedup(llm, calibration, hw, counts, decoded, context)
         rows.append(
             {
                 "set": name,
@@ -128,6 +155,7 @@ def main() -> None:
                 "mean_accepted_length": counts.mean_accepted_length,
                 "verify_steps": counts.drafts,
                 "predicted_speedup": predicted.speedup,
+                "expected_speedup": expected,
                 "greedy_identical": identical,
             }
         )
@@ -137,15 +165,16 @@ def main() -> None:
     print(f"k = {args.k}, {args.max_tokens} tokens max, greedy, one request at a time, median of {args.reps}")
     print()
     print(
-        "| speculation | prompts | without | with | speedup | acceptance | mean accepted length | predicted | identical |"
+        "| speculation | prompts | without | with | speedup | acceptance | mean accepted length | predicted (bound) "
+        "| expected (calibrated) | identical |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         length = "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
         print(
             f"| {r['config']} | {r['set']} ({r['prompts']}) | {r['plain_tokens_per_s']:.1f} tok/s | {r['spec_tokens_per_s']:.1f} tok/s "
             f"| {r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | {length} | {r['predicted_speedup']:.2f}x "
-            f"| {'yes' if r['greedy_identical'] else 'NO'} |"
+            f"| {r['expected_speedup']:.2f}x | {'yes' if r['greedy_identical'] else 'NO'} |"
         )
     if args.json:
         meta = {"when": datetime.now(timezone.utc).isoformat(), "machine": platform.processor() or platform.machine()}

@@ -62,6 +62,9 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
     for row in data["ttft"]:
         assert row["measured_ttft_s"] > 0 and row["predicted_ttft_s"] > 0
         assert 0 < row["bound_prefill_step_s"] and row["expected_prefill_step_s"] > 0
+    printed = " ".join(r.stdout.split())  # the console wraps long lines
+    for row in data["ttft"] + data["decode"]:  # each point's lever, printed once per run of points that share it
+        assert row["advice"] and " ".join(row["advice"].split()) in printed
     for gap, row in zip(data["gaps"], data["ttft"] + data["decode"], strict=True):  # the parts add up to the step
         measured = row.get("measured_prefill_step_s", row.get("measured_tpot_s"))
         assert sum(v for k, v in gap.items() if k != "step") == pytest.approx(measured)

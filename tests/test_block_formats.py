@@ -1,6 +1,6 @@
-"""GGUF's block formats: the ones rooftop's kernels run as stored (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; Q4_0's nibbles
-repacked in tiles of 16 rows) against gguf's own dequantizer and the exact matmul on the kernels' int8 activations; the rarer types gguf decodes, converted at
-load to rooftop's int4; bad blocks refused with the reason."""
+"""GGUF's block formats: the ones rooftop's kernels run as stored (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, their levels
+and scales repacked in tiles of 16 rows) against gguf's own dequantizer and the exact matmul on the kernels' int8
+activations; the rarer types gguf decodes, converted at load to rooftop's int4; bad blocks refused with the reason."""
 
 import copy
 
@@ -17,7 +17,7 @@ from rooftop.kernels import cpu
 from rooftop.loading.gguf import read_matrix
 from rooftop.loading.gguf_file import TensorInfo
 from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize, stored_blocks, supported_types
-from rooftop.quant.linear import KERNEL_FORMATS, BlockLinear, Q4_0Linear, RowPlan, make_linear, widen_dtype
+from rooftop.quant.linear import BlockLinear, RowPlan, make_linear, widen_dtype
 from rooftop.quant.weights import Int4Weight
 
 kernels = cpu.ops()
@@ -30,6 +30,8 @@ SCALE_OFFSETS = {
     QType.Q5_K: [0, 2],
     QType.Q6_K: [208],
 }
+# bits per weight in tiles.cpp's layout: the file's, but for the K-quants' 6-bit scales and minima held in a byte each
+TILED_BITS = {QType.Q4_0: 4.5, QType.Q5_0: 5.5, QType.Q5_1: 6, QType.Q4_K: 4.625, QType.Q5_K: 5.625, QType.Q6_K: 6.5625}
 
 
 def random_blocks(qtype: QType, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -64,10 +66,9 @@ def test_stored_blocks_run_exactly_as_gguf_decodes_them(qtype):
         assert w.format == STORED_TYPES[qtype] and w.shape == (24, k)
         assert torch.equal(w.dequantize(), reference)
         lin = make_linear(w, torch.randn(24, generator=torch.Generator().manual_seed(1)), "int4", stored=True)
-        assert type(lin) is (Q4_0Linear if qtype == QType.Q4_0 else BlockLinear) and lin.format == w.format
+        assert type(lin) is BlockLinear and lin.format == w.format
         assert torch.equal(lin.dequantize(), reference)  # the kernel's own decoding, which prefill widens with
-        padding = 8 * raw.nbytes // 24 if qtype == QType.Q4_0 else 0  # Q4_0's tiles of 16 rows: 24 rows take 32
-        assert lin.nbytes == raw.nbytes + padding
+        assert lin.nbytes == 32 * k * TILED_BITS[qtype] / 8  # tiles of 16 rows: 24 rows take 32
         gen = torch.Generator().manual_seed(k)
         for rows in (1, 3, 4, 5, 9):
             x, residual = torch.randn(rows, k, generator=gen), torch.randn(rows, 24, generator=gen)
@@ -118,11 +119,17 @@ def test_bad_blocks_are_refused_with_the_reason():
         stored_blocks(raw.reshape(-1)[:-4], QType.Q4_K, (4, 256), "blk.0.attn_q.weight")
     with pytest.raises(ModelLoadError, match="Q6_K rows of 96 weights are not whole 256-weight blocks"):
         stored_blocks(raw, QType.Q6_K, (4, 96))
-    data = torch.from_numpy(raw)
-    with pytest.raises(RuntimeError, match="K = 128 is not a multiple of the format's 256-weight blocks"):
-        kernels.block_linear(torch.randn(1, 128), data, KERNEL_FORMATS.index("q4_k"), None, None)
-    with pytest.raises(RuntimeError, match="blocks must be contiguous uint8"):
-        kernels.block_linear(torch.randn(1, 512), data, KERNEL_FORMATS.index("q4_k"), None, None)
+    lin = make_linear(stored_blocks(raw, QType.Q4_K, (4, 256)), None, "int4", stored=True)
+    with pytest.raises(RuntimeError, match="x has 512 inputs, the weights 256"):
+        kernels.tiled_linear(torch.randn(1, 512), lin.q, lin.dm, lin.kernel_format, 4, None, None)
+    with pytest.raises(RuntimeError, match=r"dm must be float16 \(ceil\(N/16\), K/256, 2, 16\)"):
+        kernels.tiled_linear(
+            torch.randn(1, 256), lin.q, lin.dm[:, :, :1].contiguous(), lin.kernel_format, 4, None, None
+        )
+    with pytest.raises(RuntimeError, match=r"q must be uint8 \(ceil\(N/16\), K/32, 288\)"):
+        kernels.tiled_linear(
+            torch.randn(1, 256), lin.q[..., :256].contiguous(), lin.dm, lin.kernel_format, 4, None, None
+        )
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ the calibration's curves and expected times by hand on synthetic timings, the de
 measured time, the calibration run on a real engine (quick mode), its cache, and the advice per phase."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,7 @@ from rooftop.quant.linear import FloatLinear
 from rooftop.roofline.attribution import PhaseAttribution, advice, attribute_phases, attribute_step
 from rooftop.roofline.calibration import CLASSES, Calibration, Curve, Gap, class_roofline, op_class
 from rooftop.roofline.hardware import Hardware
-from rooftop.roofline.ops import Op, StepShape
+from rooftop.roofline.ops import Op, SeqShape, StepShape
 from rooftop.roofline.precision import precision
 from rooftop.roofline.predict import step_bound, time_step
 from rooftop.roofline.presets import find_preset
@@ -62,8 +63,9 @@ def test_a_curve_interpolates_floors_below_and_keeps_its_last_efficiency_above()
 
 
 def test_expected_time_from_synthetic_timings_by_hand():
-    """Linears take twice their roofline, attention three times, elementwise the same; 1 ms of host per step plus
-    0.5 ms per sequence; 2 ms around each step."""
+    """Linears take twice their roofline in prefill and 1 ms + 3/7 ms per row past the first in decode, attention
+    three times its roofline, elementwise the same; 1 ms of host per step plus 0.5 ms per sequence; 2 ms around each
+    step."""
     config, p = find_preset("llama-3.2-1b"), precision("fp32")
 
     def scaled(factor):
@@ -74,19 +76,26 @@ def test_expected_time_from_synthetic_timings_by_hand():
         for phase in ("prefill", "decode")
         for name, f in (("linears", 2), ("attention", 3), ("elementwise", 1))
     }
+    curves["decode.linears"] = Curve(((1, 0.001), (8, 0.004)))  # against the step's rows (ROWS_KEYED)
     curves |= {f"{phase}.host": Curve(((1, 0.0015), (8, 0.005))) for phase in ("prefill", "decode")}
     curves |= {f"{phase}.around": Curve(((1, 0.002), (8, 0.002))) for phase in ("prefill", "decode")}
     cal = Calibration(curves)
     shape = StepShape.decode(4, 100)
     roof = class_roofline(time_step(config, p, shape, HW), HW)
     expected = cal.expected(config, p, shape, HW)
-    assert expected.classes["linears"] == pytest.approx(2 * roof["linears"])
+    assert expected.classes["linears"] == pytest.approx(0.001 + 3 * 0.003 / 7)
     assert expected.classes["attention"] == pytest.approx(3 * roof["attention"])
     assert expected.classes["elementwise"] == pytest.approx(roof["elementwise"])
     assert expected.host_s == pytest.approx(0.0015 + 3 * 0.0035 / 7)
     assert expected.total_s == pytest.approx(
-        2 * roof["linears"] + 3 * roof["attention"] + roof["elementwise"] + expected.host_s + 0.002
+        expected.classes["linears"] + 3 * roof["attention"] + roof["elementwise"] + expected.host_s + 0.002
     )
+    # a speculative verify step of 4 rows per sequence: its linears at 16 rows, past the last point on its slope
+    verify = StepShape((SeqShape(4, 100, count=4, phase=Phase.DECODE),))
+    assert cal.expected(config, p, verify, HW).classes["linears"] == pytest.approx(0.004 + 8 * 0.003 / 7)
+    prefill = StepShape.prefill(1, 300)
+    prefill_roof = class_roofline(time_step(config, p, prefill, HW), HW)
+    assert cal.expected(config, p, prefill, HW).classes["linears"] == pytest.approx(2 * prefill_roof["linears"])
     assert cal.expected(config, p, StepShape.decode(16, 100), HW).host_s == pytest.approx(0.005 + 8 * 0.0035 / 7)
     # a mixed step: its prefill chunk and its decodes each on their own phase's curves
     mixed = StepShape((*StepShape.prefill(1, 300).seqs, *shape.seqs))
@@ -153,12 +162,28 @@ def test_calibration_refuses_a_busy_engine(tiny_llm):
             tiny_llm.engine.step()
 
 
-def phase(name, bound, host, around, linears=0.0, compute_time=1.0, memory_time=2.0, measured=None):
+def phase(
+    name, bound, host, around, linears=0.0, compute_time=1.0, memory_time=2.0, measured=None, tokens=10, kv_share=0.1
+):
     inefficiency = dict.fromkeys(CLASSES, 0.0) | {"linears": linears}
     total = bound + host + around + linears
     gap = Gap(measured or total, bound, 0.0, inefficiency, host, around, (measured or total) - total)
     return PhaseAttribution(
-        Phase(name), 10, 10, measured or total, bound, bound, 1e9, 1e9, compute_time, memory_time, 1e9, 1e9, total, gap
+        Phase(name),
+        10,
+        tokens,
+        measured or total,
+        bound,
+        bound,
+        1e9,
+        1e9,
+        compute_time,
+        memory_time,
+        1e9,
+        1e9,
+        total,
+        gap,
+        kv_share,
     )
 
 
@@ -173,6 +198,24 @@ def test_advice_follows_the_largest_part():
     assert "their kernels, not the hardware, set the pace" in advice("decode", kernels)
     compute = phase("prefill", bound=3.0, host=0.1, around=0.1, compute_time=3.0, memory_time=1.0)
     assert compute.bound == "compute" and "faster matmul format" in advice("prefill", compute)
+    waiting = phase("decode", bound=1.0, host=0.2, around=0.2)
+    waiting = replace(waiting, gap=replace(waiting.gap, communication_s=3.0), measured_s=4.4, expected_s=4.4)
+    assert waiting.bound == "communication"  # a tensor-parallel step over half in its collectives
+    assert "communication-bound: 68% of its expected time" in advice("decode", waiting)
+    assert waiting.gap.parts()["communication"] == 3.0
+
+
+def test_memory_bound_decode_advice_names_what_its_bytes_are():
+    """Most of the bytes in the KV cache: a narrower cache, unless it is int8 already; otherwise the weights'
+    levers; at one sequence per step, speculative decoding too."""
+    long_context = phase("decode", bound=3.0, host=0.1, around=0.1, tokens=40, kv_share=0.6)
+    said = advice("decode", long_context, kv_value_bytes=4)
+    assert "the KV cache is 60% of each step's bytes" in said and "--kv-cache-dtype int8 takes about 25%" in said
+    assert "--speculative-config" not in said  # four sequences per step
+    assert "--kv-cache-dtype" not in advice("decode", long_context, kv_value_bytes=1)  # int8 already
+    one_sequence = phase("decode", bound=3.0, host=0.1, around=0.1, tokens=10, kv_share=0.2)
+    said = advice("decode", one_sequence, kv_value_bytes=4)
+    assert "--weights int4" in said and "speculative decoding (--speculative-config" in said
 
 
 @pytest.mark.parametrize(
@@ -209,7 +252,7 @@ def test_efficiency_overrides_replace_the_catalogs_and_devices_without_figures_e
     assert tp.expected_ttft_s == pytest.approx(
         sum(max(o.compute_time(hw) / eff.compute, o.memory_time(hw) / eff.memory, o.comm_time(hw)) for o in one)
         + 32 * eff.per_layer_s
-        + 64 * eff.all_reduce_s
+        + (2 * 32 + 3) * eff.all_reduce_s  # two all-reduces per layer, the embedding's, the plan, the logits
     )
 
 

@@ -89,10 +89,10 @@ def test_bad_kernel_inputs_are_refused_with_the_reason():
         kernels.tiled_linear(torch.randn(1, 64).double(), w.q, w.dm, 2, 8, None, None)
     with pytest.raises(RuntimeError, match="residual must be contiguous float32"):
         kernels.tiled_linear(torch.randn(2, 64), w.q, w.dm, 2, 8, None, torch.randn(1, 8))
-    with pytest.raises(RuntimeError, match=r"dm must be float16 \(ceil\(N/16\), K/32, parts, 16\)"):
+    with pytest.raises(RuntimeError, match=r"dm must be float16 \(ceil\(N/16\), K/32, 2, 16\)"):
         kernels.tiled_linear(torch.randn(1, 64), w.q, w.dm, 1, 8, None, None)  # Q4_1 has two parts
-    with pytest.raises(RuntimeError, match="format must be 0"):
-        kernels.tiled_dequantize(w.q, w.dm, 3, 8)
+    with pytest.raises(RuntimeError, match=r"format must be 0 \(Q4_0\), .* or 7 \(Q6_K\)"):
+        kernels.tiled_dequantize(w.q, w.dm, 8, 8)
 
 
 def test_rms_norm_and_silu_mul_match_pytorch():
@@ -236,27 +236,33 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
         assert a.token_id in theirs
 
 
-def block_format_calls() -> tuple[list, list]:
-    """block_linear of every block format and the Q4 loop on Q4_0's scales alone, and their dequantizations, on
-    random blocks (5 rows: a group of 4 and a single; K = 768: whole 256-blocks, and for the 32-blocks a tail of 0
-    groups after 6 chunks; 96: a tail of 3; Q4_0 at 224: four groups and a tail of 3)."""
+def tiled_calls() -> list:
+    """tiled_linear (with a bias and a residual) and tiled_dequantize of every format, on random weights: Q4_1 and
+    Q8_0 groups, and random blocks of every stored block format (48 rows: three tiles; K = 768: whole 256-blocks;
+    224 for the 32-blocks: seven groups; 9 activation rows: a pass of 8 and a single)."""
     from gguf import GGMLQuantizationType as QType
     from test_block_formats import random_blocks
 
     from rooftop.quant.gguf_blocks import stored_blocks
-    from rooftop.quant.linear import KERNEL_FORMATS, Q4_0Linear
+    from rooftop.quant.linear import BlockLinear
+    from rooftop.quant.weights import BLOCK_FORMATS
 
-    q4_0 = Q4_0Linear.from_weight(stored_blocks(random_blocks(QType.Q4_0, 16, 224, 9), QType.Q4_0, (16, 224)), None)
-    x224 = torch.randn(5, 224, generator=torch.Generator().manual_seed(224))
-    linears = [lambda m: m.tiled_linear(x224, q4_0.q, q4_0.dm, 0, 16, None, None)]
-    dequantizations = [lambda m: m.tiled_dequantize(q4_0.q, q4_0.dm, 0, 16)]
-    for fmt_id, name in enumerate(KERNEL_FORMATS):
-        for k in (768,) if name.endswith("_k") else (768, 96):
-            data = torch.from_numpy(random_blocks(QType[name.upper()], 16, k, seed=fmt_id))
-            x = torch.randn(5, k, generator=torch.Generator().manual_seed(k))
-            linears.append(lambda m, x=x, data=data, f=fmt_id: m.block_linear(x, data, f, None, None))
-            dequantizations.append(lambda m, data=data, f=fmt_id, k=k: m.block_dequantize(data, f, k))
-    return linears, dequantizations
+    gen = torch.Generator().manual_seed(13)
+    w = torch.randn(48, 224, generator=gen)
+    linears = [Q4Linear.from_weight(quantize_int4(w), torch.randn(48, generator=gen)), Q8Linear.from_weight(w, None)]
+    for seed, name in enumerate(BLOCK_FORMATS):
+        k = 768 if name.endswith("_k") else 224
+        blocks = stored_blocks(random_blocks(QType[name.upper()], 48, k, seed), QType[name.upper()], (48, k))
+        linears.append(BlockLinear.from_weight(blocks, torch.randn(48, generator=gen)))
+    calls = []
+    for lin in linears:
+        k = lin.q.shape[1] * 32
+        x, residual = torch.randn(9, k, generator=gen), torch.randn(9, 48, generator=gen)
+        calls.append(
+            lambda m, lin=lin, x=x, r=residual: m.tiled_linear(x, lin.q, lin.dm, lin.kernel_format, 48, lin.bias, r)
+        )
+        calls.append(lambda m, lin=lin: m.tiled_dequantize(lin.q, lin.dm, lin.kernel_format, 48))
+    return calls
 
 
 def decode_attention_calls() -> list:
@@ -296,26 +302,11 @@ def decode_attention_calls() -> list:
 )
 def test_the_avx2_dot_products_match_vnni():
     """On a VNNI host the kernels' integer dots are one dpbusd; AVX2 hosts multiply byte pairs into int16 first
-    (maddubs). Built here without VNNI (~50 s, cached), every quantized linear and decode attention over int8 keys
-    must give the same integer dots. The tiled kernels (Q4_0, Q4_1, Q8_0) then do the same float operations in the
-    same order at either width: the same bits. The block formats' 512-bit loops scale and sum in another float
-    order: the same to float32 rounding. The dequantizations exactly; decode attention on every pool exactly."""
+    (maddubs). Built here without VNNI (~50 s, cached), every format's tiled linear and decode attention over int8
+    keys must give the same integer dots and then do the same float operations in the same order at either width:
+    the same bits, and so must the dequantizations and decode attention on every pool."""
     avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.sources_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
-    gen = torch.Generator().manual_seed(13)
-    w, x = torch.randn(48, 224, generator=gen), torch.randn(9, 224, generator=gen)
-    q4, q8 = Q4Linear.from_weight(quantize_int4(w), None), Q8Linear.from_weight(w, None)
-    linears, dequantizations = block_format_calls()
-    tiled = [lambda k, lin=lin: k.tiled_linear(x, lin.q, lin.dm, lin.kernel_format, 48, None, None) for lin in (q4, q8)]
-    for call in tiled + [
-        lambda k, lin=lin: k.tiled_dequantize(lin.q, lin.dm, lin.kernel_format, 48) for lin in (q4, q8)
-    ]:
-        assert torch.equal(call(avx2), call(kernels))
-    for call in linears:
-        if "avx512_vnni" in open("/proc/cpuinfo").read().split():
-            torch.testing.assert_close(call(kernels), call(avx2), atol=1e-5, rtol=1e-5)
-        else:
-            assert torch.equal(call(avx2), call(kernels))
-    for call in dequantizations:
+    for call in tiled_calls():
         assert torch.equal(call(avx2), call(kernels))
     for call in decode_attention_calls():  # the same integer dots, and the same FMAs per output float at any width
         assert torch.equal(call(avx2), call(kernels))
@@ -331,15 +322,8 @@ def test_the_portable_loops_match_the_vector_kernels():
     portable = cpu.build(f"rooftop_cpu_portable_{cpu.sources_version()}", "-march=x86-64")
     gen = torch.Generator().manual_seed(12)
     w = torch.randn(48, 224, generator=gen)
-    x, residual = torch.randn(5, 224, generator=gen), torch.randn(5, 48, generator=gen)
-    q4 = Q4Linear.from_weight(quantize_int4(w), torch.randn(48, generator=gen))
-    q8 = Q8Linear.from_weight(w, None)
-    for same_bits in (  # the same integer dots and float operations in the same order as the vector loops
-        lambda k: k.tiled_linear(x, q4.q, q4.dm, 1, 48, q4.bias, residual),
-        lambda k: k.tiled_linear(x, q8.q, q8.dm, 2, 48, None, None),
-        lambda k: k.tiled_dequantize(q4.q, q4.dm, 1, 48),
-        lambda k: k.tiled_dequantize(q8.q, q8.dm, 2, 48),
-    ):
+    x = torch.randn(5, 224, generator=gen)
+    for same_bits in tiled_calls():  # the same integer dots and float operations in the same order as the vector loops
         assert torch.equal(same_bits(portable), same_bits(kernels))
     for module_call in (
         lambda k: k.rms_norm(x, w[0], 1e-5),
@@ -347,8 +331,6 @@ def test_the_portable_loops_match_the_vector_kernels():
         lambda k: k.argmax_rows(x),
     ):
         torch.testing.assert_close(module_call(portable), module_call(kernels), atol=1e-4, rtol=1e-4)
-    for call in [call for calls in block_format_calls() for call in calls]:
-        torch.testing.assert_close(call(portable), call(kernels), atol=1e-4, rtol=1e-4)
     qkv = torch.randn(2, (4 + 2 * 2) * 16, generator=gen)
     cos, sin = torch.randn(8, 16, generator=gen), torch.randn(8, 16, generator=gen)
     rotated = [qkv.clone(), qkv.clone()]

@@ -30,7 +30,7 @@ def runs(monkeypatch, tmp_path, result) -> list[bool]:
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
     calls: list[bool] = []
 
-    def run_probe(device="cpu", quick=False, on_step=None, weight_only=None):
+    def run_probe(device="cpu", quick=False, on_step=None, weight_only=None, collectives=None):
         calls.append(quick)
         return dataclasses.replace(result, date=f"run {len(calls)}", quick=quick, notes=dict(result.notes))
 

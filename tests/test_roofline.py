@@ -1,5 +1,7 @@
 """The op model and predictions against hand-derived formulas, the worked example, MoE, hybrid and TP."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +11,7 @@ from rooftop.errors import InvalidRequestError
 from rooftop.roofline import StepShape, analyze, parameter_count, precision, step_ops
 from rooftop.roofline.catalog import find_hardware
 from rooftop.roofline.ops import expected_experts_touched, kv_bytes_per_token, state_bytes_per_sequence, weight_bytes
-from rooftop.roofline.predict import DoesNotFitError, compute_bound, time_step
+from rooftop.roofline.predict import DoesNotFitError, compute_bound, expected_time, time_step
 from rooftop.roofline.presets import find_preset
 
 BF16 = precision("bf16")
@@ -151,14 +153,32 @@ def test_sizes_below_one_are_refused(kwargs):
 
 def test_tensor_parallel_splits_weights_and_adds_all_reduces():
     c = find_preset("llama-3.1-70b")
-    one = time_step(c, BF16, StepShape.decode(1, 100), find_hardware("h100"), tp=1)
-    four = time_step(c, BF16, StepShape.decode(1, 100), find_hardware("h100"), tp=4)
+    one = time_step(c, BF16, StepShape.decode(1, 100), find_hardware("h100"))
+    four = time_step(c, BF16, StepShape.decode(1, 100, tp=4), find_hardware("h100"))
     assert four.bytes == pytest.approx(one.bytes / 4, rel=0.01)
-    reduce = op(four.ops, "all_reduce")
-    assert reduce.comm_bytes == pytest.approx(2 * c.num_layers * 2 * 3 / 4 * c.hidden_size * 2)
-    assert not any(o.name == "all_reduce" for o in one.ops)
-    with pytest.raises(InvalidRequestError, match="tensor parallel degree 3 does not divide"):
-        step_ops(c, BF16, StepShape.decode(1, 100), tp=3)
+    reduce = op(four.ops, "all_reduce")  # after each layer's attention and MLP, and the vocab-parallel embedding
+    assert reduce.comm_bytes == pytest.approx((2 * c.num_layers + 1) * 2 * 3 / 4 * c.hidden_size * 2)
+    assert reduce.collectives == 2 * c.num_layers + 1
+    gather = op(four.ops, "logits_gather")  # one sampled row's float32 logits, 3/4 of them from the other ranks
+    assert gather.comm_bytes == pytest.approx(3 / 4 * c.vocab_size * 4) and gather.collectives == 1
+    assert op(four.ops, "plan_broadcast").collectives == 1
+    assert not any(o.comm_bytes or o.collectives for o in one.ops)
+    with pytest.raises(InvalidRequestError, match="tensor parallel degree 3 does not divide.*valid sizes: 1, 2, 4, 8"):
+        step_ops(c, BF16, StepShape.decode(1, 100, tp=3))
+
+
+def test_a_measured_collective_latency_is_paid_per_collective():
+    c = find_preset("llama-3.1-8b")
+    h100 = find_hardware("h100")
+    measured = replace(h100, collective_latency_s=50e-6)
+    shape = StepShape.decode(1, 100, tp=2)
+    plain, slow = time_step(c, BF16, shape, h100), time_step(c, BF16, shape, measured)
+    collectives = sum(o.collectives for o in plain.ops)
+    assert collectives == 2 * c.num_layers + 3
+    assert slow.comm_time_s == pytest.approx(plain.comm_time_s + collectives * 50e-6)
+    assert expected_time(slow, measured, c, BF16) == pytest.approx(  # the measured latency replaces the catalog's
+        expected_time(plain, h100, c, BF16) + collectives * (50e-6 - h100.efficiency.all_reduce_s), rel=1e-9
+    )
 
 
 def test_efficiencies_scale_the_roofs():

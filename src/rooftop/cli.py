@@ -119,13 +119,13 @@ def print_phase_report(llm: LLM, since: float) -> None:
     calibration (a quick one, once per model and format, if none is cached): bound, expected, the gap by part and
     the lever for each phase."""
     from rooftop.engine.calibrate import load_or_calibrate
-    from rooftop.engine.probe import load_or_run_probe
+    from rooftop.engine.probe import load_or_run_probe, probe_device
     from rooftop.roofline.attribution import advice, attribute_phases, attribute_step, experts_sentence, gap_sentence
     from rooftop.roofline.report import gap_bar, phase_table
 
     records = [r for r in llm.step_records if r.finished_at >= since]
     with err.status("measuring this machine's roofs (once; cached)..."):
-        hw = load_or_run_probe().to_hardware(working_set=llm.weight_bytes)
+        hw = load_or_run_probe(probe_device(llm.device), collectives=llm.lead).to_hardware(working_set=llm.weight_bytes)
     with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
         calibration = load_or_calibrate(llm, hw, quick=True, on_progress=lambda s: status.update(f"calibrating: {s}"))
     p = llm.precision
@@ -137,7 +137,7 @@ def print_phase_report(llm: LLM, since: float) -> None:
         if phase.gap is not None:
             err.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
     for name, phase in phases.items():
-        err.print(f"[dim]{escape(advice(name, phase))}[/]")
+        err.print(f"[dim]{escape(advice(name, phase, llm.precision.kv_bytes))}[/]")
     if experts := experts_sentence(llm.config, steps):
         err.print(experts)
 
@@ -273,12 +273,13 @@ def calibrate(
     decode batches and prompt lengths within the engine's limits, and cache the result: what `generate` and `bench`
     compute their expected times from."""
     from rooftop.engine.calibrate import cache_path, load_or_calibrate
-    from rooftop.engine.probe import load_or_run_probe
+    from rooftop.engine.probe import load_or_run_probe, probe_device
 
     with user_errors():
         llm = load(run)
         with err.status("measuring this machine's roofs (once; cached)..."):
-            hw = load_or_run_probe().to_hardware(working_set=llm.weight_bytes)
+            probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
+            hw = probe.to_hardware(working_set=llm.weight_bytes)
         with err.status("calibrating...") as status:
             cal = load_or_calibrate(llm, hw, force, quick, lambda s: status.update(f"calibrating: {s}"))
     table = Table("curve", "points", "smallest: measured (of its roofline)", "largest: measured (of its roofline)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Annotated, Any, get_type_hints
@@ -33,6 +34,17 @@ RUN_HELP = {
         "random weights in the --weights format and reads no weight file",
     ),
     "dummy_seed": ("seed of --load-format dummy's weights: the same seed, the same weights",),
+    "tensor_parallel_size": (
+        "--tensor-parallel-size",
+        "-tp",
+        "ranks the model is split over (vLLM's name): rooftop starts them on this host, or each is a process of "
+        "torchrun (gloo on CPU, NCCL on CUDA); --threads is then per rank (default: the cores shared among them)",
+    ),
+    "distributed_timeout_s": (
+        "--distributed-timeout",
+        "seconds a rank waits on the others (a collective, the next step's plan) before the run stops with an "
+        "error naming the rank that failed",
+    ),
 }
 ENGINE_HELP = {
     "max_num_seqs": "most sequences in one step",
@@ -106,6 +118,14 @@ def with_run_config(command: Callable) -> Callable:
             engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig)})
             run = RunConfig(**options, engine=engine)
             check_weight_choice(run.weights)
+        if run.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0":
+            # one of torchrun's processes other than rank 0: it serves rank 0's steps instead of the command
+            from rooftop.engine.distributed import launch_of
+            from rooftop.engine.tp_worker import serve_rank
+
+            with user_errors():
+                launch = launch_of(run)
+            raise typer.Exit(serve_rank(run, launch))
         return command(**kwargs, run=run)
 
     parameters = own + shared

@@ -301,6 +301,8 @@ class RunConfig:
     threads: int | None = None  # CPU threads for the model's ops (llama.cpp's --threads); None: the cores we may use
     load_format: str = "auto"  # one of LOAD_FORMATS
     dummy_seed: int = 0  # the seed of dummy weights: the same seed, the same weights
+    tensor_parallel_size: int = 1  # vLLM's name: ranks the model is split over (processes, GPUs or hosts)
+    distributed_timeout_s: float = 60.0  # how long a rank waits on the others before the run stops with an error
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -316,6 +318,16 @@ class RunConfig:
             raise InvalidRequestError(f"dummy_seed must be an integer >= 0, got {self.dummy_seed!r}", "dummy_seed")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidRequestError(f"threads must be an integer >= 1, got {self.threads!r}", "threads")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise InvalidRequestError(
+                f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}",
+                "tensor_parallel_size",
+            )
+        if not isinstance(self.distributed_timeout_s, int | float) or not self.distributed_timeout_s > 0:
+            raise InvalidRequestError(
+                f"distributed_timeout_s must be a number of seconds > 0, got {self.distributed_timeout_s!r}",
+                "distributed_timeout_s",
+            )
         if not isinstance(self.device, str) or not self.device:
             raise InvalidRequestError(
                 f"device must be a torch device name (cpu, cuda, cuda:1 ...); got {self.device!r}"

@@ -24,3 +24,8 @@ class InvalidRequestError(RooftopError, ValueError):
 
 class PromptTooLongError(InvalidRequestError):
     """The prompt does not fit in the model's context."""
+
+
+class TensorParallelError(RooftopError):
+    """A rank of the tensor-parallel group died, hung or failed: the group cannot run another step (the server
+    answers 503 and exits)."""

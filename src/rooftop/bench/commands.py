@@ -54,7 +54,7 @@ def bench(
     from rooftop.bench.measure import fresh_engine, machine_info
     from rooftop.engine.calibrate import load_or_calibrate
     from rooftop.engine.llm import LLM
-    from rooftop.engine.probe import load_or_run_probe
+    from rooftop.engine.probe import load_or_run_probe, probe_device
 
     with user_errors():
         if reps < 1 or output_len < 2:
@@ -63,7 +63,7 @@ def bench(
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         with err.status("loading model and this machine's roofs..."):
             llm = LLM.from_config(run)
-            probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
+            probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
             hw = probe.to_hardware(working_set=llm.weight_bytes)
         with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
             # on an engine set up as the measurements' are (no chunking of the longest prompt, room for the largest
@@ -117,7 +117,7 @@ def bench(
             console.print(gap_sentence(phases))
             for name, phase in phases.items():
                 console.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
-                console.print(advice(name, phase))
+                console.print(advice(name, phase, llm.precision.kv_bytes))
             report.update(summary)
             report.update({name: phase.to_dict() for name, phase in phases.items()})
             if "decode" in phases:
@@ -186,6 +186,7 @@ def _print_sweep(console: Console, result) -> None:
             f"{r['pct_of_compute_roof']:.1f}%",
         )
     console.print(table)
+    _print_advice(console, [(f"pp{r['prompt_tokens']}", r["advice"]) for r in result.ttft])
     table = Table(
         "batch",
         "TPOT measured",
@@ -207,6 +208,19 @@ def _print_sweep(console: Console, result) -> None:
             f"{r['pct_of_bandwidth_roof']:.1f}%",
         )
     console.print(table)
+    _print_advice(console, [(f"b{r['batch']}", r["advice"]) for r in result.decode])
+
+
+def _print_advice(console: Console, rows: list[tuple[str, str]]) -> None:
+    """Each run of consecutive rows that share a lever, once: "pp16-pp256: <advice>"."""
+    runs: list[list] = []
+    for label, said in rows:
+        if runs and runs[-1][2] == said:
+            runs[-1][1] = label
+        else:
+            runs.append([label, label, said])
+    for first, last, said in runs:
+        console.print(f"{first if first == last else f'{first}-{last}'}: {said}")
 
 
 def _write_plots(result, hw, compute: str, directory: Path | None) -> list[Path]:

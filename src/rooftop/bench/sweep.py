@@ -8,7 +8,7 @@ from statistics import median
 
 from rooftop.bench.measure import run_batch, synthetic_prompt
 from rooftop.engine.llm import LLM
-from rooftop.roofline.attribution import attribute_phases, attribute_step
+from rooftop.roofline.attribution import advice, attribute_phases, attribute_step
 from rooftop.roofline.calibration import Calibration
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape
@@ -71,6 +71,7 @@ def sweep(
                 "achieved_flops_per_s": phase.achieved_flops_per_s,
                 "pct_of_compute_roof": phase.pct_of_compute_roof,
                 "prefill_tokens_per_s": S / att.measured_s,
+                "advice": advice("prefill", phase, p.kv_bytes),
             }
         )
         result.points.append(_point("prefill", f"pp{S}", att, hw))
@@ -104,6 +105,7 @@ def sweep(
                 "predicted_tokens_per_s_total": B / predicted,
                 "achieved_bytes_per_s": phase.achieved_bytes_per_s,
                 "pct_of_bandwidth_roof": phase.pct_of_bandwidth_roof,
+                "advice": advice("decode", phase, p.kv_bytes),
             }
         )
         result.points.append(_point("decode", f"b{B}", att, hw))

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ from rooftop.kernels import cpu
 from rooftop.models import delta_net, hybrid
 from rooftop.quant import linear as linears
 from rooftop.roofline import probe
-from rooftop.roofline.calibration import CLASSES, Calibration, Curve, class_roofline
+from rooftop.roofline.calibration import CLASSES, ROWS_KEYED, Calibration, Curve, class_roofline
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.predict import time_step
 
@@ -61,6 +62,7 @@ class OpTimer:
         self.device = device
         self.seconds = dict.fromkeys(CLASSES, 0.0)
         self._depth = 0
+        self._thread = threading.get_ident()  # the steps' thread: a tensor-parallel heartbeat is not a step's
 
     def reset(self) -> dict[str, float]:
         taken, self.seconds = self.seconds, dict.fromkeys(CLASSES, 0.0)
@@ -69,7 +71,7 @@ class OpTimer:
     def wrap(self, fn: Callable, name: str) -> Callable:
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            if self._depth:
+            if self._depth or threading.get_ident() != self._thread:
                 return fn(*args, **kwargs)
             self._depth += 1
             synchronize(self.device)
@@ -86,12 +88,15 @@ class OpTimer:
     @contextlib.contextmanager
     def installed(self, llm: LLM) -> Iterator[OpTimer]:
         """Patch the model's op entry points for the duration (the linear classes, the model's op backend, the
-        hybrid layers' functions), restoring them after."""
+        hybrid layers' functions, a tensor-parallel group's collectives and plan), restoring them after."""
         ops = llm.model.ops
         patches = [(cls, "__call__", "linears") for cls in LINEAR_CLASSES]
         patches += [(ops, "attention", "attention"), (ops, "rms_norm", "elementwise"), (ops, "silu_mul", "elementwise")]
         patches += [(hybrid, "paged_attention", "attention"), (delta_net, "gated_rms_norm", "elementwise")]
         patches += [(delta_net, name, "attention") for name in ("causal_conv", "chunked", "recurrent")]
+        if (tp := llm.model.tp) is not None:
+            patches += [(tp, "all_reduce", "communication"), (tp, "gather", "communication")]
+            patches += [(tp.lead, "broadcast", "communication")]
         saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr, _ in patches]
         for owner, attr, name in patches:
             setattr(owner, attr, self.wrap(getattr(owner, attr), name))
@@ -142,12 +147,13 @@ def calibrate(
                 roof = class_roofline(time_step(config, p.at(shape.tokens), shape, hw), hw)
                 key = (record.phase, shape.num_seqs, shape.tokens, cached)
                 groups.setdefault(key, []).append((roof, classes, record.seconds, record.around_seconds))
-            for (phase, seqs, _, _), taken in groups.items():
+            for (phase, seqs, tokens, _), taken in groups.items():
                 for name in CLASSES:
                     roof = median(r[name] for r, _, _, _ in taken)
                     if roof > 0:
-                        samples.setdefault(f"{phase}.{name}", []).append(
-                            (roof, median(c[name] for _, c, _, _ in taken))
+                        key = f"{phase}.{name}"
+                        samples.setdefault(key, []).append(
+                            (tokens if key in ROWS_KEYED else roof, median(c[name] for _, c, _, _ in taken))
                         )
                 host = median(forward - sum(c.values()) for _, c, forward, _ in taken)
                 samples.setdefault(f"{phase}.host", []).append((seqs, max(0.0, host)))
@@ -211,7 +217,9 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
     return {
         **{k: str(v) for k, v in machine.items()},
         "roofs": f"{hw.memory_bandwidth:.6g} B/s; "
-        + ", ".join(f"{k} {v:.6g}" for k, v in sorted(hw.peak_flops.items())),
+        + ", ".join(f"{k} {v:.6g}" for k, v in sorted(hw.peak_flops.items()))
+        + (f"; interconnect {hw.interconnect_bandwidth:.6g} B/s" if hw.interconnect_bandwidth else ""),
+        "tensor_parallel_size": str(llm.tensor_parallel_size),
         "model": str(source),
         "model_file": f"{stat.st_size} bytes, modified {stat.st_mtime:.0f}" if stat else "",
         "load_format": f"{run.load_format} seed {run.dummy_seed}" if run.load_format == "dummy" else run.load_format,

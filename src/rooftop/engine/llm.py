@@ -13,13 +13,17 @@ from pathlib import Path
 import torch
 
 from rooftop.config import EngineConfig, RunConfig
+from rooftop.engine.distributed import check_parallel_run, launch_of, rank_device, rank_threads
+from rooftop.engine.lead import Lead, lead_group
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.outputs import RequestDelta, RequestOutput, StepRecord
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.engine.tool_calls import parse_tool_calls
+from rooftop.engine.tool_prompt import tool_messages
+from rooftop.engine.tools import Function, check_tool_choice, check_tools, with_tool_grammar
 from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
-from rooftop.loading.dummy import load_dummy
-from rooftop.loading.model_files import load_model
+from rooftop.loading.model_files import load_weights
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import weight_bytes
@@ -88,6 +92,11 @@ class LLM:
     `load_format` (vLLM's): "auto" reads the weights from the model's file; "dummy" makes seeded random ones
     (`dummy_seed`) in the `weights` format and reads no weight file, and `model` may then also be a preset name of
     the analyzer (`rooftop.roofline.presets`) or a config.json.
+    `tensor_parallel_size` (vLLM's): the ranks the model is split over. rooftop starts tensor_parallel_size - 1
+    worker processes on this host (gloo on the CPU, NCCL on CUDA, one GPU each), or, under torchrun, this process is
+    one rank of torchrun's: rank 0 goes on here, any other serves rank 0's steps inside `LLM(...)` and then exits
+    the process. `distributed_timeout_s`: how long a rank waits on the others before the run stops with
+    TensorParallelError. `close()` stops the ranks (also done at exit).
     Engine options (vLLM's names, EngineConfig's fields): max_num_seqs, max_num_batched_tokens, kv_cache_bytes or
     num_kv_blocks, block_size, enable_prefix_caching, max_model_len, speculative_config (vLLM's dict, e.g.
     {"method": "ngram", "num_speculative_tokens": 4}; a draft model: {"method": "draft", "model": PATH,
@@ -104,12 +113,26 @@ class LLM:
         threads: int | None = None,
         load_format: str = "auto",
         dummy_seed: int = 0,
+        tensor_parallel_size: int = 1,
+        distributed_timeout_s: float = 60.0,
         **engine_options,
     ):
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")
         engine = EngineConfig(**engine_options)
-        self._start(RunConfig(model, dtype, str(device), weights, threads, load_format, dummy_seed, engine))
+        run = RunConfig(
+            model,
+            dtype,
+            str(device),
+            weights,
+            threads,
+            load_format,
+            dummy_seed,
+            tensor_parallel_size,
+            distributed_timeout_s,
+            engine,
+        )
+        self._start(run)
 
     @classmethod
     def from_config(cls, run: RunConfig) -> LLM:
@@ -119,22 +142,42 @@ class LLM:
 
     def _start(self, run: RunConfig) -> None:
         self.run_config = run
-        torch.set_num_threads(run.threads or available_cores())  # the process's one intra-op pool, kernels included
-        self.device = torch.device(run.device)
+        self.lead: Lead | None = None
+        launch = launch_of(run) if run.tensor_parallel_size > 1 else None
+        # the process's one intra-op pool, kernels included; the host's cores shared among its ranks
+        torch.set_num_threads(rank_threads(run, launch, available_cores()))
+        self.device = rank_device(run.device, launch)
         self.dtype = resolve_dtype(run.dtype, self.device)
-        if run.load_format == "dummy":
-            loaded = load_dummy(run.model, run.weights, self.device, self.dtype, run.dummy_seed)
-        else:
-            loaded = load_model(run.model)
+        loaded = load_weights(run, self.device, self.dtype)
         self.model_path = loaded.source
         self.load_notes = loaded.notes
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        model = build_model(loaded, self.dtype, self.device, run.weights)
+        if launch is None:
+            model = build_model(loaded, self.dtype, self.device, run.weights)
+        else:
+            check_parallel_run(run, loaded)
+            if launch.rank != 0:  # one of torchrun's processes: serve rank 0's steps, then end the process
+                from rooftop.engine.tp_worker import serve_rank
+
+                raise SystemExit(serve_rank(run, launch))
+            self.lead, model = lead_group(
+                run, launch, self.device, lambda tp: build_model(loaded, self.dtype, self.device, run.weights, tp)
+            )
         self.engine = LLMEngine(model, self.tokenizer, run.engine)
         self.step_records: deque[StepRecord] = deque(maxlen=STEP_HISTORY)  # the steps this LLM ran, oldest first
         self._request_ids = itertools.count()
         self._inbox: dict[str, list[RequestDelta]] = {}  # deltas stepped out for a request not being read now
+
+    def close(self) -> None:
+        """Stop the other ranks of a tensor-parallel group and leave it (the process may then lead another); a
+        no-op for one device."""
+        if self.lead is not None:
+            self.lead.close()
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.run_config.tensor_parallel_size
 
     @property
     def max_model_len(self) -> int:
@@ -153,9 +196,9 @@ class LLM:
 
     @property
     def weight_bytes(self) -> float:
-        """The weights a decode step reads, by the analyzer's count at the run's precision: the working set whose
-        read bandwidth is the run's memory roof (ProbeResult.to_hardware)."""
-        return weight_bytes(self.config, self.precision)
+        """The weights a decode step reads on one rank, by the analyzer's count at the run's precision: the working
+        set whose read bandwidth is the run's memory roof (ProbeResult.to_hardware)."""
+        return weight_bytes(self.config, self.precision) / self.tensor_parallel_size
 
     def generate(
         self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None
@@ -184,11 +227,27 @@ class LLM:
                 self.engine.abort(request_id)
 
     def chat(
-        self, messages: Messages | list[Messages], sampling_params: SamplingParams | None = None
+        self,
+        messages: Messages | list[Messages],
+        sampling_params: SamplingParams | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        parallel_tool_calls: bool = True,
     ) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"} dicts) or a list of them -> one output each."""
+        """One conversation (a list of {"role", "content"} dicts, OpenAI's tool calls and `role: tool` results
+        included) or a list of them -> one output each. `tools` (OpenAI's function tools) and `tool_choice` ("auto"
+        by default with tools, "none", "required" or {"type": "function", "function": {"name": ...}}) as the
+        server takes them: the calls are held to the tools by a grammar and read into `output.tool_calls`."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate([self.apply_chat_template(c) for c in conversations], sampling_params)
+        functions = [] if tools is None else check_tools(tools)
+        choice = check_tool_choice(tool_choice, functions)
+        params = with_tool_grammar(sampling_params or SamplingParams(), functions, choice, parallel_tool_calls)
+        offered = functions if choice.mode != "none" else []
+        outputs = self.generate([self.apply_chat_template(c, offered) for c in conversations], params)
+        if choice.mode != "none":
+            for output in outputs:
+                output.tool_calls = parse_tool_calls(output.text)[1]
+        return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         """Generate for one prompt, yielding each piece of text as soon as it is final (the request is queued
@@ -222,5 +281,12 @@ class LLM:
             for delta in step.deltas:
                 self._inbox.setdefault(delta.request_id, []).append(delta)
 
-    def apply_chat_template(self, messages: Messages) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def apply_chat_template(
+        self, messages: Messages, tools: list[Function] | None = None, add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt of a conversation, with `tools` offered: through the template's own tool syntax where it has
+        one, rooftop's default tool prompt otherwise (engine/tool_prompt.py)."""
+        takes_tools = self.tokenizer.template_takes_tools
+        messages = tool_messages(messages, tools or [], takes_tools)
+        offered = [f.as_tool() for f in tools] if tools and takes_tools else None
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools=offered)

@@ -27,13 +27,20 @@ from rooftop.engine.sequence import Sequence
 from rooftop.engine.speculative import accepted_run, make_proposer, sampling_runs
 from rooftop.engine.structured import GrammarCompiler
 from rooftop.enums import Phase
-from rooftop.errors import InvalidRequestError, PromptTooLongError
+from rooftop.errors import InvalidRequestError, PromptTooLongError, UnsupportedModelError
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.kv_cache import KVPool, kv_dtype_name, kv_storage_dtype
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import SeqShape, StepShape
 
 log = logging.getLogger("rooftop.engine")
+
+
+def pool_from_spec(model: Transformer, spec: tuple[int, int, str, int]) -> KVPool:
+    """The KV pool (num_blocks, block_size, storage dtype, state slots) of the rank's shapes: under tensor
+    parallelism every rank makes the same one, holding its own KV heads, so one block table serves them all."""
+    num_blocks, block_size, kv_dtype, slots = spec
+    return KVPool(model.rank_config, num_blocks, block_size, getattr(torch, kv_dtype), model.device, slots, model.dtype)
 
 
 class LLMEngine:
@@ -47,12 +54,22 @@ class LLMEngine:
             log.info("prefix caching is off for hybrid models: shared KV blocks do not hold the recurrent state")
             self.config = replace(self.config, enable_prefix_caching=False)
         self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        spec = self.config.speculative_config
+        if model.tp is not None and spec is not None and spec.method == "draft":
+            raise UnsupportedModelError(
+                "speculative decoding with a draft model runs on one rank only for now: with tensor parallelism use "
+                '{"method": "ngram", ...}',
+                "speculative_config",
+            )
         kv_dtype = kv_storage_dtype(self.config.kv_cache_dtype, model.dtype)
-        block_bytes = KVPool.bytes_per_block(mc, self.config.block_size, kv_dtype)
+        # per rank: under tensor parallelism each holds its KV heads, so the same bytes hold more tokens
+        block_bytes = KVPool.bytes_per_block(model.rank_config, self.config.block_size, kv_dtype)
         kv_bytes = self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
         num_blocks = self.config.num_kv_blocks or max(1, kv_bytes // block_bytes)
         slots = self.config.max_num_seqs if hybrid else 0
-        self._pool = KVPool(mc, num_blocks, self.config.block_size, kv_dtype, model.device, max(slots, 1), model.dtype)
+        pool_spec = (num_blocks, self.config.block_size, kv_dtype_name(kv_dtype), max(slots, 1))
+        self._pool = pool_from_spec(model, pool_spec)
+        self._pool_key = 0 if model.tp is None else model.tp.lead.open_pool(self, pool_spec)
         self._blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self._scheduler = Scheduler(self.config, self._blocks, slots)
         eos_token_ids = sorted(set(mc.eos_token_ids) | set(tokenizer.eos_token_ids))
@@ -79,8 +96,11 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        shares_prompt_with: str | None = None,
     ) -> None:
-        """Queue a request; raises InvalidRequestError (for this request only) if it can never run."""
+        """Queue a request; raises InvalidRequestError (for this request only) if it can never run.
+        `shares_prompt_with`: a queued request with the same prompt (another of n choices) whose prompt this one
+        takes from the prefix cache: it is admitted once that one's prompt is computed, not beside it."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
@@ -96,6 +116,10 @@ class LLMEngine:
                 f"the request needs up to {longest} tokens of KV cache; the pool holds {self.kv_cache_tokens} "
                 "(raise kv_cache_bytes / num_kv_blocks or lower max_tokens)"
             )
+        vocab = self.model.config.vocab_size
+        outside = [t for t in params.logit_bias or {} if t >= vocab]
+        if outside:
+            raise InvalidRequestError(f"logit_bias token ids out of range [0, {vocab}): {outside[:5]}", "logit_bias")
         spec = params.structured_outputs
         grammar = None if spec is None else self._grammars.start(spec)
         generator = None
@@ -111,6 +135,7 @@ class LLMEngine:
             arrival_index=self._arrivals,
             generator=generator,
             grammar=grammar,
+            prompt_source=None if shares_prompt_with is None else self._requests.get(shares_prompt_with),
         )
         self._arrivals += 1
         self._requests[request_id] = seq
@@ -164,8 +189,8 @@ class LLMEngine:
                 s.seq.metrics.first_scheduled_time = started
                 s.seq.metrics.prefix_cache_hit_tokens = s.cached  # admitted with its cached prefix computed
         seqs = tuple(SeqShape(s.new, s.cached, s.needs_logits, phase=s.phase) for s in batch)
-        step = run_step(self.model, self._pool, batch, self.config.batch_invariant)
-        shape = StepShape(seqs, experts_touched=self.model.experts_touched())
+        step = run_step(self.model, self._pool, batch, self.config.batch_invariant, self._pool_key)
+        shape = StepShape(seqs, experts_touched=self.model.experts_touched(), tp=self.model.tp_size)
         for s in batch:
             m = s.seq.metrics
             if s.phase is Phase.DECODE:

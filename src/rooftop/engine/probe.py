@@ -12,7 +12,7 @@ from rooftop.quant.linear import linear_format, make_linear
 from rooftop.quant.weights import GROUP
 from rooftop.roofline import probe
 from rooftop.roofline.precision import WEIGHT_POLICIES
-from rooftop.roofline.probe import Plan, ProbeResult, best_on_ladder, median_seconds
+from rooftop.roofline.probe import CollectiveTimer, Plan, ProbeResult, best_on_ladder, median_seconds
 
 
 class EngineLinears:
@@ -56,13 +56,31 @@ class EngineLinears:
 ENGINE_LINEARS = EngineLinears()
 
 
-def run_probe(device: str = "cpu", quick: bool = False, on_step: Callable[[str], None] | None = None) -> ProbeResult:
-    """Measure every roof of `device`, the engine's weight-only linears included."""
-    return probe.run_probe(device, quick=quick, on_step=on_step, weight_only=ENGINE_LINEARS)
+def run_probe(
+    device: str = "cpu",
+    quick: bool = False,
+    on_step: Callable[[str], None] | None = None,
+    collectives: CollectiveTimer | None = None,
+) -> ProbeResult:
+    """Measure every roof of `device`, the engine's weight-only linears included (and, in a tensor-parallel group,
+    its all-reduce: `collectives`, the group's Lead)."""
+    return probe.run_probe(device, quick=quick, on_step=on_step, weight_only=ENGINE_LINEARS, collectives=collectives)
 
 
 def load_or_run_probe(
-    device: str = "cpu", force: bool = False, quick: bool = False, on_step: Callable[[str], None] | None = None
+    device: str = "cpu",
+    force: bool = False,
+    quick: bool = False,
+    on_step: Callable[[str], None] | None = None,
+    collectives: CollectiveTimer | None = None,
 ) -> ProbeResult:
-    """The cached probe of `device` (measured by the engine's kernels as they run here), else measure anew."""
-    return probe.load_or_run_probe(device, force=force, quick=quick, on_step=on_step, weight_only=ENGINE_LINEARS)
+    """The cached probe of `device` (measured by the engine's kernels as they run here, and the all-reduce of the
+    tensor-parallel group `collectives` leads), else measure anew."""
+    return probe.load_or_run_probe(
+        device, force=force, quick=quick, on_step=on_step, weight_only=ENGINE_LINEARS, collectives=collectives
+    )
+
+
+def probe_device(device: torch.device) -> str:
+    """The probe's name for the device a model runs on: "cpu", or the GPU ("cuda:0")."""
+    return "cpu" if device.type == "cpu" else str(device)

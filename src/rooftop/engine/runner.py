@@ -4,6 +4,9 @@ The scheduler has decided each sequence's phase; the runner lays the step out wi
 (those that widen quantized weights to float matmuls before the others) and the decodes' after them, runs it in
 one forward pass (every weight read once for all of them) and returns the logits of the sequences that reached
 their last token (all the rows of a verify step), with the device synchronized around the clock so the measured time is real.
+
+The layout is a `StepPlan` of plain values: under tensor parallelism rank 0 sends it to the other ranks, which run
+the same forward pass on their part of the model (`execute`), so every rank computes the same step.
 """
 
 from __future__ import annotations
@@ -18,6 +21,18 @@ from rooftop.enums import Phase
 from rooftop.models.kv_cache import AttentionSeq, KVPool, build_metadata
 from rooftop.models.transformer import Transformer
 from rooftop.quant.linear import WIDEN_ROWS, row_plan
+
+
+@dataclass
+class StepPlan:
+    """What every rank needs to run a step: the flat batch's token ids and positions, each sequence as attention
+    sees it (in row order), which rows' logits are sampled, and whether the step is batch-invariant."""
+
+    token_ids: list[int]
+    positions: list[int]
+    seqs: list[AttentionSeq]
+    logit_rows: list[int]
+    batch_invariant: bool
 
 
 @dataclass
@@ -45,32 +60,51 @@ def step_order(batch: list[ScheduledSeq]) -> list[int]:
     return wide + narrow + [i for i, s in enumerate(batch) if s.phase is Phase.DECODE]
 
 
-@torch.inference_mode()
-def run_step(model: Transformer, pool: KVPool, batch: list[ScheduledSeq], batch_invariant: bool) -> StepLogits:
-    """Run the step; with `batch_invariant` each row takes the path its own sequence's chunk or decode decides."""
-    order = step_order(batch)
-    token_ids, positions, seqs = [], [], []
-    for i in order:
+def plan_step(batch: list[ScheduledSeq], batch_invariant: bool) -> tuple[StepPlan, list[int]]:
+    """The step's plan, and for each sampled row the index in `batch` of its sequence."""
+    token_ids, positions, seqs, rows, sampled = [], [], [], [], []
+    end = 0
+    for i in step_order(batch):
         s = batch[i]
         token_ids += s.seq.all_token_ids[s.cached : s.cached + s.new - len(s.draft)] + s.draft
         positions += range(s.cached, s.cached + s.new)
-        seqs.append(AttentionSeq(s.seq.block_table, s.cached, s.new, s.phase, s.seq.state_slot or 0))
+        seqs.append(AttentionSeq(list(s.seq.block_table), s.cached, s.new, s.phase, s.seq.state_slot or 0))
+        end += s.new
+        if s.needs_logits:  # a verify step samples each of its rows: its last token's and every draft's
+            rows += range(end - 1 - len(s.draft), end)
+            sampled += [i] * (1 + len(s.draft))
+    return StepPlan(token_ids, positions, seqs, rows, batch_invariant), sampled
+
+
+@torch.inference_mode()
+def execute(model: Transformer, pool: KVPool, plan: StepPlan) -> torch.Tensor | None:
+    """The forward pass of `plan` and its sampled rows' logits (on rank 0 under tensor parallelism; None on the
+    other ranks, and for a step that samples nothing)."""
+    device = model.device
+    if model.tp is not None:  # every rank reduces the step the same way: in rank order with batch invariance
+        model.tp.ordered = plan.batch_invariant
+    ids = torch.tensor(plan.token_ids, dtype=torch.long, device=device)
+    positions = torch.tensor(plan.positions, dtype=torch.long, device=device)
+    chunks = [s.new for s in plan.seqs if s.phase is Phase.PREFILL]
+    rows = row_plan(chunks, len(plan.token_ids), model.dtype, plan.batch_invariant)
+    meta = build_metadata(plan.seqs, pool.block_size, device, plan.batch_invariant)
+    hidden = model.forward_batch(ids, positions, pool, meta, rows)
+    return model.logits(hidden[plan.logit_rows], plan.batch_invariant) if plan.logit_rows else None
+
+
+def run_step(
+    model: Transformer, pool: KVPool, batch: list[ScheduledSeq], batch_invariant: bool, pool_key: int = 0
+) -> StepLogits:
+    """Run the step; with `batch_invariant` each row takes the path its own sequence's chunk or decode decides.
+    Under tensor parallelism the plan goes to the other ranks first (they run it on their pool `pool_key`), inside
+    the clock: sending it is part of the step."""
+    plan, sampled = plan_step(batch, batch_invariant)
     device = model.device
     synchronize(device)
     t0 = time.perf_counter()
-    ids = torch.tensor(token_ids, dtype=torch.long, device=device)
-    positions = torch.tensor(positions, dtype=torch.long, device=device)
-    chunks = [s.new for s in seqs if s.phase is Phase.PREFILL]
-    plan = row_plan(chunks, len(token_ids), model.dtype, batch_invariant)
-    meta = build_metadata(seqs, pool.block_size, device, batch_invariant)
-    hidden = model.forward_batch(ids, positions, pool, meta, plan)
-    rows, sampled = [], []
-    end = 0
-    for i in order:
-        end += batch[i].new
-        if batch[i].needs_logits:  # a verify step samples each of its rows: its last token's and every draft's
-            rows += range(end - 1 - len(batch[i].draft), end)
-            sampled += [i] * (1 + len(batch[i].draft))
-    logits = model.logits(hidden[rows], batch_invariant) if rows else None
+    if model.tp is None:
+        logits = execute(model, pool, plan)
+    else:
+        logits = model.tp.lead.run(("step", pool_key, plan), lambda: execute(model, pool, plan))
     synchronize(device)
     return StepLogits(logits, sampled, time.perf_counter() - t0)

@@ -1,7 +1,7 @@
 // rooftop's CPU kernels: the decode step's work in few calls, on float32 activations.
 //
 // Decode reads every weight once per token, so its time is the weight bytes and the overhead around them.
-// The linears (tiles.cpp: Q4_0, Q4_1, Q8_0; blocks.cpp: GGUF's other block formats) dot the weights with the
+// The linears (tiles.cpp: GGUF's block formats, Q4_0 to Q6_K, in tiles of 16 output rows) dot the weights with the
 // activations quantized to int8 per group of 32, as llama.cpp does: AVX2's maddubs (VNNI's dpbusd) multiplies
 // byte pairs, so the nibbles are never widened to floats. The small ops around them (RMSNorm, RoPE, SiLU-mul, and
 // attention over the paged cache in attention.cpp) are one call each instead of a handful of PyTorch ops.
@@ -143,25 +143,16 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
                             int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
                             const c10::optional<at::Tensor>& v_scale);
 
-// Q4_0, Q4_1 and Q8_0 in tiles of 16 output rows (tiles.cpp).
+// GGUF's block formats in tiles of 16 output rows (tiles.cpp).
 at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n,
                         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
 at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, bool bf16);
 
-// GGUF's block formats (blocks.cpp).
-at::Tensor block_linear(const at::Tensor& x, const at::Tensor& data, int64_t format,
-                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
-at::Tensor block_dequantize(const at::Tensor& data, int64_t format, int64_t k, bool bf16);
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("block_linear", &block_linear, "x @ GGUF block weights^T (+bias) (+residual)", py::arg("x"), py::arg("data"),
-        py::arg("format"), py::arg("bias") = py::none(), py::arg("residual") = py::none());
-  m.def("block_dequantize", &block_dequantize, "GGUF block rows -> float32 or bfloat16 (N, K)", py::arg("data"),
-        py::arg("format"), py::arg("k"), py::arg("bf16") = false);
-  m.def("tiled_linear", &tiled_linear, "x @ tiled Q4_0/Q4_1/Q8_0 weights^T (+bias) (+residual)", py::arg("x"),
+  m.def("tiled_linear", &tiled_linear, "x @ tiled block-format weights^T (+bias) (+residual)", py::arg("x"),
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bias") = py::none(),
         py::arg("residual") = py::none());
-  m.def("tiled_dequantize", &tiled_dequantize, "tiled Q4_0/Q4_1/Q8_0 weights -> float32 or bfloat16 (N, K)",
+  m.def("tiled_dequantize", &tiled_dequantize, "tiled block-format weights -> float32 or bfloat16 (N, K)",
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bf16") = false);
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");

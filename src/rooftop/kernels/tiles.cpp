@@ -1,19 +1,32 @@
-// Q4_0, Q4_1 and Q8_0 linears on weights repacked in tiles of 16 output rows, so that a decode step's extra
+// GGUF's block formats as linears on weights repacked in tiles of 16 output rows: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and
+// the K-quants Q4_K, Q5_K, Q6_K, each with the file's own levels and scales, so that a decode step's extra
 // activation rows (a batch, a speculative verify) cost little more than the first.
 //
-// Row-by-row kernels (blocks.cpp) dot one weight row with a few activation rows, 32 weights per integer dot: each
-// group's int32 lanes must be summed, converted and scaled on their own, and the nibbles are unpacked again for
-// every row of weights. Those multiply-port ops, not the bytes, bounded the old Q4 loop (254 µs for 1 row of a
-// 2048x8192 Q4_0 linear, 935 µs for 5). Here a tile holds, per group of 32 inputs, the 16 rows' weights interleaved
-// four bytes at a time: one dpbusd multiplies four of a row's activations (broadcast) with four weights of each of
-// the 16 output rows, so the lanes are the 16 outputs and eight dpbusd finish a group with no reduction. The
-// unpacked weights stay in registers for up to 8 activation rows, and each row's group costs one conversion and
-// one or two FMAs for all 16 outputs.
+// A row-by-row kernel dots one weight row with a few activation rows, 32 weights per integer dot: each group's
+// int32 lanes must be summed, converted and scaled on their own, and the weights are unpacked again for every row
+// of weights. Those multiply-port ops, not the bytes, bounded it (254 µs for 1 row of a 2048x8192 Q4_0 linear, 935
+// µs for 5). Here a tile holds, per group of 32 inputs, the 16 rows' levels interleaved four bytes at a time: one
+// dpbusd multiplies four of a row's activations (broadcast) with four levels of each of the 16 output rows, so the
+// lanes are the 16 outputs and eight dpbusd finish a group with no reduction. The unpacked levels stay in registers
+// for up to 8 activation rows, and each row's group costs one conversion and one or two FMAs for all 16 outputs.
 //
-// Layout of a tile's group (64-byte chunks, byte 4o + i of a chunk belonging to output row o of the tile):
-//   Q4_0, Q4_1: 4 chunks; chunk j holds inputs 8j + i in its low nibbles and 8j + 4 + i in its high nibbles;
-//   Q8_0: 8 chunks; chunk m holds inputs 4m + i as signed bytes.
-// Scales: per tile and group, 16 float16 d (Q4_1: then 16 minima m). w = d·(q - 8), d·q + m and d·q.
+// Every format reads as w = a·(u - c) + m per 32 weights (Q6_K: per 16), with u an unsigned level, c a constant
+// taken off the integer dots (Q4_0 8, Q5_0 16, Q6_K 32) and m a minimum (Q4_1, Q5_1; the K-quants' -dmin·min):
+//   Q4_0 a = d; Q4_1 a = d, m; Q8_0 a = d (signed levels); Q5_0 a = d; Q5_1 a = d, m;
+//   Q4_K, Q5_K a = d·scale, m = -dmin·min per 32 (6-bit scale and min per sub-block, float16 d, dmin per 256);
+//   Q6_K a = d·scale per 16 (int8 scales, float16 d per 256).
+//
+// Layout of a tile's group (q: `group_bytes` per tile and group; byte 4o + i of a 64-byte chunk belongs to output
+// row o of the tile):
+//   nibble formats: 4 chunks of low levels; chunk j holds inputs 8j + i in its low nibbles and 8j + 4 + i in its
+//     high nibbles, so that unpacked they are 8 vectors, vector v against activations 4v..4v+3;
+//   then Q5_0, Q5_1, Q5_K: one 64-byte plane whose byte 4o + i has in bit v the fifth bit of vector v's level;
+//     Q6_K: two planes, bits 2v', 2v' + 1 of plane p the two high bits of vector 4p + v';
+//   then the K-quants' 32 bytes of sub-block scales: Q4_K, Q5_K the 16 rows' 6-bit scales, then their 6-bit minima
+//     (a byte each); Q6_K the 16 rows' int8 scales of inputs 0-15, then of inputs 16-31;
+//   Q8_0: 8 chunks, chunk v holding inputs 4v + i as signed bytes.
+// dm, float16 per tile and scale block (a group; the K-quants' 256 inputs): 16 d, then (Q4_1, Q5_1, K-quants' dmin)
+// 16 of the second part.
 // Every path (512-bit, 256-bit, plain loops) computes the same exact integer dots and the same float operations in
 // the same order: each row's result is bit for bit the same at any batch size and on any of them.
 
@@ -28,26 +41,58 @@ constexpr int TILE_ROWS = 8;  // activation rows per pass over a tile's unpacked
 constexpr int TILE_ROWS = 4;  // 16 ymm registers
 #endif
 
-enum Format : int64_t { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+enum Format : int64_t { Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };  // quant/tiles.py's TILE_FORMATS
 
 constexpr bool nibbles(Format f) { return f != Q8_0; }
-constexpr int parts(Format f) { return f == Q4_1 ? 2 : 1; }
-constexpr int64_t group_bytes(Format f) { return nibbles(f) ? 256 : 512; }
+constexpr bool k_quant(Format f) { return f >= Q4_K; }
+constexpr int planes(Format f) { return f == Q6_K ? 2 : (f == Q5_0 || f == Q5_1 || f == Q5_K) ? 1 : 0; }
+constexpr int offset(Format f) { return f == Q4_0 ? 8 : f == Q5_0 ? 16 : f == Q6_K ? 32 : 0; }  // c above
+constexpr bool minimum(Format f) { return f == Q4_1 || f == Q5_1 || f == Q4_K || f == Q5_K; }  // m above
+constexpr int parts(Format f) { return minimum(f) ? 2 : 1; }  // float16 vectors per tile and scale block
+constexpr int64_t groups_per_scale(Format f) { return k_quant(f) ? 8 : 1; }
+constexpr int64_t sub_scales_at(Format f) { return 256 + 64 * planes(f); }
+constexpr int64_t group_bytes(Format f) { return nibbles(f) ? sub_scales_at(f) + (k_quant(f) ? 32 : 0) : 512; }
 
 struct Tiled {
   const uint8_t* q;  // (tiles, groups, group_bytes)
-  const at::Half* dm;  // (tiles, groups, parts, 16)
+  const at::Half* dm;  // (tiles, groups / groups_per_scale, parts, 16)
   int64_t n, groups;
+
+  const uint8_t* group(Format f, int64_t t, int64_t g) const { return q + (t * groups + g) * group_bytes(f); }
+  const at::Half* scales(Format f, int64_t t, int64_t g) const {
+    return dm + (t * (groups / groups_per_scale(f)) + g / groups_per_scale(f)) * parts(f) * TILE;
+  }
 };
 
-// The stored level of input k (0..31) of output row o in a tile's group: q for Q8_0, the unsigned nibble otherwise.
+// The stored level of input k (0..31) of output row o in a tile's group: signed q for Q8_0, unsigned u otherwise.
 template <Format F>
 inline int level(const uint8_t* b, int64_t o, int64_t k) {
   if constexpr (F == Q8_0) {
     return static_cast<int8_t>(b[64 * (k / 4) + 4 * o + k % 4]);
   } else {
     const uint8_t byte = b[64 * (k / 8) + 4 * o + k % 4];
-    return (k % 8) < 4 ? (byte & 15) : (byte >> 4);
+    const int v = k / 4, low = (k % 8) < 4 ? (byte & 15) : (byte >> 4), at = 4 * o + k % 4;
+    if constexpr (planes(F) == 1) return low | ((b[256 + at] >> v) & 1) << 4;
+    if constexpr (planes(F) == 2) return low | ((b[256 + 64 * (v / 4) + at] >> (2 * (v % 4))) & 3) << 4;
+    return low;
+  }
+}
+
+// The scales of output row o for a group: a for its first 16 inputs, a2 for the last 16 (Q6_K; else a2 = a),
+// m per unit of the activations' sum.
+template <Format F>
+inline void row_scales(const Tiled& w, int64_t t, int64_t g, int64_t o, float& a, float& a2, float& m) {
+  const at::Half* s = w.scales(F, t, g);
+  const uint8_t* sub = w.group(F, t, g) + sub_scales_at(F);
+  const float d = s[o], second = parts(F) == 2 ? float(s[TILE + o]) : 0.f;
+  if constexpr (F == Q6_K) {
+    a = static_cast<float>(static_cast<int8_t>(sub[o])) * d, a2 = static_cast<float>(static_cast<int8_t>(sub[TILE + o])) * d;
+    m = 0.f;
+  } else if constexpr (k_quant(F)) {
+    a = a2 = static_cast<float>(sub[o]) * d;
+    m = static_cast<float>(sub[TILE + o]) * -second;
+  } else {
+    a = a2 = d, m = second;
   }
 }
 
@@ -57,14 +102,32 @@ inline int32_t four_bytes(const int8_t* x) {
   return v;
 }
 
+#ifdef ROOFTOP_AVX2
+// The high bits of vector v's levels (planes above), in place at bit 4 (and 5) of each byte, for rows 8h..8h+7:
+// a shift by a count within each 16-bit lane, then a mask, never moves a bit across bytes.
+template <Format F>
+inline __m256i high256(const uint8_t* b, int h, int v) {
+  if constexpr (planes(F) == 1) {
+    const __m256i p = load32(b + 256 + 32 * h);
+    const __m256i at4 = v < 4 ? _mm256_sll_epi16(p, _mm_cvtsi32_si128(4 - v)) : _mm256_srl_epi16(p, _mm_cvtsi32_si128(v - 4));
+    return _mm256_and_si256(at4, _mm256_set1_epi8(16));
+  } else {
+    const __m256i p = load32(b + 256 + 64 * (v / 4) + 32 * h);
+    const int bit = 2 * (v % 4);
+    const __m256i at4 = bit <= 4 ? _mm256_sll_epi16(p, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(p, _mm_cvtsi32_si128(bit - 4));
+    return _mm256_and_si256(at4, _mm256_set1_epi8(48));
+  }
+}
+#endif
+
 #ifdef ROOFTOP_AVX512
-// The 8 vectors of unsigned bytes of a tile's group, vector m against activations 4m..4m+3. dpbusd takes unsigned
+// The 8 vectors of unsigned bytes of a tile's group, vector v against activations 4v..4v+3. dpbusd takes unsigned
 // weights: Q8_0's signed bytes go in as q + 128 (the sign bit flipped), and 128 * sum(x) comes off the dots.
 template <Format F>
 inline void unpack512(const uint8_t* b, __m512i w[8]) {
   if constexpr (F == Q8_0) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    for (int m = 0; m < 8; ++m) w[m] = _mm512_xor_si512(_mm512_loadu_si512(b + 64 * m), flip);
+    for (int v = 0; v < 8; ++v) w[v] = _mm512_xor_si512(_mm512_loadu_si512(b + 64 * v), flip);
   } else {
     const __m512i mask = _mm512_set1_epi8(15);
     for (int j = 0; j < 4; ++j) {
@@ -72,33 +135,64 @@ inline void unpack512(const uint8_t* b, __m512i w[8]) {
       w[2 * j] = _mm512_and_si512(v, mask);
       w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
     }
+    if constexpr (planes(F) > 0) {
+      const __m512i bits = _mm512_set1_epi8(planes(F) == 1 ? 16 : 48);
+      for (int v = 0; v < 8; ++v) {
+        const __m512i p = _mm512_loadu_si512(b + 256 + 64 * (planes(F) == 2 ? v / 4 : 0));
+        const int bit = planes(F) == 1 ? v : 2 * (v % 4);
+        const __m512i at4 = bit <= 4 ? _mm512_sll_epi16(p, _mm_cvtsi32_si128(4 - bit)) : _mm512_srl_epi16(p, _mm_cvtsi32_si128(bit - 4));
+        w[v] = _mm512_ternarylogic_epi32(w[v], at4, bits, 0xf8);  // w | (at4 & bits)
+      }
+    }
   }
+}
+
+// 16 bytes of sub-block scales as floats, times the scale block's d.
+template <bool Signed>
+inline __m512 sub_scales512(const uint8_t* p, __m512 d) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(Signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes)), d);
 }
 
 template <Format F, int R>
 void tile512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
-  constexpr int offset = F == Q4_0 ? 8 : F == Q8_0 ? 128 : 0;  // what each stored level is above the weight's q
+  constexpr int c = F == Q8_0 ? 128 : offset(F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < w.groups; ++g) {
+    const uint8_t* b = w.group(F, t, g);
     __m512i u[8];
-    unpack512<F>(w.q + (t * w.groups + g) * group_bytes(F), u);
-    const at::Half* s = w.dm + (t * w.groups + g) * parts(F) * TILE;
+    unpack512<F>(b, u);
+    const at::Half* s = w.scales(F, t, g);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-    __m512 m = _mm512_setzero_ps();
+    __m512 sa = d, sa2 = d, m = _mm512_setzero_ps();  // a of inputs 0-15 and 16-31, m
     if constexpr (parts(F) == 2) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + TILE)));
+    if constexpr (F == Q6_K) {
+      sa = sub_scales512<true>(b + sub_scales_at(F), d), sa2 = sub_scales512<true>(b + sub_scales_at(F) + 16, d);
+    } else if constexpr (k_quant(F)) {
+      sa = sub_scales512<false>(b + sub_scales_at(F), d);
+      m = sub_scales512<false>(b + sub_scales_at(F) + 16, _mm512_sub_ps(_mm512_setzero_ps(), m));
+    }
     for (int r = 0; r < R; ++r) {
       const int64_t ag = (r0 + r) * w.groups + g;
       const int8_t* x = a.q.data() + ag * GROUP;
-      __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
-      for (int k = 0; k < 8; k += 2) {  // two chains, so that each dpbusd waits on every other one only
-        p0 = _mm512_dpbusd_epi32(p0, u[k], _mm512_set1_epi32(four_bytes(x + 4 * k)));
-        p1 = _mm512_dpbusd_epi32(p1, u[k + 1], _mm512_set1_epi32(four_bytes(x + 4 * k + 4)));
+      __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();  // inputs 0-15 and 16-31
+      for (int v = 0; v < 4; ++v) {
+        p0 = _mm512_dpbusd_epi32(p0, u[v], _mm512_set1_epi32(four_bytes(x + 4 * v)));
+        p1 = _mm512_dpbusd_epi32(p1, u[v + 4], _mm512_set1_epi32(four_bytes(x + 16 + 4 * v)));
       }
-      __m512i dots = _mm512_add_epi32(p0, p1);
-      if constexpr (offset != 0) dots = _mm512_sub_epi32(dots, _mm512_set1_epi32(offset * a.sum[ag]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(d, _mm512_set1_ps(a.d[ag])), acc[r]);
-      if constexpr (parts(F) == 2) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s[ag]), acc[r]);
+      const __m512 xd = _mm512_set1_ps(a.d[ag]);
+      if constexpr (F == Q6_K) {
+        p0 = _mm512_sub_epi32(p0, _mm512_set1_epi32(c * a.sum16[2 * ag]));
+        p1 = _mm512_sub_epi32(p1, _mm512_set1_epi32(c * a.sum16[2 * ag + 1]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(sa, xd), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(sa2, xd), acc[r]);
+      } else {
+        __m512i dots = _mm512_add_epi32(p0, p1);
+        if constexpr (c != 0) dots = _mm512_sub_epi32(dots, _mm512_set1_epi32(c * a.sum[ag]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(sa, xd), acc[r]);
+        if constexpr (minimum(F)) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s[ag]), acc[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
@@ -110,15 +204,15 @@ void tile512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
 #define ROOFTOP_DPBUSD256 1
 #endif
 
-// Half h of a tile (output rows 8h..8h+7) as 8 vectors of bytes, vector m against activations 4m..4m+3. With
+// Half h of a tile (output rows 8h..8h+7) as 8 vectors of bytes, vector v against activations 4v..4v+3. With
 // VNNI they are unsigned as at 512 bits; without it Q8_0 stays signed, for maddubs' sign trick.
 template <Format F>
 inline void unpack256(const uint8_t* b, int h, __m256i w[8]) {
   if constexpr (F == Q8_0) {
-    for (int m = 0; m < 8; ++m) {
-      w[m] = load32(b + 64 * m + 32 * h);
+    for (int v = 0; v < 8; ++v) {
+      w[v] = load32(b + 64 * v + 32 * h);
 #ifdef ROOFTOP_DPBUSD256
-      w[m] = _mm256_xor_si256(w[m], _mm256_set1_epi8(static_cast<char>(0x80)));
+      w[v] = _mm256_xor_si256(w[v], _mm256_set1_epi8(static_cast<char>(0x80)));
 #endif
     }
   } else {
@@ -127,6 +221,9 @@ inline void unpack256(const uint8_t* b, int h, __m256i w[8]) {
       const __m256i v = load32(b + 64 * j + 32 * h);
       w[2 * j] = _mm256_and_si256(v, mask);
       w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    }
+    if constexpr (planes(F) > 0) {
+      for (int v = 0; v < 8; ++v) w[v] = _mm256_or_si256(w[v], high256<F>(b, h, v));
     }
   }
 }
@@ -143,34 +240,56 @@ inline __m256i dot_add(__m256i acc, __m256i w, int32_t x) {
 #endif
 }
 
+template <bool Signed>
+inline __m256 sub_scales256(const uint8_t* p, __m256 d) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes)), d);
+}
+
 template <Format F, int R>
 void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
 #ifdef ROOFTOP_DPBUSD256
-  constexpr int offset = F == Q4_0 ? 8 : F == Q8_0 ? 128 : 0;
+  constexpr int c = F == Q8_0 ? 128 : offset(F);
 #else
-  constexpr int offset = F == Q4_0 ? 8 : 0;
+  constexpr int c = offset(F);
 #endif
   for (int h = 0; h < 2; ++h) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < w.groups; ++g) {
+      const uint8_t* b = w.group(F, t, g);
       __m256i u[8];
-      unpack256<F>(w.q + (t * w.groups + g) * group_bytes(F), h, u);
-      const at::Half* s = w.dm + (t * w.groups + g) * parts(F) * TILE + 8 * h;
+      unpack256<F>(b, h, u);
+      const at::Half* s = w.scales(F, t, g) + 8 * h;
       const __m256 d = half8(s);
-      const __m256 m = parts(F) == 2 ? half8(s + TILE) : _mm256_setzero_ps();
+      __m256 sa = d, sa2 = d, m = parts(F) == 2 ? half8(s + TILE) : _mm256_setzero_ps();
+      if constexpr (F == Q6_K) {
+        sa = sub_scales256<true>(b + sub_scales_at(F) + 8 * h, d);
+        sa2 = sub_scales256<true>(b + sub_scales_at(F) + 16 + 8 * h, d);
+      } else if constexpr (k_quant(F)) {
+        sa = sub_scales256<false>(b + sub_scales_at(F) + 8 * h, d);
+        m = sub_scales256<false>(b + sub_scales_at(F) + 16 + 8 * h, _mm256_sub_ps(_mm256_setzero_ps(), m));
+      }
       for (int r = 0; r < R; ++r) {
         const int64_t ag = (r0 + r) * w.groups + g;
         const int8_t* x = a.q.data() + ag * GROUP;
         __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
-        for (int k = 0; k < 8; k += 2) {
-          p0 = dot_add<F>(p0, u[k], four_bytes(x + 4 * k));
-          p1 = dot_add<F>(p1, u[k + 1], four_bytes(x + 4 * k + 4));
+        for (int v = 0; v < 4; ++v) {
+          p0 = dot_add<F>(p0, u[v], four_bytes(x + 4 * v));
+          p1 = dot_add<F>(p1, u[v + 4], four_bytes(x + 16 + 4 * v));
         }
-        __m256i dots = _mm256_add_epi32(p0, p1);
-        if constexpr (offset != 0) dots = _mm256_sub_epi32(dots, _mm256_set1_epi32(offset * a.sum[ag]));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(d, _mm256_set1_ps(a.d[ag])), acc[r]);
-        if constexpr (parts(F) == 2) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ag]), acc[r]);
+        const __m256 xd = _mm256_set1_ps(a.d[ag]);
+        if constexpr (F == Q6_K) {
+          p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(c * a.sum16[2 * ag]));
+          p1 = _mm256_sub_epi32(p1, _mm256_set1_epi32(c * a.sum16[2 * ag + 1]));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(sa, xd), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(sa2, xd), acc[r]);
+        } else {
+          __m256i dots = _mm256_add_epi32(p0, p1);
+          if constexpr (c != 0) dots = _mm256_sub_epi32(dots, _mm256_set1_epi32(c * a.sum[ag]));
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(sa, xd), acc[r]);
+          if constexpr (minimum(F)) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ag]), acc[r]);
+        }
       }
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * TILE + 8 * h, acc[r]);
@@ -181,19 +300,25 @@ void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
 // The plain loops: the same integers and the same FMAs, one output at a time.
 template <Format F, int R>
 void tile_plain(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
-  constexpr int offset = F == Q4_0 ? 8 : 0;
+  constexpr int c = offset(F);
   for (int64_t o = 0; o < TILE; ++o) {
     for (int r = 0; r < R; ++r) {
       float acc = 0.f;
       for (int64_t g = 0; g < w.groups; ++g) {
-        const uint8_t* b = w.q + (t * w.groups + g) * group_bytes(F);
-        const at::Half* s = w.dm + (t * w.groups + g) * parts(F) * TILE;
+        const uint8_t* b = w.group(F, t, g);
+        float sa, sa2, m;
+        row_scales<F>(w, t, g, o, sa, sa2, m);
         const int64_t ag = (r0 + r) * w.groups + g;
         const int8_t* x = a.q.data() + ag * GROUP;
-        int32_t dots = 0;
-        for (int64_t k = 0; k < GROUP; ++k) dots += (level<F>(b, o, k) - offset) * x[k];
-        acc = std::fma(static_cast<float>(dots), float(s[o]) * a.d[ag], acc);
-        if constexpr (parts(F) == 2) acc = std::fma(float(s[TILE + o]), a.s[ag], acc);
+        int32_t dots[2] = {0, 0};
+        for (int64_t k = 0; k < GROUP; ++k) dots[k / 16] += level<F>(b, o, k) * x[k];
+        if constexpr (F == Q6_K) {
+          acc = std::fma(static_cast<float>(dots[0] - c * a.sum16[2 * ag]), sa * a.d[ag], acc);
+          acc = std::fma(static_cast<float>(dots[1] - c * a.sum16[2 * ag + 1]), sa2 * a.d[ag], acc);
+        } else {
+          acc = std::fma(static_cast<float>(dots[0] + dots[1] - c * a.sum[ag]), sa * a.d[ag], acc);
+          if constexpr (minimum(F)) acc = std::fma(m, a.s[ag], acc);
+        }
       }
       out[r * TILE + o] = acc;
     }
@@ -257,19 +382,23 @@ at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional
   return out;
 }
 
-// One tile's group as float32 or bfloat16 rows: out[o * k + i] for its 16 rows (those below n) and 32 inputs.
+// One tile's group as float32 or bfloat16 rows: out[o * k + i] = a·u + m' for its 16 rows (those below n) and 32
+// inputs, with m' = m - a·c (Q4_0: -8d; Q6_K: -32a): one rounding of the exact value, as gguf's dequantizer
+// gives it (its products of float16 scales and small integers are exact in float32).
 template <Format F, typename T>
-void widen_group(const uint8_t* b, const at::Half* s, int64_t rows, int64_t k, T* out) {
-  alignas(64) int8_t levels[TILE][GROUP];
+void widen_group(const Tiled& w, int64_t t, int64_t g, int64_t rows, int64_t k, T* out) {
+  const uint8_t* b = w.group(F, t, g);
+  alignas(64) uint8_t levels[TILE][GROUP];
 #ifdef ROOFTOP_AVX2
-  // Inputs 8j..8j+7 of a row are four bytes of two vectors (Q4: a chunk's low and high nibbles; Q8: chunks 2j
-  // and 2j + 1): interleaving their 32-bit lanes puts each row's 8 bytes side by side, two rows per 128 bits.
+  // Inputs 8j..8j+7 of a row are four bytes of two vectors (nibble formats: a chunk's low and high levels; Q8: chunks
+  // 2j and 2j + 1): interleaving their 32-bit lanes puts each row's 8 bytes side by side, two rows per 128 bits.
   for (int j = 0; j < 4; ++j) {
     for (int h = 0; h < 2; ++h) {
       __m256i p, q;
       if constexpr (nibbles(F)) {
         const __m256i v = load32(b + 64 * j + 32 * h), mask = _mm256_set1_epi8(15);
         p = _mm256_and_si256(v, mask), q = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        if constexpr (planes(F) > 0) p = _mm256_or_si256(p, high256<F>(b, h, 2 * j)), q = _mm256_or_si256(q, high256<F>(b, h, 2 * j + 1));
       } else {
         p = load32(b + 128 * j + 32 * h), q = load32(b + 128 * j + 64 + 32 * h);
       }
@@ -286,22 +415,30 @@ void widen_group(const uint8_t* b, const at::Half* s, int64_t rows, int64_t k, T
   }
 #else
   for (int64_t o = 0; o < rows; ++o) {
-    for (int64_t i = 0; i < GROUP; ++i) levels[o][i] = static_cast<int8_t>(level<F>(b, o, i));
+    for (int64_t i = 0; i < GROUP; ++i) levels[o][i] = static_cast<uint8_t>(level<F>(b, o, i));
   }
 #endif
+  constexpr int c = offset(F);
   for (int64_t o = 0; o < rows; ++o) {
-    const float d = s[o], m = parts(F) == 2 ? float(s[TILE + o]) : F == Q4_0 ? -8.f * d : 0.f;
+    float sa, sa2, m;
+    row_scales<F>(w, t, g, o, sa, sa2, m);
     T* y = out + o * k;
+    for (int half = 0; half < 2; ++half) {
+      const float scale = half ? sa2 : sa, shift = m - static_cast<float>(c) * scale;
 #ifdef ROOFTOP_AVX2
-    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
-    for (int e = 0; e < GROUP; e += 8) {
-      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&levels[o][e]));
-      const __m256i ints = nibbles(F) ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
-      put8(y + e, _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), dv, mv));
-    }
+      const __m256 sv = _mm256_set1_ps(scale), mv = _mm256_set1_ps(shift);
+      for (int e = 16 * half; e < 16 * half + 16; e += 8) {
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&levels[o][e]));
+        const __m256i ints = nibbles(F) ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
+        put8(y + e, _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), sv, mv));
+      }
 #else
-    for (int64_t i = 0; i < GROUP; ++i) put(y + i, std::fma(static_cast<float>(levels[o][i]), d, m));
+      for (int64_t i = 16 * half; i < 16 * half + 16; ++i) {
+        const int u = nibbles(F) ? levels[o][i] : static_cast<int8_t>(levels[o][i]);
+        put(y + i, std::fma(static_cast<float>(u), scale, shift));
+      }
 #endif
+    }
   }
 }
 
@@ -312,26 +449,38 @@ at::Tensor tiled_dequantize(const Tiled& w, bool bf16, const at::TensorOptions& 
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t rows = std::min(TILE, n - t * TILE);
-        for (int64_t g = 0; g < w.groups; ++g) {
-          widen_group<F>(w.q + (t * w.groups + g) * group_bytes(F), w.dm + (t * w.groups + g) * parts(F) * TILE,
-                         rows, k, out + t * TILE * k + g * GROUP);
-        }
+        for (int64_t g = 0; g < w.groups; ++g) widen_group<F>(w, t, g, rows, k, out + t * TILE * k + g * GROUP);
       }
     });
   });
 }
 
 Tiled check_tiled(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n) {
-  TORCH_CHECK(format >= Q4_0 && format <= Q8_0, "format must be 0 (Q4_0), 1 (Q4_1) or 2 (Q8_0)");
+  TORCH_CHECK(format >= Q4_0 && format <= Q6_K,
+              "format must be 0 (Q4_0), 1 (Q4_1), 2 (Q8_0), 3 (Q5_0), 4 (Q5_1), 5 (Q4_K), 6 (Q5_K) or 7 (Q6_K)");
   const Format f = static_cast<Format>(format);
   const int64_t tiles = (n + TILE - 1) / TILE;
   TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.dim() == 4 && dm.size(0) == tiles &&
                   dm.size(2) == parts(f) && dm.size(3) == TILE,
-              "dm must be float16 (ceil(N/16), K/32, parts, 16)");
-  const int64_t groups = dm.size(1);
+              "dm must be float16 (ceil(N/16), K/", GROUP * groups_per_scale(f), ", ", parts(f), ", 16)");
+  const int64_t groups = dm.size(1) * groups_per_scale(f);
   TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.numel() == tiles * groups * group_bytes(f),
               "q must be uint8 (ceil(N/16), K/32, ", group_bytes(f), ")");
   return Tiled{q.data_ptr<uint8_t>(), dm.data_ptr<at::Half>(), n, groups};
+}
+
+template <typename Fn>
+auto by_format(int64_t format, Fn&& fn) {
+  switch (format) {
+    case Q4_0: return fn(std::integral_constant<Format, Q4_0>{});
+    case Q4_1: return fn(std::integral_constant<Format, Q4_1>{});
+    case Q8_0: return fn(std::integral_constant<Format, Q8_0>{});
+    case Q5_0: return fn(std::integral_constant<Format, Q5_0>{});
+    case Q5_1: return fn(std::integral_constant<Format, Q5_1>{});
+    case Q4_K: return fn(std::integral_constant<Format, Q4_K>{});
+    case Q5_K: return fn(std::integral_constant<Format, Q5_K>{});
+    default: return fn(std::integral_constant<Format, Q6_K>{});
+  }
 }
 
 }  // namespace
@@ -342,19 +491,11 @@ at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tens
   check_linear_inputs(x, bias, residual, n);
   const Tiled w = check_tiled(q, dm, format, n);
   TORCH_CHECK(x.size(1) == w.groups * GROUP, "x has ", x.size(1), " inputs, the weights ", w.groups * GROUP);
-  switch (format) {
-    case Q4_0: return tiled_linear<Q4_0>(w, x, bias, residual);
-    case Q4_1: return tiled_linear<Q4_1>(w, x, bias, residual);
-    default: return tiled_linear<Q8_0>(w, x, bias, residual);
-  }
+  return by_format(format, [&](auto f) { return tiled_linear<decltype(f)::value>(w, x, bias, residual); });
 }
 
 // Tiled weights -> float32 or bfloat16 (N, K): what a prefill chunk's sgemm multiplies.
 at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, bool bf16) {
   const Tiled w = check_tiled(q, dm, format, n);
-  switch (format) {
-    case Q4_0: return tiled_dequantize<Q4_0>(w, bf16, dm.options());
-    case Q4_1: return tiled_dequantize<Q4_1>(w, bf16, dm.options());
-    default: return tiled_dequantize<Q8_0>(w, bf16, dm.options());
-  }
+  return by_format(format, [&](auto f) { return tiled_dequantize<decltype(f)::value>(w, bf16, dm.options()); });
 }

@@ -23,6 +23,7 @@ from rooftop.loading.gguf_config import config_from_gguf
 from rooftop.loading.gguf_file import read_gguf
 from rooftop.loading.hf_config import read_hf_config, read_json
 from rooftop.loading.loaded import LazyWeights, LoadedModel
+from rooftop.loading.shard import Shard, shard_weight
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import dequantize
 from rooftop.quant.linear import weight_policy
@@ -148,11 +149,20 @@ def tensor_form(name: str, shape: tuple[int, ...], policy: str, device: torch.de
 
 
 def random_weight(
-    name: str, shape: tuple[int, ...], form: str, dtype: torch.dtype, device: torch.device, seed: int
+    name: str,
+    shape: tuple[int, ...],
+    form: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    shard: Shard | None = None,
 ) -> Weight:
     """One tensor, from a generator seeded by `seed` and the tensor's name: the same whatever order the model
     asks in. Floats are made on `device` in `dtype` (random values differ between a CPU and a CUDA generator);
-    on the meta device only the shape exists."""
+    on the meta device only the shape exists. A `shard` is cut from the whole tensor, so every rank's part is
+    the part of the weights a single device gets."""
+    if shard is not None:
+        return shard_weight(random_weight(name, shape, form, dtype, device, seed), shard, name)
     if form == "norm":
         return torch.ones(shape, dtype=dtype, device=device)
     if device.type == "meta":

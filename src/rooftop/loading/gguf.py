@@ -13,6 +13,7 @@ from rooftop.errors import ModelLoadError, RooftopError
 from rooftop.loading.gguf_config import config_from_gguf
 from rooftop.loading.gguf_file import TensorInfo, read_gguf
 from rooftop.loading.loaded import LazyWeights, LoadedModel
+from rooftop.loading.shard import Shard, shard_tensor
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize, q4_1_parts, q8_0_parts, stored_blocks
 from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight, quantize_int4
@@ -125,13 +126,16 @@ def read_matrix(t: TensorInfo) -> Weight:
     return quantize_int4(values) if converted(t) else values
 
 
-def read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
-    """One tensor under its HF layout: quantized matrices in a form the kernels run, everything else as float32."""
+def read_tensor(t: TensorInfo, config: ModelConfig, name: str, shard: Shard | None = None) -> Weight:
+    """One tensor under its HF layout: quantized matrices in a form the kernels run, everything else as float32.
+    With `shard`, only those rows or columns of the file are read (Q and K rows by whole heads: llama.cpp's row
+    order is undone within each head)."""
+    t = shard_tensor(t, shard)
     if config.architecture in ("qwen3_5", "qwen3_next") and (hf := hybrid_tensor(t, name)) is not None:
         return hf
     w = read_matrix(t) if len(t.shape) == 2 else dequantize(t.data, t.qtype, t.shape, t.name)
     if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-        heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+        heads = w.shape[0] // config.head_dim
         if isinstance(w, torch.Tensor):
             w = unpermute_rope(w, heads)
         else:  # the same row order, applied to integers, scales and zeros alike

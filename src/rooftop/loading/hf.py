@@ -12,6 +12,7 @@ from rooftop.config import check_runnable
 from rooftop.errors import ModelLoadError
 from rooftop.loading.hf_config import read_hf_config, read_json
 from rooftop.loading.loaded import LazyWeights, LoadedModel
+from rooftop.loading.shard import Shard
 from rooftop.loading.tokenizer import Tokenizer
 
 
@@ -29,9 +30,19 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def _read(f: Path, name: str) -> torch.Tensor:
+def _read(f: Path, name: str, shard: Shard | None = None) -> torch.Tensor:
+    """A tensor as float32, or only its rows or columns `shard` (safetensors reads just those bytes)."""
     with safe_open(f, framework="pt") as opened:
-        return opened.get_tensor(name).float()
+        if shard is None:
+            return opened.get_tensor(name).float()
+        part = opened.get_slice(name)
+        size = part.get_shape()[shard.dim]
+        if size != shard.total:
+            raise ModelLoadError(
+                f"tensor {name} has {size} along dimension {shard.dim}, the config implies {shard.total}"
+            )
+        rows = slice(shard.start, shard.stop)
+        return (part[rows] if shard.dim == 0 else part[:, rows]).float()
 
 
 # A multimodal checkpoint (Qwen3.5's Qwen3_5ForConditionalGeneration) keeps its language model under this prefix,

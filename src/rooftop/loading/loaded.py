@@ -6,19 +6,25 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from rooftop.config import ModelConfig
+from rooftop.loading.shard import Shard
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.weights import Weight
 
 
 class LazyWeights(Mapping[str, Weight]):
     """Tensors read from the file when asked for, not before: the model builds each layer's linears from a few
-    tensors at a time, so loading never holds the whole model widened to float32."""
+    tensors at a time, so loading never holds the whole model widened to float32. Each reader takes the part of
+    its tensor to read (a `Shard`, under tensor parallelism) or None for all of it."""
 
-    def __init__(self, readers: dict[str, Callable[[], Weight]]):
+    def __init__(self, readers: dict[str, Callable[[Shard | None], Weight]]):
         self._readers = readers
 
     def __getitem__(self, name: str) -> Weight:
-        return self._readers[name]()
+        return self._readers[name](None)
+
+    def read(self, name: str, shard: Shard | None) -> Weight:
+        """Tensor `name`, or only its part `shard` (its other rows or columns are never read)."""
+        return self._readers[name](shard)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._readers)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from rooftop.config import RunConfig
 from rooftop.errors import ModelLoadError
 from rooftop.loading.bundled import bundled_model_path
+from rooftop.loading.dummy import load_dummy
 from rooftop.loading.gguf import load_gguf
 from rooftop.loading.hf import load_hf_dir
 from rooftop.loading.loaded import LoadedModel
@@ -19,3 +23,11 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
     if path.is_dir():
         return load_hf_dir(path)
     return load_gguf(path)
+
+
+def load_weights(run: RunConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """The run's model as a LoadedModel (config, tokenizer, tensors read when the model asks): its file, or seeded
+    random weights (load_format dummy)."""
+    if run.load_format == "dummy":
+        return load_dummy(run.model, run.weights, device, dtype, run.dummy_seed)
+    return load_model(run.model)

@@ -130,7 +130,7 @@ class StoredPool:
 
 class CastPool(StoredPool):
     """One layer's float K (or V) stored in another float dtype than the activations': cast on the way in, and the
-    gathered rows only cast back (`index_select`), like Int8Pool."""
+    gathered rows only cast back (`index_select`), like ScaledPool."""
 
     def __init__(self, values: torch.Tensor, dtype: torch.dtype):
         self.values, self.dtype = values, dtype

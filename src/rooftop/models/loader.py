@@ -3,92 +3,77 @@ which form each weight keeps (float in the run's dtype, or a file's 4/8-bit grou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, check_runnable
-from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.errors import UnsupportedModelError
 from rooftop.loading.loaded import LoadedModel
+from rooftop.loading.shard import ShardError
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.mlp import DenseMLP, SparseMoE
 from rooftop.models.ops import choose_ops
+from rooftop.models.parallel import (
+    TPGroup,
+    VocabParallelEmbedding,
+    VocabParallelHead,
+    check_tensor_parallel,
+    kv_head_rows,
+    rank_config,
+    tensor_parallel_sizes,
+    vocab_rows,
+)
 from rooftop.models.rope import cos_sin_table
+from rooftop.models.tensors import Tensors
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import FloatLinear, Linear, as_stored, make_linear, weight_policy
+from rooftop.quant.linear import FloatLinear, weight_policy
 from rooftop.quant.weights import Weight, to_float
 
 
-class _Tensors:
-    """The file's tensors in the form the model keeps: float tensors in its dtype on its device, quantized groups and
-    blocks as they are where the CPU kernels read them (float linears and other devices get them dequantized).
-    `stored` (the `auto` weight choice): each quantized matrix runs in the format the file holds it in."""
-
-    def __init__(
-        self, weights: Mapping[str, Weight], dtype: torch.dtype, device: torch.device, policy: str, stored: bool
-    ):
-        self.weights, self.dtype, self.device, self.policy, self.stored = weights, dtype, device, policy, stored
-        self.keep_groups = policy != "float" and device.type == "cpu"
-
-    def linear(self, weight: Weight | list[Weight], bias: torch.Tensor | None, lm_head: bool = False) -> Linear:
-        return make_linear(weight, bias, self.policy, lm_head, self.stored)
-
-    def take(self, name: str, shape: tuple[int, ...] | None, required: bool = True) -> Weight | None:
-        w = self.weights.get(name)
-        if w is None:
-            if required:
-                raise ModelLoadError(f"the model file has no tensor {name}")
-            return None
-        if shape is not None and tuple(w.shape) != shape:
-            raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
-        if not isinstance(w, torch.Tensor) and not self.keep_groups:
-            w = w.dequantize()
-        return w.to(device=self.device, dtype=self.dtype).contiguous() if isinstance(w, torch.Tensor) else w
-
-    def cat(self, *parts: Weight | None) -> Weight | list[Weight] | None:
-        """Fused projections: one matrix from several, kept in their common form when they share one; the parts
-        themselves when each runs as stored in a different format."""
-        if any(t is None for t in parts):
-            return None
-        form = {(type(t), getattr(t, "format", None)) for t in parts}
-        if len(form) == 1 and not isinstance(parts[0], torch.Tensor):
-            return type(parts[0]).cat(list(parts))
-        if self.stored and any(as_stored(t, self.policy) for t in parts):
-            return list(parts)
-        return torch.cat([to_float(t).to(device=self.device, dtype=self.dtype) for t in parts], dim=0).contiguous()
-
-
-def _decoder_block(t: _Tensors, c: ModelConfig, i: int) -> DecoderBlock:
-    """Layer i of a Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint under Hugging Face's names."""
+def _decoder_block(t: Tensors, c: ModelConfig, i: int) -> DecoderBlock:
+    """Layer i of a Llama / Qwen2 / Qwen3 / Qwen3-MoE checkpoint under Hugging Face's names. Under tensor parallelism
+    the fused QKV is column-parallel (this rank's query heads and their KV heads) and o row-parallel."""
     d, qs, kvs = c.hidden_size, c.q_size, c.kv_size
     p = f"model.layers.{i}."
     a = p + "self_attn."
+    heads = t.part(qs)
+    kv = None if t.tp is None else kv_head_rows(c, t.tp.rank, t.tp.size)
     qkv = t.cat(
-        t.take(a + "q_proj.weight", (qs, d)),
-        t.take(a + "k_proj.weight", (kvs, d)),
-        t.take(a + "v_proj.weight", (kvs, d)),
+        t.take(a + "q_proj.weight", (qs, d), rows=heads),
+        t.take(a + "k_proj.weight", (kvs, d), rows=kv),
+        t.take(a + "v_proj.weight", (kvs, d), rows=kv),
     )
+    biases = [
+        t.take(a + f"{n}_proj.bias", (size,), False, rows)
+        for n, size, rows in zip("qkv", (qs, kvs, kvs), (heads, kv, kv), strict=True)
+    ]
     q_norm, k_norm = (t.take(a + f"{n}_norm.weight", (c.head_dim,), c.qk_norm) for n in "qk")
     qk_norm = None
     if q_norm is not None:
-        qk_norm = torch.cat([q_norm.expand(c.num_heads, -1), k_norm.expand(c.num_kv_heads, -1)]).contiguous()
+        local = rank_config(c, t.tp.size if t.tp else 1)
+        qk_norm = torch.cat([q_norm.expand(local.num_heads, -1), k_norm.expand(local.num_kv_heads, -1)]).contiguous()
     return DecoderBlock(
         attn_norm=t.take(p + "input_layernorm.weight", (d,)),
-        qkv=t.linear(qkv, t.cat(*(t.take(a + f"{n}_proj.bias", None, False) for n in "qkv"))),
-        o=t.linear(t.take(a + "o_proj.weight", (d, qs)), t.take(a + "o_proj.bias", (d,), False)),
+        qkv=t.linear(qkv, t.cat(*biases)),
+        o=t.row_parallel(t.take(a + "o_proj.weight", (d, qs), columns=heads), t.take(a + "o_proj.bias", (d,), False)),
         qk_norm=qk_norm,
         mlp_norm=t.take(p + "post_attention_layernorm.weight", (d,)),
         mlp=_moe(t, c, p + "mlp.") if c.is_moe else _dense_mlp(t, p + "mlp.", d, c.intermediate_size),
     )
 
 
-def _dense_mlp(t: _Tensors, p: str, d: int, ff: int) -> DenseMLP:
-    gate_up = t.cat(t.take(p + "gate_proj.weight", (ff, d)), t.take(p + "up_proj.weight", (ff, d)))
-    return DenseMLP(gate_up=t.linear(gate_up, None), down=t.linear(t.take(p + "down_proj.weight", (d, ff)), None))
+def _dense_mlp(t: Tensors, p: str, d: int, ff: int) -> DenseMLP:
+    """Gate and up fused; under tensor parallelism column-parallel (this rank's intermediate features of both), and
+    down row-parallel over the same features."""
+    part = t.part(ff)
+    gate_up = t.cat(
+        t.take(p + "gate_proj.weight", (ff, d), rows=part), t.take(p + "up_proj.weight", (ff, d), rows=part)
+    )
+    down = t.row_parallel(t.take(p + "down_proj.weight", (d, ff), columns=part), None)
+    return DenseMLP(gate_up=t.linear(gate_up, None), down=down)
 
 
-def _moe(t: _Tensors, c: ModelConfig, p: str) -> SparseMoE:
+def _moe(t: Tensors, c: ModelConfig, p: str) -> SparseMoE:
     """The router in float32 (its logits pick the experts: rounding them would change which run) and each expert's
     gate/up and down in the model's weight format."""
     d = c.hidden_size
@@ -102,7 +87,7 @@ def _moe(t: _Tensors, c: ModelConfig, p: str) -> SparseMoE:
 
 
 def _hybrid_block(
-    t: _Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int, tiled: bool
+    t: Tensors, c: ModelConfig, i: int, rope: tuple[torch.Tensor, torch.Tensor], linear: int, tiled: bool
 ):
     """Layer i of Qwen3.5 or Qwen3-Next: Gated DeltaNet or gated attention, then the MLP (Qwen3-Next: experts and a
     shared expert). Their RMSNorms are zero-centred (the file holds weight - 1; transformers multiplies by
@@ -198,19 +183,48 @@ def qwen3_next_order(la: LinearAttention) -> torch.Tensor:
 
 
 def build_model(
-    loaded: LoadedModel, dtype: torch.dtype, device: torch.device | str, weights: str = "auto"
+    loaded: LoadedModel,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    weights: str = "auto",
+    tp: TPGroup | None = None,
 ) -> Transformer:
-    """The model of `loaded` in `dtype` on `device`, its linears as the `weights` choice (WEIGHT_CHOICES) runs here."""
+    """The model of `loaded` in `dtype` on `device`, its linears as the `weights` choice (WEIGHT_CHOICES) runs here;
+    with `tp`, this rank's part of it, read from the file as the rank's rows and columns only."""
     c, device = loaded.config, torch.device(device)
     check_runnable(c)
     policy = weight_policy(weights, loaded.native_format, device, dtype)
     if policy == "int4" and device.type != "cpu":
         raise UnsupportedModelError("int4 weights run on PyTorch's CPU kernels only for now; use int8 or float")
-    t = _Tensors(loaded.weights, dtype, device, policy, stored=weights == "auto")
-    embed = t.take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))  # a lookup table, in the file's form
+    if tp is not None and tp.size > 1:
+        check_tensor_parallel(c, tp.size)
+    t = Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp)
+    try:
+        return _build(loaded, t, dtype, device, policy)
+    except ShardError as e:  # a format's blocks that this many ranks would cut: which sizes keep them whole
+        block = e.block
+        sizes = tensor_parallel_sizes(
+            c, lambda n: c.q_size % (n * block) == 0 and c.intermediate_size % (n * block) == 0
+        )
+        raise ShardError(
+            f"{e}: tensor_parallel_size {tp.size} does not split it in whole blocks; valid sizes for this file: "
+            f"{', '.join(map(str, sizes))}",
+            block,
+            e.size,
+        ) from None
+
+
+def _build(loaded: LoadedModel, t: Tensors, dtype: torch.dtype, device: torch.device, policy: str) -> Transformer:
+    c, tp = loaded.config, t.tp
+    vocab = None if tp is None else vocab_rows(c.vocab_size, tp.rank, tp.size)
+    # a lookup table, in the file's form (under tensor parallelism: this rank's rows of the vocabulary)
+    embed = t.take("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), rows=vocab)
     norm = t.take("model.norm.weight", (c.hidden_size,))
-    head = embed if c.tie_word_embeddings else t.take("lm_head.weight", (c.vocab_size, c.hidden_size))
+    head = embed if c.tie_word_embeddings else t.take("lm_head.weight", (c.vocab_size, c.hidden_size), rows=vocab)
     lm_head = t.linear(head, None, lm_head=True)
+    if tp is not None:
+        embed = VocabParallelEmbedding(embed, *vocab, tp)
+        lm_head = VocabParallelHead(lm_head, -(-c.vocab_size // tp.size), c.vocab_size, tp)
     cos, sin = cos_sin_table(c, c.max_position_embeddings, dtype, device)
     if c.architecture in ("qwen3_5", "qwen3_next"):
         norm = norm + 1  # zero-centred, as its layers' norms
@@ -221,5 +235,6 @@ def build_model(
         ]
     else:
         blocks = [_decoder_block(t, c, i) for i in range(c.num_layers)]
-    ops = choose_ops(c, dtype, device, cos, sin)
-    return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy, loaded.conversions)
+    local = rank_config(c, 1 if tp is None else tp.size)
+    ops = choose_ops(local, dtype, device, cos, sin)
+    return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy, loaded.conversions, tp)

@@ -13,11 +13,13 @@ import torch.nn.functional as F
 
 from rooftop.config import ModelConfig
 from rooftop.enums import Phase
+from rooftop.errors import UnsupportedModelError
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.mlp import SparseMoE
 from rooftop.models.ops import Ops
+from rooftop.models.parallel import TPGroup, VocabParallelEmbedding, rank_config
 from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, row_plan, widen_compute
 from rooftop.quant.weights import Weight
 from rooftop.roofline.ops import matrix_weights
@@ -25,7 +27,9 @@ from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, mixed_format, 
 
 
 class Transformer:
-    """Weights on one device in one dtype, the op backend picked for them, and the forward pass."""
+    """Weights on one device in one dtype, the op backend picked for them, and the forward pass. Under tensor
+    parallelism (`tp`) the weights are this rank's part: `config` stays the model's, `rank_config` has the heads and
+    intermediate features this rank computes."""
 
     def __init__(
         self,
@@ -39,13 +43,21 @@ class Transformer:
         ops: Ops,
         weight_policy: str,
         conversions: dict[str, str] | None = None,
+        tp: TPGroup | None = None,
     ):
         self.config, self.dtype, self.device = config, dtype, device
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        self.rank_config = rank_config(config, self.tp_size)
         self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
         self.ops = ops
         self.weight_policy = weight_policy  # the policy its linears were built under: float, int8 or int4
         self.conversions = conversions or {}  # HF name -> "Q3_K -> Q4_1": matrices the loader converted
         self.moe = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]  # read after every step
+
+    @property
+    def tp_size(self) -> int:
+        """The ranks the model is split over (1: all of it here)."""
+        return 1 if self.tp is None else self.tp.size
 
     def bytes_by_format(self) -> dict[str, int]:
         """The block linears' bytes per format they run in (several for a mixed file such as a Q4_K_M)."""
@@ -69,7 +81,7 @@ class Transformer:
         block linears' format (their mix, by bytes, in a mixed file) and the lm_head's, and the step size from which
         quantized linears widen to floats."""
         fmt = FLOAT_FORMATS[self.dtype]
-        weights = mixed_format(self.bytes_by_format(), matrix_weights(self.config))
+        weights = mixed_format(self.bytes_by_format(), matrix_weights(self.rank_config))
         head = WEIGHT_FORMATS[self.lm_head.format]
         return replace(
             precision(fmt, fmt),
@@ -84,7 +96,13 @@ class Transformer:
     ) -> torch.Tensor:
         """One sequence: T new tokens at positions start..start+T-1 after `start` tokens already in `cache`; the
         caller decides the phase, as the engine's scheduler does (a decode brings the one token sampled last). The
-        rows take the paths they take in the engine with batch invariance: a prefill of them all is one chunk."""
+        rows take the paths they take in the engine with batch invariance: a prefill of them all is one chunk. A model
+        split over ranks runs only through the engine's steps, which every rank takes part in."""
+        if self.tp is not None:
+            raise UnsupportedModelError(
+                "a tensor-parallel model runs through the engine (LLM.generate, LLMEngine.step), where every rank "
+                "computes the step; Transformer.forward runs one rank's part alone"
+            )
         n = input_ids.shape[0]
         positions = torch.arange(start, start + n, device=input_ids.device)
         meta = cache.metadata(start, n, phase)
@@ -117,11 +135,15 @@ class Transformer:
         return self.ops.rms_norm(x, self.norm)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed, VocabParallelEmbedding):
+            return self.embed(input_ids, self.dtype)
         if isinstance(self.embed, torch.Tensor):
             return F.embedding(input_ids, self.embed)
         return self.embed.lookup(input_ids).to(self.dtype)  # only the rows of these tokens are widened
 
-    def logits(self, hidden: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor | None:
         """Float32 logits (T, vocab) for the given hidden states (only the positions that need sampling). With batch
-        invariance every row takes the narrow path: a row's logits do not depend on what else is sampled."""
-        return self.lm_head(hidden, plan=row_plan([], hidden.shape[0], self.dtype, batch_invariant)).float()
+        invariance every row takes the narrow path: a row's logits do not depend on what else is sampled. Under
+        tensor parallelism they are gathered on rank 0; the other ranks get None."""
+        logits = self.lm_head(hidden, plan=row_plan([], hidden.shape[0], self.dtype, batch_invariant))
+        return None if logits is None else logits.float()

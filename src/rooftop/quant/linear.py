@@ -5,8 +5,9 @@ and a minimum per group of 32); without them int8 has one scale per row and int4
 
 Decode is matrix-vector work that streams every weight once per step, so its time follows the weight bytes:
 int8 reads about a quarter of float32, int4 an eighth. Where rooftop's CPU kernels build (kernels/tiles.cpp),
-`Q4Linear` and `Q8Linear` dot the weights with int8-quantized activations as llama.cpp does (GGUF Q4_1 and
-Q8_0 groups, the file's values repacked in tiles of 16 output rows). Elsewhere `Int4Linear` and `Int8Linear` run PyTorch's CPU weight-only
+`Q4Linear`, `Q8Linear` and `BlockLinear` dot the weights with int8-quantized activations as llama.cpp does (GGUF
+Q4_1 and Q8_0 groups and the file's other block formats, Q4_0 to Q6_K, their values repacked in tiles of 16 output
+rows, quant/tiles.py). Elsewhere `Int4Linear` and `Int8Linear` run PyTorch's CPU weight-only
 kernels, which take bfloat16 activations and compute (q - 8)·s + z, so GGUF Q4_1 blocks (x = d·q + m) load as
 s = d, z = m + 8d and Q4_0 (x = d·(q - 8)) as s = d, z = 0.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.quant.gguf_blocks import q4_0_as_int4
+from rooftop.quant.tiles import TILE_FORMATS, tile_blocks, tile_bytes, tile_nibbles, tile_scales
 from rooftop.quant.weights import (
     BLOCK_FORMATS,
     GROUP,
@@ -307,38 +309,6 @@ def _like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return y if x.dim() == 2 and x.dtype == y.dtype else y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
-TILE = 16  # output rows per tile of kernels/tiles.cpp
-
-
-def _padded_rows(t: torch.Tensor) -> torch.Tensor:
-    """(N, ...) with zero rows appended up to a multiple of TILE (their outputs are never stored)."""
-    pad = -t.shape[0] % TILE
-    return t if pad == 0 else torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
-
-
-def tile_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """(N, K) levels 0..15 -> tiles.cpp's (ceil(N / 16), K / 32, 256) bytes: per tile and group, 4 chunks of 64
-    bytes, byte 4o + i of chunk j holding row o's input 8j + i in its low nibble and 8j + 4 + i in its high one."""
-    n, k = q.shape
-    v = _padded_rows(q.to(torch.uint8)).view(-1, TILE, k // GROUP, 4, 2, 4)  # tile, o, group, j, half, i
-    v = v.permute(0, 2, 3, 1, 5, 4)  # tile, group, j, o, i, half
-    return (v[..., 0] | (v[..., 1] << 4)).reshape(-1, k // GROUP, 256).contiguous()
-
-
-def tile_bytes(q: torch.Tensor) -> torch.Tensor:
-    """(N, K) int8 -> tiles.cpp's (ceil(N / 16), K / 32, 512) bytes: per tile and group, 8 chunks of 64 bytes,
-    byte 4o + i of chunk m holding row o's input 4m + i."""
-    n, k = q.shape
-    v = _padded_rows(q.contiguous().view(torch.uint8)).view(-1, TILE, k // GROUP, 8, 4)  # tile, o, group, m, i
-    return v.permute(0, 2, 3, 1, 4).reshape(-1, k // GROUP, 512).contiguous()
-
-
-def tile_scales(*scales: torch.Tensor) -> torch.Tensor:
-    """Per-group (N, K / 32) scales (and minima) -> tiles.cpp's (ceil(N / 16), K / 32, parts, 16) float16."""
-    v = _padded_rows(torch.stack(scales, dim=1).half())  # (N', parts, G)
-    return v.view(-1, TILE, len(scales), v.shape[-1]).permute(0, 3, 2, 1).contiguous()
-
-
 class _KernelLinear:
     """What the kernel linears share: the narrow rows run the kernel, widened groups one matmul (a `RowPlan`) in
     `widen_dtype`."""
@@ -366,16 +336,19 @@ class _KernelLinear:
 
 @dataclass
 class TiledLinear(_KernelLinear):
-    """GGUF's 32-weight groups in tiles of 16 output rows (kernels/tiles.cpp), run by rooftop's CPU kernel against
-    int8-quantized activations: a tile's unpacked weights serve up to 8 activation rows, so a batch's or a verify
-    step's extra rows cost little more than the first. Prefill-sized chunks widen to one matmul."""
+    """A GGUF block format in tiles of 16 output rows (kernels/tiles.cpp, quant/tiles.py), run by rooftop's CPU kernel
+    against int8-quantized activations: a tile's unpacked weights serve up to 8 activation rows, so a batch's or a
+    verify step's extra rows cost little more than the first. Prefill-sized chunks widen to one matmul."""
 
-    q: torch.Tensor  # (ceil(N / 16), K / 32, 256 or 512) uint8, as tile_nibbles or tile_bytes lay them out
-    dm: torch.Tensor  # (ceil(N / 16), K / 32, parts, 16) float16 (as in the GGUF): scales d, then (Q4_1) minima m
+    q: torch.Tensor  # (ceil(N / 16), K / 32, group bytes) uint8: levels, bit planes and sub-block scales per group
+    dm: torch.Tensor  # (ceil(N / 16), scale blocks, parts, 16) float16, as in the GGUF: d, then m or dmin
     out_features: int
     bias: torch.Tensor | None = None
-    format: ClassVar[str]
-    kernel_format: ClassVar[int]  # tiles.cpp's Format
+    format: ClassVar[str]  # one of TILE_FORMATS
+
+    @property
+    def kernel_format(self) -> int:
+        return TILE_FORMATS.index(self.format)
 
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         return cpu.ops().tiled_linear(x, self.q, self.dm, self.kernel_format, self.out_features, self.bias, residual)
@@ -400,7 +373,6 @@ class Q4Linear(TiledLinear):
     """GGUF Q4_1 groups: w = d·q + m per 32 weights."""
 
     format: ClassVar[str] = "q4_1"
-    kernel_format: ClassVar[int] = 1
 
     @classmethod
     def from_weight(cls, w: Int4Weight, bias: torch.Tensor | None) -> Q4Linear:
@@ -409,25 +381,11 @@ class Q4Linear(TiledLinear):
 
 
 @dataclass
-class Q4_0Linear(Q4Linear):
-    """A stored GGUF Q4_0 matrix (w = d·(q - 8)), its scales d alone, at the file's own 4.5 bits."""
-
-    format: ClassVar[str] = "q4_0"
-    kernel_format: ClassVar[int] = 0
-
-    @classmethod
-    def from_weight(cls, w: BlockWeight, bias: torch.Tensor | None) -> Q4_0Linear:
-        q = q4_0_as_int4(w)
-        return cls(tile_nibbles(q.q), tile_scales(q.scale), q.q.shape[0], _bias(bias))
-
-
-@dataclass
 class Q8Linear(TiledLinear):
     """GGUF Q8_0 groups (w = d·q, 32 int8 weights per scale), with float32 outputs: the lm_head of the quantized
     formats and every linear of int8."""
 
     format: ClassVar[str] = "q8_0"
-    kernel_format: ClassVar[int] = 2
 
     @classmethod
     def from_weight(cls, w: Weight, bias: torch.Tensor | None) -> Q8Linear:
@@ -435,36 +393,17 @@ class Q8Linear(TiledLinear):
         return cls(tile_bytes(groups.q), tile_scales(groups.scale), groups.q.shape[0], _bias(bias))
 
 
-KERNEL_FORMATS = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # kernels/blocks.cpp's format ids, in its order
-
-
 @dataclass
-class BlockLinear(_KernelLinear):
-    """A GGUF block format (KERNEL_FORMATS: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) run by rooftop's kernels on the file's own
-    rows of blocks, against int8-quantized activations (kernels/blocks.cpp); prefill-sized chunks widen to float32
-    sgemm. (A stored Q4_0 runs as a Q4_0Linear.)"""
+class BlockLinear(TiledLinear):
+    """A stored GGUF block format (BLOCK_FORMATS: Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) at the file's own levels and
+    scales, repacked in tiles at load."""
 
-    weight: BlockWeight
-    bias: torch.Tensor | None = None
-
-    @property
-    def format(self) -> str:
-        return self.weight.format
-
-    def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        return cpu.ops().block_linear(x, self.weight.q, KERNEL_FORMATS.index(self.format), self.bias, residual)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        fmt = KERNEL_FORMATS.index(self.format)
-        return cpu.ops().block_dequantize(self.weight.q, fmt, self.weight.k, dtype == torch.bfloat16)
-
-    @property
-    def nbytes(self) -> int:
-        return self.weight.q.nbytes
+    format: str = field(kw_only=True)  # one of BLOCK_FORMATS
 
     @classmethod
     def from_weight(cls, w: BlockWeight, bias: torch.Tensor | None) -> BlockLinear:
-        return cls(w, _bias(bias))
+        q, dm = tile_blocks(w)
+        return cls(q, dm, w.shape[0], _bias(bias), format=w.format)
 
 
 @dataclass
@@ -560,8 +499,7 @@ def make_linear(
                 [make_linear(w, b, policy, lm_head, stored) for w, b in zip(weight, biases, strict=True)]
             )
         if isinstance(weight, BlockWeight):
-            kind = Q4_0Linear if weight.format == "q4_0" else BlockLinear
-            return kind.from_weight(weight, bias)
+            return BlockLinear.from_weight(weight, bias)
         return Q8Linear.from_weight(weight, bias)
     if isinstance(weight, list):
         weight = torch.cat([to_float(w) for w in weight])

@@ -66,7 +66,7 @@ class Int8GroupWeight(_Groups):
         return self.q[rows].float() * expand_groups(self.scale[rows])
 
 
-# The GGUF block formats rooftop's kernels run as stored (kernels/blocks.cpp; the index is the kernel's format id).
+# The GGUF block formats rooftop's kernels run as stored (kernels/tiles.cpp, repacked in tiles of 16 rows at load).
 BLOCK_FORMATS = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 
 

@@ -15,7 +15,7 @@ from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import StepShape, expected_experts_touched
 from rooftop.roofline.precision import Precision
 from rooftop.roofline.predict import StepTime, time_step
-from rooftop.roofline.report import seconds
+from rooftop.roofline.report import decode_lever, seconds
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class PhaseAttribution:
     bandwidth: float
     expected_s: float | None = None  # the calibrated time of the steps, with a calibration
     gap: Gap | None = None  # the steps' gaps summed, with a calibration
+    kv_share: float = 0.0  # the KV cache's share of the bytes no fusion avoids (weights, KV cache, state)
 
     @property
     def achieved_flops_per_s(self) -> float:
@@ -98,9 +99,12 @@ class PhaseAttribution:
     @property
     def bound(self) -> str:
         """What bounds the phase, by the largest part of its time: its roof, or the host when the host's time
-        (in and around the forward pass) exceeds the kernels'."""
+        (in and around the forward pass) is over half of it, or communication when a tensor-parallel step's
+        collectives are."""
         if self.gap is not None and self.gap.host_s + self.gap.around_s > self.measured_s / 2:
             return "host"
+        if self.gap is not None and self.gap.communication_s > self.measured_s / 2:
+            return "communication"
         return self.roof
 
     @property
@@ -154,6 +158,8 @@ def attribute_phases(steps: list[StepAttribution], hw: Hardware) -> dict[str, Ph
             bandwidth=hw.memory_bandwidth,
             expected_s=None if None in gaps else sum(s.expected.total_s for s in chosen),
             gap=None if None in gaps else functools.reduce(operator.add, gaps),
+            kv_share=sum(s.predicted.kv_share * s.predicted.essential_bytes for s in chosen)
+            / max(sum(s.predicted.essential_bytes for s in chosen), 1.0),
         )
     return phases
 
@@ -180,13 +186,21 @@ def gap_sentence(phases: dict[str, PhaseAttribution]) -> str:
     return "; ".join(parts) + "."
 
 
-def advice(name: str, p: PhaseAttribution) -> str:
-    """The lever that would move this phase, chosen from what its time went to (its gap's largest part)."""
+def advice(name: str, p: PhaseAttribution, kv_value_bytes: float = 4) -> str:
+    """The lever that would move this phase, chosen from what its time went to (its gap's largest part) and, for
+    a memory-bound decode, from what its bytes are (the KV cache is stored at `kv_value_bytes` per value)."""
     if p.bound == "host":
         host = p.gap.host_s + p.gap.around_s
         return (
             f"{name} is host-bound: {100 * host / p.measured_s:.0f}% of its time is Python, step metadata, "
             "scheduling and sampling; more sequences per step (--max-num-seqs) spread that cost over more tokens"
+        )
+    if p.bound == "communication":
+        share = p.gap.communication_s / (p.expected_s or p.measured_s)
+        return (
+            f"{name} is communication-bound: {100 * share:.0f}% of its expected time waits on the tensor-parallel "
+            "collectives (two all-reduces per layer); fewer ranks (--tensor-parallel-size), a faster interconnect, "
+            "or more tokens per step to spread each collective's latency"
         )
     linears = p.gap.inefficiency["linears"] if p.gap else 0.0
     if p.gap is not None and linears > p.gap.bound_s:
@@ -196,10 +210,7 @@ def advice(name: str, p: PhaseAttribution) -> str:
             "format (--weights) runs other kernels"
         )
     if p.roof == "memory" and name == "decode":
-        return (
-            "decode is memory-bound: each step reads every weight once, for all its sequences; batch more "
-            "sequences (--max-num-seqs) to share that read, or read fewer bytes per weight (--weights int4)"
-        )
+        return "decode is memory-bound: " + decode_lever(p.kv_share, kv_value_bytes, p.tokens / p.steps)
     if p.roof == "memory":
         return f"{name} is memory-bound (few tokens per step): longer chunks or more prompts per step share the weights' read"
     return (

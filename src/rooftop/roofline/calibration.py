@@ -17,9 +17,10 @@ from rooftop.enums import Phase
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import SeqShape, StepShape
 from rooftop.roofline.precision import Precision
-from rooftop.roofline.predict import StepTime, time_step
+from rooftop.roofline.predict import StepTime, step_bound, time_step
 
-CLASSES = ("linears", "attention", "elementwise", "communication")
+KERNEL_CLASSES = ("linears", "attention", "elementwise")  # the classes whose kernels have an inefficiency
+CLASSES = (*KERNEL_CLASSES, "communication")
 LINEARS = {
     "qkv_proj",
     "o_proj",
@@ -35,6 +36,12 @@ LINEARS = {
     "linear_out_proj",
 }
 TOKEN_MIXING = {"attention", "rope", "qk_norm", "linear_conv", "linear_recurrence"}
+COMMUNICATION = {"all_reduce", "logits_gather", "plan_broadcast"}  # a tensor-parallel step's collectives
+# Curves drawn against the step's rows instead of the class's roofline seconds: a decode step reads the same weight
+# bytes at every batch, so its linears' roofline seconds barely move from 1 to 8 rows while the kernels' work per
+# extra row does (a 5-row speculative verify step took ~1.6x one row's linears); against roofline seconds, batches
+# 1, 2, 4 and 8 fell within a few percent of one another and the curve zig-zagged between their noisy times.
+ROWS_KEYED = {"decode.linears"}
 
 
 def op_class(name: str) -> str:
@@ -44,7 +51,7 @@ def op_class(name: str) -> str:
         return "linears"
     if name in TOKEN_MIXING:
         return "attention"
-    return "communication" if name == "all_reduce" else "elementwise"
+    return "communication" if name in COMMUNICATION else "elementwise"
 
 
 def class_roofline(step: StepTime, hw: Hardware) -> dict[str, float]:
@@ -112,8 +119,9 @@ class ExpectedStep:
 @dataclass(frozen=True)
 class Calibration:
     """Per "phase.class" (prefill.linears, decode.attention, ...) a curve of measured seconds against the class's
-    roofline seconds; per "phase.host" and "phase.around" a curve of seconds against the step's sequences. `identity`
-    says for which machine, model, format and engine settings it was measured."""
+    roofline seconds (ROWS_KEYED: against the step's rows); per "phase.host" and "phase.around" a curve of seconds
+    against the step's sequences. `identity` says for which machine, model, format and engine settings it was
+    measured."""
 
     curves: dict[str, Curve]
     identity: dict[str, str] = field(default_factory=dict)
@@ -130,8 +138,14 @@ class Calibration:
         for phase, sub in parts.items():
             timed = step if step is not None and len(parts) == 1 else time_step(config, p.at(sub.tokens), sub, hw)
             for name, value in class_roofline(timed, hw).items():
-                curve = self.curves.get(f"{phase}.{name}")
-                classes[name] += curve.at(value) if curve else value
+                key = f"{phase}.{name}"
+                curve = self.curves.get(key)
+                if curve is None:
+                    classes[name] += value
+                elif key in ROWS_KEYED:
+                    classes[name] += curve.at(sub.tokens, proportional=False)
+                else:
+                    classes[name] += curve.at(value)
         host_phase = Phase.DECODE if Phase.DECODE in parts else Phase.PREFILL
         return ExpectedStep(classes, self._host(f"{host_phase}.host", shape), self._host(f"{host_phase}.around", shape))
 
@@ -157,17 +171,18 @@ def _by_phase(shape: StepShape) -> dict[Phase, StepShape]:
     groups: dict[Phase, list[SeqShape]] = {}
     for s in shape.seqs:
         groups.setdefault(Phase.DECODE if s.phase is Phase.DECODE else Phase.PREFILL, []).append(s)
-    return {phase: StepShape(tuple(seqs), shape.experts_touched) for phase, seqs in groups.items()}
+    return {phase: StepShape(tuple(seqs), shape.experts_touched, shape.tp) for phase, seqs in groups.items()}
 
 
 @dataclass(frozen=True)
 class Gap:
     """A measured step (or a phase's steps, summed) split into parts that add up to the measured time:
-    `bound` (the fused lower bound), `unfused` (the ops one after another at their roofs, activations through
-    memory, minus the bound), each class's kernel inefficiency (calibrated time minus its roofline share), `host`
-    (inside the forward pass), `around` (scheduling, sampling, detokenizing: the step's own record), and
-    `unexplained` (what the calibration did not predict of the forward pass: noise, a busier memory bus, a colder
-    cache)."""
+    `bound` (the fused lower bound of its kernels' ops), `unfused` (those ops one after another at their roofs,
+    activations through memory, minus the bound), each kernel class's inefficiency (calibrated time minus its
+    roofline share), `communication` (a tensor-parallel step's collectives as calibrated: the time it waits on the
+    other ranks), `host` (inside the forward pass), `around` (scheduling, sampling, detokenizing: the step's own
+    record), and `unexplained` (what the calibration did not predict of the forward pass: noise, a busier memory
+    bus, a colder cache)."""
 
     measured_s: float
     bound_s: float
@@ -176,6 +191,7 @@ class Gap:
     host_s: float
     around_s: float
     unexplained_s: float
+    communication_s: float = 0.0
 
     def parts(self) -> dict[str, float]:
         """The parts in the order a stacked bar draws them."""
@@ -183,6 +199,7 @@ class Gap:
             "bound": self.bound_s,
             "unfused ops": self.unfused_s,
             **{f"{name} inefficiency": v for name, v in self.inefficiency.items()},
+            "communication": self.communication_s,
             "host (forward)": self.host_s,
             "host (sampling, scheduling)": self.around_s,
             "unexplained": self.unexplained_s,
@@ -197,6 +214,7 @@ class Gap:
             self.host_s + other.host_s,
             self.around_s + other.around_s,
             self.unexplained_s + other.unexplained_s,
+            self.communication_s + other.communication_s,
         )
 
     def to_dict(self) -> dict:
@@ -205,14 +223,18 @@ class Gap:
 
 def step_gap(predicted: StepTime, expected: ExpectedStep, forward_s: float, around_s: float, hw: Hardware) -> Gap:
     """Decompose one recorded step: `forward_s` its forward pass as the engine timed it, `around_s` the rest of the
-    step (measured); `expected` the calibration's parts for its shape."""
+    step (measured); `expected` the calibration's parts for its shape. The bound and the unfused ops are those of
+    the kernels' ops; a tensor-parallel step's collectives are a part of their own, at their calibrated time."""
     roof = class_roofline(predicted, hw)
+    kernels = [op for op in predicted.ops if op_class(op.name) != "communication"]
+    bound = step_bound(kernels, hw)
     return Gap(
         measured_s=forward_s + around_s,
-        bound_s=predicted.bound_s,
-        unfused_s=predicted.time_s - predicted.bound_s,
-        inefficiency={name: expected.classes[name] - roof[name] for name in CLASSES},
+        bound_s=bound,
+        unfused_s=sum(op.time(hw) for op in kernels) - bound,
+        inefficiency={name: expected.classes[name] - roof[name] for name in KERNEL_CLASSES},
         host_s=expected.host_s,
         around_s=around_s,
         unexplained_s=forward_s - expected.forward_s,
+        communication_s=expected.classes["communication"],
     )

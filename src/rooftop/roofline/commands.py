@@ -3,20 +3,29 @@ face sits above the analyzer: "this" machine is the full probe, which times the 
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Annotated
 
+import torch
 import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from rooftop.config import RunConfig
 from rooftop.console import err, user_errors
+from rooftop.engine.distributed import launch_of, rank_device, rank_threads
+from rooftop.engine.lead import Lead, lead_group
+from rooftop.engine.llm import available_cores
 from rooftop.engine.probe import load_or_run_probe
+from rooftop.engine.tp_worker import serve_rank
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
 from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.precision import DEFAULT_STATE_DTYPE, STATE_DTYPES, WEIGHTS_HELP
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, analyze
+from rooftop.roofline.probe import ProbeResult, cache_path, read_cache
 from rooftop.roofline.speculative import predict_speculative
 
 ModelArg = Annotated[
@@ -53,13 +62,28 @@ def _resolve(
     memory_gb,
     compute_efficiency,
     memory_efficiency,
+    tp: int = 1,
 ):
     config, file_format = resolve_model(model)
     if hardware is None and peak_tflops is None and bandwidth_tbs is None and memory_gb is None:
         hardware = "this"
-    hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=load_or_run_probe)
+    probe = load_or_run_probe if tp == 1 else lambda: group_probe(tp)
+    hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=probe)
     hw = hw.scaled(compute_efficiency, memory_efficiency)
     return config, hw, resolve_precision(weights, kv, file_format, hw, config, state_dtype)
+
+
+def group_probe(tp: int) -> ProbeResult:
+    """This machine as one rank of a group of `tp` on its CPU: the probe `rooftop probe -tp N` cached, with the
+    group's all-reduce (the analyzer does not start a group itself)."""
+    cached = read_cache(cache_path("cpu", f"gloo x{tp}"))
+    if cached is None:
+        raise InvalidRequestError(
+            f"this machine's all-reduce among {tp} ranks is not measured yet: run `rooftop probe "
+            f"--tensor-parallel-size {tp}` first",
+            "tp",
+        )
+    return cached
 
 
 def roofline(
@@ -101,6 +125,7 @@ def roofline(
             memory_gb,
             compute_efficiency,
             memory_efficiency,
+            tp,
         )
         if (num_speculative_tokens is None) != (acceptance is None):
             raise InvalidRequestError("--num-speculative-tokens and --acceptance go together: give both or neither")
@@ -144,19 +169,36 @@ def probe(
     force: Annotated[bool, typer.Option("--force", help="measure again even if cached")] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    tensor_parallel_size: Annotated[
+        int,
+        typer.Option(
+            "--tensor-parallel-size",
+            "-tp",
+            help="measure as one rank of a tensor-parallel group of this many (rooftop starts it, or torchrun did): "
+            "the roofs with this rank's share of the threads, and the group's all-reduce over message sizes",
+        ),
+    ] = 1,
+    distributed_timeout: Annotated[
+        float, typer.Option("--distributed-timeout", help="seconds a rank waits on the others")
+    ] = 60.0,
 ) -> None:
-    """Measure this machine's roofs (matmul FLOP/s, memory bandwidth) and cache them."""
-    from rooftop.roofline.probe import STEPS, cache_path
-    from rooftop.roofline.report import si
+    """Measure this machine's roofs (matmul FLOP/s, memory bandwidth) and cache them; in a tensor-parallel group
+    also the latency and bandwidth of its all-reduce."""
+    from rooftop.roofline.probe import ALL_REDUCE_STEP, STEPS
+    from rooftop.roofline.report import seconds, si
 
     with user_errors():
-        with Progress(console=err, transient=True) as progress:
-            task = progress.add_task("probing", total=len(STEPS))
+        run = RunConfig(
+            device=device, tensor_parallel_size=tensor_parallel_size, distributed_timeout_s=distributed_timeout
+        )
+        with group_for_probe(run) as lead, Progress(console=err, transient=True) as progress:
+            steps = [*STEPS, ALL_REDUCE_STEP] if lead is not None else list(STEPS)
+            task = progress.add_task("probing", total=len(steps))
 
             def on_step(what: str) -> None:
-                progress.update(task, description=what, completed=STEPS.index(what) if what in STEPS else None)
+                progress.update(task, description=what, completed=steps.index(what) if what in steps else None)
 
-            result = load_or_run_probe(device=device, force=force, on_step=on_step)
+            result = load_or_run_probe(device=device, force=force, on_step=on_step, collectives=lead)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=2))
             return
@@ -164,6 +206,29 @@ def probe(
             if isinstance(value, float) and key.endswith("_per_s"):
                 unit = "B/s" if "bytes" in key else "FLOP/s"
                 typer.echo(f"{key:40s} {si(value, unit)}")
+            elif key == "all_reduce_latency_s" and value is not None:
+                typer.echo(f"{key:40s} {seconds(value)}")
+            elif key == "all_reduce_seconds" and value:
+                by_size = ", ".join(f"{int(n) >> 10} KiB {seconds(t)}" for n, t in value.items())
+                typer.echo(f"{key:40s} {by_size}")
             elif not isinstance(value, dict):
                 typer.echo(f"{key:40s} {value}")
-        err.print(f"[dim]cached in {cache_path(device)}[/]")
+        err.print(f"[dim]cached in {cache_path(device, result.tensor_parallel)}[/]")
+
+
+@contextlib.contextmanager
+def group_for_probe(run: RunConfig) -> Iterator[Lead | None]:
+    """The tensor-parallel group the probe runs in (None: alone): rank 0 leads it for the measurement; under
+    torchrun a process of another rank serves rank 0's all-reduces, then exits."""
+    if run.tensor_parallel_size == 1:
+        yield None
+        return
+    launch = launch_of(run)
+    if launch.rank != 0:
+        raise typer.Exit(serve_rank(run, launch, with_model=False))
+    torch.set_num_threads(rank_threads(run, launch, available_cores()))
+    lead, _ = lead_group(run, launch, rank_device(run.device, launch), None)
+    try:
+        yield lead
+    finally:
+        lead.close()

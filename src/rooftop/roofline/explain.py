@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rooftop.roofline.predict import Prediction
-from rooftop.roofline.report import seconds, si, weight_formats
+from rooftop.roofline.report import decode_lever, seconds, si, weight_formats
 
 
 def explain(pred: Prediction) -> str:
@@ -56,9 +56,10 @@ def explain(pred: Prediction) -> str:
     lines.append(
         "What would move each phase: decode is "
         + (
-            "memory-bound, so batch more sequences to share each read of the weights, or read fewer bytes per weight "
-            "(--weights int4; they do not cut prefill's math)"
-            if d.bound == "memory"
+            "memory-bound by the last token: "
+            + decode_lever(pred.decode_last.kv_share, pred.kv_bytes_per_value, pred.batch)
+            + " (fewer bytes do not cut prefill's math)"
+            if pred.decode_last.bound == "memory"
             else f"{d.bound}-bound at this batch, so fewer FLOPs per token (a smaller batch per step) or a faster "
             "matmul format would"
         )

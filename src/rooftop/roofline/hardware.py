@@ -35,6 +35,9 @@ class Hardware:
     memory_bandwidth: float  # bytes/s
     memory_bytes: float
     interconnect_bandwidth: float | None = None  # bytes/s per device, one direction, for all-reduces
+    # seconds one collective takes before its bytes (a small all-reduce): measured by the probe of a tensor-parallel
+    # group; datasheet devices leave it to Efficiency.all_reduce_s, what engines reach there
+    collective_latency_s: float | None = None
     source: str = ""
     notes: dict[str, str] = field(default_factory=dict)
     engine_formats: dict[str, str] = field(default_factory=dict)  # float/int8/int4 -> the engine's format here (probe)
@@ -65,6 +68,7 @@ class Hardware:
             memory_bandwidth=self.memory_bandwidth * memory_efficiency,
             memory_bytes=self.memory_bytes,
             interconnect_bandwidth=self.interconnect_bandwidth,
+            collective_latency_s=self.collective_latency_s,
             source=self.source,
             notes=self.notes,
             engine_formats=self.engine_formats,

@@ -1,13 +1,15 @@
-"""The one op model: (model config, precision, StepShape, TP degree) -> ops, each with FLOPs and bytes moved.
+"""The one op model: (model config, precision, StepShape) -> ops, each with FLOPs and bytes moved.
 
 The analyzer's predictions and the engine's attribution both call `step_ops`; there is no second formula.
-Counts are per device under tensor parallelism (weights and heads split `tp` ways) and summed over layers.
+Counts are per device under tensor parallelism (the step's `tp`: weights and heads split `tp` ways, the collectives
+that join them) and summed over layers.
 Notation: T new tokens in the step, d hidden, hd head_dim (from the config), wb/ab/kvb bytes per
 weight/activation/KV value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
@@ -33,19 +35,20 @@ class SeqShape:
 class StepShape:
     """A step's sequences; for a mixture-of-experts model the engine also records how many distinct experts each
     layer touched (measured, averaged over the layers), which sets the experts' weight bytes in place of the
-    analyzer's expectation."""
+    analyzer's expectation; and the ranks of the tensor-parallel group the step runs on (1: one device)."""
 
     seqs: tuple[SeqShape, ...]
     experts_touched: float | None = None
+    tp: int = 1
 
     @classmethod
-    def prefill(cls, batch: int, prompt_len: int) -> StepShape:
-        return cls((SeqShape(prompt_len, count=batch),))
+    def prefill(cls, batch: int, prompt_len: int, tp: int = 1) -> StepShape:
+        return cls((SeqShape(prompt_len, count=batch),), tp=tp)
 
     @classmethod
-    def decode(cls, batch: int, context: int) -> StepShape:
+    def decode(cls, batch: int, context: int, tp: int = 1) -> StepShape:
         """One new token per sequence, each attending to `context` cached tokens."""
-        return cls((SeqShape(1, context, count=batch, phase=Phase.DECODE),))
+        return cls((SeqShape(1, context, count=batch, phase=Phase.DECODE),), tp=tp)
 
     @property
     def num_seqs(self) -> int:
@@ -77,7 +80,8 @@ class Op:
     bytes_read: float
     bytes_written: float
     compute: str  # which peak computes it ("fp32", "bf16", "fp8")
-    comm_bytes: float = 0.0  # bytes over the interconnect (all-reduces)
+    comm_bytes: float = 0.0  # bytes over the interconnect (all-reduces), as one device sends or receives them
+    collectives: int = 0  # calls to a collective: each pays the interconnect's latency before its bytes
     # Of bytes_read + bytes_written, the activations passed between ops: an engine that fused every op would keep
     # them in cache or registers, so the step's bound counts only the rest (weights, KV cache, state).
     activation_bytes: float = 0.0
@@ -102,11 +106,16 @@ class Op:
         return self.bytes / hw.memory_bandwidth
 
     def comm_time(self, hw: Hardware) -> float:
-        if not self.comm_bytes:
+        """The collectives' latency (where measured: `Hardware.collective_latency_s`) plus their bytes at the
+        interconnect's bandwidth."""
+        if not self.comm_bytes and not self.collectives:
             return 0.0
         if not hw.interconnect_bandwidth:
-            raise InvalidRequestError(f"{hw.name} has no interconnect bandwidth: tensor parallelism cannot be timed")
-        return self.comm_bytes / hw.interconnect_bandwidth
+            raise InvalidRequestError(
+                f"{hw.name} has no interconnect bandwidth: tensor parallelism cannot be timed (on this machine, "
+                "`rooftop probe --tensor-parallel-size N` measures the group's all-reduce)"
+            )
+        return self.collectives * (hw.collective_latency_s or 0.0) + self.comm_bytes / hw.interconnect_bandwidth
 
     def time(self, hw: Hardware) -> float:
         """Roofline time: the slowest of compute, memory traffic and interconnect traffic."""
@@ -117,18 +126,34 @@ class Op:
         return max(times, key=times.get)
 
 
+def splits_heads(config: ModelConfig, tp: int) -> bool:
+    """Whether `tp` ranks split the model's heads: query heads evenly, KV heads evenly or, when there are fewer KV
+    heads than ranks, each replicated on tp / kv_heads ranks; a hybrid's linear-attention heads evenly."""
+    c, la = config, config.linear_attention
+    if c.num_heads % tp or (c.num_kv_heads % tp and tp % c.num_kv_heads):
+        return False
+    return not (la and c.num_linear_attention_layers and (la.num_value_heads % tp or la.num_key_heads % tp))
+
+
+def tp_sizes(config: ModelConfig, fits: Callable[[int], bool] = lambda tp: True) -> list[int]:
+    """The tensor-parallel degrees that split the model's heads (and pass `fits`), up to its query heads."""
+    return [tp for tp in range(1, config.num_heads + 1) if splits_heads(config, tp) and fits(tp)]
+
+
 def check_tp(config: ModelConfig, tp: int) -> None:
     """Heads must split evenly; KV heads may also be replicated when there are fewer than `tp`."""
     if tp < 1:
         raise InvalidRequestError(f"tensor parallel degree must be >= 1, got {tp}")
     c = config
-    if c.num_heads % tp or (c.num_kv_heads % tp and tp % c.num_kv_heads):
+    if not splits_heads(c, tp):
+        heads = f"{c.num_heads} query heads and {c.num_kv_heads} KV heads"
+        if c.linear_attention and c.num_linear_attention_layers:
+            heads += f" ({c.linear_attention.num_key_heads} key and {c.linear_attention.num_value_heads} value heads in its linear-attention layers)"
         raise InvalidRequestError(
-            f"tensor parallel degree {tp} does not divide the model's {c.num_heads} query heads and "
-            f"{c.num_kv_heads} KV heads; try {', '.join(str(t) for t in (1, 2, 4, 8) if not c.num_heads % t)}"
+            f"tensor parallel degree {tp} does not divide the model's {heads}; "
+            f"valid sizes: {', '.join(map(str, tp_sizes(c)))}",
+            "tensor_parallel_size",
         )
-    if c.linear_attention and (c.linear_attention.num_value_heads % tp or c.linear_attention.num_key_heads % tp):
-        raise InvalidRequestError(f"tensor parallel degree {tp} does not divide the linear-attention heads")
 
 
 def _linear(name: str, tokens: int, k: float, n: float, p: Precision, layers: int = 1) -> Op:
@@ -165,8 +190,9 @@ def _elementwise(
     )
 
 
-def step_ops(config: ModelConfig, p: Precision, shape: StepShape, tp: int = 1) -> list[Op]:
-    """Every op of one forward step over `shape`, per device, summed over layers."""
+def step_ops(config: ModelConfig, p: Precision, shape: StepShape) -> list[Op]:
+    """Every op of one forward step over `shape`, per device (of `shape.tp`), summed over layers."""
+    tp = shape.tp
     check_tp(config, tp)
     c, T, ab = config, shape.tokens, p.activation_bytes
     d, hd = c.hidden_size, c.head_dim
@@ -201,9 +227,33 @@ def step_ops(config: ModelConfig, p: Precision, shape: StepShape, tp: int = 1) -
     ops.append(_elementwise("residual_add", T * d, 2, 1, 1, p, 2 * n_layers))
     if shape.logits_rows:  # a step of prompt chunks that sample nothing skips the lm_head
         ops.append(_linear("lm_head", shape.logits_rows, d, c.vocab_size / tp, p.head()))
-    if tp > 1:  # two ring all-reduces of the hidden states per layer: each device sends and receives 2(tp-1)/tp of them
-        per_layer = 2 * (tp - 1) / tp * T * d * ab
-        ops.append(Op("all_reduce", 0.0, 0.0, 0.0, p.compute, comm_bytes=2 * n_layers * per_layer))
+    if tp > 1:
+        ops.extend(_communication(c, shape, p))
+    return ops
+
+
+def _communication(c: ModelConfig, shape: StepShape, p: Precision) -> list[Op]:
+    """What joins the ranks in a step: the plan of the step sent to every rank (its token ids and positions), a ring
+    all-reduce of the hidden states after each layer's attention and MLP (row-parallel o and down projections) and
+    after the vocab-parallel embedding, each device sending and receiving 2(tp-1)/tp of them, and the sampled rows'
+    float32 logits gathered to the first rank, (tp-1)/tp of the vocabulary from the others."""
+    tp, T, ab = shape.tp, shape.tokens, p.activation_bytes
+    reduces = 2 * c.num_layers + 1
+    ops = [
+        Op("plan_broadcast", 0.0, 0.0, 0.0, p.compute, comm_bytes=16 * T, collectives=1),
+        Op(
+            "all_reduce",
+            0.0,
+            0.0,
+            0.0,
+            p.compute,
+            comm_bytes=reduces * 2 * (tp - 1) / tp * T * c.hidden_size * ab,
+            collectives=reduces,
+        ),
+    ]
+    if shape.logits_rows:
+        gathered = (tp - 1) / tp * shape.logits_rows * c.vocab_size * 4
+        ops.append(Op("logits_gather", 0.0, 0.0, 0.0, p.compute, comm_bytes=gathered, collectives=1))
     return ops
 
 

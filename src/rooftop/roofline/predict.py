@@ -56,9 +56,20 @@ class StepTime:
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else float("inf")
 
+    @property
+    def essential_bytes(self) -> float:
+        """The bytes no fusion avoids: weights, KV cache, state."""
+        return sum(op.essential_bytes for op in self.ops)
 
-def time_step(config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware, tp: int = 1) -> StepTime:
-    ops = step_ops(config, p, shape, tp)
+    @property
+    def kv_share(self) -> float:
+        """The KV cache's share of the essential bytes."""
+        kv = sum(op.essential_bytes for op in self.ops if op.name == "attention")
+        return kv / self.essential_bytes if self.essential_bytes else 0.0
+
+
+def time_step(config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware) -> StepTime:
+    ops = step_ops(config, p, shape)
     return StepTime(
         ops=ops,
         time_s=sum(op.time(hw) for op in ops),
@@ -71,17 +82,19 @@ def time_step(config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware,
     )
 
 
-def expected_time(step: StepTime, hw: Hardware, config: ModelConfig, p: Precision, tp: int = 1) -> float | None:
+def expected_time(step: StepTime, hw: Hardware, config: ModelConfig, p: Precision) -> float | None:
     """What an engine is expected to take for the step on `hw`, from its published efficiencies (Efficiency): each
-    op at the reachable share of its roofs, a fixed time per layer, an all-reduce latency per collective; None
-    where the catalog has no efficiencies for the device."""
+    op at the reachable share of its roofs, a fixed time per layer, and a latency per collective — the device's
+    measured one where the op model's communication already counts it (`Hardware.collective_latency_s`), else
+    the published all-reduce latency; None where the catalog has no efficiencies for the device."""
     eff = hw.efficiency
     if eff is None:
         return None
     memory = eff.memory_4bit if p.weights.bits <= 4.5 else eff.memory
     ops = sum(max(op.compute_time(hw) / eff.compute, op.memory_time(hw) / memory, op.comm_time(hw)) for op in step.ops)
-    collectives = 2 * config.num_layers if tp > 1 else 0  # after attention and after the MLP, per layer
-    return ops + config.num_layers * eff.per_layer_s + collectives * eff.all_reduce_s
+    latency = 0.0 if hw.collective_latency_s is not None else eff.all_reduce_s
+    collectives = sum(op.collectives for op in step.ops)
+    return ops + config.num_layers * eff.per_layer_s + collectives * latency
 
 
 def step_bound(ops: list[Op], hw: Hardware) -> float:
@@ -348,12 +361,12 @@ def compute_bound(step: StepTime) -> bool:
 
 def prefill_crossover(config: ModelConfig, p: Precision, hw: Hardware, tp: int = 1) -> int | None:
     """The shortest prompt whose single-sequence prefill step is compute-bound."""
-    return _first_true(lambda s: compute_bound(time_step(config, p, StepShape.prefill(1, s), hw, tp)))
+    return _first_true(lambda s: compute_bound(time_step(config, p, StepShape.prefill(1, s, tp), hw)))
 
 
 def decode_crossover(config: ModelConfig, p: Precision, hw: Hardware, context: int, tp: int = 1) -> int | None:
     """The smallest batch whose decode step (each sequence `context` tokens deep) is compute-bound."""
-    return _first_true(lambda b: compute_bound(time_step(config, p, StepShape.decode(b, context), hw, tp)))
+    return _first_true(lambda b: compute_bound(time_step(config, p, StepShape.decode(b, context, tp), hw)))
 
 
 def decode_time(
@@ -373,7 +386,7 @@ def decode_time(
         return 0.0
 
     def at(j: float) -> float:
-        return of(time_step(config, p, StepShape.decode(batch, prompt_len + int(round(j)) - 1), hw, tp))
+        return of(time_step(config, p, StepShape.decode(batch, prompt_len + int(round(j)) - 1, tp), hw))
 
     if steps <= EXACT_DECODE_STEPS:
         return sum(at(j) for j in range(1, steps + 1))
@@ -409,7 +422,7 @@ def analyze(
     memory = memory_fit(config, p, hw, prompt_len, total_tokens, tp, gpu_memory_utilization)
     if check_memory:
         check_fits(memory, config, hw, batch, total_tokens)
-    prefill = time_step(config, p, StepShape.prefill(batch, prompt_len), hw, tp)
+    prefill = time_step(config, p, StepShape.prefill(batch, prompt_len, tp), hw)
     return Prediction(
         model=config.name or config.architecture,
         hw=hw,
@@ -424,16 +437,14 @@ def analyze(
         kv_bytes_per_token=kv_bytes_per_token(config, p),
         state_bytes_per_sequence=state_bytes_per_sequence(config, p),
         prefill=prefill,
-        decode_first=time_step(config, p, StepShape.decode(batch, prompt_len), hw, tp),
-        decode_last=time_step(config, p, StepShape.decode(batch, prompt_len + max(0, output_len - 2)), hw, tp),
+        decode_first=time_step(config, p, StepShape.decode(batch, prompt_len, tp), hw),
+        decode_last=time_step(config, p, StepShape.decode(batch, prompt_len + max(0, output_len - 2), tp), hw),
         decode_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp),
         decode_bound_total_s=decode_time(config, p, hw, batch, prompt_len, output_len, tp, lambda s: s.bound_s),
-        expected_ttft_s=expected_time(prefill, hw, config, p, tp),
+        expected_ttft_s=expected_time(prefill, hw, config, p),
         expected_decode_total_s=None
         if hw.efficiency is None
-        else decode_time(
-            config, p, hw, batch, prompt_len, output_len, tp, lambda s: expected_time(s, hw, config, p, tp)
-        ),
+        else decode_time(config, p, hw, batch, prompt_len, output_len, tp, lambda s: expected_time(s, hw, config, p)),
         memory_needed_bytes=memory.needed(batch),
         memory_available_bytes=memory.usable,
         max_batch=memory.max_batch,

@@ -2,6 +2,8 @@
 
 The int8/int4 weight-only peaks time the engine's own linears, which the analyzer never builds: a `WeightOnlyTimer`
 given by the caller measures them (rooftop.engine.probe, the probe `rooftop probe` and the engine's commands run).
+Under tensor parallelism a `CollectiveTimer` times the group's all-reduce over message sizes: its latency and
+bandwidth are the interconnect roof of the op model's collectives.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ STEPS = (
     "copy bandwidth",
     "read bandwidth",
 )
+ALL_REDUCE_STEP = "all-reduce"  # one more, in a tensor-parallel group
 MIB = 1 << 20
 
 
@@ -50,6 +53,7 @@ class Plan:
     reps: int
     cap_s: float
     min_rep_s: float  # short calls are looped within one timed repetition so the clock's resolution does not matter
+    all_reduce_bytes: tuple[int, ...] = (1 << 10, 16 << 10, 256 << 10, 4 * MIB)  # a decode step's is a few KiB
 
 
 _PLANS = {
@@ -78,10 +82,13 @@ _PLANS = {
         7,
         1.0,
         0.02,
+        (1 << 10, 16 << 10, 256 << 10, 4 * MIB, 64 * MIB),
     ),
 }
 # Quick sizes stay large enough that a fixed per-call cost (milliseconds on an oversubscribed VM) does not dominate.
-_QUICK = Plan((256, 512), (16, 32, 64), 1024, 1024, 32 * MIB, 64 * MIB, (16 * MIB,), 3, 0.15, 0.005)
+_QUICK = Plan(
+    (256, 512), (16, 32, 64), 1024, 1024, 32 * MIB, 64 * MIB, (16 * MIB,), 3, 0.15, 0.005, (1 << 10, 64 << 10)
+)
 
 
 class WeightOnlyTimer(Protocol):
@@ -97,6 +104,20 @@ class WeightOnlyTimer(Protocol):
 
     def formats(self, device: str) -> dict[str, str]:
         """The format each weight policy ("float", "int8", "int4") runs in on `device` (the analyzer's names)."""
+        ...
+
+
+class CollectiveTimer(Protocol):
+    """Times the all-reduce of the tensor-parallel group the probe runs in (rooftop.engine.distributed)."""
+
+    ranks: int
+
+    def group(self) -> str:
+        """The group, for the cache: its backend and ranks, e.g. "gloo x3"."""
+        ...
+
+    def all_reduce_seconds(self, sizes: tuple[int, ...], device: str, plan: Plan) -> dict[int, float]:
+        """Median seconds of one all-reduce of each size in bytes, every rank taking part."""
         ...
 
 
@@ -129,6 +150,12 @@ class ProbeResult:
     engine_formats: dict[str, str] = field(default_factory=dict)  # policy -> format, as the timed linears report
     # bytes read -> bytes/s, the DRAM read's size included: what a working set of that size streams at
     read_by_size: dict[int, float] = field(default_factory=dict)
+    # the tensor-parallel group measured ("gloo x3"; "" for a probe run alone) and its all-reduce: bytes -> seconds,
+    # the latency of a small one and the bandwidth of the bytes a ring moves per rank, 2(n-1)/n of the message
+    tensor_parallel: str = ""
+    all_reduce_seconds: dict[int, float] = field(default_factory=dict)
+    all_reduce_latency_s: float | None = None
+    all_reduce_bandwidth: float | None = None
 
     def read_bandwidth_at(self, working_set: float) -> float:
         """The read bandwidth of a working set of `working_set` bytes: interpolated (in log size) between the sizes
@@ -167,11 +194,14 @@ class ProbeResult:
                 f"{bandwidth / GIGA:.1f} GB/s reading a {working_set / 1e6:.0f} MB working set "
                 f"(DRAM: {self.read_bandwidth / GIGA:.1f} GB/s)"
             )
+        group = f", one of {self.tensor_parallel} ranks" if self.tensor_parallel else ""
         return Hardware(
-            name=f"this machine ({self.device_name}{threads})",
+            name=f"this machine ({self.device_name}{threads}{group})",
             peak_flops=peaks,
             memory_bandwidth=bandwidth,
             memory_bytes=self.memory_bytes,
+            interconnect_bandwidth=self.all_reduce_bandwidth,
+            collective_latency_s=self.all_reduce_latency_s,
             source=f"rooftop probe {self.date}",
             notes=notes,
             engine_formats=dict(self.engine_formats),
@@ -186,9 +216,16 @@ class ProbeResult:
     @classmethod
     def from_dict(cls, data: dict) -> ProbeResult:
         """The inverse of `to_dict`; raises KeyError, TypeError or ValueError on a malformed dict."""
-        optional = {"read_by_size"}  # a cache written before rooftop read several sizes: DRAM for every size
+        # a cache written before rooftop read several sizes: DRAM for every size; one without a group: measured alone
+        optional = {"read_by_size", "tensor_parallel", "all_reduce_seconds", "all_reduce_latency_s"}
+        optional.add("all_reduce_bandwidth")
         values = {name: data[_SI_KEYS.get(name, name)] for name in cls.__dataclass_fields__ if name not in optional}
         values["read_by_size"] = {int(size): float(bw) for size, bw in (data.get("read_by_size") or {}).items()}
+        values["tensor_parallel"] = str(data.get("tensor_parallel") or "")
+        values["all_reduce_seconds"] = {int(n): float(t) for n, t in (data.get("all_reduce_seconds") or {}).items()}
+        for name in ("all_reduce_latency_s", "all_reduce_bandwidth"):
+            key = _SI_KEYS.get(name, name)
+            values[name] = None if data.get(key) is None else float(data[key])
         for name in ("fp32_flops", "bf16_flops", "copy_bandwidth", "read_bandwidth", "duration_s"):
             values[name] = float(values[name])
         for name in ("int8_weight_only_flops", "int4_weight_only_flops"):
@@ -208,6 +245,7 @@ _SI_KEYS = {
     "int4_weight_only_flops": "int4_weight_only_matmul_flops_per_s",
     "copy_bandwidth": "copy_bandwidth_bytes_per_s",
     "read_bandwidth": "read_bandwidth_bytes_per_s",
+    "all_reduce_bandwidth": "all_reduce_bandwidth_bytes_per_s",
 }
 
 
@@ -216,15 +254,17 @@ def run_probe(
     quick: bool = False,
     on_step: Callable[[str], None] | None = None,
     weight_only: WeightOnlyTimer | None = None,
+    collectives: CollectiveTimer | None = None,
 ) -> ProbeResult:
     """Measure every roof of `device` ("cpu" or "cuda[:i]"); `quick` uses tiny sizes (about a second, for tests).
-    The weight-only peaks are measured only by `weight_only` (the engine's linears), else left out."""
+    The weight-only peaks are measured only by `weight_only` (the engine's linears), else left out; the all-reduce
+    only by `collectives` (a tensor-parallel group's)."""
     device = _checked_device(device)
     plan = _QUICK if quick else _PLANS[torch.device(device).type]
     step = on_step or (lambda description: None)
     start = time.perf_counter()
     notes: dict[str, str] = {}
-    machine = identity(device, weight_only)
+    machine = identity(device, weight_only, collectives)
     if weight_only is None:
         weight_only = _NotTimed()
 
@@ -252,6 +292,16 @@ def run_probe(
         + ")"
     )
 
+    communication = {}
+    if collectives is not None:
+        step(ALL_REDUCE_STEP)
+        communication = _all_reduce(collectives, device, plan)
+        notes["all_reduce"] = (
+            f"{collectives.group()}: "
+            + ", ".join(f"{n >> 10} KiB {t * 1e6:.0f} us" for n, t in communication["all_reduce_seconds"].items())
+            + "; latency the smallest's time, bandwidth 2(n-1)/n of the message per rank over the time beyond it"
+        )
+
     memory = _total_ram_bytes() if device == "cpu" else torch.cuda.get_device_properties(device).total_memory
     return ProbeResult(
         **{"weight_only_kernels": "none", **machine},
@@ -268,18 +318,37 @@ def run_probe(
         notes=notes,
         engine_formats=weight_only.formats(device),
         read_by_size=read_by_size,
+        **communication,
     )
 
 
-def cache_path(device: str = "cpu") -> Path:
-    """`$ROOFTOP_CACHE_DIR/probe-<device>.json`, else under `$XDG_CACHE_HOME/rooftop`, else `~/.cache/rooftop`."""
+def _all_reduce(collectives: CollectiveTimer, device: str, plan: Plan) -> dict:
+    """The group's all-reduce times by size, and the latency and bandwidth of the line through them: the smallest
+    message's time is the latency; the bytes a ring moves per rank, 2(n-1)/n of each message, over the time the
+    largest took beyond the smallest's, the bandwidth."""
+    times = collectives.all_reduce_seconds(plan.all_reduce_bytes, device, plan)
+    ring = 2 * (collectives.ranks - 1) / collectives.ranks
+    (small, latency), (large, longest) = min(times.items()), max(times.items())
+    beyond = longest - latency
+    bandwidth = ring * (large - small) / beyond if beyond > 0 else ring * large / longest
+    return {
+        "all_reduce_seconds": times,
+        "all_reduce_latency_s": latency,
+        "all_reduce_bandwidth": bandwidth,
+    }
+
+
+def cache_path(device: str = "cpu", tensor_parallel: str = "") -> Path:
+    """`$ROOFTOP_CACHE_DIR/probe-<device>.json` (a tensor-parallel group's: `probe-<device>-<group>.json`), else
+    under `$XDG_CACHE_HOME/rooftop`, else `~/.cache/rooftop`."""
     if os.environ.get("ROOFTOP_CACHE_DIR"):
         directory = Path(os.environ["ROOFTOP_CACHE_DIR"])
     elif os.environ.get("XDG_CACHE_HOME"):
         directory = Path(os.environ["XDG_CACHE_HOME"]) / "rooftop"
     else:
         directory = Path.home() / ".cache" / "rooftop"
-    return directory / f"probe-{device.replace(':', '-')}.json"
+    group = f"-{tensor_parallel.replace(' ', '-')}" if tensor_parallel else ""
+    return directory / f"probe-{device.replace(':', '-')}{group}.json"
 
 
 def load_or_run_probe(
@@ -288,16 +357,19 @@ def load_or_run_probe(
     quick: bool = False,
     on_step: Callable[[str], None] | None = None,
     weight_only: WeightOnlyTimer | None = None,
+    collectives: CollectiveTimer | None = None,
 ) -> ProbeResult:
-    """The cached probe of `device` if measured here, with this torch, at least as thoroughly; else measure anew.
-    Without `weight_only` (the analyzer) a cached probe is taken whichever kernels it timed."""
+    """The cached probe of `device` (and of the tensor-parallel group `collectives` times) if measured here, with
+    this torch, at least as thoroughly; else measure anew. Without `weight_only` (the analyzer) a cached probe is
+    taken whichever kernels it timed."""
     device = _checked_device(device)
-    path = cache_path(device)
+    path = cache_path(device, collectives.group() if collectives is not None else "")
     if not force:
-        cached = _read_cache(path)
-        if cached is not None and _matches(cached, identity(device, weight_only)) and (quick or not cached.quick):
+        cached = read_cache(path)
+        machine = identity(device, weight_only, collectives)
+        if cached is not None and _matches(cached, machine) and (quick or not cached.quick):
             return cached
-    result = run_probe(device, quick=quick, on_step=on_step, weight_only=weight_only)
+    result = run_probe(device, quick=quick, on_step=on_step, weight_only=weight_only, collectives=collectives)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -308,7 +380,8 @@ def load_or_run_probe(
     return result
 
 
-def _read_cache(path: Path) -> ProbeResult | None:
+def read_cache(path: Path) -> ProbeResult | None:
+    """A cached probe, or None where there is none or it does not parse."""
     try:
         return ProbeResult.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
@@ -329,9 +402,9 @@ def _checked_device(device: str) -> str:
     return "cpu" if parsed.type == "cpu" else str(parsed)
 
 
-def identity(device: str, weight_only: WeightOnlyTimer | None) -> dict:
+def identity(device: str, weight_only: WeightOnlyTimer | None, collectives: CollectiveTimer | None = None) -> dict:
     """What the roofs depend on besides the hardware's mood: a cached probe is reused only if all of it is unchanged
-    (whose weight-only kernels it timed is left out when no timer is given)."""
+    (whose weight-only kernels it timed is left out when no timer is given), the tensor-parallel group included."""
     cpu_model, cpu_signature = _cpu_description()
     cuda_device = torch.cuda.get_device_name(device if device != "cpu" else None) if torch.cuda.is_available() else None
     return {
@@ -343,6 +416,7 @@ def identity(device: str, weight_only: WeightOnlyTimer | None) -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "cuda_device": cuda_device,
+        "tensor_parallel": "" if collectives is None else collectives.group(),
         **({} if weight_only is None else {"weight_only_kernels": weight_only.kernels(device)}),
     }
 

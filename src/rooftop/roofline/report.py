@@ -34,6 +34,28 @@ def seconds(value: float | None) -> str:
     return f"{value * 1e9:.3g} ns"
 
 
+def decode_lever(kv_share: float, kv_value_bytes: float, batch: float) -> str:
+    """What would move a memory-bound decode step, from what its bytes are: the KV cache (`kv_share` of the bytes
+    no fusion avoids, stored at `kv_value_bytes` per value) or the weights; at one sequence per step, speculative
+    decoding shares the weights' read across several of its tokens."""
+    if kv_share >= 0.5 and kv_value_bytes > 1:
+        lever = (
+            f"the KV cache is {100 * kv_share:.0f}% of each step's bytes, so store it in fewer "
+            f"(--kv-cache-dtype int8 takes about {100 / kv_value_bytes:.0f}% of the bytes it takes now)"
+        )
+    else:
+        lever = (
+            "each step reads every weight once for all its sequences, so batch more sequences (--max-num-seqs) to "
+            "share that read or read fewer bytes per weight (--weights int4)"
+        )
+    if batch < 1.5:
+        lever += (
+            "; with one sequence, speculative decoding (--speculative-config, ngram where the output quotes the "
+            "input) verifies several tokens per read"
+        )
+    return lever
+
+
 def weight_formats(pred: Prediction) -> str:
     """The linears' format, and the tables' where they differ: "awq-int4-g128; embedding and lm_head fp16"."""
     tables: dict[str, list[str]] = {}
@@ -169,7 +191,7 @@ GAP_COLOURS = {
     "linears inefficiency": "blue",
     "attention inefficiency": "magenta",
     "elementwise inefficiency": "bright_magenta",
-    "communication inefficiency": "bright_blue",
+    "communication": "bright_blue",
     "host (forward)": "yellow",
     "host (sampling, scheduling)": "bright_yellow",
     "unexplained": "bright_black",

@@ -84,12 +84,12 @@ def predict_speculative(
 ) -> SpeculativePrediction:
     """TPOT with k draft tokens accepted at `acceptance` each, for `batch` sequences `context` tokens deep."""
     check_speculative(k, acceptance)
-    verify = StepShape((SeqShape(k + 1, context, count=batch, phase=Phase.DECODE),))
+    verify = StepShape((SeqShape(k + 1, context, count=batch, phase=Phase.DECODE),), tp=tp)
     return SpeculativePrediction(
         num_speculative_tokens=k,
         acceptance=acceptance,
         context=context,
         tokens_per_step=expected_tokens_per_step(acceptance, k),
-        verify=time_step(config, p, verify, hw, tp),
-        decode=time_step(config, p, StepShape.decode(batch, context), hw, tp),
+        verify=time_step(config, p, verify, hw),
+        decode=time_step(config, p, StepShape.decode(batch, context, tp), hw),
     )

@@ -33,15 +33,14 @@ DASHBOARD_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css
 COUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")  # bad requests there count in rooftop_requests_total
 
 
-def create_app(
-    config: ServeConfig, llm: LLM | None = None, on_load_error: Callable[[str], None] | None = None
-) -> FastAPI:
-    """The app; it loads `config.model` on a background thread at startup unless `llm` is given (tests, embedding)."""
+def create_app(config: ServeConfig, llm: LLM | None = None, on_error: Callable[[str], None] | None = None) -> FastAPI:
+    """The app; it loads `config.model` on a background thread at startup unless `llm` is given (tests, embedding).
+    `on_error` is told why, if the model cannot load or the engine stops for good while serving."""
     state = ServerState(config, create_metrics())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        threading.Thread(target=state.load, args=(llm, on_load_error), name="rooftop-load", daemon=True).start()
+        threading.Thread(target=state.load, args=(llm, on_error), name="rooftop-load", daemon=True).start()
         yield
         await asyncio.to_thread(state.stop)  # aborts what is still running, frees the engine thread
 
@@ -96,7 +95,7 @@ def _other_routes() -> APIRouter:
             param = "messages"
             try:
                 messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
-                text = ready.llm.tokenizer.apply_chat_template(messages, body.add_generation_prompt)
+                text = ready.llm.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
             except InvalidRequestError as e:
                 raise ApiError(400, str(e), e.param or param) from None
         ids = await ready.prompts.encode(text, param, body.add_special_tokens)

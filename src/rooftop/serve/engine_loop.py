@@ -8,14 +8,14 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.outputs import RequestDelta
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import FinishReason
-from rooftop.errors import RooftopError
+from rooftop.errors import RooftopError, TensorParallelError
 from rooftop.serve.monitor import Monitor
 
 log = logging.getLogger("rooftop.serve")
@@ -39,38 +39,44 @@ class ClientGoneError(RooftopError):
 
 @dataclass
 class RequestStream:
-    """One request's deltas as they arrive; closing it early aborts the request and frees its KV blocks."""
+    """One request's deltas as they arrive, its choices' (n engine requests, sharing the prompt) interleaved, each
+    delta naming its engine request; closing it early aborts what has not finished and frees the KV blocks."""
 
-    request_id: str
+    request_ids: list[str]
     engine_loop: EngineLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    finished: bool = False
+    unfinished: set[str] = field(init=False)
     closed: bool = False
 
+    def __post_init__(self) -> None:
+        self.unfinished = set(self.request_ids)
+
     async def deltas(self) -> AsyncIterator[RequestDelta]:
-        while not self.finished:
+        while self.unfinished:
             item = await self.queue.get()
             if isinstance(item, Exception):
-                self.finished = True
+                self.unfinished.clear()
                 raise item
-            self.finished = item.finished
+            if item.finished:
+                self.unfinished.discard(item.request_id)
             yield item
 
     def close(self) -> None:
-        """Abort the request unless it finished; any reader waiting on it gets ClientGoneError. Idempotent."""
+        """Abort what has not finished; any reader waiting on it gets ClientGoneError. Idempotent."""
         if self.closed:
             return
         self.closed = True
-        if not self.finished:
-            self.engine_loop.abort(self.request_id)
-            self.queue.put_nowait(ClientGoneError(f"request {self.request_id} was closed before it finished"))
+        if self.unfinished:
+            for request_id in sorted(self.unfinished):
+                self.engine_loop.abort(request_id)
+            self.queue.put_nowait(ClientGoneError(f"request {self.request_ids[0]} was closed before it finished"))
 
 
 @dataclass
 class _Add:
-    request_id: str
+    request_ids: list[str]  # one per choice; the first computes the shared prompt, the others reuse its cache
     prompt: list[int]
-    params: SamplingParams
+    params: list[SamplingParams]
     arrival: float
     loop: asyncio.AbstractEventLoop
     stream: RequestStream
@@ -82,14 +88,26 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Fatal:
+    reason: str  # the engine cannot go on (a tensor-parallel rank died or hung): stop serving
+
+
 _STOP = object()
 
 
 class EngineLoop:
     """Runs `LLMEngine.step` on its own thread while any request is unfinished; sleeps on the command queue otherwise."""
 
-    def __init__(self, engine: LLMEngine, monitor: Monitor, max_waiting: int):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        monitor: Monitor,
+        max_waiting: int,
+        on_fatal: Callable[[str], None] | None = None,
+    ):
         self.engine, self.monitor, self.max_waiting = engine, monitor, max_waiting
+        self.on_fatal = on_fatal  # told (on the engine thread) when the engine stops for good
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[str, _Add] = {}  # owned by the engine thread
         self.thread = threading.Thread(target=self._run, name="rooftop-engine", daemon=True)
@@ -106,24 +124,33 @@ class EngineLoop:
             self.commands.put(_STOP)
         self.thread.join(timeout)
 
-    async def add(self, request_id: str, prompt: list[int], params: SamplingParams, arrival: float) -> RequestStream:
-        """Queue a request; raises InvalidRequestError / PromptTooLongError / QueueFullError before any token."""
+    async def add(
+        self, request_ids: list[str], prompt: list[int], params: list[SamplingParams], arrival: float
+    ) -> RequestStream:
+        """Queue a request's choices (all or none); raises InvalidRequestError / PromptTooLongError /
+        QueueFullError before any token."""
         loop = asyncio.get_running_loop()
-        stream = RequestStream(request_id, self)
+        stream = RequestStream(request_ids, self)
         accepted = loop.create_future()
         with self._stopping:
             if self.stopped:
                 raise EngineStoppedError("the server is shutting down")
-            self.commands.put(_Add(request_id, prompt, params, arrival, loop, stream, accepted))
+            self.commands.put(_Add(request_ids, prompt, params, arrival, loop, stream, accepted))
         try:
             await accepted
         except asyncio.CancelledError:  # the handler was cancelled while the engine thread took the request
-            self.abort(request_id)
+            for request_id in request_ids:
+                self.abort(request_id)
             raise
         return stream
 
     def abort(self, request_id: str) -> None:
         self.commands.put(_Abort(request_id))
+
+    def fail(self, reason: str) -> None:
+        """The engine cannot go on (from any thread, e.g. the tensor-parallel group's watch): the engine thread
+        ends every request with a 503 and stops."""
+        self.commands.put(_Fatal(reason))
 
     def _run(self) -> None:
         while True:
@@ -135,11 +162,17 @@ class EngineLoop:
                             EngineStoppedError("the server shut down before this request finished"), FinishReason.ABORT
                         )
                         return
+                    if isinstance(command, _Fatal):
+                        self._stop_for(command.reason)
+                        return
                     self._apply(command)
                     command = self._next_command()
                 if self.engine.has_unfinished():
                     self._step()
                 self.monitor.on_state(self.engine.stats())
+            except TensorParallelError as e:  # a rank died or hung: no step can run any more
+                self._stop_for(str(e))
+                return
             except Exception:  # a bug, not bad input: fail the requests in flight, keep serving new ones
                 error_id = uuid.uuid4().hex[:12]
                 log.exception("the engine loop failed (error id %s)", error_id)
@@ -157,16 +190,23 @@ class EngineLoop:
             if self.streams.pop(command.request_id, None) is not None:
                 self._abort(command.request_id, FinishReason.ABORT)
             return
-        error = None
+        error, added = None, []
         try:
             if self._queued() >= self.max_waiting:
                 raise QueueFullError(
                     f"the server is busy: {self._queued()} requests are already waiting for a slot "
                     f"(max_waiting_requests {self.max_waiting}); retry later"
                 )
-            self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival)
-            self.streams[command.request_id] = command
+            first = command.request_ids[0]
+            for request_id, params in zip(command.request_ids, command.params, strict=True):
+                shares = first if request_id != first else None
+                self.engine.add_request(request_id, command.prompt, params, command.arrival, shares)
+                added.append(request_id)
+                self.streams[request_id] = command
         except Exception as e:  # bad input (RooftopError) or a bug: either way this handler must hear of it
+            for request_id in added:  # all of the request's choices or none
+                del self.streams[request_id]
+                self.engine.abort(request_id)
             error = e
         command.loop.call_soon_threadsafe(_settle, command.accepted, error)
 
@@ -194,6 +234,19 @@ class EngineLoop:
             by_loop.setdefault(command.loop, []).append((command.stream.queue, delta))
         for loop, items in by_loop.items():
             _deliver(loop, items)
+
+    def _stop_for(self, reason: str) -> None:
+        """Stop for good: no new request is taken, the queued and running ones end with a 503, and the server is
+        told (it exits with an error)."""
+        with self._stopping:
+            self.stopped = True
+        error = EngineStoppedError(f"the engine stopped: {reason}")
+        self._fail_all(error, FinishReason.ERROR)
+        while (command := self._next_command()) is not None:
+            if isinstance(command, _Add):
+                command.loop.call_soon_threadsafe(_settle, command.accepted, error)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     def _fail_all(self, error: Exception, outcome: FinishReason) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}

@@ -71,13 +71,14 @@ class Server(uvicorn.Server):
 
 def run(config: ServeConfig, llm: LLM | None = None) -> str | None:
     """Serve until SIGINT/SIGTERM: stop accepting, let in-flight requests finish for up to
-    `config.shutdown_timeout_s`, abort the rest. Returns why the model could not be loaded, if it could not."""
+    `config.shutdown_timeout_s`, abort the rest. Returns why the model could not be loaded, or why the engine
+    stopped while serving (a tensor-parallel rank died or hung), if either happened."""
     server: Server | None = None
 
     def stop(_: str) -> None:
         server.should_exit = True
 
-    app = create_app(config, llm, on_load_error=stop)
+    app = create_app(config, llm, on_error=stop)
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # rooftop's own lines, formatted as uvicorn's
     log_config["loggers"]["rooftop"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     server = Server(
@@ -95,7 +96,7 @@ def run(config: ServeConfig, llm: LLM | None = None) -> str | None:
         config.shutdown_timeout_s,
     )
     server.run()
-    return app.state.server.load_error
+    return app.state.server.load_error or app.state.server.failure
 
 
 def uvicorn_config(app: FastAPI, config: ServeConfig, **options) -> uvicorn.Config:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rooftop.engine.calibrate import cached_calibration
 from rooftop.engine.llm import LLM
-from rooftop.engine.probe import load_or_run_probe
+from rooftop.engine.probe import load_or_run_probe, probe_device
 from rooftop.errors import RooftopError
 from rooftop.roofline.calibration import Calibration
 from rooftop.roofline.hardware import Hardware
@@ -57,6 +57,7 @@ class ServerState:
     metrics: ServerMetrics
     ready: Ready | None = None
     load_error: str | None = None
+    failure: str | None = None  # why the engine stopped for good while serving (a tensor-parallel rank failed)
 
     def load(self, llm: LLM | None = None, on_error: Callable[[str], None] | None = None) -> None:
         """Load the model (unless given), read this machine's roofs (probing once, cached) and the model's cached
@@ -67,7 +68,7 @@ class ServerState:
                 log.info("loading %s", c.run.model or "the bundled model")
                 llm = LLM.from_config(c.run)
             log.info("reading this machine's roofs (measured once, ~15 s, then cached)")
-            probe = load_or_run_probe(device="cpu" if llm.device.type == "cpu" else str(llm.device))
+            probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
             hardware = probe.to_hardware(working_set=llm.weight_bytes)
             calibration = calibrated(llm, hardware)
         except Exception as e:  # a bad model path and a broken file alike end the server with one line
@@ -77,8 +78,17 @@ class ServerState:
                 on_error(self.load_error)
             return
         monitor = Monitor(self.metrics, llm.config, llm.precision, hardware, calibration)
+
+        def stopped(reason: str) -> None:  # the server answers 503 from now on and exits with an error
+            self.failure = reason
+            log.error("the engine stopped, so the server stops: %s", reason)
+            if on_error is not None:
+                on_error(reason)
+
         monitor.on_state(llm.engine.stats())  # the KV pool's size and dtype, before the first request
-        engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests)
+        engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests, stopped)
+        if llm.lead is not None:  # a rank that dies while the server is idle stops it too
+            llm.lead.on_failure.append(engine_loop.fail)
         engine_loop.start()
         name = c.served_model_name or _file_name(c.run.model or llm.model_path)
         prompts = Prompts(llm.tokenizer, llm.max_model_len, llm.config.vocab_size)
@@ -92,6 +102,8 @@ class ServerState:
             if self.load_error is not None:
                 raise ApiError(503, LOAD_FAILED)
             raise ApiError(503, "the model is still loading; retry when GET /health returns 200")
+        if self.failure is not None:
+            raise ApiError(503, f"the engine stopped: {self.failure}")
         if self.ready.engine_loop.stopped:
             raise ApiError(503, "the server is shutting down")
         return self.ready

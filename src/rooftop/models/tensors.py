@@ -1,0 +1,91 @@
+"""The file's tensors as a model takes them while it is built: each in the form its linear keeps, and under tensor
+parallelism only the part of it this rank holds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from rooftop.errors import ModelLoadError
+from rooftop.loading.loaded import LazyWeights
+from rooftop.loading.shard import Shard, shard_weight
+from rooftop.models.parallel import RowParallel, TPGroup, split
+from rooftop.quant.linear import Linear, as_stored, make_linear
+from rooftop.quant.weights import Weight, to_float
+
+Part = tuple[int, int] | None  # rows or columns start:stop of a tensor one rank reads; None: all of them
+
+
+class Tensors:
+    """The file's tensors in the form the model keeps: float tensors in its dtype on its device, quantized groups and
+    blocks as they are where the CPU kernels read them (float linears and other devices get them dequantized).
+    `stored` (the `auto` weight choice): each quantized matrix runs in the format the file holds it in. Under tensor
+    parallelism (`tp`) each tensor is read in the part this rank holds."""
+
+    def __init__(
+        self,
+        weights: Mapping[str, Weight],
+        dtype: torch.dtype,
+        device: torch.device,
+        policy: str,
+        stored: bool,
+        tp: TPGroup | None = None,
+    ):
+        self.weights, self.dtype, self.device, self.policy, self.stored = weights, dtype, device, policy, stored
+        self.keep_groups = policy != "float" and device.type == "cpu"
+        self.tp = tp if tp is not None and tp.size > 1 else None
+
+    def linear(self, weight: Weight | list[Weight], bias: torch.Tensor | None, lm_head: bool = False) -> Linear:
+        return make_linear(weight, bias, self.policy, lm_head, self.stored)
+
+    def row_parallel(self, weight: Weight, bias: torch.Tensor | None) -> Linear | RowParallel:
+        """A linear whose input features are split over the ranks: each rank's partial sum all-reduced, the bias
+        added once after."""
+        if self.tp is None:
+            return self.linear(weight, bias)
+        return RowParallel(self.linear(weight, None), self.tp, bias)
+
+    def part(self, n: int) -> Part:
+        """This rank's even share of n rows or columns."""
+        return None if self.tp is None else split(n, self.tp.rank, self.tp.size)
+
+    def take(
+        self,
+        name: str,
+        shape: tuple[int, ...] | None,
+        required: bool = True,
+        rows: Part = None,
+        columns: Part = None,
+    ) -> Weight | None:
+        """Tensor `name` of the given (whole) shape, or only its `rows` or `columns` start:stop."""
+        if name not in self.weights:
+            if required:
+                raise ModelLoadError(f"the model file has no tensor {name}")
+            return None
+        shard = None
+        if rows is not None or columns is not None:
+            dim, (start, stop) = (0, rows) if rows is not None else (1, columns)
+            shard = Shard(dim, start, stop, shape[dim])
+            shape = (*shape[:dim], stop - start, *shape[dim + 1 :])
+        if isinstance(self.weights, LazyWeights):
+            w = self.weights.read(name, shard)
+        else:
+            w = shard_weight(self.weights[name], shard, name)
+        if shape is not None and tuple(w.shape) != shape:
+            raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
+        if not isinstance(w, torch.Tensor) and not self.keep_groups:
+            w = w.dequantize()
+        return w.to(device=self.device, dtype=self.dtype).contiguous() if isinstance(w, torch.Tensor) else w
+
+    def cat(self, *parts: Weight | None) -> Weight | list[Weight] | None:
+        """Fused projections: one matrix from several, kept in their common form when they share one; the parts
+        themselves when each runs as stored in a different format."""
+        if any(t is None for t in parts):
+            return None
+        form = {(type(t), getattr(t, "format", None)) for t in parts}
+        if len(form) == 1 and not isinstance(parts[0], torch.Tensor):
+            return type(parts[0]).cat(list(parts))
+        if self.stored and any(as_stored(t, self.policy) for t in parts):
+            return list(parts)
+        return torch.cat([to_float(t).to(device=self.device, dtype=self.dtype) for t in parts], dim=0).contiguous()
