@@ -174,10 +174,12 @@ def engine_for(section: Section, name: str, device: str, dry_run: bool, tokenize
 
 
 def run_batch(engine: LLMEngine, rng: random.Random, prompt_len: int, batch: int, steps: int) -> list:
-    """`batch` requests of `prompt_len` random tokens and `steps` + 1 output tokens each, run to the end: the step
-    records, and the request outputs."""
+    """`batch` requests of `prompt_len` random tokens, run to the end so that all of them decode together for
+    `steps` steps: the first sequence prefilled decodes while the others' chunks run, so each asks for as many more
+    tokens as the prompts take steps to prefill. The step records, and the request outputs."""
     vocab = engine.model.config.vocab_size
-    params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
+    prefill_steps = -(-batch * prompt_len // engine.config.max_num_batched_tokens)
+    params = SamplingParams(max_tokens=max(1, steps + prefill_steps), temperature=0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", [rng.randrange(vocab) for _ in range(prompt_len)], params)
     records, outputs = [], []
@@ -259,6 +261,8 @@ def model_section(key: str, out: Path, device: str, dry_run: bool, tokenizer: To
     for batch in section.batches:
         records, outputs = run_batch(engine, rng, section.context, batch, section.steps)
         decodes = [r for r in records if r.phase is Phase.DECODE and r.shape.num_seqs == batch]
+        if not decodes:
+            raise RuntimeError(f"no decode step ran all {batch} sequences together")
         measured = statistics.median(r.seconds for r in decodes)
         middle = decodes[len(decodes) // 2].shape
         point = {

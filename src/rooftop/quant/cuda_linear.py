@@ -9,7 +9,7 @@ sgemm: tinygemm keeps only 16 rows per tile, so a long chunk would read the weig
 
 Widening int4 reads tinygemm's packed layout back (`unpack_int4`): the inverse of PyTorch's packing
 (`_convert_weight_to_int4pack`, aten/src/ATen/native/cuda/int4mm.cu), written out in `pack_int4`, and checked
-against the op once per process before a widened matmul trusts it (`tinygemm_layout_matches`).
+against the op once per process and device, at load, before a widened matmul trusts it (`tinygemm_layout_matches`).
 """
 
 from __future__ import annotations
@@ -110,11 +110,12 @@ class CudaInt4Linear:
     out_features: int
     in_features: int
     bias: torch.Tensor | None = None
+    widens: bool = True  # whether `unpack_int4` reads this PyTorch's packing (else every row runs on tinygemm)
     format: ClassVar[str] = "int4-g32"
     widen_rows: ClassVar[int | None] = WIDEN_ROWS
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
-        if not plan.widen or not tinygemm_layout_matches(x.device):
+        if not plan.widen or not self.widens:
             return self.narrow(x, residual)
         return _widened(x, self.dequantize(x.dtype), self.bias, residual, plan, self.narrow)
 
@@ -136,12 +137,12 @@ class CudaInt4Linear:
 
     @classmethod
     def from_weight(cls, w: Int4Weight, bias: torch.Tensor | None, device: torch.device) -> CudaInt4Linear:
-        tinygemm_layout_matches(device)  # checked at load, not inside a step's forward pass (it syncs)
         n, k = w.q.shape
         q = w.q.to(device)
         packed = torch_pack_int4(q, inner_k_tiles(k))
         scales_zeros = torch.stack([w.scale.t(), w.zero.t()], dim=-1).to(device, torch.bfloat16).contiguous()
-        return cls(packed, scales_zeros, n, k, None if bias is None else bias.to(device))
+        bias = None if bias is None else bias.to(device)
+        return cls(packed, scales_zeros, n, k, bias, widens=tinygemm_layout_matches(q.device))  # checked at load
 
 
 @dataclass
