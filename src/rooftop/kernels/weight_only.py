@@ -60,7 +60,8 @@ def _q8_matmul(
             k_ok = ks < end
             xs = tl.load(x + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             qs = tl.load(q + col_rows[None, :] * stride_qn + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0)
-            scale = tl.load(d + cols * stride_dn + (k0 + g * GROUP) // GROUP, mask=col_ok & (k0 + g * GROUP < end))
+            group_ok = col_ok & (k0 + g * GROUP < end)  # past K: zeros, not undefined values times a zero dot
+            scale = tl.load(d + cols * stride_dn + (k0 + g * GROUP) // GROUP, mask=group_ok, other=0.0)
             dot = tl.dot(xs, qs.to(xs.dtype), input_precision=PRECISION)
             acc += dot * scale.to(tl.float32)[None, :]
     target = out + split * stride_os + rows[:, None] * stride_om + cols[None, :]
