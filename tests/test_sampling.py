@@ -8,6 +8,7 @@ import torch
 from rooftop import InvalidRequestError, SamplingParams
 from rooftop.engine.sampler import (
     SamplingRow,
+    apply_logit_bias,
     apply_presence_frequency_penalties,
     apply_repetition_penalty,
     filter_logits,
@@ -43,6 +44,10 @@ def support(logits: torch.Tensor) -> set[int]:
         ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),
         ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
         ({"stop": [""]}, "stop strings must be non-empty"),
+        ({"logit_bias": {5: 101}}, r"biases in \[-100, 100\]"),
+        ({"logit_bias": {-1: 1}}, "logit_bias maps token ids"),
+        ({"logit_bias": {"5": 1}}, "logit_bias maps token ids"),
+        ({"logit_bias": {5: float("nan")}}, "logit_bias maps token ids"),
     ],
 )
 def test_invalid_params_raise_typed_errors(kwargs, message):
@@ -230,3 +235,21 @@ def test_extreme_accepted_values_still_sample():
     assert torch.isfinite(boosted).all() and boosted[0] == torch.finfo(torch.float32).max
     damped = apply_repetition_penalty(logits, torch.tensor([1, 2]), 1e300)
     assert torch.isfinite(damped).all() and damped[1] == 0 and damped[2] == -torch.finfo(torch.float32).max
+
+
+def test_logit_bias_is_added_to_its_own_rows_only():
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(6))
+    rows = [SamplingRow(SamplingParams(logit_bias={7: 2.5, 9: -100})), SamplingRow(SamplingParams())]
+    rows.append(SamplingRow(SamplingParams(temperature=0, logit_bias={7: 100})))
+    biased = apply_logit_bias(logits, rows)
+    expected = logits.clone()
+    expected[0, 7] += 2.5
+    expected[0, 9] -= 100
+    expected[2, 7] += 100
+    assert torch.equal(biased, expected) and apply_logit_bias(logits, rows[1:2]) is logits
+    # +100 all but forces a token, -100 all but bans one, greedy or drawn
+    assert sample(logits, rows)[2] == 7
+    gen = torch.Generator().manual_seed(1)
+    best = int(logits[1].argmax())
+    banned = SamplingParams(temperature=0.5, logit_bias={best: -100})
+    assert best not in {sample_one(logits[1], banned, generator=gen) for _ in range(50)}

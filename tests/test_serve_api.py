@@ -149,6 +149,58 @@ def test_logprobs(server):
     assert "".join(lp.tokens) == text.choices[0].text  # one byte per token, all printable here or not: same decode
 
 
+def test_n_choices_are_indexed_seeded_shared_and_counted(server):
+    """n = 3: choices 0..2, choice i exactly the request alone with seed + i (vLLM's rule); streamed, the choices
+    interleave by index with the same texts; usage counts the prompt once and every choice's tokens; the second and
+    third choices take the prompt's two chunks from the first's prefix cache instead of computing them."""
+    c = client(server)
+    prompt = "n choices share this prompt of forty-one!"  # 41 bytes: two chunks of 16 are shared
+    body = {"model": "tiny-long", "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 3}
+    hits = metrics(server)["rooftop_prefix_cache_hits_total"]
+    full = c.completions.create(**body, extra_body={"ignore_eos": True})
+    assert metrics(server)["rooftop_prefix_cache_hits_total"] - hits == 2 * 32
+    assert [ch.index for ch in full.choices] == [0, 1, 2] and len({ch.text for ch in full.choices}) == 3
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (41, 18)
+    for i, choice in enumerate(full.choices):
+        alone = c.completions.create(**{**body, "n": 1, "seed": 5 + i}, extra_body={"ignore_eos": True})
+        assert alone.choices[0].text == choice.text
+    stream = c.completions.create(
+        **body, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}
+    )
+    texts, finished, order = ["", "", ""], [None] * 3, []
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            finished[choice.index] = choice.finish_reason or finished[choice.index]
+            order.append(choice.index)
+    assert texts == [ch.text for ch in full.choices] and finished == ["length"] * 3
+    assert order != sorted(order)  # interleaved, not one choice after another
+    assert chunk.usage.completion_tokens == 18
+    chat = c.chat.completions.create(
+        model="tiny-long", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, stream=True, **GREEDY
+    )
+    roles = [ch.choices[0].index for ch in chat if ch.choices and ch.choices[0].delta.role == "assistant"]
+    assert roles == [0, 1]
+
+
+def test_logit_bias_forces_and_bans_tokens(server):
+    """The tiny model's vocabulary is bytes (id = byte + 3): +100 on "z" makes every token "z"; -100 on the token
+    greedy picks makes it pick another."""
+    c = client(server)
+
+    def text(prompt: str, bias: dict | None = None) -> str:
+        return (
+            c.completions.create(model="tiny-long", prompt=prompt, max_tokens=4, logit_bias=bias, **GREEDY)
+            .choices[0]
+            .text
+        )
+
+    assert text("hi", {str(ord("z") + 3): 100}) == "zzzz"
+    prompt = next(p for p in ("hi", "ab", "xyz", "0", "Q", "the", "!?") if text(p)[:1].isascii() and text(p)[:1])
+    first = text(prompt)[0]
+    assert text(prompt, {str(ord(first) + 3): -100})[:1] != first
+
+
 def test_32_concurrent_streams_each_equal_alone(server):
     prompts = [f"Request {i}: {'ab' * (i % 7)}" for i in range(32)]
     lengths = [4 + i % 5 for i in range(32)]

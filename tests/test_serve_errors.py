@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serve_support import metrics
+from serve_support import api_error, metrics
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -58,7 +58,8 @@ CASES = [
     ("logprobs 21", TEXT, {"prompt": "hi", "logprobs": 21}, 400, "logprobs must be an integer in [0, 20]"),
     ("empty stop string", CHAT, chat(stop=[""]), 400, "stop strings must be non-empty"),
     ("stop an empty string", CHAT, chat(stop=""), 400, "stop strings must be non-empty"),
-    ("n 2", CHAT, chat(n=2), 400, "n must be 1"),
+    ("n 0", CHAT, chat(n=0), 400, "n must be in [1, 128]"),
+    ("n 129", TEXT, {"prompt": "hi", "n": 129}, 400, "n must be in [1, 128]"),
     ("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0].role"),
     ("image part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, "only text parts"),
     (
@@ -121,7 +122,8 @@ PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the 
     "logprobs 21": "logprobs",
     "empty stop string": "stop",
     "stop an empty string": "stop",
-    "n 2": "n",
+    "n 0": "n",
+    "n 129": "n",
     "unknown role": "messages[0].role",
     "image part": "messages[0].content",
     "chat prompt too long": "messages",
@@ -214,3 +216,63 @@ def test_an_internal_error_is_a_plain_500_on_a_connection_that_stays_usable(long
         ok = client.post(TEXT, json={"prompt": "fine", "max_tokens": 2})  # the same pooled connection
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
         assert metrics(url)['rooftop_requests_total{outcome="error"}'] == 1
+
+
+REFUSED = [  # (path, body, words the message must hold, param): fields rooftop does not implement, bad values of new ones
+    (CHAT, chat(n=2, seed=2**64 - 1), "seed + n - 1 must be at most", "seed"),
+    (CHAT, chat(min_tokens=3), "min_tokens is not a field rooftop implements", "min_tokens"),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": "hi", "x": 1}]),
+        "not a field",
+        "messages[0].x",
+    ),
+    (CHAT, chat(audio={"voice": "alloy", "format": "wav"}), "audio is not supported", "audio"),
+    (
+        CHAT,
+        chat(prediction={"type": "content", "content": "x"}),
+        "prediction is not supported",
+        "prediction",
+    ),
+    (CHAT, chat(modalities=["text", "audio"]), 'modalities must be ["text"]', "modalities"),
+    (CHAT, chat(functions=[{"name": "f"}]), "deprecated it for tools", "functions"),
+    (CHAT, chat(reasoning_effort="low"), "reasoning_effort is not supported", "reasoning_effort"),
+    (CHAT, chat(web_search_options={}), "does not search the web", "web_search_options"),
+    (TEXT, {"prompt": "a", "suffix": "b"}, "suffix is not supported", "suffix"),
+    (TEXT, {"prompt": "a", "best_of": 3}, "best_of must equal n", "best_of"),
+    (
+        CHAT,
+        chat(messages=[{"role": "assistant", "audio": {"id": "a"}}]),
+        "not supported",
+        "messages[0].audio",
+    ),
+    (CHAT, chat(logit_bias={"hello": 1}), "logit_bias keys are token ids", "logit_bias"),
+    (TEXT, {"prompt": "a", "logit_bias": {"5": 101}}, "biases in [-100, 100]", "logit_bias"),
+    (CHAT, chat(logit_bias={"99999": 5}), "out of range", "logit_bias"),
+]
+HINTS = {  # OpenAI's fields that change nothing here: accepted, listed in the README as ignored
+    "user": "u-1",
+    "metadata": {"k": "v"},
+    "store": False,
+    "service_tier": "auto",
+    "safety_identifier": "s-1",
+    "prompt_cache_key": "k",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"ttl": "30m"},
+    "stream_options": {"include_usage": True, "include_obfuscation": True},
+    "modalities": ["text"],
+}
+
+
+def test_unimplemented_fields_are_refused_by_name_and_hints_accepted(server):
+    """Each refusal is a 400 naming the field (its own name, even when nobody documents it); OpenAI's hint fields
+    and the default values of refused ones (echo false, suffix "", best_of = n, replayed empty reply fields) run."""
+    for path, body, words, param in REFUSED:
+        error = api_error(httpx.post(f"{server}{path}", json=body, timeout=30), 400)
+        assert words in error["message"] and error["param"] == param, (body, error)
+    replayed = {"role": "assistant", "content": "hello", "refusal": None, "annotations": [], "audio": None}
+    ok = httpx.post(f"{server}{CHAT}", json=chat(**HINTS, messages=[*HI, replayed, *HI]), timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2, ok.text
+    text = {"prompt": "hi", "max_tokens": 2, "user": "u", "echo": False, "suffix": "", "best_of": 2, "n": 2}
+    ok = httpx.post(f"{server}{TEXT}", json=text, timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4, ok.text

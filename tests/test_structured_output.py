@@ -17,7 +17,7 @@ from rooftop import LLM, InvalidRequestError, SamplingParams, StructuredOutputsP
 from rooftop.config import EngineConfig
 from rooftop.engine import sampler
 from rooftop.engine.llm_engine import LLMEngine
-from rooftop.engine.structured import GrammarCompiler, apply_grammars
+from rooftop.engine.structured import GrammarCompiler, apply_grammars, bounded
 
 SCHEMA = {
     "type": "object",
@@ -78,6 +78,55 @@ def test_a_spec_holds_exactly_one_valid_constraint():
     with pytest.raises(InvalidRequestError) as e:
         SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(json_object=True))
     assert e.value.param == "ignore_eos"
+
+
+def test_open_numbers_are_bounded_and_listed_properties_closed_the_schemas_own_choices_kept():
+    limit = 10**15
+    schema = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "score": {"type": "number", "minimum": 0, "multipleOf": 0.5},
+            "big": {"type": "integer", "minimum": 10**18},
+            "list": {"type": "array", "items": {"anyOf": [{"type": "number"}, {"$ref": "#/$defs/n"}]}},
+            "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"}},
+            "free": {"type": "object"},
+            "pair": {"prefixItems": [{"type": "string"}, {"type": "boolean"}]},
+            "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+        },
+        "$defs": {"n": {"type": ["integer", "null"], "maximum": 9}},
+    }
+    out = bounded(schema)
+    props = out["properties"]
+    assert out["additionalProperties"] is False
+    assert props["id"] == {"type": "integer", "exclusiveMaximum": limit, "exclusiveMinimum": -limit}
+    assert props["score"] == {"type": "number", "minimum": 0, "multipleOf": 0.5, "exclusiveMaximum": limit}
+    assert props["big"] == {"type": "integer", "minimum": 10**18}  # a bound past ours: left as it is
+    assert props["list"]["items"]["anyOf"][0] == {
+        "type": "number",
+        "exclusiveMaximum": limit,
+        "exclusiveMinimum": -limit,
+        "multipleOf": 1e-6,
+    }
+    assert out["$defs"]["n"] == {"type": ["integer", "null"], "maximum": 9, "exclusiveMinimum": -limit}
+    assert props["open"] == schema["properties"]["open"] and props["free"] == {"type": "object"}
+    assert props["pair"]["items"] is False and props["both"] == schema["properties"]["both"]
+    assert schema["properties"]["id"] == {"type": "integer"} and "additionalProperties" not in schema  # untouched
+
+
+def test_numbers_end_within_their_digits(llm):
+    """A 16th integer digit or a 7th decimal is outside the grammar; asked to describe a user as any JSON object,
+    the model (which wrote an id of digits until max_tokens without the bound) ends its object."""
+    compiler = GrammarCompiler(llm.tokenizer.backend, llm.model.config.vocab_size, llm.tokenizer.eos_token_ids)
+    encode = lambda text: llm.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    assert compiler.start(StructuredOutputsParams(json_object=True)).advance(encode('{"a":[1,-2.5,"x",{"b":null}]}'))
+    assert not compiler.start(StructuredOutputsParams(json_object=True)).advance(encode('{"id":1234567890123456'))
+    number = StructuredOutputsParams(json={"type": "object", "properties": {"x": {"type": "number"}}})
+    assert compiler.start(number).advance(encode('{"x":0.123456}'))
+    assert not compiler.start(number).advance(encode('{"x":0.1234567'))
+    spec = StructuredOutputsParams(json_object=True)
+    out = llm.chat(PROMPT, SamplingParams(max_tokens=200, temperature=0, structured_outputs=spec))[0]
+    assert out.finish_reason == "stop" and isinstance(json.loads(out.text), dict)
 
 
 def test_greedy_and_seeded_outputs_follow_the_schema(llm):
@@ -212,7 +261,7 @@ def test_the_server_enforces_response_format_and_structured_outputs(server):
     assert "".join(e["choices"][0]["text"] for e in events) == full["text"]
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
 
-    # any JSON object: a prompt the model completes (asked to describe a user, it writes an endless number)
+    # any JSON object
     ok = [{"role": "user", "content": 'Give a JSON object with the key "ok" set to true.'}]
     body = {"messages": ok, "max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}
     choice = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]

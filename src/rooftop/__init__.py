@@ -6,6 +6,7 @@ from rooftop.engine.metrics import RequestMetrics
 from rooftop.engine.outputs import RequestOutput
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.structured import StructuredOutputsParams
+from rooftop.engine.tool_calls import ToolCall, parse_tool_calls
 from rooftop.enums import FinishReason, Phase
 from rooftop.errors import (
     InvalidRequestError,
@@ -22,6 +23,8 @@ __all__ = [
     "EngineConfig",
     "SamplingParams",
     "StructuredOutputsParams",
+    "ToolCall",
+    "parse_tool_calls",
     "RequestOutput",
     "RequestMetrics",
     "StreamChunk",

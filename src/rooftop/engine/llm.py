@@ -18,6 +18,9 @@ from rooftop.engine.lead import Lead, lead_group
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.outputs import RequestDelta, RequestOutput, StepRecord
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.engine.tool_calls import parse_tool_calls
+from rooftop.engine.tool_prompt import tool_messages
+from rooftop.engine.tools import Function, check_tool_choice, check_tools, with_tool_grammar
 from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_weights
@@ -224,11 +227,27 @@ class LLM:
                 self.engine.abort(request_id)
 
     def chat(
-        self, messages: Messages | list[Messages], sampling_params: SamplingParams | None = None
+        self,
+        messages: Messages | list[Messages],
+        sampling_params: SamplingParams | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        parallel_tool_calls: bool = True,
     ) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"} dicts) or a list of them -> one output each."""
+        """One conversation (a list of {"role", "content"} dicts, OpenAI's tool calls and `role: tool` results
+        included) or a list of them -> one output each. `tools` (OpenAI's function tools) and `tool_choice` ("auto"
+        by default with tools, "none", "required" or {"type": "function", "function": {"name": ...}}) as the
+        server takes them: the calls are held to the tools by a grammar and read into `output.tool_calls`."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate([self.apply_chat_template(c) for c in conversations], sampling_params)
+        functions = [] if tools is None else check_tools(tools)
+        choice = check_tool_choice(tool_choice, functions)
+        params = with_tool_grammar(sampling_params or SamplingParams(), functions, choice, parallel_tool_calls)
+        offered = functions if choice.mode != "none" else []
+        outputs = self.generate([self.apply_chat_template(c, offered) for c in conversations], params)
+        if choice.mode != "none":
+            for output in outputs:
+                output.tool_calls = parse_tool_calls(output.text)[1]
+        return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         """Generate for one prompt, yielding each piece of text as soon as it is final (the request is queued
@@ -262,5 +281,12 @@ class LLM:
             for delta in step.deltas:
                 self._inbox.setdefault(delta.request_id, []).append(delta)
 
-    def apply_chat_template(self, messages: Messages) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def apply_chat_template(
+        self, messages: Messages, tools: list[Function] | None = None, add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt of a conversation, with `tools` offered: through the template's own tool syntax where it has
+        one, rooftop's default tool prompt otherwise (engine/tool_prompt.py)."""
+        takes_tools = self.tokenizer.template_takes_tools
+        messages = tool_messages(messages, tools or [], takes_tools)
+        offered = [f.as_tool() for f in tools] if tools and takes_tools else None
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools=offered)

@@ -102,8 +102,11 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        shares_prompt_with: str | None = None,
     ) -> None:
-        """Queue a request; raises InvalidRequestError (for this request only) if it can never run."""
+        """Queue a request; raises InvalidRequestError (for this request only) if it can never run.
+        `shares_prompt_with`: a queued request with the same prompt (another of n choices) whose prompt this one
+        takes from the prefix cache: it is admitted once that one's prompt is computed, not beside it."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
@@ -119,6 +122,10 @@ class LLMEngine:
                 f"the request needs up to {longest} tokens of KV cache; the pool holds {self.kv_cache_tokens} "
                 "(raise kv_cache_bytes / num_kv_blocks or lower max_tokens)"
             )
+        vocab = self.model.config.vocab_size
+        outside = [t for t in params.logit_bias or {} if t >= vocab]
+        if outside:
+            raise InvalidRequestError(f"logit_bias token ids out of range [0, {vocab}): {outside[:5]}", "logit_bias")
         spec = params.structured_outputs
         grammar = None if spec is None else self._grammars.start(spec)
         generator = None
@@ -134,6 +141,7 @@ class LLMEngine:
             arrival_index=self._arrivals,
             generator=generator,
             grammar=grammar,
+            prompt_source=None if shares_prompt_with is None else self._requests.get(shares_prompt_with),
         )
         self._arrivals += 1
         self._requests[request_id] = seq

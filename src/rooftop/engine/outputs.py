@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rooftop.engine.metrics import RequestMetrics, SpecDecodeCounts
 from rooftop.engine.sampler import TokenLogprob
+from rooftop.engine.tool_calls import ToolCall
 from rooftop.enums import FinishReason, Phase
 from rooftop.roofline.ops import StepShape
 
@@ -23,6 +24,7 @@ class RequestOutput:
     metrics: RequestMetrics
     error: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
+    tool_calls: list[ToolCall] | None = None  # LLM.chat with tools: the calls read from `text` (which keeps them)
 
     @property
     def finished(self) -> bool:

@@ -8,6 +8,7 @@ from rooftop.engine.structured import StructuredOutputsParams
 from rooftop.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a token's bias: -100 bans it, 100 all but forces it
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
@@ -15,6 +16,7 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 class SamplingParams:
     """temperature 0 is greedy; top_k 0, top_p 1, min_p 0, repetition_penalty 1 and presence/frequency_penalty 0
     switch those off. `logprobs` k records each output token's log-probability and the k most likely alternatives.
+    `logit_bias` maps token ids to a bias in [-100, 100] added to their logits before anything else (OpenAI's).
     `structured_outputs` constrains every token to a grammar (engine/structured.py)."""
 
     max_tokens: int = 16
@@ -30,6 +32,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
@@ -77,6 +80,15 @@ class SamplingParams:
             "stop",
             f"stop strings must be non-empty strings, got {self.stop!r}",
         )
+        bias = self.logit_bias or {}
+        check(
+            isinstance(bias, dict)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in bias)
+            and all(isinstance(b, int | float) and abs(b) <= MAX_LOGIT_BIAS for b in bias.values()),
+            "logit_bias",
+            f"logit_bias maps token ids (integers >= 0) to biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+            f"got {_brief(self.logit_bias)}",
+        )
         check(
             self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
             "structured_outputs",
@@ -93,3 +105,8 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Below 1e-5 the scaled logits overflow: such temperatures mean greedy, as in vLLM."""
         return self.temperature < 1e-5
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -141,6 +141,8 @@ class Scheduler:
             budget -= n
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if self.awaits_prompt(seq):  # a few steps, first in line: the prompt is then computed once, not n times
+                break
             hits = self.blocks.cached_prefix(seq.all_token_ids, *self.reusable_prefix(seq))
             n = self.tokens_this_step(seq, len(hits) * self.blocks.block_size, Phase.PREFILL, budget)
             if n == 0:  # its first chunk does not fit in this step: it stays first in line
@@ -158,6 +160,17 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n, seq.cached, Phase.PREFILL))
             budget -= n
         return scheduled
+
+    def awaits_prompt(self, seq: Sequence) -> bool:
+        """Whether `seq` waits for its prompt source (another choice of its request) to finish computing the prompt
+        they share, so that it is admitted with a prefix-cache hit instead of computing the prompt beside it."""
+        source = seq.prompt_source
+        return (
+            source is not None
+            and self.blocks.enable_prefix_caching
+            and source.status is Status.RUNNING
+            and source.cached < len(source.prompt_token_ids)
+        )
 
     def update(self, batch: list[ScheduledSeq], finished: list[Sequence]) -> None:
         """Take in a step's work: each sequence's new tokens are cached (full blocks named for the prefix cache),

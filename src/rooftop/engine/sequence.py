@@ -31,6 +31,7 @@ class Sequence:
     arrival_index: int = 0  # first come, first served; the latest arrival is preempted first
     generator: torch.Generator | None = None  # seeded sampling keeps its state across steps
     grammar: GrammarState | None = None  # structured output's place in its grammar, across steps and preemptions
+    prompt_source: Sequence | None = None  # one with the same prompt, computing it for this one's prefix cache hit
     status: Status = Status.WAITING
     cached: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)

@@ -8,8 +8,11 @@ alone, so `finish_reason` is `stop` exactly when the output is complete (or a st
 first), and `length` when max_tokens cut it.
 
 JSON is compact: no free whitespace and "," / ":" separators. A small model allowed free whitespace between
-tokens tends to emit newlines and spaces until max_tokens; with none allowed every token makes progress. There is
-no length limit beyond the schema's own (maxLength, maxItems) and the request's max_tokens.
+tokens tends to emit newlines and spaces until max_tokens; with none allowed every token makes progress. Numbers
+are bounded where the schema leaves them open, and objects that list their properties take no others (`bounded`):
+a small model asked for an id writes digits until max_tokens, each one as valid as the last, and one allowed extra
+keys makes them up. Strings and arrays are bounded only by the schema's own maxLength and maxItems and by the
+request's max_tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +30,23 @@ from rooftop.errors import InvalidRequestError
 
 CACHE_SIZE = 64  # compiled grammars kept per engine (least recently used dropped first)
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+# An open number gets at most this many digits before the point and after it (|x| < 10**15 is exact in a double)
+INTEGER_DIGITS, FRACTION_DIGITS = 15, 6
+# The keywords whose values are subschemas: a schema or a list of them, or a map of names to them
+SUBSCHEMAS = ("additionalProperties", "items", "prefixItems", "contains", "not", "if", "then", "else")
+SUBSCHEMAS += ("anyOf", "oneOf", "allOf", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+OPEN_OBJECT = {"additionalProperties", "patternProperties", "unevaluatedProperties"}  # the schema decides itself
+OPEN_TUPLE = {"items", "unevaluatedItems"}
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+# json_object: any JSON object, its values spelled out so that their numbers are bounded like a schema's
+ANY_VALUE = {
+    "anyOf": [
+        {"type": "object", "additionalProperties": {"$ref": "#/$defs/value"}},
+        {"type": "array", "items": {"$ref": "#/$defs/value"}},
+        {"type": ["string", "number", "boolean", "null"]},
+    ]
+}
+ANY_OBJECT = {"$defs": {"value": ANY_VALUE}, "type": "object", "additionalProperties": {"$ref": "#/$defs/value"}}
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _BITS = torch.arange(32, dtype=torch.int32)
 
@@ -72,14 +92,16 @@ def _to_llguidance(kind: str, value) -> str:
     if kind == "json_object":
         if value is not True:
             raise refuse(f"must be true, got {value!r}")
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+        return json_grammar(ANY_OBJECT)
     if kind == "json":
-        if not isinstance(value, dict | str):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise refuse(f"a schema is a JSON object: {e}") from None
+        if not isinstance(value, dict):
             raise refuse(f"must be a JSON schema (an object or its text), got {type(value).__name__}")
-        try:
-            return llguidance.LLMatcher.grammar_from_json_schema(value, defaults=JSON_OPTIONS)
-        except ValueError as e:
-            raise refuse(f"a schema is a JSON object: {e}") from None
+        return json_grammar(value)
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise refuse(f"must be a non-empty list of non-empty strings, got {value!r}")
@@ -92,6 +114,54 @@ def _to_llguidance(kind: str, value) -> str:
         return llguidance.grammar_from("grammar", value)  # Lark, or GBNF converted to Lark
     except ValueError as e:
         raise refuse(str(e)) from None
+
+
+def json_grammar(schema: dict, options: dict | None = None) -> str:
+    """llguidance's grammar of a JSON schema, compact (JSON_OPTIONS, or `options`), its open numbers bounded."""
+    return llguidance.LLMatcher.grammar_from_json_schema(bounded(schema), defaults=options or JSON_OPTIONS)
+
+
+def bounded(schema, close: bool = True):
+    """A copy of `schema` with what a small model could go on writing forever bounded, so that every token makes
+    progress; every output it allows validates against `schema`:
+    - an integer or number without bounds gets |x| < 10**INTEGER_DIGITS, a number without a multipleOf at most
+      FRACTION_DIGITS decimals (the schema's own bounds and multipleOf are kept);
+    - an object that lists its properties takes no others, and a tuple (prefixItems) no more items, unless the
+      schema says otherwise (additionalProperties, patternProperties, unevaluatedProperties; items,
+      unevaluatedItems): vLLM's default grammar backend, xgrammar, does the same in its strict mode. Not inside
+      allOf (`close` false), whose parts each list only some of the properties."""
+    if isinstance(schema, list):
+        return [bounded(s, close) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    schema = dict(schema)
+    for key in SUBSCHEMAS:
+        if key in schema:
+            schema[key] = bounded(schema[key], close and key != "allOf")
+    for key in SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            schema[key] = {name: bounded(s) for name, s in schema[key].items()}
+    if close and "properties" in schema and not OPEN_OBJECT.intersection(schema):
+        schema["additionalProperties"] = False
+    if close and "prefixItems" in schema and not OPEN_TUPLE.intersection(schema):
+        schema["items"] = False
+    types = schema.get("type")
+    types = types if isinstance(types, list) else [types]
+    if "integer" in types or "number" in types:
+        limit = 10**INTEGER_DIGITS
+        low, high = schema.get("minimum", schema.get("exclusiveMinimum")), schema.get("maximum")
+        high = schema.get("exclusiveMaximum") if high is None else high
+        if high is None and _number(low, -limit) < limit:
+            schema["exclusiveMaximum"] = limit
+        if low is None and _number(high, limit) > -limit:
+            schema["exclusiveMinimum"] = -limit
+        if "number" in types and "multipleOf" not in schema:
+            schema["multipleOf"] = 10**-FRACTION_DIGITS
+    return schema
+
+
+def _number(value, default: float) -> float:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
 @dataclass

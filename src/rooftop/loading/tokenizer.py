@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -116,8 +117,16 @@ class Tokenizer:
         parts.append(self.backend.decode(run, skip_special_tokens=skip_special_tokens))
         return "".join(parts)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages`, rendered like transformers' `apply_chat_template`."""
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template has its own tool syntax: it reads a `tools` variable (as Qwen's do)."""
+        return bool(self.chat_template) and _reads_tools(self.chat_template)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The prompt text for `messages` (and `tools`, for a template that takes them), rendered like
+        transformers' `apply_chat_template`."""
         if not self.chat_template:
             raise InvalidRequestError("this model has no chat template; pass the prompt as raw text")
         for i, message in enumerate(messages):
@@ -127,6 +136,7 @@ class Tokenizer:
             return _compile(self.chat_template).render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
@@ -205,13 +215,26 @@ def _token_text(value) -> str | None:
 @functools.lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
     """Compile once per template text, in a sandbox with the helpers chat templates expect."""
+    try:
+        return _compile_environment().from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ModelLoadError(f"the model's chat template does not parse: {e}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _reads_tools(source: str) -> bool:
+    try:
+        return "tools" in jinja2.meta.find_undeclared_variables(_compile_environment().parse(source))
+    except jinja2.TemplateSyntaxError:
+        return False  # rendering says what is wrong with it
+
+
+@functools.cache
+def _compile_environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
         x, indent=indent, ensure_ascii=ensure_ascii
     )
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise ModelLoadError(f"the model's chat template does not parse: {e}") from None
+    return env

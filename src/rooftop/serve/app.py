@@ -95,7 +95,7 @@ def _other_routes() -> APIRouter:
             param = "messages"
             try:
                 messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
-                text = ready.llm.tokenizer.apply_chat_template(messages, body.add_generation_prompt)
+                text = ready.llm.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
             except InvalidRequestError as e:
                 raise ApiError(400, str(e), e.param or param) from None
         ids = await ready.prompts.encode(text, param, body.add_special_tokens)

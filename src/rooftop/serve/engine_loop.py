@@ -39,38 +39,44 @@ class ClientGoneError(RooftopError):
 
 @dataclass
 class RequestStream:
-    """One request's deltas as they arrive; closing it early aborts the request and frees its KV blocks."""
+    """One request's deltas as they arrive, its choices' (n engine requests, sharing the prompt) interleaved, each
+    delta naming its engine request; closing it early aborts what has not finished and frees the KV blocks."""
 
-    request_id: str
+    request_ids: list[str]
     engine_loop: EngineLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    finished: bool = False
+    unfinished: set[str] = field(init=False)
     closed: bool = False
 
+    def __post_init__(self) -> None:
+        self.unfinished = set(self.request_ids)
+
     async def deltas(self) -> AsyncIterator[RequestDelta]:
-        while not self.finished:
+        while self.unfinished:
             item = await self.queue.get()
             if isinstance(item, Exception):
-                self.finished = True
+                self.unfinished.clear()
                 raise item
-            self.finished = item.finished
+            if item.finished:
+                self.unfinished.discard(item.request_id)
             yield item
 
     def close(self) -> None:
-        """Abort the request unless it finished; any reader waiting on it gets ClientGoneError. Idempotent."""
+        """Abort what has not finished; any reader waiting on it gets ClientGoneError. Idempotent."""
         if self.closed:
             return
         self.closed = True
-        if not self.finished:
-            self.engine_loop.abort(self.request_id)
-            self.queue.put_nowait(ClientGoneError(f"request {self.request_id} was closed before it finished"))
+        if self.unfinished:
+            for request_id in sorted(self.unfinished):
+                self.engine_loop.abort(request_id)
+            self.queue.put_nowait(ClientGoneError(f"request {self.request_ids[0]} was closed before it finished"))
 
 
 @dataclass
 class _Add:
-    request_id: str
+    request_ids: list[str]  # one per choice; the first computes the shared prompt, the others reuse its cache
     prompt: list[int]
-    params: SamplingParams
+    params: list[SamplingParams]
     arrival: float
     loop: asyncio.AbstractEventLoop
     stream: RequestStream
@@ -118,19 +124,23 @@ class EngineLoop:
             self.commands.put(_STOP)
         self.thread.join(timeout)
 
-    async def add(self, request_id: str, prompt: list[int], params: SamplingParams, arrival: float) -> RequestStream:
-        """Queue a request; raises InvalidRequestError / PromptTooLongError / QueueFullError before any token."""
+    async def add(
+        self, request_ids: list[str], prompt: list[int], params: list[SamplingParams], arrival: float
+    ) -> RequestStream:
+        """Queue a request's choices (all or none); raises InvalidRequestError / PromptTooLongError /
+        QueueFullError before any token."""
         loop = asyncio.get_running_loop()
-        stream = RequestStream(request_id, self)
+        stream = RequestStream(request_ids, self)
         accepted = loop.create_future()
         with self._stopping:
             if self.stopped:
                 raise EngineStoppedError("the server is shutting down")
-            self.commands.put(_Add(request_id, prompt, params, arrival, loop, stream, accepted))
+            self.commands.put(_Add(request_ids, prompt, params, arrival, loop, stream, accepted))
         try:
             await accepted
         except asyncio.CancelledError:  # the handler was cancelled while the engine thread took the request
-            self.abort(request_id)
+            for request_id in request_ids:
+                self.abort(request_id)
             raise
         return stream
 
@@ -180,16 +190,23 @@ class EngineLoop:
             if self.streams.pop(command.request_id, None) is not None:
                 self._abort(command.request_id, FinishReason.ABORT)
             return
-        error = None
+        error, added = None, []
         try:
             if self._queued() >= self.max_waiting:
                 raise QueueFullError(
                     f"the server is busy: {self._queued()} requests are already waiting for a slot "
                     f"(max_waiting_requests {self.max_waiting}); retry later"
                 )
-            self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival)
-            self.streams[command.request_id] = command
+            first = command.request_ids[0]
+            for request_id, params in zip(command.request_ids, command.params, strict=True):
+                shares = first if request_id != first else None
+                self.engine.add_request(request_id, command.prompt, params, command.arrival, shares)
+                added.append(request_id)
+                self.streams[request_id] = command
         except Exception as e:  # bad input (RooftopError) or a bug: either way this handler must hear of it
+            for request_id in added:  # all of the request's choices or none
+                del self.streams[request_id]
+                self.engine.abort(request_id)
             error = e
         command.loop.call_soon_threadsafe(_settle, command.accepted, error)
 

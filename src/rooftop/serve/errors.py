@@ -99,6 +99,10 @@ def _describe(error: dict) -> tuple[str, str | None]:
     """(message, param) of one pydantic error, e.g. ("temperature: Input should be a valid number, got 'hot'", "temperature")."""
     if error["type"] == "json_invalid":
         return f"the body is not valid JSON: {error['msg'].removeprefix('Invalid JSON: ')}", None
+    if error["type"] == "extra_forbidden":  # a field of any name (a key need not be an identifier)
+        parent, name = _path(error["loc"][:-1]), str(error["loc"][-1])
+        path = f"{parent}.{name}" if parent else name
+        return f"{path} is not a field rooftop implements (refused rather than ignored)", path
     path = _path(error["loc"])
     if not path:
         return f"the body must be a JSON object: {error['msg']}", None

@@ -24,7 +24,7 @@ from rooftop.serve.engine_loop import (
 )
 from rooftop.serve.errors import ApiError, Body, check_json, error_body, parse_body, read_body
 from rooftop.serve.protocol import ChatCompletionRequest, CompletionRequest
-from rooftop.serve.responses import Responses, sse, timings
+from rooftop.serve.responses import Responses, sse
 from rooftop.serve.state import Ready, ServerState
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it
@@ -80,13 +80,22 @@ async def models(request: Request) -> dict:
 async def chat_completions(request: Request) -> Response:
     arrival = time.perf_counter()
     ready, body = await accept(request, ChatCompletionRequest)
+    functions, choice = body.tool_choice_given()
     try:
-        text = ready.llm.apply_chat_template(body.chat_messages())
+        text = ready.llm.apply_chat_template(body.chat_messages(), functions if choice.mode != "none" else [])
     except InvalidRequestError as e:
         raise ApiError(400, str(e), e.param or "messages") from None
     ids = await ready.prompts.encode(text, "messages")  # the rendered template is what must fit
-    params = body.to_sampling_params(default_max_tokens=room(ready, len(ids)))
-    out = Responses("chat", f"chatcmpl-{uuid.uuid4().hex}", ready.model_name, ready.llm.tokenizer, body.include_usage)
+    params = body.to_sampling_params(room(ready, len(ids)), functions, choice)
+    out = Responses(
+        "chat",
+        f"chatcmpl-{uuid.uuid4().hex}",
+        ready.model_name,
+        ready.llm.tokenizer,
+        body.include_usage,
+        body.choices,
+        choice,
+    )
     return await respond(request, ready, out, ids, params, arrival, body)
 
 
@@ -100,7 +109,8 @@ async def completions(request: Request) -> Response:
     else:
         ids = ready.prompts.check_ids(prompt, "prompt")
     params = body.to_sampling_params(default_max_tokens=min(16, room(ready, len(ids))))  # OpenAI's default: 16
-    out = Responses("text", f"cmpl-{uuid.uuid4().hex}", ready.model_name, ready.llm.tokenizer, body.include_usage)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    out = Responses("text", request_id, ready.model_name, ready.llm.tokenizer, body.include_usage, body.choices)
     return await respond(request, ready, out, ids, params, arrival, body)
 
 
@@ -127,8 +137,9 @@ async def respond(
             f"{params.max_tokens} more: lower {field} to at most {context - len(ids)}",
             field,
         )
+    request_ids = [out.id] if body.choices == 1 else [f"{out.id}-{i}" for i in range(body.choices)]
     try:
-        rs = await ready.engine_loop.add(out.id, ids, params, arrival)
+        rs = await ready.engine_loop.add(request_ids, ids, body.choice_params(params), arrival)
     except PromptTooLongError as e:
         raise ApiError(400, str(e), body.prompt_field) from None
     except InvalidRequestError as e:  # the prompt is checked by now: what is left is the KV pool's "lower max_tokens"
@@ -147,13 +158,15 @@ async def respond(
 
 
 async def complete(request: Request, rs: RequestStream, out: Responses, with_logprobs: bool) -> Response:
-    """The non-streamed response, once the request has finished."""
+    """The non-streamed response, once every choice has finished."""
     watcher = asyncio.create_task(close_on_disconnect(request, rs))
-    logprobs = []
+    logprobs = {request_id: [] for request_id in rs.request_ids}
+    outputs = {}
     try:
         async for delta in rs.deltas():
-            logprobs += delta.new_logprobs
-            output = delta.output
+            logprobs[delta.request_id] += delta.new_logprobs
+            if delta.finished:
+                outputs[delta.request_id] = delta.output
     except ClientGoneError:
         return Response(status_code=CLIENT_CLOSED)
     except EngineFailedError as e:
@@ -163,30 +176,35 @@ async def complete(request: Request, rs: RequestStream, out: Responses, with_log
     finally:
         watcher.cancel()
         rs.close()
-    if output.finish_reason is FinishReason.ERROR:
-        raise ApiError(500, f"generation failed: {output.error}")
-    return JSONResponse(out.full(output, logprobs if with_logprobs else None))
+    failed = [o for o in outputs.values() if o.finish_reason is FinishReason.ERROR]
+    if failed:
+        raise ApiError(500, f"generation failed: {failed[0].error}")
+    ordered = [outputs[request_id] for request_id in rs.request_ids]
+    return JSONResponse(out.full(ordered, [logprobs[i] for i in rs.request_ids] if with_logprobs else None))
 
 
 async def events(request: Request, rs: RequestStream, out: Responses, with_logprobs: bool) -> AsyncIterator[str]:
-    """The SSE stream: a role chunk (chat), one chunk per step that adds text, a final chunk with finish_reason and
-    timings, the usage chunk if asked for, then [DONE]. An error mid-stream becomes an error event."""
+    """The SSE stream: a role chunk per choice (chat), chunks of each step that adds text or tool-call pieces, each
+    choice's final chunk with its finish_reason and timings (the choices interleaved, each by its index), the usage
+    chunk if asked for, then [DONE]. An error mid-stream becomes an error event."""
     watcher = asyncio.create_task(close_on_disconnect(request, rs))
+    index = {request_id: i for i, request_id in enumerate(rs.request_ids)}
+    outputs = {}
     try:
         if out.kind == "chat":
-            yield sse(out.chunk("", None, role=True))
+            for chunk in out.role_chunks():
+                yield sse(chunk)
         async for d in rs.deltas():
-            logprobs = d.new_logprobs if with_logprobs else None
-            if not d.finished:
-                if d.text or logprobs:
-                    yield sse(out.chunk(d.text, logprobs))
-                continue
             if d.finish_reason is FinishReason.ERROR:
                 yield sse(error_body(500, f"generation failed: {d.output.error}"))
                 break
-            yield sse(out.chunk(d.text or None, logprobs, d.finish_reason) | {"timings": timings(d.output.metrics)})
+            for chunk in out.delta_chunks(index[d.request_id], d, with_logprobs):
+                yield sse(chunk)
+            if d.finished:
+                outputs[index[d.request_id]] = d.output
+        else:
             if out.include_usage:
-                yield sse(out.usage_chunk(d.output))
+                yield sse(out.usage_chunk([outputs[i] for i in sorted(outputs)]))
         yield sse("[DONE]")
     except ClientGoneError:
         return

@@ -1,100 +1,38 @@
 """The OpenAI request bodies (with vLLM's extra sampling fields), parsed strictly: "16" is not a number, NaN is
-not a temperature. Unknown fields are ignored, as OpenAI-compatible servers do.
+not a temperature. Every field OpenAI documents for the two endpoints is decided: honoured; accepted as a hint that
+changes nothing here (the README lists them); or refused with a 400 that names it and says why (`UNSUPPORTED`). A
+field nobody documents is refused too (serve/body.py), so no field is silently dropped.
 
-Structured output comes as OpenAI's `response_format` or vLLM's `structured_outputs`, never both; either becomes
-SamplingParams.structured_outputs."""
+Structured output comes as OpenAI's `response_format` or vLLM's `structured_outputs` (serve/formats.py), tools as
+OpenAI's `tools` and `tool_choice` (engine/tools.py), each becoming part of the request's SamplingParams."""
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+import re
+from dataclasses import replace
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from rooftop.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from rooftop.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 from rooftop.engine.structured import StructuredOutputsParams
+from rooftop.engine.tools import Function, ToolChoice, check_tool_choice, check_tools, with_tool_grammar
 from rooftop.errors import InvalidRequestError
+from rooftop.serve.body import Body, Float
+from rooftop.serve.formats import ResponseFormat, StructuredOutputs
+from rooftop.serve.messages import Message
 
-Float = Annotated[float, Field(allow_inf_nan=False)]
-ROLES = Literal["system", "developer", "user", "assistant", "tool"]
-
-
-class Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+MAX_N = 128  # OpenAI's bound on n
+TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key
 
 
 class StreamOptions(Body):
     include_usage: bool = False
-
-
-class ContentPart(Body):
-    type: str
-    text: str | None = None
-
-
-class Message(Body):
-    role: ROLES
-    content: str | list[ContentPart] | None = None
-
-    def as_dict(self, index: int) -> dict:
-        """{"role", "content"} with the text parts joined, for the chat template."""
-        if isinstance(self.content, list):
-            for part in self.content:
-                if part.type != "text" or part.text is None:
-                    raise InvalidRequestError(
-                        f"messages[{index}].content: only text parts are supported, got a {part.type!r} part",
-                        f"messages[{index}].content",
-                    )
-            return {"role": self.role, "content": "".join(p.text for p in self.content)}
-        return {"role": self.role, "content": self.content or ""}
-
-
-class JsonSchemaFormat(Body):
-    """OpenAI's response_format.json_schema. `strict` false is accepted, and the schema is enforced all the same."""
-
-    name: str
-    description: str | None = None
-    schema_: dict | None = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    def structured_outputs(self) -> StructuredOutputsParams | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return StructuredOutputsParams(json_object=True)
-        if self.json_schema is None or self.json_schema.schema_ is None:
-            raise InvalidRequestError(
-                "response_format of type json_schema needs json_schema.schema", "response_format.json_schema"
-            )
-        try:
-            return StructuredOutputsParams(json=self.json_schema.schema_)
-        except InvalidRequestError as e:  # name the field the client sent
-            message = str(e).replace("structured_outputs.json", "response_format.json_schema.schema")
-            raise InvalidRequestError(message, "response_format.json_schema.schema") from None
-
-
-class StructuredOutputs(Body):
-    """vLLM's structured_outputs: exactly one of its fields."""
-
-    json_: dict | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-
-    def params(self) -> StructuredOutputsParams:
-        return StructuredOutputsParams(
-            json=self.json_, regex=self.regex, choice=self.choice, grammar=self.grammar, json_object=self.json_object
-        )
+    include_obfuscation: bool | None = None  # a hint: rooftop's chunks carry no obfuscation padding either way
 
 
 class SamplingFields(Body):
     """What chat and completions share: OpenAI's fields and vLLM's extras (top_k, min_p, repetition_penalty, ...)."""
 
+    UNSUPPORTED: ClassVar[dict[str, str]] = {}  # field -> why it is refused when given (not null)
     model: str | None = None
     max_tokens: int | None = None
     temperature: Float | None = None
@@ -109,10 +47,12 @@ class SamplingFields(Body):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     n: int | None = None
+    logit_bias: dict[str, Float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    user: str | None = None  # a hint: an end user's id, for OpenAI's abuse detection
 
     @property
     def include_usage(self) -> bool:
@@ -123,10 +63,23 @@ class SamplingFields(Body):
         """The field that asked for the output's length, as OpenAI's `param` names it."""
         return "max_tokens"
 
+    @property
+    def choices(self) -> int:
+        return 1 if self.n is None else self.n
+
     def sampling_params(self, max_tokens: int | None, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """SamplingParams (whose validation names the bad value); n > 1 is refused: one completion per request."""
-        if self.n is not None and self.n != 1:
-            raise InvalidRequestError(f"n must be 1 (one completion per request), got {self.n}", "n")
+        """SamplingParams (whose validation names the bad value), after refusing the fields rooftop does not
+        implement."""
+        for name, why in self.UNSUPPORTED.items():
+            if getattr(self, name) is not None:
+                raise InvalidRequestError(f"{name} is not supported: {why}", name)
+        if not 1 <= self.choices <= MAX_N:
+            raise InvalidRequestError(f"n must be in [1, {MAX_N}], got {self.n}", "n")
+        if self.choices > 1 and isinstance(self.seed, int) and self.seed + self.choices - 1 > SEED_RANGE[1]:
+            raise InvalidRequestError(
+                f"seed + n - 1 must be at most 2**64 - 1 (choice i is seeded with seed + i), got seed {self.seed}",
+                "seed",
+            )
         return SamplingParams(
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             temperature=_or(self.temperature, 1.0),
@@ -141,8 +94,27 @@ class SamplingFields(Body):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            logit_bias=self.token_biases(),
             structured_outputs=self.structured_outputs_params(),
         )
+
+    def token_biases(self) -> dict[int, float] | None:
+        """logit_bias with its keys (token ids written as strings, OpenAI's) as integers."""
+        if self.logit_bias is None:
+            return None
+        bad = [k for k in self.logit_bias if not TOKEN_ID.fullmatch(k)]
+        if bad:
+            raise InvalidRequestError(
+                f"logit_bias keys are token ids written as integers, got {bad[0]!r:.40}", "logit_bias"
+            )
+        return {int(k): v for k, v in self.logit_bias.items()}
+
+    def choice_params(self, params: SamplingParams) -> list[SamplingParams]:
+        """The n choices' params: the same, but choice i of a seeded request is seeded with seed + i (vLLM's rule),
+        so each choice is reproducible and none repeats another."""
+        if params.seed is None:
+            return [params] * self.choices
+        return [replace(params, seed=params.seed + i) for i in range(self.choices)]
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """From response_format or structured_outputs; a body with both (response_format not "text") is refused."""
@@ -156,13 +128,47 @@ class SamplingFields(Body):
             return self.structured_outputs.params()
         return None if self.response_format is None else self.response_format.structured_outputs()
 
+    @property
+    def structured_outputs_field(self) -> str:
+        return "structured_outputs" if self.structured_outputs is not None else "response_format"
+
 
 class ChatCompletionRequest(SamplingFields):
+    UNSUPPORTED: ClassVar[dict[str, str]] = {
+        "audio": "rooftop generates text only",
+        "prediction": "predicted outputs are not implemented",
+        "web_search_options": "rooftop does not search the web",
+        "moderation": "rooftop runs no moderation",
+        "reasoning_effort": "rooftop does not steer a model's reasoning",
+        "verbosity": "rooftop does not steer a reply's length but by max_tokens",
+        "functions": "OpenAI deprecated it for tools, which rooftop takes",
+        "function_call": "OpenAI deprecated it for tool_choice, which rooftop takes",
+    }
     prompt_field: ClassVar[str] = "messages"  # the field a too-long prompt is blamed on
     messages: list[Message]
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    modalities: list[str] | None = None  # ["text"] only
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    functions: Any = None
+    function_call: Any = None
+    # hints: accepted, change nothing here (OpenAI's storage, billing, caching and abuse-detection keys)
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict | None = None
 
     @property
     def max_tokens_field(self) -> str:
@@ -173,26 +179,38 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequestError("messages must hold at least one message", "messages")
         return [m.as_dict(i) for i, m in enumerate(self.messages)]
 
-    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
+    def tool_choice_given(self) -> tuple[list[Function], ToolChoice]:
+        """The tools offered and how they may be used (checked: a bad one is a 400 naming its field)."""
+        functions = [] if self.tools is None else check_tools(self.tools)
+        return functions, check_tool_choice(self.tool_choice, functions)
+
+    def to_sampling_params(
+        self, default_max_tokens: int, functions: list[Function], choice: ToolChoice
+    ) -> SamplingParams:
+        """SamplingParams with the tool grammar of `choice`: from `tool_choice_given`."""
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise InvalidRequestError(
+                f'modalities must be ["text"] (rooftop generates text only), got {self.modalities}', "modalities"
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", "top_logprobs"
             )
-        if self.max_completion_tokens is None:
-            return self.sampling_params(
-                self.max_tokens, default_max_tokens, (self.top_logprobs or 0) if self.logprobs else None
-            )
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        field = self.max_tokens_field
         try:
-            return self.sampling_params(
-                self.max_completion_tokens, default_max_tokens, (self.top_logprobs or 0) if self.logprobs else None
-            )
+            params = self.sampling_params(getattr(self, field), default_max_tokens, logprobs)
         except InvalidRequestError as e:  # name the field the client sent
-            if e.param != "max_tokens":
+            if e.param != "max_tokens" or field == "max_tokens":
                 raise
+            raise InvalidRequestError(str(e).replace("max_tokens", field), field) from None
+        try:
+            return with_tool_grammar(params, functions, choice, self.parallel_tool_calls)
+        except InvalidRequestError as e:
             raise InvalidRequestError(
-                str(e).replace("max_tokens", "max_completion_tokens"), "max_completion_tokens"
+                str(e).replace("a structured output", self.structured_outputs_field), self.structured_outputs_field
             ) from None
 
 
@@ -201,11 +219,21 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt: text or token ids (a list holding one of them is accepted too)."""
         if self.echo:
             raise InvalidRequestError("echo is not supported", "echo")
+        if self.suffix:
+            raise InvalidRequestError("suffix is not supported: rooftop completes after the prompt only", "suffix")
+        if self.best_of is not None and self.best_of != self.choices:
+            raise InvalidRequestError(
+                f"best_of must equal n ({self.choices}) if given: rooftop returns every completion it generates, "
+                f"got {self.best_of}",
+                "best_of",
+            )
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:

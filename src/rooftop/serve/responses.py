@@ -6,8 +6,10 @@ import json
 import time
 
 from rooftop.engine.metrics import RequestMetrics
-from rooftop.engine.outputs import RequestOutput
+from rooftop.engine.outputs import RequestDelta, RequestOutput
 from rooftop.engine.sampler import TokenLogprob
+from rooftop.engine.tool_calls import CallStart, Content, Event, ToolCallReader, parse_tool_calls
+from rooftop.engine.tools import ToolChoice
 from rooftop.loading.tokenizer import Tokenizer
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf
@@ -18,13 +20,15 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def usage(output: RequestOutput) -> dict:
-    prompt, completion = len(output.prompt_token_ids), len(output.token_ids)
+def usage(outputs: list[RequestOutput]) -> dict:
+    """The prompt once and every choice's tokens (OpenAI's count); the prompt's cached tokens are the first
+    choice's (the others reuse what it computed)."""
+    prompt, completion = len(outputs[0].prompt_token_ids), sum(len(o.token_ids) for o in outputs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": output.metrics.prefix_cache_hit_tokens},
+        "prompt_tokens_details": {"cached_tokens": outputs[0].metrics.prefix_cache_hit_tokens},
     }
 
 
@@ -54,55 +58,103 @@ def timings(m: RequestMetrics) -> dict:
 
 
 class Responses:
-    """Builds the bodies of one request: its id, creation time and served model name stay the same in every chunk."""
+    """Builds the bodies of one request: its id, creation time and served model name stay the same in every chunk.
+    `choices` completions (n), each with its index; a chat whose tools may be called (`tool_choice` not none) has
+    each choice's tool calls read from its text (engine/tool_calls.py), streamed as OpenAI streams them."""
 
-    def __init__(self, kind: str, request_id: str, model: str, tokenizer: Tokenizer, include_usage: bool = False):
+    def __init__(
+        self,
+        kind: str,
+        request_id: str,
+        model: str,
+        tokenizer: Tokenizer,
+        include_usage: bool = False,
+        choices: int = 1,
+        tool_choice: ToolChoice | None = None,
+    ):
         self.kind, self.id, self.model, self.tokenizer = kind, request_id, model, tokenizer  # kind: "chat" or "text"
         self.include_usage = include_usage  # streams then carry "usage": null until the usage chunk, as OpenAI's
         self.created = int(time.time())
-        self.text_offset = 0
+        self.choices = choices
+        self.tool_choice = tool_choice if tool_choice is not None and tool_choice.mode != "none" else None
+        self.readers = [ToolCallReader() for _ in range(choices)] if self.tool_choice else []
+        self.text_offsets = [0] * choices
 
-    def full(self, output: RequestOutput, logprobs: list[TokenLogprob] | None) -> dict:
-        """The non-streamed response."""
-        choice = {"index": 0, "logprobs": self.logprobs(logprobs), "finish_reason": output.finish_reason}
-        if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": output.text}
-        else:
-            choice["text"] = output.text
-        return {
-            **self._head(chunk=False),
-            "choices": [choice],
-            "usage": usage(output),
-            "timings": timings(output.metrics),
+    def full(self, outputs: list[RequestOutput], logprobs: list[list[TokenLogprob]] | None) -> dict:
+        """The non-streamed response; with n > 1 its `timings` are the first choice's."""
+        choices = []
+        for i, output in enumerate(outputs):
+            choice: dict = {"index": i}
+            calls = []
+            if self.kind == "chat":
+                content, calls = parse_tool_calls(output.text) if self.tool_choice else (output.text, [])
+                message = {"role": "assistant", "content": content, "refusal": None}
+                choice["message"] = message | ({"tool_calls": [c.as_openai() for c in calls]} if calls else {})
+            else:
+                choice["text"] = output.text
+            choice["logprobs"] = self.logprobs(i, None if logprobs is None else logprobs[i])
+            choice["finish_reason"] = self.finish_reason(output, bool(calls))
+            choices.append(choice)
+        return {**self._head(chunk=False), "choices": choices} | {
+            "usage": usage(outputs),
+            "timings": timings(outputs[0].metrics),
         }
 
-    def chunk(
-        self,
-        text: str | None,
-        logprobs: list[TokenLogprob] | None,
-        finish_reason: str | None = None,
-        role: bool = False,
-    ) -> dict:
-        """A stream chunk with one choice; `role` marks the chat stream's first chunk."""
-        choice: dict = {"index": 0}
-        if self.kind == "chat":
-            choice["delta"] = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})
+    def finish_reason(self, output: RequestOutput, called: bool) -> str:
+        """OpenAI's: `tool_calls` when a complete reply called tools, but `stop` for a named function."""
+        if called and output.finish_reason == "stop" and self.tool_choice.mode != "function":
+            return "tool_calls"
+        return output.finish_reason
+
+    def role_chunks(self) -> list[dict]:
+        """A chat stream's first chunk of each choice: the assistant's role."""
+        return [self.chunk(i, {"role": "assistant"}) for i in range(self.choices)]
+
+    def delta_chunks(self, index: int, delta: RequestDelta, with_logprobs: bool) -> list[dict]:
+        """The chunks of one step of choice `index`: its text (or tool-call pieces), its logprobs, and at its end the
+        finish_reason and the choice's timings."""
+        logprobs = self.logprobs(index, delta.new_logprobs) if with_logprobs else None
+        if self.kind == "chat" and self.tool_choice:
+            reader = self.readers[index]
+            pieces = [_delta(e) for e in reader.feed(delta.text) + (reader.finish() if delta.finished else [])]
+        elif self.kind == "chat":
+            pieces = [{"content": delta.text}] if delta.text else []
         else:
-            choice["text"] = text or ""
-        choice["logprobs"] = self.logprobs(logprobs)
+            pieces = [delta.text] if delta.text else []
+        if logprobs is not None and not pieces:
+            pieces = [{} if self.kind == "chat" else ""]
+        chunks = [self.chunk(index, piece, logprobs if k == 0 else None) for k, piece in enumerate(pieces)]
+        if delta.finished:
+            called = bool(self.readers and self.readers[index].calls)
+            finish = self.finish_reason(delta.output, called)
+            end = self.chunk(index, {} if self.kind == "chat" else "", None, finish)
+            chunks.append(end | {"timings": timings(delta.output.metrics)})
+        return chunks
+
+    def chunk(
+        self, index: int, piece: dict | str, logprobs: dict | None = None, finish_reason: str | None = None
+    ) -> dict:
+        """A stream chunk with one choice: a chat's delta (a dict) or a completion's text."""
+        choice: dict = {"index": index}
+        if self.kind == "chat":
+            choice["delta"] = piece
+        else:
+            choice["text"] = piece
+        choice["logprobs"] = logprobs
         choice["finish_reason"] = finish_reason
         return {**self._head(chunk=True), "choices": [choice]} | ({"usage": None} if self.include_usage else {})
 
-    def usage_chunk(self, output: RequestOutput) -> dict:
+    def usage_chunk(self, outputs: list[RequestOutput]) -> dict:
         """stream_options.include_usage: the last chunk, with no choices."""
-        return {**self._head(chunk=True), "choices": [], "usage": usage(output)}
+        return {**self._head(chunk=True), "choices": [], "usage": usage(outputs)}
 
     def _head(self, chunk: bool) -> dict:
         """OpenAI streams completions as text_completion objects too; chat chunks are chat.completion.chunk."""
         obj = "text_completion" if self.kind == "text" else "chat.completion.chunk" if chunk else "chat.completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def logprobs(self, entries: list[TokenLogprob] | None) -> dict | None:
+    def logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
+        """Choice `index`'s logprobs of `entries`, in the endpoint's shape (a completion's offsets run on)."""
         if entries is None:
             return None
         if self.kind == "chat":
@@ -110,8 +162,8 @@ class Responses:
         tokens = [self._token(e.token_id) for e in entries]
         offsets = []
         for t in tokens:
-            offsets.append(self.text_offset)
-            self.text_offset += len(t)
+            offsets.append(self.text_offsets[index])
+            self.text_offsets[index] += len(t)
         return {
             "tokens": tokens,
             "token_logprobs": [_finite(e.logprob) for e in entries],
@@ -132,3 +184,15 @@ class Responses:
 
 def _finite(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
+
+
+def _delta(event: Event) -> dict:
+    """A chat delta of one tool-call reader event, as OpenAI streams calls: the id, type and name first (with empty
+    arguments), then the arguments in pieces, each under the call's index."""
+    if isinstance(event, Content):
+        return {"content": event.text}
+    if isinstance(event, CallStart):
+        call = event.call
+        function = {"name": call.name, "arguments": ""}
+        return {"tool_calls": [{"index": event.index, "id": call.id, "type": "function", "function": function}]}
+    return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}

@@ -1,0 +1,108 @@
+"""A conversation with tools, made ready for the chat template: the tools offered and the calls and results that
+went before (OpenAI's `tool_calls` on assistant messages, `role: tool` messages).
+
+A template with its own tool syntax (one that reads `tools`, as Qwen's do) gets the tools and the messages as they
+are, each call's arguments parsed to an object as such templates expect. A template without one (SmolLM2's) gets
+rooftop's default, the hermes-style convention engine/tools.py enforces: a system prompt that lists the tools as
+JSON and shows the call format; earlier calls written back into the assistant's turn as `<tool_call>` blocks; tool
+results as a user turn of `<tool_response>` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rooftop.engine.tools import CALL_CLOSE, CALL_OPEN, Function
+from rooftop.errors import InvalidRequestError
+
+TOOL_PROMPT = """You can call functions to help with the request. Their signatures, one JSON object per line:
+<tools>
+{tools}
+</tools>
+To call a function, write its name and arguments as a JSON object between {open} and {close}, one block per call:
+{open}
+{{"name": "function name", "arguments": {{"argument name": "value"}}}}
+{close}"""
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+
+
+def tool_messages(messages: list[dict], functions: list[Function], template_takes_tools: bool) -> list[dict]:
+    """`messages` for the template: checked, with the calls and results in the template's terms; without a template
+    tool syntax, the tools (if any are offered) in a system prompt."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequestError(f"message {i} must be a dict with 'role' and 'content'")
+    calls = [_calls(m, i) for i, m in enumerate(messages)]
+    for i, m in enumerate(messages):
+        if m.get("role") == "tool" and not isinstance(m.get("tool_call_id", ""), str):
+            raise InvalidRequestError(f"messages[{i}].tool_call_id must be a string", f"messages[{i}].tool_call_id")
+    if template_takes_tools:
+        return [
+            _text(m) | ({"tool_calls": [_parsed(c) for c in made]} if made else {})
+            for m, made in zip(messages, calls, strict=True)
+        ]
+    out: list[dict] = []
+    for m, made in zip(messages, calls, strict=True):
+        m = _text(m)
+        if made:
+            blocks = [f"{CALL_OPEN}\n{json.dumps(_call_json(c), ensure_ascii=False)}\n{CALL_CLOSE}" for c in made]
+            m = m | {"content": "\n".join(([m["content"]] if m["content"] else []) + blocks)}
+        if m["role"] == "tool":
+            response = f"{RESPONSE_OPEN}\n{m['content']}\n{RESPONSE_CLOSE}"
+            if out and out[-1].get("tool_results"):  # results of one turn's calls: one user turn
+                out[-1]["content"] += "\n" + response
+                continue
+            m = {"role": "user", "content": response, "tool_results": True}
+        out.append(m)
+    out = [{k: v for k, v in m.items() if k != "tool_results"} for m in out]
+    if functions:
+        lines = "\n".join(json.dumps(f.as_tool(), ensure_ascii=False) for f in functions)
+        prompt = TOOL_PROMPT.format(tools=lines, open=CALL_OPEN, close=CALL_CLOSE)
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0] = out[0] | {"content": f"{out[0]['content']}\n\n{prompt}" if out[0]["content"] else prompt}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _text(message: dict) -> dict:
+    """The message without its calls, its content a string ("" for none, as templates test it)."""
+    out = {k: v for k, v in message.items() if k != "tool_calls"}
+    return out | {"content": message.get("content") or ""}
+
+
+def _calls(message: dict, i: int) -> list[dict]:
+    """An assistant message's tool_calls, checked: [{"id", "type": "function", "function": {"name", "arguments"}}]
+    with the arguments a JSON object's text."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not calls:
+        return []
+    where = f"messages[{i}].tool_calls"
+    if message.get("role") != "assistant" or not isinstance(calls, list):
+        raise InvalidRequestError(f"{where}: only an assistant message carries a list of tool calls", where)
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequestError(
+                f'{where}[{j}] must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}',
+                f"{where}[{j}]",
+            )
+        arguments = function.get("arguments", "{}")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else None
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            param = f"{where}[{j}].function.arguments"
+            raise InvalidRequestError(f"{param} must be the JSON text of an object, got {arguments!r:.60}", param)
+    return calls
+
+
+def _call_json(call: dict) -> dict:
+    return {"name": call["function"]["name"], "arguments": json.loads(call["function"].get("arguments", "{}"))}
+
+
+def _parsed(call: dict) -> dict:
+    """A call as templates with a tool syntax read it: its arguments an object, not JSON text."""
+    function = call["function"] | {"arguments": json.loads(call["function"].get("arguments", "{}"))}
+    return {"type": "function", **{k: v for k, v in call.items() if k != "function"}, "function": function}

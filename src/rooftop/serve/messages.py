@@ -1,0 +1,54 @@
+"""A chat request's messages: OpenAI's roles, text content (a string or text parts), an assistant's tool calls and a
+tool result's tool_call_id, as the engine's chat template takes them (engine/tool_prompt.py checks the calls)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from rooftop.errors import InvalidRequestError
+from rooftop.serve.body import Body
+
+ROLES = Literal["system", "developer", "user", "assistant", "tool"]
+# What a reply carries and a client sends back with it (the openai client echoes a reply's message as it came):
+# accepted when empty, refused otherwise, as rooftop never writes them
+REPLY_ONLY = ("annotations", "audio", "function_call")
+
+
+class ContentPart(Body):
+    type: str
+    text: str | None = None
+
+
+class Message(Body):
+    role: ROLES
+    content: str | list[ContentPart] | None = None
+    name: str | None = None  # a participant's name: passed to the chat template, which may use it or not
+    tool_calls: list[dict] | None = None  # an assistant's calls, as OpenAI writes them
+    tool_call_id: str | None = None  # a tool result's: the call it answers
+    refusal: str | None = None  # an assistant's refusal: its text, when it has no content
+    annotations: list | None = None
+    audio: Any = None
+    function_call: Any = None
+
+    def as_dict(self, index: int) -> dict:
+        """{"role", "content", ...} with the text parts joined, for the chat template."""
+        for name in REPLY_ONLY:
+            if getattr(self, name):
+                raise InvalidRequestError(
+                    f"messages[{index}].{name} is not supported (rooftop takes text and tool calls)",
+                    f"messages[{index}].{name}",
+                )
+        message = {"role": self.role, "content": self._text(index) or self.refusal or ""}
+        extra = {"name": self.name, "tool_calls": self.tool_calls, "tool_call_id": self.tool_call_id}
+        return message | {k: v for k, v in extra.items() if v is not None}
+
+    def _text(self, index: int) -> str | None:
+        if not isinstance(self.content, list):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise InvalidRequestError(
+                    f"messages[{index}].content: only text parts are supported, got a {part.type!r} part",
+                    f"messages[{index}].content",
+                )
+        return "".join(p.text for p in self.content)
