@@ -129,52 +129,40 @@ def test_rope_in_place_matches_pytorch(with_norm):
         kernels.rope_(got, heads, dim, torch.tensor([1, 2, 50]), cos, sin, None, 1e-6)
 
 
-def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path():
-    """Three sequences of different lengths in scattered blocks, grouped-query heads: the kernel writes each new
-    K/V to its slot and attends like the gather + scaled_dot_product_attention path."""
+@pytest.mark.parametrize("heads, kv_heads, dim", [(6, 2, 32), (9, 3, 64)])
+def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path(heads, kv_heads, dim):
+    """Five sequences of different lengths in scattered blocks (past the kernel's 64-key tiles, and past 512 keys,
+    attended in parts and merged), grouped-query heads: the kernel writes each new K/V to its slot and attends like
+    the gather + scaled_dot_product_attention path."""
     from rooftop.config import ModelConfig
     from rooftop.enums import Phase
     from rooftop.models.attention import paged_attention
     from rooftop.models.kv_cache import AttentionSeq, KVPool, build_metadata
 
     gen = torch.Generator().manual_seed(10)
-    heads, kv_heads, dim, block = 6, 2, 32, 4
-    config = ModelConfig(
-        architecture="llama",
-        vocab_size=8,
-        hidden_size=heads * dim,
-        intermediate_size=8,
-        num_layers=1,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=dim,
-        max_position_embeddings=64,
-    )
-    pools = [KVPool(config, 16, block, torch.float32, torch.device("cpu")) for _ in range(2)]
+    block = 4
+    config = ModelConfig("llama", 8, heads * dim, 8, 1, heads, kv_heads, dim, 1024)
+    pools = [KVPool(config, 160, block, torch.float32, torch.device("cpu")) for _ in range(2)]
     for pool in pools:
         torch.manual_seed(11)
         pool.k.normal_()
         pool.v.normal_()
     seqs = [
         AttentionSeq(table, cached, 1, Phase.DECODE)
-        for table, cached in (([9, 2, 14], 9), ([5], 2), ([0, 11, 3, 7], 13))
+        for table, cached in (
+            ([9, 2, 14], 9),
+            ([5], 2),
+            ([0, 11, 3, 7], 13),
+            ([*range(20, 60)], 150),
+            ([*range(159, 19, -1)], 530),
+        )
     ]
     meta = build_metadata(seqs, block, torch.device("cpu"))
-    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
-    got = kernels.decode_attention(
-        qkv,
-        pools[0].k[0],
-        pools[0].v[0],
-        meta.slot_mapping,
-        meta.decode_tables,
-        meta.decode_lengths,
-        block,
-        heads,
-        kv_heads,
-        dim**-0.5,
-    )
-    q, k, v = qkv.view(3, -1, dim).split([heads, kv_heads, kv_heads], dim=1)
-    expected = paged_attention(q, k, v, pools[1].k[0], pools[1].v[0], meta).reshape(3, -1)
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * dim, generator=gen)
+    args = (meta.slot_mapping, meta.decode_tables, meta.decode_lengths, block, heads, kv_heads, dim**-0.5)
+    got = kernels.decode_attention(qkv, pools[0].k[0], pools[0].v[0], *args)
+    q, k, v = qkv.view(5, -1, dim).split([heads, kv_heads, kv_heads], dim=1)
+    expected = paged_attention(q, k, v, pools[1].k[0], pools[1].v[0], meta).reshape(5, -1)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pools[0].k, pools[1].k)  # the same slots written
     torch.testing.assert_close(pools[0].v, pools[1].v)
@@ -277,17 +265,50 @@ def tiled_calls() -> list:
     return calls
 
 
+def decode_attention_calls() -> list:
+    """decode_attention on float32, int8 and fp8 e4m3 pools (fresh ones per call: the kernel writes the new K/V),
+    head_dim 64 (the 512-bit loops where the host has them) and 48 (the plain loops' tails), over sequences of odd
+    lengths around the 8-key groups, past a 64-key tile and past 512 keys (attended in parts, merged)."""
+    from rooftop.models.kv_cache import quantize_kv
+
+    calls = []
+    for heads, kv_heads, dim in ((9, 3, 64), (6, 3, 48)):
+        gen = torch.Generator().manual_seed(dim)
+        keys, values = (
+            torch.randn(640, kv_heads, dim, generator=gen) * 3,
+            torch.randn(640, kv_heads, dim, generator=gen),
+        )
+        qkv = torch.randn(4, (heads + 2 * kv_heads) * dim, generator=gen)
+        tables = torch.tensor(
+            [[9, 2, 14, *[0] * 137], [5, *[0] * 139], [*range(20, 60), *[0] * 100], [*range(20, 160)]]
+        )
+        lengths = torch.tensor([11, 3, 151, 531])
+        slots = torch.tensor([int(tables[b, (n - 1) // 4]) * 4 + (n - 1) % 4 for b, n in enumerate(lengths.tolist())])
+        args = (slots, tables, lengths, 4, heads, kv_heads, dim**-0.5)
+        calls.append(lambda m, k=keys, v=values, q=qkv, a=args: m.decode_attention(q, k.clone(), v.clone(), *a))
+        for dtype in (torch.int8, torch.float8_e4m3fn):
+            (kq, ks), (vq, vs) = quantize_kv(keys, dtype), quantize_kv(values, dtype)
+
+            def call(m, kq=kq, ks=ks, vq=vq, vs=vs, q=qkv, a=args):
+                return m.decode_attention(q, kq.clone(), vq.clone(), *a, k_scale=ks.clone(), v_scale=vs.clone())
+
+            calls.append(call)
+    return calls
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     not {"avx512_vnni", "avx_vnni"} & set(open("/proc/cpuinfo").read().split()), reason="needs a CPU with VNNI"
 )
 def test_the_avx2_dot_products_match_vnni():
     """On a VNNI host the kernels' integer dots are one dpbusd; AVX2 hosts multiply byte pairs into int16 first
-    (maddubs). Built here without VNNI (~50 s, cached), every format's tiled linear must give the same integer dots
-    and then do the same float operations in the same order at either width: the same bits, and so must the
-    dequantizations."""
+    (maddubs). Built here without VNNI (~50 s, cached), every format's tiled linear and decode attention over int8
+    keys must give the same integer dots and then do the same float operations in the same order at either width:
+    the same bits, and so must the dequantizations and decode attention on every pool."""
     avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.sources_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
     for call in tiled_calls():
+        assert torch.equal(call(avx2), call(kernels))
+    for call in decode_attention_calls():  # the same integer dots, and the same FMAs per output float at any width
         assert torch.equal(call(avx2), call(kernels))
 
 
@@ -335,6 +356,8 @@ def test_the_portable_loops_match_the_vector_kernels():
     args = (torch.tensor([21, 40]), torch.tensor([[0, 1], [2, 0]]), torch.tensor([22, 9]), 16, 4, 2, 0.25)
     attended = [k.decode_attention(qkv, kp, vp, *args) for k, (kp, vp) in zip((portable, kernels), pools, strict=False)]
     torch.testing.assert_close(attended[0], attended[1], atol=1e-5, rtol=1e-5)
+    for call in decode_attention_calls():  # the same integer dots on int8 pools; softmax's exp differs in the last bits
+        torch.testing.assert_close(call(portable), call(kernels), atol=1e-5, rtol=1e-5)
 
 
 def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans():

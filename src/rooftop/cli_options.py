@@ -60,8 +60,13 @@ ENGINE_HELP = {
     "invariance, where chunks start at its multiples and the prefix cache is reused in whole chunks; else "
     "max-num-batched-tokens)",
     "kv_cache_dtype": "KV cache storage (vLLM's name): auto (the model's dtype), float32, bfloat16, float16 (cast "
-    "on write and on read where not the model's dtype), int8 (a float32 scale per token and KV head); other than "
-    "the model's dtype needs a float32 model for now; fp8_e4m3 is not supported yet",
+    "on write and on read where not the model's dtype), int8 or fp8_e4m3 (1 byte per value and a float32 scale per "
+    "token and KV head, quantized as each token is written and read as stored by decode attention)",
+    "enforce_eager": "CUDA: run decode steps op by op instead of replaying the CUDA graphs captured at startup "
+    "(vLLM's name)",
+    "cuda_graph_sizes": "CUDA: decode batch sizes captured as graphs (repeat the option; vLLM's rule: one value N "
+    "captures 1, 2, 4 and the multiples of 8 up to N; default N = min(2 x max-num-seqs, 512)); a step is padded to "
+    "the next captured size, and one larger than all of them runs eagerly",
     "speculative_config": "speculative decoding as vLLM's JSON, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
     "(n-gram prompt lookup: drafts from the prompt and output; greedy and seeded outputs stay the same)",

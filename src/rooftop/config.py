@@ -242,7 +242,9 @@ class EngineConfig:
     batch_invariant: bool = True  # a request's outputs do not depend on what shares its steps
     chunked_prefill_size: int | None = None  # default: DEFAULT_CHUNK tokens, at most max_num_batched_tokens
     speculative_config: SpeculativeConfig | None = None  # also given as vLLM's dict; None: no speculation
-    kv_cache_dtype: str = "auto"  # vLLM's name: auto (the model's dtype), a float dtype, or int8 (KV_CACHE_DTYPES)
+    kv_cache_dtype: str = "auto"  # vLLM's name: auto (the model's dtype), a float dtype, int8 or fp8_e4m3
+    enforce_eager: bool = False  # vLLM's name: CUDA runs every decode step op by op instead of replaying a graph
+    cuda_graph_sizes: list[int] | None = None  # vLLM's: the decode batch sizes captured (engine/cuda_graph.py)
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -250,8 +252,6 @@ class EngineConfig:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
                 "kv_cache_dtype",
             )
-        if self.kv_cache_dtype in KV_CACHE_DTYPES_NOT_YET:
-            raise InvalidRequestError(f"kv_cache_dtype {self.kv_cache_dtype} is not supported yet", "kv_cache_dtype")
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         elif self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
@@ -262,6 +262,14 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.cuda_graph_sizes is not None and (
+            not isinstance(self.cuda_graph_sizes, list | tuple)
+            or not self.cuda_graph_sizes
+            or any(not isinstance(n, int) or n < 1 for n in self.cuda_graph_sizes)
+        ):
+            raise InvalidRequestError(
+                f"cuda_graph_sizes must be a list of integers >= 1, got {self.cuda_graph_sizes!r}", "cuda_graph_sizes"
+            )
         for name in ("kv_cache_bytes", "num_kv_blocks", "max_model_len", "chunked_prefill_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -287,7 +295,6 @@ class EngineConfig:
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DEFAULT_CHUNK = 256  # batch-invariant prefill chunks (and prefix-cache reuse) in tokens; docs/PERFORMANCE.md
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")  # vLLM's --kv-cache-dtype names
-KV_CACHE_DTYPES_NOT_YET = ("fp8_e4m3",)  # named, refused: not implemented yet (issue 19)
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU (the reference), bfloat16 on a GPU
 LOAD_FORMATS = ("auto", "dummy")  # vLLM's --load-format values: read the file's weights, or make seeded random ones
 

@@ -31,7 +31,7 @@ from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, RooftopError
 from rooftop.kernels import cpu
-from rooftop.models import delta_net, hybrid
+from rooftop.models import delta_net
 from rooftop.quant import linear as linears
 from rooftop.roofline import probe
 from rooftop.roofline.calibration import CLASSES, ROWS_KEYED, Calibration, Curve, class_roofline
@@ -55,16 +55,24 @@ LONGEST = 2048
 
 class OpTimer:
     """Seconds per op class while installed: the linears' calls (the outermost, where one linear calls its parts),
-    the model's attention and elementwise ops, the linear layers' conv and recurrence. The device is synchronized
-    around each timed call, as the step's own clock is."""
+    the model's attention and elementwise ops, the linear layers' conv and recurrence. On the CPU each timed call is
+    clocked as the step is; on CUDA it is bracketed by two CUDA events, no sync between ops (a sync per op would
+    add its latency to every op and stall the queue), resolved by `reset`."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.seconds = dict.fromkeys(CLASSES, 0.0)
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []  # CUDA: read at reset
         self._depth = 0
         self._thread = threading.get_ident()  # the steps' thread: a tensor-parallel heartbeat is not a step's
 
     def reset(self) -> dict[str, float]:
+        """The seconds per class since the last reset (on CUDA after the device finishes what was timed)."""
+        if self._events:
+            synchronize(self.device)
+            for name, began, ended in self._events:
+                self.seconds[name] += began.elapsed_time(ended) / 1e3
+            self._events.clear()
         taken, self.seconds = self.seconds, dict.fromkeys(CLASSES, 0.0)
         return taken
 
@@ -74,6 +82,15 @@ class OpTimer:
             if self._depth or threading.get_ident() != self._thread:
                 return fn(*args, **kwargs)
             self._depth += 1
+            if self.device.type == "cuda":
+                began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                began.record()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    ended.record()
+                    self._events.append((name, began, ended))
+                    self._depth -= 1
             synchronize(self.device)
             start = time.perf_counter()
             try:
@@ -92,7 +109,7 @@ class OpTimer:
         ops = llm.model.ops
         patches = [(cls, "__call__", "linears") for cls in LINEAR_CLASSES]
         patches += [(ops, "attention", "attention"), (ops, "rms_norm", "elementwise"), (ops, "silu_mul", "elementwise")]
-        patches += [(hybrid, "paged_attention", "attention"), (delta_net, "gated_rms_norm", "elementwise")]
+        patches += [(ops, "paged_attention", "attention"), (delta_net, "gated_rms_norm", "elementwise")]
         patches += [(delta_net, name, "attention") for name in ("causal_conv", "chunked", "recurrent")]
         if (tp := llm.model.tp) is not None:
             patches += [(tp, "all_reduce", "communication"), (tp, "gather", "communication")]
@@ -134,32 +151,73 @@ def calibrate(
     # state (the first timed runs came out slower than the same shapes later without it)
     warm = min(256, eng.config.chunk_size, llm.max_model_len, eng.stats().kv_cache_tokens) - plan["steps"] - 4
     _run(eng, [torch.randint(vocab, (warm,), generator=gen).tolist()], plan["steps"] + 2)
-    with timer.installed(llm):
-        for label, batch, prompt_len, output_len in runs:
-            on_progress(label)
-            prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()  # shared: prefilled once if cached
-            groups: dict[tuple, list] = {}
-            for record, classes in _run(eng, [prompt] * batch, output_len, timer):
-                shape = record.shape
-                if record.phase is Phase.MIXED:
-                    continue  # its prefill and decode parts are measured on their own
-                cached = sum(s.cached * s.count for s in shape.seqs) if record.phase is Phase.PREFILL else 0
-                roof = class_roofline(time_step(config, p.at(shape.tokens), shape, hw), hw)
-                key = (record.phase, shape.num_seqs, shape.tokens, cached)
-                groups.setdefault(key, []).append((roof, classes, record.seconds, record.around_seconds))
-            for (phase, seqs, tokens, _), taken in groups.items():
-                for name in CLASSES:
-                    roof = median(r[name] for r, _, _, _ in taken)
-                    if roof > 0:
-                        key = f"{phase}.{name}"
-                        samples.setdefault(key, []).append(
-                            (tokens if key in ROWS_KEYED else roof, median(c[name] for _, c, _, _ in taken))
-                        )
-                host = median(forward - sum(c.values()) for _, c, forward, _ in taken)
-                samples.setdefault(f"{phase}.host", []).append((seqs, max(0.0, host)))
-                samples.setdefault(f"{phase}.around", []).append((seqs, median(a for _, _, _, a in taken)))
+    # a replayed graph calls no op from Python: the timed runs run eagerly
+    graphs, eng.decode_graphs = eng.decode_graphs, None
+    try:
+        with timer.installed(llm):
+            for label, batch, prompt_len, output_len in runs:
+                on_progress(label)
+                prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()  # shared: prefilled once if cached
+                groups = _timed_steps(eng, [prompt] * batch, output_len, timer, config, p, hw)
+                if graphs is not None and output_len > 1:
+                    _replayed_forward(eng, graphs, [prompt] * batch, output_len, groups)
+                _add_samples(samples, groups)
+    finally:
+        eng.decode_graphs = graphs
     curves = {key: Curve.through(points) for key, points in samples.items()}
     return Calibration(curves, identity(llm, hw, eng), quick)
+
+
+def _timed_steps(eng: LLMEngine, prompts: list[list[int]], output_len: int, timer: OpTimer, config, p, hw) -> dict:
+    """The run's steps grouped by shape: each step's classes' roofline and measured seconds, its forward pass's and
+    the time around it."""
+    groups: dict[tuple, list] = {}
+    for record, classes in _run(eng, prompts, output_len, timer):
+        shape = record.shape
+        if record.phase is Phase.MIXED:
+            continue  # its prefill and decode parts are measured on their own
+        cached = sum(s.cached * s.count for s in shape.seqs) if record.phase is Phase.PREFILL else 0
+        roof = class_roofline(time_step(config, p.at(shape.tokens), shape, hw), hw)
+        key = (record.phase, shape.num_seqs, shape.tokens, cached)
+        groups.setdefault(key, []).append([roof, classes, record.seconds, record.around_seconds])
+    return groups
+
+
+def _replayed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_len: int, groups: dict) -> None:
+    """On CUDA the engine replays its decode steps from graphs, whose forward pass has no host time between ops:
+    the run again with its graphs, each decode step's forward pass taking the place of the eager one (the classes
+    stay the eager run's, timed by CUDA events, so the host part is what a replay adds to them)."""
+    eng.decode_graphs = graphs
+    try:
+        replayed: dict[tuple, list[float]] = {}
+        for record, _ in _run(eng, prompts, output_len, None):
+            if record.phase is Phase.DECODE:
+                replayed.setdefault((record.phase, record.shape.num_seqs, record.shape.tokens, 0), []).append(
+                    record.seconds
+                )
+    finally:
+        eng.decode_graphs = None
+    for key, taken in groups.items():
+        if key in replayed:
+            forward = median(replayed[key])
+            for step in taken:
+                step[2] = forward
+
+
+def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict) -> None:
+    """Each group's point on its phase's curves: every class's seconds against its roofline seconds (a decode's
+    linears against its rows), the host's inside and around the forward pass against the step's sequences."""
+    for (phase, seqs, tokens, _), taken in groups.items():
+        for name in CLASSES:
+            roof = median(r[name] for r, _, _, _ in taken)
+            if roof > 0:
+                key = f"{phase}.{name}"
+                samples.setdefault(key, []).append(
+                    (tokens if key in ROWS_KEYED else roof, median(c[name] for _, c, _, _ in taken))
+                )
+        host = median(forward - sum(c.values()) for _, c, forward, _ in taken)
+        samples.setdefault(f"{phase}.host", []).append((seqs, max(0.0, host)))
+        samples.setdefault(f"{phase}.around", []).append((seqs, median(a for _, _, _, a in taken)))
 
 
 def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int]]:
@@ -185,7 +243,8 @@ def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int
 
 
 def _run(eng, prompts: list[list[int]], output_len: int, timer: OpTimer | None = None):
-    """Run the prompts to the end, greedy: each step's record with its op classes' seconds (with a timer)."""
+    """Run the prompts to the end, greedy: each step's record with its op classes' seconds (with a timer; else
+    none)."""
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     ids = [f"calibration-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
     try:
@@ -200,8 +259,8 @@ def _run(eng, prompts: list[list[int]], output_len: int, timer: OpTimer | None =
         if timer is not None:
             timer.reset()
         out = eng.step()
-        if out.record is not None and timer is not None:
-            results.append((out.record, timer.reset()))
+        if out.record is not None:
+            results.append((out.record, timer.reset() if timer is not None else {}))
     return results
 
 

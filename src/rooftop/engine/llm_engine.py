@@ -16,6 +16,7 @@ import torch
 
 from rooftop.config import DEFAULT_KV_CACHE_BYTES, EngineConfig
 from rooftop.engine.block_manager import BlockManager
+from rooftop.engine.cuda_graph import capture_decode_graphs, cuda_engine_config
 from rooftop.engine.metrics import RequestMetrics, SpecDecodeCounts
 from rooftop.engine.output_processor import OutputProcessor
 from rooftop.engine.outputs import EngineStats, RequestDelta, RequestOutput, StepOutput, StepRecord
@@ -53,6 +54,9 @@ class LLMEngine:
             # a cached prefix's K/V do not carry the linear-attention layers' state at the prefix's end
             log.info("prefix caching is off for hybrid models: shared KV blocks do not hold the recurrent state")
             self.config = replace(self.config, enable_prefix_caching=False)
+        cuda = model.device.type == "cuda"
+        if cuda:
+            self.config = cuda_engine_config(self.config, model.dtype)
         self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         spec = self.config.speculative_config
         if model.tp is not None and spec is not None and spec.method == "draft":
@@ -67,7 +71,8 @@ class LLMEngine:
         kv_bytes = self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
         num_blocks = self.config.num_kv_blocks or max(1, kv_bytes // block_bytes)
         slots = self.config.max_num_seqs if hybrid else 0
-        pool_spec = (num_blocks, self.config.block_size, kv_dtype_name(kv_dtype), max(slots, 1))
+        spare = 1 if cuda else 0  # the state slot of a captured decode's padded rows (engine/cuda_graph.py)
+        pool_spec = (num_blocks, self.config.block_size, kv_dtype_name(kv_dtype), max(slots, 1) + spare)
         self._pool = pool_from_spec(model, pool_spec)
         self._pool_key = 0 if model.tp is None else model.tp.lead.open_pool(self, pool_spec)
         self._blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
@@ -79,10 +84,13 @@ class LLMEngine:
         self._arrivals = 0
         self._proposer = make_proposer(self.config.speculative_config, mc, model, self.max_model_len)
         self._spec_decode = SpecDecodeCounts()
+        # on CUDA decode steps replay graphs captured now (None: they run eagerly, or not on CUDA)
+        self.decode_graphs = capture_decode_graphs(model, self._pool, self.config, self.max_model_len) if cuda else None
 
     @property
     def kv_cache_dtype(self) -> str:
-        """What the pool stores: the model's float dtype or int8 (--kv-cache-dtype resolved)."""
+        """What the pool stores, in --kv-cache-dtype's names: the model's float dtype, another float dtype, int8 or
+        fp8_e4m3 (--kv-cache-dtype resolved)."""
         return kv_dtype_name(self._pool.dtype)
 
     @property
@@ -188,7 +196,7 @@ class LLMEngine:
                 s.seq.metrics.first_scheduled_time = started
                 s.seq.metrics.prefix_cache_hit_tokens = s.cached  # admitted with its cached prefix computed
         seqs = tuple(SeqShape(s.new, s.cached, s.needs_logits, phase=s.phase) for s in batch)
-        step = run_step(self.model, self._pool, batch, self.config.batch_invariant, self._pool_key)
+        step = run_step(self.model, self._pool, batch, self.config.batch_invariant, self._pool_key, self.decode_graphs)
         shape = StepShape(seqs, experts_touched=self.model.experts_touched(), tp=self.model.tp_size)
         for s in batch:
             m = s.seq.metrics

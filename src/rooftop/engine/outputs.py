@@ -91,7 +91,7 @@ class EngineStats:
     prefix_hits: int  # of which found
     preemptions: int
     spec_decode: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)  # since the engine started
-    kv_cache_dtype: str = "float32"  # what the pool stores (int8: with a float32 scale per token and KV head)
+    kv_cache_dtype: str = "float32"  # what the pool stores (int8, fp8_e4m3: with a float32 scale per token and KV head)
 
     @property
     def kv_cache_tokens(self) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from rooftop.kernels import cpu
+from rooftop.quant import cuda_linear
 from rooftop.quant.linear import linear_format, make_linear
 from rooftop.quant.weights import GROUP
 from rooftop.roofline import probe
@@ -21,17 +22,21 @@ class EngineLinears:
 
     def kernels(self, device: str) -> str:
         """Whose kernels, and for rooftop's which build of them: a probe taken before they changed is stale."""
-        return f"rooftop {cpu.sources_version()}" if device == "cpu" and cpu.ops() is not None else "pytorch"
+        if device != "cpu":
+            return f"pytorch tinygemm + rooftop triton {cuda_linear.sources_version()}"
+        return f"rooftop {cpu.sources_version()}" if cpu.ops() is not None else "pytorch"
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
-        if device != "cpu":
-            return None, "skipped: the int8/int4 weight-only kernels measured here are CPU kernels"
         k, n = plan.weight_only_k, plan.weight_only_n
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the activations each device's model runs
         try:
-            linear = make_linear(torch.randn(n, k, generator=torch.Generator().manual_seed(0)), None, kind)
+            gen = torch.Generator(device=device).manual_seed(0)
+            weight = torch.randn(n, k, generator=gen, device=device, dtype=dtype)
+            linear = make_linear(weight, None, kind)
+            del weight
 
             def measure(m: int) -> float:
-                x = torch.randn(m, k)
+                x = torch.randn(m, k, device=device, dtype=dtype)
                 return median_seconds(lambda: linear(x), device, plan)
 
             flops, m = best_on_ladder(plan.weight_only_rows, lambda m: 2.0 * m * k * n, measure, plan.cap_s)
@@ -43,14 +48,20 @@ class EngineLinears:
             "Q4Linear": f"rooftop's kernel: int4 groups of {GROUP} x int8 activations, integer dots",
             "Q8Linear": f"rooftop's kernel: int8 groups of {GROUP} x int8 activations, integer dots",
             "Int4Linear": f"PyTorch's weight-only op, groups of {GROUP}: bf16 activations, computes in bf16",
+            "CudaInt4Linear": f"PyTorch's tinygemm, groups of {GROUP}: bf16 activations and tensor cores",
+            "CudaInt8Linear": f"rooftop's Triton kernel, Q8_0 groups of {GROUP}: bf16 activations and tensor cores",
         }.get(type(linear).__name__, "PyTorch's weight-only op, one scale per row: bf16 activations, computes in bf16")
-        return flops, f"{type(linear).__name__}, M={m} K={k} N={n} ({how})"
+        one_row = ""
+        if device != "cpu":  # decode's case: one row reads every weight once
+            seconds = median_seconds(lambda: linear(torch.randn(1, k, device=device, dtype=dtype)), device, plan)
+            one_row = f"; one row reads its {linear.nbytes / 1e6:.0f} MB at {linear.nbytes / seconds / 1e9:.0f} GB/s"
+        return flops, f"{type(linear).__name__}, M={m} K={k} N={n} ({how}){one_row}"
 
     def formats(self, device: str) -> dict[str, str]:
-        """On the CPU, where the probe times them: the block linears of each policy at float32 activations."""
-        if device != "cpu":
-            return {}
-        return {policy: linear_format(policy, torch.device("cpu"), torch.float32) for policy in WEIGHT_POLICIES}
+        """The block linears of each policy at the activations the device's model runs (float32 on the CPU,
+        bfloat16 on CUDA), as the probe times them."""
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        return {policy: linear_format(policy, torch.device(device), dtype) for policy in WEIGHT_POLICIES}
 
 
 ENGINE_LINEARS = EngineLinears()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rooftop.engine.cuda_graph import DecodeGraphs
 from rooftop.engine.scheduler import ScheduledSeq
 from rooftop.enums import Phase
 from rooftop.models.kv_cache import AttentionSeq, KVPool, build_metadata
@@ -93,16 +94,23 @@ def execute(model: Transformer, pool: KVPool, plan: StepPlan) -> torch.Tensor | 
 
 
 def run_step(
-    model: Transformer, pool: KVPool, batch: list[ScheduledSeq], batch_invariant: bool, pool_key: int = 0
+    model: Transformer,
+    pool: KVPool,
+    batch: list[ScheduledSeq],
+    batch_invariant: bool,
+    pool_key: int = 0,
+    graphs: DecodeGraphs | None = None,
 ) -> StepLogits:
     """Run the step; with `batch_invariant` each row takes the path its own sequence's chunk or decode decides.
     Under tensor parallelism the plan goes to the other ranks first (they run it on their pool `pool_key`), inside
-    the clock: sending it is part of the step."""
+    the clock: sending it is part of the step. On CUDA a decode step that fits a captured graph replays it."""
     plan, sampled = plan_step(batch, batch_invariant)
     device = model.device
     synchronize(device)
     t0 = time.perf_counter()
-    if model.tp is None:
+    if graphs is not None and plan.logit_rows and graphs.runs(plan.seqs):
+        logits = graphs.replay(plan.token_ids, plan.positions, plan.seqs, plan.logit_rows)
+    elif model.tp is None:
         logits = execute(model, pool, plan)
     else:
         logits = model.tp.lead.run(("step", pool_key, plan), lambda: execute(model, pool, plan))

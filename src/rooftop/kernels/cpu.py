@@ -1,4 +1,4 @@
-"""rooftop's CPU kernels (cpu.cpp, tiles.cpp), compiled for this machine on first use and cached by PyTorch.
+"""rooftop's CPU kernels (cpu.cpp, attention.cpp, tiles.cpp), compiled for this machine on first use and cached by PyTorch.
 
 In PyTorch's eager ops a decode step of the bundled model was ~1,800 small operations around ~100 MB of 4-bit
 weights, at ~5-10 µs each from Python, and PyTorch's int4 kernel computes in emulated bfloat16: the step was bound
@@ -22,8 +22,8 @@ from types import ModuleType
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu.cpp", "tiles.cpp")]
-HEADER = Path(__file__).with_name("quantized.h")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu.cpp", "attention.cpp", "tiles.cpp")]
+HEADERS = [Path(__file__).with_name(name) for name in ("quantized.h", "exp.h")]
 
 
 def enabled() -> bool:
@@ -45,10 +45,10 @@ def ops() -> ModuleType | None:
 
 
 def sources_version() -> str:
-    """A hash of every kernel source, header included: in the module's name, so that checkouts with different
+    """A hash of every kernel source, headers included: in the module's name, so that checkouts with different
     sources never rebuild into (and load) one another's build (PyTorch looks at the sources it compiles, not at
     what they include), and in the probe's and the calibration's cache keys, which measured one build."""
-    return hashlib.sha256(b"".join(path.read_bytes() for path in [*SOURCES, HEADER])).hexdigest()[:8]
+    return hashlib.sha256(b"".join(path.read_bytes() for path in [*SOURCES, *HEADERS])).hexdigest()[:8]
 
 
 def build(name: str, arch_flag: str) -> ModuleType:

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from rooftop.config import LinearAttention
 from rooftop.models import delta_net
-from rooftop.models.attention import paged_attention
 from rooftop.models.kv_cache import AttentionMetadata, StatePool
 from rooftop.models.mlp import DenseMLP
 from rooftop.models.ops import Ops, rms_norm, rowwise
@@ -62,7 +61,7 @@ class GatedAttentionBlock:
         qg = qg.view(T, self.heads, 2 * hd)
         q = self.rotate(rms_norm(qg[..., :hd], self.q_norm, self.eps), positions)
         k = self.rotate(rms_norm(k.view(T, self.kv_heads, hd), self.k_norm, self.eps), positions)
-        attn = paged_attention(q, k, v.reshape(T, self.kv_heads, hd), k_pool, v_pool, meta)
+        attn = ops.paged_attention(q, k, v.reshape(T, self.kv_heads, hd), k_pool, v_pool, meta)
         attn = attn.reshape(T, -1) * rowwise(torch.sigmoid, qg[..., hd:].reshape(T, -1))
         x = self.o(attn, residual=x, plan=plan)
         return self.mlp(ops.rms_norm(x, self.mlp_norm), ops, plan, residual=x)

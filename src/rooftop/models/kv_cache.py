@@ -14,16 +14,16 @@ import torch
 
 from rooftop.config import ModelConfig
 from rooftop.enums import Phase
-from rooftop.errors import InvalidRequestError
 
 
 class KVPool:
     """K and V of every full-attention layer: (layers, num_blocks * block_size, kv_heads, head_dim) each; and for a
     hybrid model the linear-attention layers' per-sequence states (`states`, one slot per running sequence).
 
-    With `dtype` torch.int8 the pool holds int8 values and, beside them at the same slot, a float32 scale per
-    (slot, kv head) (`k_scale`, `v_scale`: (layers, slots, kv_heads)); `k_layers`/`v_layers` are then Int8Pool
-    views that quantize what is written and dequantize only the rows gathered."""
+    With a quantized `dtype` (torch.int8, torch.float8_e4m3fn: QUANTIZED_KV) the pool holds those values and,
+    beside them at the same slot, a float32 scale per (slot, kv head) (`k_scale`, `v_scale`: (layers, slots,
+    kv_heads)); `k_layers`/`v_layers` are then ScaledPool views that quantize what is written and dequantize only
+    the rows gathered."""
 
     def __init__(
         self,
@@ -33,19 +33,19 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device,
         state_slots: int = 1,
-        act_dtype: torch.dtype = torch.float32,  # what an int8 pool's gathered rows are dequantized to
+        act_dtype: torch.dtype = torch.float32,  # what a quantized pool's gathered rows are dequantized to
     ):
         shape = (config.num_full_attention_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
         self.dtype = dtype
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
-        if dtype == torch.int8:
+        if dtype in QUANTIZED_KV:
             self.k_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
             self.v_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
             layers = range(shape[0])
-            self.k_layers = tuple(Int8Pool(self.k[i], self.k_scale[i], act_dtype) for i in layers)
-            self.v_layers = tuple(Int8Pool(self.v[i], self.v_scale[i], act_dtype) for i in layers)
+            self.k_layers = tuple(ScaledPool(self.k[i], self.k_scale[i], act_dtype) for i in layers)
+            self.v_layers = tuple(ScaledPool(self.v[i], self.v_scale[i], act_dtype) for i in layers)
         elif dtype != act_dtype:  # a float cache narrower (or wider) than the activations: cast on write and read
             self.k_scale = self.v_scale = None
             self.k_layers = tuple(CastPool(k, act_dtype) for k in self.k.unbind(0))
@@ -65,8 +65,8 @@ class KVPool:
 
     @staticmethod
     def bytes_per_head(head_dim: int, dtype: torch.dtype) -> int:
-        """Stored bytes of one token's K (or V) in one KV head: int8 values plus their float32 scale."""
-        return head_dim * dtype.itemsize + (4 if dtype == torch.int8 else 0)
+        """Stored bytes of one token's K (or V) in one KV head: its values, and a quantized pool's float32 scale."""
+        return head_dim * dtype.itemsize + (4 if dtype in QUANTIZED_KV else 0)
 
     @property
     def nbytes(self) -> int:
@@ -74,37 +74,42 @@ class KVPool:
         return self.k.nbytes + self.v.nbytes + scales + (self.states.nbytes if self.states else 0)
 
 
+# --kv-cache-dtype's names (vLLM's) for what the pool stores; auto is the model's dtype
+KV_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int8": torch.int8,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
+# the quantized ones and their largest stored value: x is stored as x / scale with scale = max|x| / largest per
+# (slot, KV head); e4m3's largest finite value is 448
+QUANTIZED_KV = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+
+
 def kv_storage_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """The pool's storage dtype for EngineConfig.kv_cache_dtype `name` (validated there): auto is the model's dtype;
-    a float dtype other than the model's is stored as named and cast on write and on each gathered read. Other
-    dtypes than the model's need a float32 model for now."""
-    dtype = model_dtype if name == "auto" else getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype == torch.int8):
-        raise InvalidRequestError(f"kv_cache_dtype {name} is not supported yet", "kv_cache_dtype")
-    if dtype != model_dtype and model_dtype != torch.float32:
-        # an int8 pool under a bfloat16 model lost batch invariance in its test: refused until that is understood
-        raise InvalidRequestError(
-            f"kv_cache_dtype {name} is not supported yet with a {kv_dtype_name(model_dtype)} model "
-            "(a float32 model, or auto)",
-            "kv_cache_dtype",
-        )
-    return dtype
+    a float dtype other than the model's is stored as named and cast on write and on each gathered read."""
+    return model_dtype if name == "auto" else KV_DTYPES[name]
 
 
 def kv_dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    return next(name for name, d in KV_DTYPES.items() if d == dtype)
 
 
-def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 over the last dim, round to nearest: x (..., hd) -> (values (..., hd) int8, scale (...) float32),
-    scale = max|x| / 127 (0 for an all-zero row). The C++ decode kernel quantizes the same way."""
+def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric over the last dim, as the pool stores it: x (..., hd) -> (values (..., hd) of `dtype` (int8 or
+    float8_e4m3fn), scale (...) float32), scale = max|x| / largest (0 for an all-zero row), values x / scale
+    clamped to +-largest, then rounded to nearest (even) in the format. The C++ decode kernel quantizes the same
+    way (kernels/attention.cpp, quantize_heads)."""
+    largest = QUANTIZED_KV[dtype]
     x = x.float()
-    scale = x.abs().amax(-1) / 127
-    q = (x / scale.masked_fill(scale == 0, 1)[..., None]).round_().clamp_(-127, 127)
-    return q.to(torch.int8), scale
+    scale = x.abs().amax(-1) / largest
+    q = (x / scale.masked_fill(scale == 0, 1)[..., None]).clamp_(-largest, largest)
+    return (q.round_() if dtype == torch.int8 else q).to(dtype), scale
 
 
-def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return (q.float() * scale[..., None]).to(dtype)
 
 
@@ -125,7 +130,7 @@ class StoredPool:
 
 class CastPool(StoredPool):
     """One layer's float K (or V) stored in another float dtype than the activations': cast on the way in, and the
-    gathered rows only cast back (`index_select`), like Int8Pool."""
+    gathered rows only cast back (`index_select`), like ScaledPool."""
 
     def __init__(self, values: torch.Tensor, dtype: torch.dtype):
         self.values, self.dtype = values, dtype
@@ -138,22 +143,25 @@ class CastPool(StoredPool):
         return self.values.index_select(dim, slots).to(self.dtype)
 
 
-class Int8Pool(StoredPool):
-    """One layer's int8 K (or V) with its scales, (slots, kv_heads, hd) + (slots, kv_heads): written and gathered
-    like a float pool tensor (`index_copy_`, `index_select`), so attention's PyTorch path takes it unchanged."""
+class ScaledPool(StoredPool):
+    """One layer's quantized K (or V), int8 or fp8 e4m3 values with their scales, (slots, kv_heads, hd) + (slots,
+    kv_heads): written and gathered like a float pool tensor (`index_copy_`, `index_select`), so attention's PyTorch
+    path takes it unchanged. The values move as bytes: PyTorch's CPU index_copy_ has no float8 kernel."""
 
     def __init__(self, values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32):
         self.values, self.scale = values, scale
         self.dtype = dtype  # what index_select gives
+        self._bytes = values.view(torch.uint8)
 
-    def index_copy_(self, dim: int, slots: torch.Tensor, x: torch.Tensor) -> Int8Pool:
-        q, scale = quantize_int8(x)
-        self.values.index_copy_(dim, slots, q)
+    def index_copy_(self, dim: int, slots: torch.Tensor, x: torch.Tensor) -> ScaledPool:
+        q, scale = quantize_kv(x, self.values.dtype)
+        self._bytes.index_copy_(dim, slots, q.view(torch.uint8))
         self.scale.index_copy_(dim, slots, scale)
         return self
 
     def index_select(self, dim: int, slots: torch.Tensor) -> torch.Tensor:
-        return dequantize_int8(self.values.index_select(dim, slots), self.scale.index_select(dim, slots), self.dtype)
+        values = self._bytes.index_select(dim, slots).view(self.values.dtype)
+        return dequantize_kv(values, self.scale.index_select(dim, slots), self.dtype)
 
 
 class StatePool:
@@ -297,7 +305,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         block_size: int = 16,
-        kv_dtype: torch.dtype | None = None,  # the pool's storage (torch.int8: quantized); default: dtype
+        kv_dtype: torch.dtype | None = None,  # the pool's storage (QUANTIZED_KV: quantized); default: dtype
     ):
         num_blocks = -(-capacity // block_size)
         self.pool = KVPool(config, num_blocks, block_size, kv_dtype or dtype, torch.device(device), act_dtype=dtype)

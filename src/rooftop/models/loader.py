@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, check_runnable
-from rooftop.errors import UnsupportedModelError
 from rooftop.loading.loaded import LoadedModel
 from rooftop.loading.shard import ShardError
 from rooftop.models.blocks import DecoderBlock
@@ -77,12 +76,12 @@ def _moe(t: Tensors, c: ModelConfig, p: str) -> SparseMoE:
     """The router in float32 (its logits pick the experts: rounding them would change which run) and each expert's
     gate/up and down in the model's weight format."""
     d = c.hidden_size
-    router = FloatLinear(to_float(t.take(p + "gate.weight", (c.num_experts, d))).float().contiguous())
+    router = FloatLinear(to_float(t.take(p + "gate.weight", (c.num_experts, d))).to(t.device).float().contiguous())
     experts = [_dense_mlp(t, f"{p}experts.{e}.", d, c.moe_intermediate_size) for e in range(c.num_experts)]
     if not c.shared_expert_intermediate_size:
         return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob)
     shared = _dense_mlp(t, p + "shared_expert.", d, c.shared_expert_intermediate_size)
-    gate = FloatLinear(to_float(t.take(p + "shared_expert_gate.weight", (1, d))).float().contiguous())
+    gate = FloatLinear(to_float(t.take(p + "shared_expert_gate.weight", (1, d))).to(t.device).float().contiguous())
     return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob, shared, gate)
 
 
@@ -194,8 +193,6 @@ def build_model(
     c, device = loaded.config, torch.device(device)
     check_runnable(c)
     policy = weight_policy(weights, loaded.native_format, device, dtype)
-    if policy == "int4" and device.type != "cpu":
-        raise UnsupportedModelError("int4 weights run on PyTorch's CPU kernels only for now; use int8 or float")
     if tp is not None and tp.size > 1:
         check_tensor_parallel(c, tp.size)
     t = Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp)
@@ -222,6 +219,8 @@ def _build(loaded: LoadedModel, t: Tensors, dtype: torch.dtype, device: torch.de
     norm = t.take("model.norm.weight", (c.hidden_size,))
     head = embed if c.tie_word_embeddings else t.take("lm_head.weight", (c.vocab_size, c.hidden_size), rows=vocab)
     lm_head = t.linear(head, None, lm_head=True)
+    if device.type != "cpu":  # a lookup table in the model's dtype: only CPU tensors look rows up from groups
+        embed = to_float(embed).to(device, dtype)
     if tp is not None:
         embed = VocabParallelEmbedding(embed, *vocab, tp)
         lm_head = VocabParallelHead(lm_head, -(-c.vocab_size // tp.size), c.vocab_size, tp)

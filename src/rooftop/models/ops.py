@@ -1,5 +1,6 @@
-"""The op backends a model runs on, picked once when it is built: PyTorch's ops, or rooftop's CPU kernels
-(float32 on the CPU) for RMSNorm, RoPE, SiLU-mul and decode attention. Both compute the same model."""
+"""The op backends a model runs on, picked once when it is built: PyTorch's ops, rooftop's CPU kernels (float32 on
+the CPU) for RMSNorm, RoPE, SiLU-mul and decode attention, or on CUDA PyTorch's ops with rooftop's Triton kernels
+for the paged KV cache (models/cuda_ops.py). All compute the same model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from rooftop.config import ModelConfig
 from rooftop.kernels import cpu
 from rooftop.models.attention import paged_attention, prefill_chunks
-from rooftop.models.kv_cache import AttentionMetadata, CastPool, Int8Pool
+from rooftop.models.kv_cache import AttentionMetadata, CastPool, ScaledPool
 from rooftop.models.rope import apply_rope
 
 
@@ -57,8 +58,13 @@ class TorchOps:
         if qk_norm is not None:
             qk = rms_norm(qk, qk_norm, c.rms_norm_eps)
         q, k = apply_rope(qk, *rope).split([c.num_heads, c.num_kv_heads], dim=1)
-        attn = paged_attention(q, k, v.view(T, c.num_kv_heads, c.head_dim), k_pool, v_pool, meta)
+        attn = self.paged_attention(q, k, v.view(T, c.num_kv_heads, c.head_dim), k_pool, v_pool, meta)
         return attn.reshape(T, c.q_size)
+
+    def paged_attention(self, q, k, v, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
+        """Write the step's K/V into the pool and attend (models/attention.py); the gated attention layers of hybrid
+        models call it after their own norms and RoPE."""
+        return paged_attention(q, k, v, k_pool, v_pool, meta)
 
 
 class KernelOps:
@@ -77,6 +83,11 @@ class KernelOps:
     def rope(self, positions: torch.Tensor) -> torch.Tensor:
         return positions  # the kernel reads the tables at the positions itself
 
+    def paged_attention(self, q, k, v, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
+        """PyTorch's path, for the gated attention layers of hybrid models (which norm and rotate q and k
+        themselves)."""
+        return paged_attention(q, k, v, k_pool, v_pool, meta)
+
     def attention(self, qkv, qk_norm, positions, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
         c = self.config
         self.kernels.rope_(
@@ -94,16 +105,11 @@ class KernelOps:
             v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
             parts.append(prefill_chunks(q, k_pool, v_pool, meta).reshape(rows, c.q_size))
         if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
-            if isinstance(k_pool, Int8Pool):  # quantized on the way in, read as stored
-                kernel, pools = (
-                    self.kernels.decode_attention_q8,
-                    (k_pool.values, k_pool.scale, v_pool.values, v_pool.scale),
-                )
-            else:
-                kernel, pools = self.kernels.decode_attention, (k_pool, v_pool)
-            decodes = kernel(
+            scaled = isinstance(k_pool, ScaledPool)  # int8 / fp8: quantized on the way in, read as stored
+            decodes = self.kernels.decode_attention(
                 qkv[rows:],
-                *pools,
+                k_pool.values if scaled else k_pool,
+                v_pool.values if scaled else v_pool,
                 meta.slot_mapping[rows:],
                 meta.decode_tables,
                 meta.decode_lengths,
@@ -111,15 +117,22 @@ class KernelOps:
                 c.num_heads,
                 c.num_kv_heads,
                 c.head_dim**-0.5,
+                k_scale=k_pool.scale if scaled else None,
+                v_scale=v_pool.scale if scaled else None,
             )
             parts.append(decodes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-Ops = TorchOps | KernelOps
+Ops = TorchOps | KernelOps  # CudaOps is a TorchOps
 
 
 def choose_ops(config: ModelConfig, dtype: torch.dtype, device: torch.device, cos, sin) -> Ops:
-    """rooftop's kernels where they built and take the model's activations (float32 on the CPU), else PyTorch's."""
+    """On CUDA PyTorch's ops with rooftop's paged attention kernels (CudaOps); on the CPU rooftop's kernels where
+    they built and take the model's activations (float32), else PyTorch's."""
+    if device.type == "cuda":
+        from rooftop.models.cuda_ops import CudaOps  # Triton, imported only where a GPU runs the model
+
+        return CudaOps(config, cos, sin, device)
     kernels = cpu.ops() if device.type == "cpu" and dtype == torch.float32 else None
     return TorchOps(config, cos, sin) if kernels is None else KernelOps(kernels, config, cos, sin)

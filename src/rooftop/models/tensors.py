@@ -19,7 +19,8 @@ Part = tuple[int, int] | None  # rows or columns start:stop of a tensor one rank
 
 class Tensors:
     """The file's tensors in the form the model keeps: float tensors in its dtype on its device, quantized groups and
-    blocks as they are where the CPU kernels read them (float linears and other devices get them dequantized).
+    blocks as they are under a quantized policy (the linears repack them: on the CPU for its kernels, on CUDA for
+    tinygemm and the Q8_0 kernel), dequantized for float linears.
     `stored` (the `auto` weight choice): each quantized matrix runs in the format the file holds it in. Under tensor
     parallelism (`tp`) each tensor is read in the part this rank holds."""
 
@@ -33,11 +34,11 @@ class Tensors:
         tp: TPGroup | None = None,
     ):
         self.weights, self.dtype, self.device, self.policy, self.stored = weights, dtype, device, policy, stored
-        self.keep_groups = policy != "float" and device.type == "cpu"
+        self.keep_groups = policy != "float"
         self.tp = tp if tp is not None and tp.size > 1 else None
 
     def linear(self, weight: Weight | list[Weight], bias: torch.Tensor | None, lm_head: bool = False) -> Linear:
-        return make_linear(weight, bias, self.policy, lm_head, self.stored)
+        return make_linear(weight, bias, self.policy, lm_head, self.stored, self.device)
 
     def row_parallel(self, weight: Weight, bias: torch.Tensor | None) -> Linear | RowParallel:
         """A linear whose input features are split over the ranks: each rank's partial sum all-reduced, the bias
@@ -86,6 +87,6 @@ class Tensors:
         form = {(type(t), getattr(t, "format", None)) for t in parts}
         if len(form) == 1 and not isinstance(parts[0], torch.Tensor):
             return type(parts[0]).cat(list(parts))
-        if self.stored and any(as_stored(t, self.policy) for t in parts):
+        if self.stored and any(as_stored(t, self.policy, self.device) for t in parts):
             return list(parts)
         return torch.cat([to_float(t).to(device=self.device, dtype=self.dtype) for t in parts], dim=0).contiguous()

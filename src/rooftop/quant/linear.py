@@ -25,7 +25,9 @@ import torch.nn.functional as F
 
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
 from rooftop.kernels import cpu
+from rooftop.quant.cuda_linear import CudaInt4Linear, CudaInt8Linear, runs_tinygemm
 from rooftop.quant.gguf_blocks import q4_0_as_int4
+from rooftop.quant.rows import NARROW, WIDEN_ROWS, RowPlan, by_plan, with_residual
 from rooftop.quant.tiles import TILE_FORMATS, tile_blocks, tile_bytes, tile_nibbles, tile_scales
 from rooftop.quant.weights import (
     BLOCK_FORMATS,
@@ -42,23 +44,6 @@ from rooftop.quant.weights import (
 from rooftop.roofline.precision import WEIGHT_POLICIES, check_weight_choice
 
 FLOAT_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-# Prefill is matrix-matrix work: from this many rows on, widening the weights to float32 one linear at a time and
-# running MKL's sgemm beats the weight-only kernels, which compute in emulated bfloat16 on CPUs without it
-# (measured on the bundled model, docs/PERFORMANCE.md). Decode steps (one row per sequence) stay quantized.
-WIDEN_ROWS = 96
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """Which path each of a step's rows takes through a linear. The leading `widen` groups (prefill chunks, in row
-    order) each run as one float matmul of their own: a quantized linear widens its weights once for all of them.
-    The rows after them run together on the narrow path: the quantized kernel (int8 activations, one row at a
-    time, so a row's result never depends on its neighbours), or for float weights one matmul padded to a multiple
-    of `min_rows` rows, the BLAS library's row tile, in which a row's result no longer depends on its neighbours
-    (`float_min_rows`). With batch invariance the groups are the sequences' own chunks (`row_plan`)."""
-
-    widen: tuple[int, ...] = ()
-    min_rows: int = 1
 
 
 @functools.cache
@@ -115,33 +100,11 @@ def _padded_to(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Te
     return fn(x) if pad == 0 else fn(torch.cat([x, x.new_zeros(pad, x.shape[1])]))[:rows]
 
 
-def by_plan(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    plan: RowPlan,
-    wide: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
-    narrow: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
-) -> torch.Tensor:
-    """A linear over rows (T, K) by `plan`: each widened group through `wide`, the rest through `narrow`."""
-    if not plan.widen:
-        return narrow(x, residual)
-    parts, start = [], 0
-    for n in plan.widen:
-        parts.append(wide(x[start : start + n], None if residual is None else residual[start : start + n]))
-        start += n
-    if start < x.shape[0]:
-        parts.append(narrow(x[start:], None if residual is None else residual[start:]))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
 def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> torch.Tensor:
     """`F.linear` over a multiple of `tile` rows: zero rows are appended and their outputs dropped."""
     flat = x.reshape(-1, x.shape[-1])
     y = _padded_to(flat, tile, lambda t: F.linear(t, weight, bias))
     return y.reshape(*x.shape[:-1], weight.shape[0])
-
-
-NARROW = RowPlan()  # every row on the narrow path: decodes, logits, a linear called on its own
 
 
 def unpack_int4(packed: torch.Tensor, n: int, k: int, block_rows: int) -> torch.Tensor:
@@ -161,11 +124,6 @@ def int4_block_rows() -> int | None:
         if torch.equal(unpack_int4(packed, 128, 64, rows).int(), q):
             return rows
     return None
-
-
-def with_residual(y: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """Every linear takes an optional residual to add to its output: rooftop's kernels fold it into their store."""
-    return y if residual is None else y.add_(residual)
 
 
 @dataclass
@@ -426,18 +384,33 @@ class ConcatLinear:
         return sum(p.nbytes for p in self.parts)
 
 
-Linear = FloatLinear | Int8Linear | Int4Linear | Fp16Linear | Q4Linear | Q8Linear | BlockLinear | ConcatLinear
+Linear = (
+    FloatLinear
+    | Int8Linear
+    | Int4Linear
+    | Fp16Linear
+    | Q4Linear
+    | Q8Linear
+    | BlockLinear
+    | ConcatLinear
+    | CudaInt4Linear
+    | CudaInt8Linear
+)
 
 
 def linear_kind(policy: str, device: torch.device, lm_head: bool = False) -> type[Linear]:
-    """The class a weight becomes under `policy` ("float", "int8", "int4") on `device`: with rooftop's CPU kernels
-    int4 is Q4Linear and int8 and the lm_head of both Q8Linear (group-32); without them the lm_head is float16 with
-    float32 logits where fbgemm exists (x86), else per-row int8 (measured on the bundled model: a 4-bit lm_head
-    drops top-1 agreement with float32 from 99% to 89%), and the other linears Int4Linear / Int8Linear."""
+    """The class a weight becomes under `policy` ("float", "int8", "int4") on `device`: on CUDA int4 is tinygemm's
+    CudaInt4Linear and int8 and the lm_head of both Q8_0 groups on rooftop's Triton kernel (CudaInt8Linear); on the
+    CPU with rooftop's kernels int4 is Q4Linear and int8 and the lm_head of both Q8Linear (group-32); without them
+    the lm_head is float16 with float32 logits where fbgemm exists (x86), else per-row int8 (measured on the bundled
+    model: a 4-bit lm_head drops top-1 agreement with float32 from 99% to 89%), and the other linears Int4Linear /
+    Int8Linear."""
     if policy not in WEIGHT_POLICIES:
         raise InvalidRequestError(f"a linear's weights are one of {', '.join(WEIGHT_POLICIES)}; got {policy!r}")
     if policy == "float":
         return FloatLinear
+    if device.type == "cuda":
+        return CudaInt4Linear if policy == "int4" and not lm_head else CudaInt8Linear
     if cpu.ops() is not None and device.type == "cpu":
         return Q4Linear if policy == "int4" and not lm_head else Q8Linear
     if lm_head and fbgemm_available():
@@ -452,11 +425,12 @@ def linear_format(policy: str, device: torch.device, dtype: torch.dtype, lm_head
 
 
 def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.dtype) -> str:
-    """The policy that runs a `--weights` choice here: "auto" is the file's closest format (`native`) where its
-    kernels run (the CPU), else float; an exact format only where one policy's block linears are that format."""
+    """The policy that runs a `--weights` choice here: "auto" is the file's closest format (`native`: float, int8 or
+    int4, each of which runs on the CPU and on CUDA); an exact format only where one policy's block linears are that
+    format."""
     check_weight_choice(choice)
     if choice == "auto":
-        return native if device.type == "cpu" else "float"
+        return native
     if choice in WEIGHT_POLICIES:
         return choice
     runs = {policy: linear_format(policy, device, dtype) for policy in WEIGHT_POLICIES}
@@ -470,10 +444,16 @@ def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.d
     )
 
 
-def as_stored(weight: Weight, policy: str) -> bool:
-    """Whether a file's quantized matrix runs in its own format: the block formats and Q8_0 do on rooftop's kernels
-    under a quantized policy, so a mixed file (Q4_K_M: Q4_K, Q6_K, Q5_0, Q8_0) runs each tensor as it holds it."""
-    return policy != "float" and cpu.ops() is not None and isinstance(weight, (BlockWeight, Int8GroupWeight, list))
+def as_stored(weight: Weight, policy: str, device: torch.device) -> bool:
+    """Whether a file's quantized matrix runs in its own format: the block formats and Q8_0 do on rooftop's CPU
+    kernels under a quantized policy, so a mixed file (Q4_K_M: Q4_K, Q6_K, Q5_0, Q8_0) runs each tensor as it holds
+    it. On CUDA a file's Q4 and Q8 groups are repacked for tinygemm and the Q8_0 kernel instead (make_linear)."""
+    return (
+        policy != "float"
+        and device.type == "cpu"
+        and cpu.ops() is not None
+        and isinstance(weight, (BlockWeight, Int8GroupWeight, list))
+    )
 
 
 def _int4(weight: Weight) -> Int4Weight:
@@ -485,28 +465,39 @@ def _int4(weight: Weight) -> Int4Weight:
 
 
 def make_linear(
-    weight: Weight | list[Weight], bias: torch.Tensor | None, policy: str, lm_head: bool = False, stored: bool = False
+    weight: Weight | list[Weight],
+    bias: torch.Tensor | None,
+    policy: str,
+    lm_head: bool = False,
+    stored: bool = False,
+    device: torch.device | None = None,
 ) -> Linear:
-    """A linear of the class `linear_kind` picks, from a weight in any form (float, or a file's quantized groups
-    or blocks; a list: fused parts the file holds in different formats), one tensor at a time. With `stored` (the
-    `auto` choice) a file's quantized matrices run in their own format where `as_stored` says they can. Otherwise
-    int4 keeps a GGUF's Q4_1 weights as they are and quantizes any other block linear to group-32 int4; int8 keeps
-    a GGUF's Q8_0 groups on rooftop's kernels."""
-    if stored and as_stored(weight, policy):
+    """A linear of the class `linear_kind` picks on `device` (default: a float tensor's own, the CPU for a file's
+    groups), from a weight in any form (float, or a file's quantized groups or blocks; a list: fused parts the file
+    holds in different formats), one tensor at a time. With `stored` (the `auto` choice) a file's quantized matrices
+    run in their own format where `as_stored` says they can. Otherwise int4 keeps a GGUF's Q4_1 weights as they are
+    (and Q4_0's, as the same values) and quantizes any other block linear to group-32 int4; int8 keeps a GGUF's
+    Q8_0 groups on rooftop's kernels."""
+    if device is None:
+        device = weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")
+    if stored and as_stored(weight, policy, device):
         if isinstance(weight, list):
             biases = [None] * len(weight) if bias is None else torch.split(bias, [w.shape[0] for w in weight])
             return ConcatLinear(
-                [make_linear(w, b, policy, lm_head, stored) for w, b in zip(weight, biases, strict=True)]
+                [make_linear(w, b, policy, lm_head, stored, device) for w, b in zip(weight, biases, strict=True)]
             )
         if isinstance(weight, BlockWeight):
             return BlockLinear.from_weight(weight, bias)
         return Q8Linear.from_weight(weight, bias)
     if isinstance(weight, list):
-        weight = torch.cat([to_float(w) for w in weight])
-    device = weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")  # groups live on the CPU
+        weight = torch.cat([to_float(w).to(device) for w in weight])
     kind = linear_kind(policy, device, lm_head)
-    if kind in (Q4Linear, Q8Linear, Int4Linear) and isinstance(weight, torch.Tensor) and weight.shape[1] % GROUP:
+    rows, cols = weight.shape
+    quantized = (Q4Linear, Q8Linear, Int4Linear, CudaInt4Linear, CudaInt8Linear)
+    if kind in quantized and isinstance(weight, torch.Tensor) and cols % GROUP:
         kind = FloatLinear  # rows that are no whole groups of 32 stay float, as the run's format line then shows
+    if kind is CudaInt4Linear and not runs_tinygemm(rows, cols):
+        kind = CudaInt8Linear  # tinygemm takes output rows in tiles of 8: these run as Q8_0, as the format line shows
     if kind is FloatLinear:
         if not isinstance(weight, torch.Tensor):
             raise InvalidRequestError("float linears take float tensors: dequantize a file's groups first")
@@ -519,5 +510,9 @@ def make_linear(
         return Fp16Linear.from_weight(to_float(weight), bias)
     if kind is Int4Linear:
         return Int4Linear.from_weight(_int4(weight), bias)
+    if kind is CudaInt4Linear:
+        return CudaInt4Linear.from_weight(_int4(weight), bias, device)
+    if kind is CudaInt8Linear:
+        return CudaInt8Linear.from_weight(weight, bias, device)
     q, scales = quantize_int8(to_float(weight))
     return Int8Linear(q, scales, bias)

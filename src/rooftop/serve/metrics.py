@@ -28,6 +28,7 @@ class ServerMetrics:
     running: Gauge
     waiting: Gauge
     kv_cache_usage: Gauge
+    cache_config: Gauge  # labels cache_dtype (what the KV pool stores) and block_size, at 1: vLLM's cache_config_info
     prefix_cache_queries: Counter
     prefix_cache_hits: Counter
     preemptions: Counter
@@ -69,6 +70,12 @@ def create_metrics() -> ServerMetrics:
         running=Gauge("rooftop_num_requests_running", "Requests in the running batch", registry=r),
         waiting=Gauge("rooftop_num_requests_waiting", "Requests waiting to be scheduled", registry=r),
         kv_cache_usage=Gauge("rooftop_kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)", registry=r),
+        cache_config=Gauge(
+            "rooftop_cache_config_info",
+            "The KV cache's configuration: what it stores (--kv-cache-dtype resolved) and its block size",
+            ["cache_dtype", "block_size"],
+            registry=r,
+        ),
         prefix_cache_queries=Counter(
             "rooftop_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", registry=r
         ),

@@ -62,7 +62,7 @@ class Monitor:
         self.lock = threading.Lock()
         self.steps: deque[StepPoint] = deque(maxlen=STEPS_KEPT)
         self.finished: deque[FinishedPoint] = deque(maxlen=10_000)
-        self.state = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0}
+        self.state = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0, "kv_cache_dtype": None}
         self.outcomes = {outcome: 0 for outcome in FinishReason}
         # the engine's prefix queries, prefix hits, preemptions and speculative decoding counts already counted
         self._counted = (0, 0, 0, 0, 0, 0)
@@ -101,6 +101,7 @@ class Monitor:
         m.running.set(stats.running)
         m.waiting.set(stats.waiting)
         m.kv_cache_usage.set(stats.kv_cache_usage)
+        m.cache_config.labels(cache_dtype=stats.kv_cache_dtype, block_size=str(stats.block_size)).set(1)
         spec = stats.spec_decode
         now = (
             stats.prefix_queries,
@@ -131,6 +132,7 @@ class Monitor:
                 "waiting": stats.waiting,
                 "kv_blocks_used": stats.kv_blocks_used,
                 "kv_blocks_total": stats.kv_blocks_total,
+                "kv_cache_dtype": stats.kv_cache_dtype,
             }
 
     def _record_step(self, record: StepRecord, sampled: int) -> None:

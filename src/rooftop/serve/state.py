@@ -85,6 +85,7 @@ class ServerState:
             if on_error is not None:
                 on_error(reason)
 
+        monitor.on_state(llm.engine.stats())  # the KV pool's size and dtype, before the first request
         engine_loop = EngineLoop(llm.engine, monitor, c.max_waiting_requests, stopped)
         if llm.lead is not None:  # a rank that dies while the server is idle stops it too
             llm.lead.on_failure.append(engine_loop.fail)

@@ -106,6 +106,7 @@ function show(state) {
   $("kv").textContent = fmt(100 * state.kv_cache_usage) + " %";
   $("kv-bar").style.width = (100 * state.kv_cache_usage) + "%";
   $("kv-blocks").textContent = `${state.kv_blocks_used} / ${state.kv_blocks_total} blocks`;
+  $("kv-dtype").textContent = state.kv_cache_dtype;
   $("tok-s").textContent = fmt(state.generation_tokens_per_s);
   const r = state.requests;
   $("finished").textContent = (r.stop || 0) + (r.length || 0);

@@ -1,0 +1,589 @@
+// Decode attention straight from the paged KV pool, as the pool stores K and V: float32, or int8 or fp8 e4m3
+// values with a float32 scale per (slot, KV head). Each decode's new k and v are written to their slots first
+// (quantized on the way in, as kv_cache.quantize_kv does), then each query head attends over its sequence's first
+// `lengths[b]` positions where they lie in the pool.
+//
+// One task per (sequence, KV head), and per 512 keys of a longer cache (Task): the query heads that share the KV
+// head read its K rows a tile at a time while the tile is in L1, and its V rows once per three heads, instead of
+// the whole cache once per query head (at 8k tokens a KV head's K and V are 4 MB in float32, more than L2 holds).
+// - float32: q . k and sum_s p v in float FMAs, on the rows as stored.
+// - int8: q is quantized per head to int16 (max|q| / 32767: its rounding negligible beside K's) and dotted with the
+//   int8 keys in integers (sign-extended to 16 bits, AVX2's madd or VNNI's dpwssd: exact sums, the same in the
+//   plain loops), then scaled by both scales; V rows are widened to floats in registers, each softmax weight
+//   carrying its row's scale.
+// - fp8 e4m3: a tile of keys is widened to floats, times their scales, once for the group, then dotted in float32;
+//   V rows are widened in registers. The vector loops widen e4m3 through float16: its bits shifted into place are
+//   exactly 2^-8 of the value, which F16C converts (the 2^8 rides on the scale); the plain loops use a table.
+
+#include <c10/util/Float8_e4m3fn.h>
+
+#include <array>
+#include <utility>
+#include <type_traits>
+
+#include "exp.h"
+
+namespace {
+
+using Fp8 = c10::Float8_e4m3fn;
+
+constexpr int64_t KEY_TILE = 64;  // keys whose rows stay in L1 while the group's query heads read them
+constexpr int64_t PART = 512;     // the most keys one task attends (see Task)
+constexpr int64_t HEADS_AT_ONCE = 3;  // query heads sharing each widened V row (their sums: 12 vector registers)
+constexpr float FP8_UNIT = 256.f;  // what a widened e4m3 value is short of (float16 bits: 2^-8 of the value)
+
+// What a quantized pool stores: values in [-largest, largest] times a scale per (slot, KV head).
+template <typename T>
+struct Stored;
+template <>
+struct Stored<int8_t> {
+  static constexpr float largest = 127.f;
+  static constexpr float unit = 1.f;
+  static int8_t from(float v) { return static_cast<int8_t>(std::nearbyint(v)); }
+};
+template <>
+struct Stored<int16_t> {  // the queries that meet int8 keys: 16-bit, so that their rounding is negligible beside K's
+  static constexpr float largest = 32767.f;
+  static constexpr float unit = 1.f;
+  static int16_t from(float v) { return static_cast<int16_t>(std::nearbyint(v)); }
+};
+template <>
+struct Stored<Fp8> {
+  static constexpr float largest = 448.f;  // e4m3's largest finite value
+  static constexpr float unit = FP8_UNIT;
+  static Fp8 from(float v) { return Fp8(v); }  // round to nearest even, as torch's .to(torch.float8_e4m3fn)
+};
+
+// x (heads * dim) -> values and a scale per head: scale = max|x| / largest, value = x / scale clamped to
+// [-largest, largest] and rounded to the format (a zero head: scale 0, values 0).
+template <typename T>
+void quantize_heads(const float* x, int64_t heads, int64_t dim, T* q, float* scale) {
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* xh = x + h * dim;
+    float top = 0.f;
+    for (int64_t j = 0; j < dim; ++j) top = std::max(top, std::fabs(xh[j]));
+    const float sc = top / Stored<T>::largest, div = sc == 0.f ? 1.f : sc;
+    for (int64_t j = 0; j < dim; ++j) {
+      q[h * dim + j] = Stored<T>::from(std::max(-Stored<T>::largest, std::min(Stored<T>::largest, xh[j] / div)));
+    }
+    scale[h] = sc;
+  }
+}
+
+// e4m3 bits -> the value / FP8_UNIT, as the vector loops widen it.
+const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = static_cast<float>(Fp8(static_cast<uint8_t>(i), Fp8::from_bits())) / FP8_UNIT;
+    return t;
+  }();
+  return table;
+}
+
+inline float widened(float v) { return v; }
+inline float widened(int8_t v) { return static_cast<float>(v); }
+inline float widened(Fp8 v) { return fp8_table()[v.x]; }
+
+#ifdef ROOFTOP_AVX2
+// Eight consecutive values of a row as floats (e4m3: / FP8_UNIT).
+inline __m256 widen8(const float* v) { return _mm256_loadu_ps(v); }
+inline __m256 widen8(const int8_t* v) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))));
+}
+// The byte sign-extended to 16 bits and shifted left by 7 holds e4m3's exponent and mantissa where float16 keeps
+// them and its sign at bit 15, with a stray copy of the sign at bit 14, cleared.
+inline __m256 widen8(const Fp8* v) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v));
+  const __m128i half = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16(static_cast<int16_t>(0xBFFF)));
+  return _mm256_cvtph_ps(half);
+}
+
+#ifdef ROOFTOP_AVX512
+// widen8 at 512 bits: sixteen values.
+inline __m512 widen16(const float* v) { return _mm512_loadu_ps(v); }
+inline __m512 widen16(const int8_t* v) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v))));
+}
+inline __m512 widen16(const Fp8* v) {
+  const __m256i bytes = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)));
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(bytes, 7), _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
+}
+#endif
+
+// Eight int32 vectors' lane sums as one vector: lane i holds the sum of a[i]'s eight lanes.
+inline __m256i sum_lanes8(const __m256i a[8]) {
+  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+#endif
+
+// p[s] = scale * (q . the key at rows[s]) for s < n, float32 keys at base + rows[s] * stride. Four keys at a time,
+// so four FMA chains run side by side instead of each dot waiting on its own.
+void scores(const float* q, const float* base, const int64_t* rows, int64_t stride, int64_t n, int64_t dim, float scale,
+            float* p) {
+  int64_t s = 0;
+#ifdef ROOFTOP_AVX2
+  if (dim % 8 == 0) {
+    for (; s + 4 <= n; s += 4) {
+      const float *k0 = base + rows[s] * stride, *k1 = base + rows[s + 1] * stride;
+      const float *k2 = base + rows[s + 2] * stride, *k3 = base + rows[s + 3] * stride;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t j = 0; j < dim; j += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + j);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), a3);
+      }
+      p[s] = hsum(a0) * scale, p[s + 1] = hsum(a1) * scale, p[s + 2] = hsum(a2) * scale, p[s + 3] = hsum(a3) * scale;
+    }
+  }
+#endif
+  for (; s < n; ++s) {
+    const float* k = base + rows[s] * stride;
+    float sum = 0.f;
+    for (int64_t j = 0; j < dim; ++j) sum += q[j] * k[j];
+    p[s] = sum * scale;
+  }
+}
+
+#ifdef ROOFTOP_AVX2
+// Eight keys' scores from their dots' int32 lanes: p[i] = (sum of dots[i]'s lanes) * qscale * key_scales[i].
+inline void store_scores(const __m256i dots[8], float qscale, const float* key_scales, float* p) {
+  const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sum_lanes8(dots)), _mm256_set1_ps(qscale));
+  _mm256_storeu_ps(p, _mm256_mul_ps(scaled, _mm256_loadu_ps(key_scales)));
+}
+#endif
+
+// scores of an int16 q over int8 keys: p[s] = (q . the key at rows[s]) * qscale * key_scales[s], the dot an exact
+// integer (|q| <= 32767, |key| <= 127: at most 2^30 over 256 dims). The keys are sign-extended to 16 bits and
+// multiplied in pairs of int16 (AVX2's madd, VNNI's dpwssd: the same sums), eight keys at a time, each key's dot a
+// vector of int32 lanes until the eight are summed together.
+void scores_int8(const int16_t* q, float qscale, const int8_t* base, const int64_t* rows, int64_t stride,
+                 const float* key_scales, int64_t n, int64_t dim, float* p) {
+  int64_t s = 0;
+#ifdef ROOFTOP_AVX512
+  if (dim % 64 == 0 && dim <= 256) {  // 32 key bytes widened per instruction
+    const int64_t chunks = dim / 32;
+    __m512i qs[8];
+    for (int64_t c = 0; c < chunks; ++c) qs[c] = _mm512_loadu_si512(q + 32 * c);
+    for (; s + 8 <= n; s += 8) {
+      __m256i dots[8];
+      for (int i = 0; i < 8; ++i) {
+        const int8_t* k = base + rows[s + i] * stride;
+        __m512i acc = _mm512_setzero_si512();
+        for (int64_t c = 0; c < chunks; ++c) {
+          const __m512i kc = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * c)));
+          acc = _mm512_dpwssd_epi32(acc, qs[c], kc);
+        }
+        dots[i] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+      }
+      store_scores(dots, qscale, key_scales + s, p + s);
+    }
+  }
+#endif
+#ifdef ROOFTOP_AVX2
+  if (dim % 16 == 0 && dim <= 256) {
+    const int64_t chunks = dim / 16;
+    __m256i qs[16];
+    for (int64_t c = 0; c < chunks; ++c) qs[c] = load32(q + 16 * c);
+    for (; s + 8 <= n; s += 8) {
+      __m256i dots[8];
+      for (int i = 0; i < 8; ++i) {
+        const int8_t* k = base + rows[s + i] * stride;
+        __m256i acc = _mm256_setzero_si256();
+        for (int64_t c = 0; c < chunks; ++c) {
+          const __m256i kc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 16 * c)));
+          acc = _mm256_add_epi32(acc, _mm256_madd_epi16(qs[c], kc));
+        }
+        dots[i] = acc;
+      }
+      store_scores(dots, qscale, key_scales + s, p + s);
+    }
+  }
+#endif
+  for (; s < n; ++s) {
+    const int8_t* k = base + rows[s] * stride;
+    int32_t dot = 0;
+    for (int64_t j = 0; j < dim; ++j) dot += static_cast<int32_t>(q[j]) * static_cast<int32_t>(k[j]);
+    p[s] = static_cast<float>(dot) * qscale * key_scales[s];
+  }
+}
+
+// y_h = sum_s w[h * n + s] * (the value at rows[s]) for the HC heads h: each row is widened once for all of them,
+// and each head's 32 output floats stay in registers over all n rows.
+template <int HC, typename T>
+void weighted_sum_heads(const float* w, const T* base, const int64_t* rows, int64_t stride, int64_t n, int64_t dim,
+                        float* y) {
+  int64_t d0 = 0;
+#ifdef ROOFTOP_AVX512
+  for (; d0 + 64 <= dim; d0 += 64) {  // the same FMAs per output float as below, sixteen at a time
+    __m512 acc[HC][4];
+    for (int h = 0; h < HC; ++h) {
+      for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_setzero_ps();
+    }
+    for (int64_t s = 0; s < n; ++s) {
+      const T* v = base + rows[s] * stride + d0;
+      const __m512 x[4] = {widen16(v), widen16(v + 16), widen16(v + 32), widen16(v + 48)};
+      for (int h = 0; h < HC; ++h) {
+        const __m512 wh = _mm512_set1_ps(w[h * n + s]);
+        for (int i = 0; i < 4; ++i) acc[h][i] = _mm512_fmadd_ps(wh, x[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < HC; ++h) {
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(y + h * dim + d0 + 16 * i, acc[h][i]);
+    }
+  }
+#endif
+#ifdef ROOFTOP_AVX2
+  for (; d0 + 32 <= dim; d0 += 32) {
+    __m256 acc[HC][4];
+    for (int h = 0; h < HC; ++h) {
+      for (int i = 0; i < 4; ++i) acc[h][i] = _mm256_setzero_ps();
+    }
+    for (int64_t s = 0; s < n; ++s) {
+      const T* v = base + rows[s] * stride + d0;
+      const __m256 x[4] = {widen8(v), widen8(v + 8), widen8(v + 16), widen8(v + 24)};
+      for (int h = 0; h < HC; ++h) {
+        const __m256 wh = _mm256_set1_ps(w[h * n + s]);
+        for (int i = 0; i < 4; ++i) acc[h][i] = _mm256_fmadd_ps(wh, x[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < HC; ++h) {
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(y + h * dim + d0 + 8 * i, acc[h][i]);
+    }
+  }
+#endif
+  for (int h = 0; h < HC; ++h) {
+    for (int64_t d = d0; d < dim; ++d) y[h * dim + d] = 0.f;
+    for (int64_t s = 0; s < n; ++s) {
+      const T* v = base + rows[s] * stride;
+      const float wh = w[h * n + s];
+      for (int64_t d = d0; d < dim; ++d) y[h * dim + d] += wh * widened(v[d]);
+    }
+  }
+}
+
+// weighted_sum_heads for any number of heads, up to HEADS_AT_ONCE at a time.
+template <typename T>
+void weighted_sum(const float* w, int64_t heads, const T* base, const int64_t* rows, int64_t stride, int64_t n,
+                  int64_t dim, float* y) {
+  static_assert(HEADS_AT_ONCE == 3, "the switch below covers 1 to 3 heads");
+  for (int64_t h = 0; h < heads; h += HEADS_AT_ONCE) {
+    const float* wh = w + h * n;
+    float* yh = y + h * dim;
+    switch (std::min(HEADS_AT_ONCE, heads - h)) {
+      case 3: weighted_sum_heads<3>(wh, base, rows, stride, n, dim, yh); break;
+      case 2: weighted_sum_heads<2>(wh, base, rows, stride, n, dim, yh); break;
+      default: weighted_sum_heads<1>(wh, base, rows, stride, n, dim, yh);
+    }
+  }
+}
+
+// p[0..n) -> e^(p - top) in place, top = max p; returns top and the sum of the e. A weight below e^NEGLIGIBLE of
+// the largest is 0: it is below float32's resolution of the sum anyway, and left in it would become a denormal once
+// divided by the sum (with thousands of keys), which the weighted sum would then multiply ~100x slower (Intel's
+// microcode assists).
+std::pair<float, float> exponentiate_(float* p, int64_t n) {
+  constexpr float NEGLIGIBLE = -60.f;
+  float top = -INFINITY;
+  int64_t i = 0;
+#ifdef ROOFTOP_AVX2
+  __m256 tops = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) tops = _mm256_max_ps(tops, _mm256_loadu_ps(p + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, tops);
+  for (float lane : lanes) top = std::max(top, lane);
+#endif
+  for (; i < n; ++i) top = std::max(top, p[i]);
+  float total = 0.f;
+  i = 0;
+#ifdef ROOFTOP_AVX2
+  __m256 sums = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(p + i), _mm256_set1_ps(top));
+    const __m256 e = _mm256_and_ps(exp_ps(x), _mm256_cmp_ps(x, _mm256_set1_ps(NEGLIGIBLE), _CMP_GE_OQ));
+    _mm256_storeu_ps(p + i, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  total = hsum(sums);
+#endif
+  for (; i < n; ++i) {
+    const float x = p[i] - top;
+    total += (p[i] = x >= NEGLIGIBLE ? std::exp(x) : 0.f);
+  }
+  return {top, total};
+}
+
+// p[s] *= inv (times factor[s] where given: a V row's scale).
+void normalize_(float* p, int64_t n, float inv, const float* factor) {
+  if (factor) {
+    for (int64_t s = 0; s < n; ++s) p[s] = p[s] * inv * factor[s];
+  } else {
+    for (int64_t s = 0; s < n; ++s) p[s] *= inv;
+  }
+}
+
+// One KV head of the pool: values at base + slot * stride (stride = kv_heads * dim), and for a quantized pool
+// their scales at scale[slot * kv_heads].
+template <typename T>
+struct HeadRows {
+  const T* k;
+  const T* v;
+  const float* k_scale;
+  const float* v_scale;
+  int64_t stride, kv_heads;
+};
+
+// Keys first .. first + count - 1 of sequence b, for the query heads of KV head kvh: one task. A sequence of more
+// than PART keys is split into parts of PART, each attended on its own (softmax weights relative to the part's
+// largest score, sums not divided) and merged afterwards, so that a long cache keeps every thread busy with few
+// KV heads (the bundled model's 3 on 2 threads left one a third idle). The split depends on the sequence's length
+// alone: a sequence's result does not depend on what shares its step, nor on the threads.
+struct Task {
+  int64_t b, kvh, first, count;
+};
+
+// What one task reuses from one task to the next.
+struct Scratch {
+  std::vector<float> p;       // (group, count): scores, then softmax weights
+  std::vector<int64_t> rows;  // (count,): the keys' slots
+  std::vector<float> k_scales, v_scales;  // (count,): their scales (quantized pools; V's times the widening's unit)
+  std::vector<int16_t> q16;   // (group, dim): the queries as int16 (int8 pools)
+  std::vector<float> q_scale;
+  std::vector<float> tile;  // (KEY_TILE, dim): a tile of keys widened to float32 (fp8 pools)
+  std::vector<int64_t> tile_rows;
+  std::vector<float> sums;  // (group, dim): a part's weighted sums of values
+};
+
+// The group's scores: p[h * n + s] = scale * (q_h . key s).
+void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<float>& pool, int64_t n,
+                  Scratch& sc) {
+  for (int64_t s0 = 0; s0 < n; s0 += KEY_TILE) {
+    const int64_t count = std::min(KEY_TILE, n - s0);
+    for (int64_t h = 0; h < group; ++h) {
+      scores(q + h * dim, pool.k, sc.rows.data() + s0, pool.stride, count, dim, scale, sc.p.data() + h * n + s0);
+    }
+  }
+}
+
+void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<int8_t>& pool, int64_t n,
+                  Scratch& sc) {
+  quantize_heads(q, group, dim, sc.q16.data(), sc.q_scale.data());
+  for (int64_t s0 = 0; s0 < n; s0 += KEY_TILE) {
+    const int64_t count = std::min(KEY_TILE, n - s0);
+    for (int64_t h = 0; h < group; ++h) {
+      scores_int8(sc.q16.data() + h * dim, sc.q_scale[h] * scale, pool.k, sc.rows.data() + s0, pool.stride,
+                  sc.k_scales.data() + s0, count, dim, sc.p.data() + h * n + s0);
+    }
+  }
+}
+
+void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<Fp8>& pool, int64_t n,
+                  Scratch& sc) {
+  float* tile = sc.tile.data();
+  for (int64_t s0 = 0; s0 < n; s0 += KEY_TILE) {
+    const int64_t count = std::min(KEY_TILE, n - s0);
+    for (int64_t s = 0; s < count; ++s) {  // key * its scale: FP8_UNIT times the widened value, exactly
+      const Fp8* k = pool.k + sc.rows[s0 + s] * pool.stride;
+      const float ks = sc.k_scales[s0 + s] * FP8_UNIT;
+      int64_t j = 0;
+#ifdef ROOFTOP_AVX2
+      for (; j + 8 <= dim; j += 8) _mm256_storeu_ps(tile + s * dim + j, _mm256_mul_ps(widen8(k + j), _mm256_set1_ps(ks)));
+#endif
+      for (; j < dim; ++j) tile[s * dim + j] = widened(k[j]) * ks;
+    }
+    for (int64_t h = 0; h < group; ++h) {
+      scores(q + h * dim, tile, sc.tile_rows.data(), dim, count, dim, scale, sc.p.data() + h * n + s0);
+    }
+  }
+}
+
+// The scales of a quantized pool's rows, in key order; V's times FP8_UNIT for e4m3's widening, since they go into the
+// softmax weights that multiply the widened rows.
+template <typename T>
+void gather_scales(const HeadRows<T>& pool, int64_t n, Scratch& sc) {
+  if constexpr (!std::is_same_v<T, float>) {
+    for (int64_t s = 0; s < n; ++s) {
+      sc.k_scales[s] = pool.k_scale[sc.rows[s] * pool.kv_heads];
+      sc.v_scales[s] = pool.v_scale[sc.rows[s] * pool.kv_heads] * Stored<T>::unit;
+    }
+  }
+}
+
+template <typename T>
+void write_new(const float* x, int64_t kv_heads, int64_t dim, T* values, float* scale) {
+  quantize_heads(x, kv_heads, dim, values, scale);
+}
+template <>
+void write_new(const float* x, int64_t kv_heads, int64_t dim, float* values, float*) {
+  std::memcpy(values, x, kv_heads * dim * sizeof(float));
+}
+
+// The parts of one (sequence, KV head) of more than PART keys, each head's (largest score, sum of weights, sum of
+// weighted values), merged into the softmax over all its keys: y = sum_i e^(top_i - top) y_i / sum_i e^(top_i - top)
+// l_i.
+void merge_parts(const float* parts, int64_t count, int64_t group, int64_t dim, float* y) {
+  const int64_t stride = group * (dim + 2);
+  for (int64_t h = 0; h < group; ++h) {
+    float top = -INFINITY, total = 0.f;
+    for (int64_t i = 0; i < count; ++i) top = std::max(top, parts[i * stride + h * (dim + 2)]);
+    for (int64_t d = 0; d < dim; ++d) y[h * dim + d] = 0.f;
+    std::vector<float> weights(count);
+    for (int64_t i = 0; i < count; ++i) {
+      const float* part = parts + i * stride + h * (dim + 2);
+      weights[i] = std::exp(part[0] - top);
+      total += weights[i] * part[1];
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const float* sums = parts + i * stride + h * (dim + 2) + 2;
+      const float w = weights[i] / total;
+      for (int64_t d = 0; d < dim; ++d) y[h * dim + d] += w * sums[d];
+    }
+  }
+}
+
+template <typename T>
+at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, const int64_t* write, const int64_t* tb,
+                  const int64_t* len, int64_t blocks, int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim,
+                  float scale) {
+  const int64_t b_count = qkv.size(0), width = qkv.size(1), kv_width = kv_heads * dim, group = heads / kv_heads;
+  const int64_t s_max = std::min(blocks * block_size, PART);  // the most keys of one task
+  const float* in = qkv.data_ptr<float>();
+  for (int64_t b = 0; b < b_count; ++b) {
+    const float* row = in + b * width;
+    write_new(row + heads * dim, kv_heads, dim, kp + write[b] * kv_width, ks ? ks + write[b] * kv_heads : nullptr);
+    write_new(row + (heads + kv_heads) * dim, kv_heads, dim, vp + write[b] * kv_width, vs ? vs + write[b] * kv_heads : nullptr);
+  }
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < b_count; ++b) {
+    for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+      for (int64_t first = 0; first < len[b]; first += PART) tasks.push_back({b, kvh, first, std::min(PART, len[b] - first)});
+    }
+  }
+  // each task of a split sequence: per head its largest score, its sum of weights and its weighted sum of values
+  std::vector<float> parts(tasks.size() > static_cast<size_t>(b_count * kv_heads) ? tasks.size() * group * (dim + 2) : 0);
+  auto out = at::empty({b_count, heads * dim}, qkv.options());
+  float* o = out.data_ptr<float>();
+  // one thread while the caches are short, since a parallel region costs more than a few heads' work
+  const int64_t grain = std::max<int64_t>(1, (1 << 15) / (s_max * dim * group));
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), grain, [&](int64_t t0, int64_t t1) {
+    const int64_t scaled = std::is_same_v<T, float> ? 0 : s_max;
+    Scratch sc{std::vector<float>(group * s_max), std::vector<int64_t>(s_max),  std::vector<float>(scaled),
+               std::vector<float>(scaled),        std::vector<int16_t>(group * dim), std::vector<float>(group),
+               std::vector<float>(KEY_TILE * dim), std::vector<int64_t>(KEY_TILE),  std::vector<float>(group * dim)};
+    for (int64_t s = 0; s < KEY_TILE; ++s) sc.tile_rows[s] = s;
+    for (int64_t t = t0; t < t1; ++t) {
+      const Task task = tasks[t];
+      const int64_t b = task.b, n = task.count;
+      for (int64_t s = 0; s < n; ++s) {
+        const int64_t at = task.first + s;
+        sc.rows[s] = tb[b * blocks + at / block_size] * block_size + at % block_size;
+      }
+      const HeadRows<T> pool{kp + task.kvh * dim, vp + task.kvh * dim, ks ? ks + task.kvh : nullptr,
+                             vs ? vs + task.kvh : nullptr, kv_width, kv_heads};
+      gather_scales(pool, n, sc);
+      // the group's query heads are consecutive
+      group_scores(in + b * width + task.kvh * group * dim, group, dim, scale, pool, n, sc);
+      const float* factor = sc.v_scales.empty() ? nullptr : sc.v_scales.data();
+      float* y = o + b * heads * dim + task.kvh * group * dim;
+      if (n == len[b]) {  // the whole sequence: its softmax, then the weighted sum
+        for (int64_t h = 0; h < group; ++h) {
+          float* p = sc.p.data() + h * n;
+          normalize_(p, n, 1.f / exponentiate_(p, n).second, factor);
+        }
+        weighted_sum(sc.p.data(), group, pool.v, sc.rows.data(), kv_width, n, dim, y);
+        continue;
+      }
+      float* part = parts.data() + t * group * (dim + 2);
+      for (int64_t h = 0; h < group; ++h) {
+        float* p = sc.p.data() + h * n;
+        const auto [top, total] = exponentiate_(p, n);
+        if (factor) normalize_(p, n, 1.f, factor);
+        part[h * (dim + 2)] = top;
+        part[h * (dim + 2) + 1] = total;
+      }
+      weighted_sum(sc.p.data(), group, pool.v, sc.rows.data(), kv_width, n, dim, sc.sums.data());
+      for (int64_t h = 0; h < group; ++h) std::copy_n(sc.sums.data() + h * dim, dim, part + h * (dim + 2) + 2);
+    }
+  });
+  for (size_t t = 0; t < tasks.size();) {  // each split sequence's parts are consecutive tasks
+    const Task& task = tasks[t];
+    const int64_t count = (len[task.b] + PART - 1) / PART;
+    if (count > 1) {
+      merge_parts(parts.data() + t * group * (dim + 2), count, group, dim, o + task.b * heads * dim + task.kvh * group * dim);
+    }
+    t += count;
+  }
+  return out;
+}
+
+// What the decode step takes besides its pools: qkv's width, the heads' grouping, and every row's slot, length and
+// blocks within the pool.
+void check_decode_step(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t dim, int64_t pool_slots,
+                       const at::Tensor& slot_mapping, const at::Tensor& tables, const at::Tensor& lengths,
+                       int64_t block_size) {
+  const int64_t b_count = qkv.size(0);
+  TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 * kv_heads) * head_dim");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && tables.scalar_type() == at::kLong &&
+                  tables.dim() == 2 && tables.is_contiguous() && tables.size(0) == b_count && lengths.scalar_type() == at::kLong &&
+                  lengths.numel() == b_count && block_size > 0,
+              "slot_mapping (B,), tables (B, blocks) and lengths (B,) must be int64");
+  const int64_t blocks = tables.size(1), s_max = blocks * block_size;
+  const int64_t* write = slot_mapping.data_ptr<int64_t>();
+  const int64_t* tb = tables.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < b_count; ++b) {
+    TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
+    for (int64_t i = 0; i < blocks; ++i) TORCH_CHECK(tb[b * blocks + i] >= 0 && (tb[b * blocks + i] + 1) * block_size <= pool_slots, "block out of range");
+  }
+}
+
+// A quantized pool's scales: contiguous float32 (slots, kv_heads).
+float* scales_of(const c10::optional<at::Tensor>& scale, const at::Tensor& pool) {
+  TORCH_CHECK(scale && scale->scalar_type() == at::kFloat && scale->is_contiguous() && scale->dim() == 2 &&
+                  scale->size(0) == pool.size(0) && scale->size(1) == pool.size(1),
+              "an int8 or fp8 pool needs its scales, contiguous float32 (slots, kv_heads)");
+  return scale->data_ptr<float>();
+}
+
+}  // namespace
+
+// Decode attention straight from the paged pool. qkv (B, (H + 2*KVH)*D) holds each sequence's new q, k, v (RoPE
+// applied); k and v are written to their slots (quantized for an int8 or fp8 pool, whose scales k_scale, v_scale
+// are (slots, KVH) float32), then each query head attends over its sequence's first `lengths[b]` positions,
+// position p at slot tables[b, p / block_size] * block_size + p % block_size, with KV head h / (H / KVH). Returns
+// (B, H*D).
+at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
+                            const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
+                            int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
+                            const c10::optional<at::Tensor>& v_scale) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32 (B, W)");
+  const auto dtype = k_pool.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kChar || dtype == c10::ScalarType::Float8_e4m3fn) && v_pool.scalar_type() == dtype &&
+                  k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.size(1) == kv_heads &&
+                  v_pool.sizes() == k_pool.sizes(),
+              "pools must be contiguous (slots, kv_heads, head_dim), both float32, int8 or float8_e4m3fn");
+  const int64_t dim = k_pool.size(2);
+  check_decode_step(qkv, heads, kv_heads, dim, k_pool.size(0), slot_mapping, tables, lengths, block_size);
+  const int64_t* write = slot_mapping.data_ptr<int64_t>();
+  const int64_t* tb = tables.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  const int64_t blocks = tables.size(1);
+  const float sc = static_cast<float>(scale);
+  if (dtype == at::kFloat) {
+    TORCH_CHECK(!k_scale && !v_scale, "a float32 pool has no scales");
+    return attend(qkv, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), nullptr, nullptr, write, tb, len, blocks,
+                  block_size, heads, kv_heads, dim, sc);
+  }
+  float* ks = scales_of(k_scale, k_pool);
+  float* vs = scales_of(v_scale, v_pool);
+  if (dtype == at::kChar) {
+    return attend(qkv, k_pool.data_ptr<int8_t>(), v_pool.data_ptr<int8_t>(), ks, vs, write, tb, len, blocks, block_size,
+                  heads, kv_heads, dim, sc);
+  }
+  return attend(qkv, k_pool.data_ptr<Fp8>(), v_pool.data_ptr<Fp8>(), ks, vs, write, tb, len, blocks, block_size, heads,
+                kv_heads, dim, sc);
+}
