@@ -30,7 +30,7 @@ from rooftop.engine.structured import GrammarCompiler
 from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, PromptTooLongError, UnsupportedModelError
 from rooftop.loading.tokenizer import Tokenizer
-from rooftop.models.kv_cache import KVPool, kv_dtype_name, kv_storage_dtype
+from rooftop.models.kv_cache import KV_DTYPES, KVPool, kv_dtype_name, kv_storage_dtype
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import SeqShape, StepShape
 
@@ -41,7 +41,7 @@ def pool_from_spec(model: Transformer, spec: tuple[int, int, str, int]) -> KVPoo
     """The KV pool (num_blocks, block_size, storage dtype, state slots) of the rank's shapes: under tensor
     parallelism every rank makes the same one, holding its own KV heads, so one block table serves them all."""
     num_blocks, block_size, kv_dtype, slots = spec
-    return KVPool(model.rank_config, num_blocks, block_size, getattr(torch, kv_dtype), model.device, slots, model.dtype)
+    return KVPool(model.rank_config, num_blocks, block_size, KV_DTYPES[kv_dtype], model.device, slots, model.dtype)
 
 
 class LLMEngine:
