@@ -156,6 +156,32 @@ inline void store_scores(const __m256i dots[8], float qscale, const float* key_s
 }
 #endif
 
+#ifdef ROOFTOP_AVX512
+// scores_int8's 512-bit loop for head_dim 32 * CHUNKS (32 key bytes widened per instruction): the keys of whole
+// groups of eight; returns how many it scored.
+template <int CHUNKS>
+int64_t scores_int8_512(const int16_t* q, float qscale, const int8_t* base, const int64_t* rows, int64_t stride,
+                        const float* key_scales, int64_t n, float* p) {
+  __m512i qs[CHUNKS];
+  for (int c = 0; c < CHUNKS; ++c) qs[c] = _mm512_loadu_si512(q + 32 * c);
+  int64_t s = 0;
+  for (; s + 8 <= n; s += 8) {
+    __m256i dots[8];
+    for (int i = 0; i < 8; ++i) {
+      const int8_t* k = base + rows[s + i] * stride;
+      __m512i acc = _mm512_setzero_si512();
+      for (int c = 0; c < CHUNKS; ++c) {
+        const __m512i kc = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * c)));
+        acc = _mm512_dpwssd_epi32(acc, qs[c], kc);
+      }
+      dots[i] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+    }
+    store_scores(dots, qscale, key_scales + s, p + s);
+  }
+  return s;
+}
+#endif
+
 // scores of an int16 q over int8 keys: p[s] = (q . the key at rows[s]) * qscale * key_scales[s], the dot an exact
 // integer (|q| <= 32767, |key| <= 127: at most 2^30 over 256 dims). The keys are sign-extended to 16 bits and
 // multiplied in pairs of int16 (AVX2's madd, VNNI's dpwssd: the same sums), eight keys at a time, each key's dot a
@@ -164,23 +190,11 @@ void scores_int8(const int16_t* q, float qscale, const int8_t* base, const int64
                  const float* key_scales, int64_t n, int64_t dim, float* p) {
   int64_t s = 0;
 #ifdef ROOFTOP_AVX512
-  if (dim % 64 == 0 && dim <= 256) {  // 32 key bytes widened per instruction
-    const int64_t chunks = dim / 32;
-    __m512i qs[8];
-    for (int64_t c = 0; c < chunks; ++c) qs[c] = _mm512_loadu_si512(q + 32 * c);
-    for (; s + 8 <= n; s += 8) {
-      __m256i dots[8];
-      for (int i = 0; i < 8; ++i) {
-        const int8_t* k = base + rows[s + i] * stride;
-        __m512i acc = _mm512_setzero_si512();
-        for (int64_t c = 0; c < chunks; ++c) {
-          const __m512i kc = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + 32 * c)));
-          acc = _mm512_dpwssd_epi32(acc, qs[c], kc);
-        }
-        dots[i] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
-      }
-      store_scores(dots, qscale, key_scales + s, p + s);
-    }
+  switch (dim) {  // the chunk loop unrolled for the common head sizes
+    case 64: s = scores_int8_512<2>(q, qscale, base, rows, stride, key_scales, n, p); break;
+    case 128: s = scores_int8_512<4>(q, qscale, base, rows, stride, key_scales, n, p); break;
+    case 256: s = scores_int8_512<8>(q, qscale, base, rows, stride, key_scales, n, p); break;
+    default: break;
   }
 #endif
 #ifdef ROOFTOP_AVX2
@@ -477,9 +491,12 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
     for (int64_t t = t0; t < t1; ++t) {
       const Task task = tasks[t];
       const int64_t b = task.b, n = task.count;
-      for (int64_t s = 0; s < n; ++s) {
-        const int64_t at = task.first + s;
-        sc.rows[s] = tb[b * blocks + at / block_size] * block_size + at % block_size;
+      for (int64_t s = 0; s < n;) {  // a block's keys at a time: one division per block, not per key
+        const int64_t at = task.first + s, offset = at % block_size;
+        const int64_t first = tb[b * blocks + at / block_size] * block_size + offset;
+        const int64_t run = std::min(block_size - offset, n - s);
+        for (int64_t i = 0; i < run; ++i) sc.rows[s + i] = first + i;
+        s += run;
       }
       const HeadRows<T> pool{kp + task.kvh * dim, vp + task.kvh * dim, ks ? ks + task.kvh : nullptr,
                              vs ? vs + task.kvh : nullptr, kv_width, kv_heads};
