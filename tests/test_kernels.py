@@ -266,7 +266,7 @@ def tiled_calls() -> list:
 
 
 def decode_attention_calls() -> list:
-    """decode_attention on float32, int8 and fp8 e4m3 pools (fresh ones per call: the kernel writes the new K/V),
+    """decode_attention on float32, bfloat16, float16, int8 and fp8 e4m3 pools (fresh ones per call: the kernel writes the new K/V),
     head_dim 64 (the 512-bit loops where the host has them) and 48 (the plain loops' tails), over sequences of odd
     lengths around the 8-key groups, past a 64-key tile and past 512 keys (attended in parts, merged)."""
     from rooftop.models.kv_cache import quantize_kv
@@ -285,7 +285,9 @@ def decode_attention_calls() -> list:
         lengths = torch.tensor([11, 3, 151, 531])
         slots = torch.tensor([int(tables[b, (n - 1) // 4]) * 4 + (n - 1) % 4 for b, n in enumerate(lengths.tolist())])
         args = (slots, tables, lengths, 4, heads, kv_heads, dim**-0.5)
-        calls.append(lambda m, k=keys, v=values, q=qkv, a=args: m.decode_attention(q, k.clone(), v.clone(), *a))
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            k16, v16 = keys.to(dtype), values.to(dtype)
+            calls.append(lambda m, k=k16, v=v16, q=qkv, a=args: m.decode_attention(q, k.clone(), v.clone(), *a))
         for dtype in (torch.int8, torch.float8_e4m3fn):
             (kq, ks), (vq, vs) = quantize_kv(keys, dtype), quantize_kv(values, dtype)
 

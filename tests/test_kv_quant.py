@@ -142,6 +142,27 @@ def test_the_decode_kernel_on_a_quantized_pool_is_attention_on_the_dequantized_p
     assert torch.equal(kernel_pool.k_scale, torch_pool.k_scale) and torch.equal(kernel_pool.v_scale, torch_pool.v_scale)
 
 
+@needs_kernels
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_the_decode_kernel_on_a_16_bit_pool_is_attention_on_the_widened_pool(dtype, shape):
+    """--kv-cache-dtype bfloat16 / float16 under a float32 model (a CastPool): the kernel rounds the new K/V into
+    their slots as the PyTorch write does (to nearest even) and attends over the rows widened to float32."""
+    heads, kv_heads, dim = shape
+    pools = [KVPool(config(*shape), 160, BLOCK, dtype, torch.device("cpu"), act_dtype=torch.float32) for _ in range(2)]
+    for pool in pools:
+        gen = torch.Generator().manual_seed(2)
+        pool.k_layers[0].index_copy_(0, torch.arange(640), torch.randn(640, kv_heads, dim, generator=gen) * 3)
+        pool.v_layers[0].index_copy_(0, torch.arange(640), torch.randn(640, kv_heads, dim, generator=gen))
+    kernel_pool, torch_pool = pools
+    meta, qkv, (q, k, v) = step(shape, [AttentionSeq(table, cached, 1, Phase.DECODE) for table, cached in DECODES])
+    expected = paged_attention(q, k, v, torch_pool.k_layers[0], torch_pool.v_layers[0], meta).reshape(q.shape[0], -1)
+    args = (meta.slot_mapping, meta.decode_tables, meta.decode_lengths, BLOCK, heads, kv_heads, dim**-0.5)
+    got = kernels.decode_attention(qkv, kernel_pool.k_layers[0].values, kernel_pool.v_layers[0].values, *args)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(kernel_pool.k, torch_pool.k) and torch.equal(kernel_pool.v, torch_pool.v)
+
+
 @pytest.mark.parametrize("kv", QUANTIZED)
 def test_the_pytorch_path_on_a_quantized_pool_is_attention_on_the_dequantized_pool(kv):
     """A step of a prefill chunk after cached tokens and decodes: the chunk attends its context (its own new K/V
@@ -165,10 +186,10 @@ def test_the_decode_kernel_refuses_a_pool_without_its_scales():
     args = (meta.slot_mapping, meta.decode_tables, meta.decode_lengths, BLOCK, heads, kv_heads, dim**-0.5)
     with pytest.raises(RuntimeError, match="an int8 or fp8 pool needs its scales"):
         kernels.decode_attention(qkv, pool.k[0], pool.v[0], *args)
-    with pytest.raises(RuntimeError, match="a float32 pool has no scales"):
+    with pytest.raises(RuntimeError, match="pool has no scales"):
         floats = torch.zeros(pool.k[0].shape)
         kernels.decode_attention(qkv, floats, floats.clone(), *args, k_scale=pool.k_scale[0], v_scale=pool.v_scale[0])
-    with pytest.raises(RuntimeError, match="both float32, int8 or float8_e4m3fn"):
+    with pytest.raises(RuntimeError, match="both float32, bfloat16, float16, int8 or float8_e4m3fn"):
         kernels.decode_attention(qkv, pool.k[0], pool.v[0].float(), *args)
 
 

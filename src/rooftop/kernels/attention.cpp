@@ -1,5 +1,5 @@
-// Decode attention straight from the paged KV pool, as the pool stores K and V: float32, or int8 or fp8 e4m3
-// values with a float32 scale per (slot, KV head). Each decode's new k and v are written to their slots first
+// Decode attention straight from the paged KV pool, as the pool stores K and V: float32, bfloat16 or float16
+// (--kv-cache-dtype's casts), or int8 or fp8 e4m3 values with a float32 scale per (slot, KV head). Each decode's new k and v are written to their slots first
 // (quantized on the way in, as kv_cache.quantize_kv does), then each query head attends over its sequence's first
 // `lengths[b]` positions where they lie in the pool.
 //
@@ -15,7 +15,9 @@
 //   V rows are widened in registers. The vector loops widen e4m3 through float16: its bits shifted into place are
 //   exactly 2^-8 of the value, which F16C converts (the 2^8 rides on the scale); the plain loops use a table.
 
+#include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
 
 #include <array>
 #include <utility>
@@ -26,6 +28,8 @@
 namespace {
 
 using Fp8 = c10::Float8_e4m3fn;
+using Bf16 = c10::BFloat16;
+using Fp16 = c10::Half;
 
 constexpr int64_t KEY_TILE = 64;  // keys whose rows stay in L1 while the group's query heads read them
 constexpr int64_t PART = 512;     // the most keys one task attends (see Task)
@@ -36,7 +40,16 @@ constexpr float FP8_UNIT = 256.f;  // what a widened e4m3 value is short of (flo
 template <typename T>
 struct Stored;
 template <>
+struct Stored<float> {  // the float pools (and bfloat16, float16 below): values as they are, no scales
+  static constexpr bool scaled = false;
+};
+template <>
+struct Stored<Bf16> : Stored<float> {};
+template <>
+struct Stored<Fp16> : Stored<float> {};
+template <>
 struct Stored<int8_t> {
+  static constexpr bool scaled = true;
   static constexpr float largest = 127.f;
   static constexpr float unit = 1.f;
   static int8_t from(float v) { return static_cast<int8_t>(std::nearbyint(v)); }
@@ -49,6 +62,7 @@ struct Stored<int16_t> {  // the queries that meet int8 keys: 16-bit, so that th
 };
 template <>
 struct Stored<Fp8> {
+  static constexpr bool scaled = true;
   static constexpr float largest = 448.f;  // e4m3's largest finite value
   static constexpr float unit = FP8_UNIT;
   static Fp8 from(float v) { return Fp8(v); }  // round to nearest even, as torch's .to(torch.float8_e4m3fn)
@@ -83,6 +97,8 @@ const std::array<float, 256>& fp8_table() {
 inline float widened(float v) { return v; }
 inline float widened(int8_t v) { return static_cast<float>(v); }
 inline float widened(Fp8 v) { return fp8_table()[v.x]; }
+inline float widened(Bf16 v) { return static_cast<float>(v); }
+inline float widened(Fp16 v) { return static_cast<float>(v); }
 
 #ifdef ROOFTOP_AVX2
 // Eight consecutive values of a row as floats (e4m3: / FP8_UNIT).
@@ -97,6 +113,12 @@ inline __m256 widen8(const Fp8* v) {
   const __m128i half = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16(static_cast<int16_t>(0xBFFF)));
   return _mm256_cvtph_ps(half);
 }
+inline __m256 widen8(const Fp16* v) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v))); }
+// bfloat16 is float32's upper half
+inline __m256 widen8(const Bf16* v) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 
 #ifdef ROOFTOP_AVX512
 // widen8 at 512 bits: sixteen values.
@@ -107,6 +129,11 @@ inline __m512 widen16(const int8_t* v) {
 inline __m512 widen16(const Fp8* v) {
   const __m256i bytes = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v)));
   return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(bytes, 7), _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
+}
+inline __m512 widen16(const Fp16* v) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v))); }
+inline __m512 widen16(const Bf16* v) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 #endif
 
@@ -394,14 +421,16 @@ void group_scores(const float* q, int64_t group, int64_t dim, float scale, const
   }
 }
 
-void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<Fp8>& pool, int64_t n,
+// fp8, bfloat16 and float16 keys: a tile widened to float32 once for the group's heads, then dotted as float32 keys.
+template <typename T>
+void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<T>& pool, int64_t n,
                   Scratch& sc) {
   float* tile = sc.tile.data();
   for (int64_t s0 = 0; s0 < n; s0 += KEY_TILE) {
     const int64_t count = std::min(KEY_TILE, n - s0);
-    for (int64_t s = 0; s < count; ++s) {  // key * its scale: FP8_UNIT times the widened value, exactly
-      const Fp8* k = pool.k + sc.rows[s0 + s] * pool.stride;
-      const float ks = sc.k_scales[s0 + s] * FP8_UNIT;
+    for (int64_t s = 0; s < count; ++s) {  // e4m3: key * its scale, FP8_UNIT times the widened value, exactly
+      const T* k = pool.k + sc.rows[s0 + s] * pool.stride;
+      const float ks = Stored<T>::scaled ? sc.k_scales[s0 + s] * FP8_UNIT : 1.f;
       int64_t j = 0;
 #ifdef ROOFTOP_AVX2
       for (; j + 8 <= dim; j += 8) _mm256_storeu_ps(tile + s * dim + j, _mm256_mul_ps(widen8(k + j), _mm256_set1_ps(ks)));
@@ -418,7 +447,7 @@ void group_scores(const float* q, int64_t group, int64_t dim, float scale, const
 // softmax weights that multiply the widened rows.
 template <typename T>
 void gather_scales(const HeadRows<T>& pool, int64_t n, Scratch& sc) {
-  if constexpr (!std::is_same_v<T, float>) {
+  if constexpr (Stored<T>::scaled) {
     for (int64_t s = 0; s < n; ++s) {
       sc.k_scales[s] = pool.k_scale[sc.rows[s] * pool.kv_heads];
       sc.v_scales[s] = pool.v_scale[sc.rows[s] * pool.kv_heads] * Stored<T>::unit;
@@ -433,6 +462,15 @@ void write_new(const float* x, int64_t kv_heads, int64_t dim, T* values, float* 
 template <>
 void write_new(const float* x, int64_t kv_heads, int64_t dim, float* values, float*) {
   std::memcpy(values, x, kv_heads * dim * sizeof(float));
+}
+// rounded to nearest even, as the PyTorch path's .to(dtype) writes them
+template <>
+void write_new(const float* x, int64_t kv_heads, int64_t dim, Bf16* values, float*) {
+  for (int64_t i = 0; i < kv_heads * dim; ++i) values[i] = Bf16(x[i]);
+}
+template <>
+void write_new(const float* x, int64_t kv_heads, int64_t dim, Fp16* values, float*) {
+  for (int64_t i = 0; i < kv_heads * dim; ++i) values[i] = Fp16(x[i]);
 }
 
 // The parts of one (sequence, KV head) of more than PART keys, each head's (largest score, sum of weights, sum of
@@ -483,7 +521,7 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
   // one thread while the caches are short, since a parallel region costs more than a few heads' work
   const int64_t grain = std::max<int64_t>(1, (1 << 15) / (s_max * dim * group));
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), grain, [&](int64_t t0, int64_t t1) {
-    const int64_t scaled = std::is_same_v<T, float> ? 0 : s_max;
+    const int64_t scaled = Stored<T>::scaled ? s_max : 0;
     Scratch sc{std::vector<float>(group * s_max), std::vector<int64_t>(s_max),  std::vector<float>(scaled),
                std::vector<float>(scaled),        std::vector<int16_t>(group * dim), std::vector<float>(group),
                std::vector<float>(KEY_TILE * dim), std::vector<int64_t>(KEY_TILE),  std::vector<float>(group * dim)};
@@ -579,10 +617,11 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
                             const c10::optional<at::Tensor>& v_scale) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32 (B, W)");
   const auto dtype = k_pool.scalar_type();
-  TORCH_CHECK((dtype == at::kFloat || dtype == at::kChar || dtype == c10::ScalarType::Float8_e4m3fn) && v_pool.scalar_type() == dtype &&
+  const bool unscaled = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
+  TORCH_CHECK((unscaled || dtype == at::kChar || dtype == c10::ScalarType::Float8_e4m3fn) && v_pool.scalar_type() == dtype &&
                   k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 3 && k_pool.size(1) == kv_heads &&
                   v_pool.sizes() == k_pool.sizes(),
-              "pools must be contiguous (slots, kv_heads, head_dim), both float32, int8 or float8_e4m3fn");
+              "pools must be contiguous (slots, kv_heads, head_dim), both float32, bfloat16, float16, int8 or float8_e4m3fn");
   const int64_t dim = k_pool.size(2);
   check_decode_step(qkv, heads, kv_heads, dim, k_pool.size(0), slot_mapping, tables, lengths, block_size);
   const int64_t* write = slot_mapping.data_ptr<int64_t>();
@@ -590,8 +629,16 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
   const int64_t* len = lengths.data_ptr<int64_t>();
   const int64_t blocks = tables.size(1);
   const float sc = static_cast<float>(scale);
-  if (dtype == at::kFloat) {
-    TORCH_CHECK(!k_scale && !v_scale, "a float32 pool has no scales");
+  if (unscaled) {
+    TORCH_CHECK(!k_scale && !v_scale, "a float32, bfloat16 or float16 pool has no scales");
+    if (dtype == at::kBFloat16) {
+      return attend(qkv, k_pool.data_ptr<Bf16>(), v_pool.data_ptr<Bf16>(), nullptr, nullptr, write, tb, len, blocks,
+                    block_size, heads, kv_heads, dim, sc);
+    }
+    if (dtype == at::kHalf) {
+      return attend(qkv, k_pool.data_ptr<Fp16>(), v_pool.data_ptr<Fp16>(), nullptr, nullptr, write, tb, len, blocks,
+                    block_size, heads, kv_heads, dim, sc);
+    }
     return attend(qkv, k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), nullptr, nullptr, write, tb, len, blocks,
                   block_size, heads, kv_heads, dim, sc);
   }

@@ -137,7 +137,7 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   return out;
 }
 
-// Decode attention over the paged KV pool, float32, int8 or fp8 e4m3 (attention.cpp).
+// Decode attention over the paged KV pool, float32, bfloat16, float16, int8 or fp8 e4m3 (attention.cpp).
 at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
                             const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
                             int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
@@ -161,7 +161,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("eps") = 1e-6);
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("decode_attention", &decode_attention,
-        "decode attention over the paged KV pool: float32, or int8 / fp8 e4m3 with a scale per (slot, KV head)",
+        "decode attention over the paged KV pool: float32, bfloat16, float16, or int8 / fp8 e4m3 with a scale per "
+        "(slot, KV head)",
         py::arg("qkv"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slot_mapping"), py::arg("tables"),
         py::arg("lengths"), py::arg("block_size"), py::arg("heads"), py::arg("kv_heads"), py::arg("scale"),
         py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none());

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from rooftop.config import ModelConfig
 from rooftop.kernels import cpu
 from rooftop.models.attention import paged_attention, prefill_chunks
-from rooftop.models.kv_cache import AttentionMetadata, CastPool, ScaledPool
+from rooftop.models.kv_cache import AttentionMetadata, ScaledPool, StoredPool
 from rooftop.models.rope import apply_rope
 
 
@@ -93,10 +93,6 @@ class KernelOps:
         self.kernels.rope_(
             qkv, c.num_heads + c.num_kv_heads, c.head_dim, positions, self.cos, self.sin, qk_norm, c.rms_norm_eps
         )
-        if isinstance(k_pool, CastPool):  # a float cache in another dtype: PyTorch's path, cast as it reads
-            T = qkv.shape[0]
-            q, k, v = qkv.view(T, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
-            return paged_attention(q, k, v, k_pool, v_pool, meta).reshape(T, c.q_size)
         parts = []
         rows = meta.num_prefill_rows
         if meta.prefills:
@@ -105,11 +101,12 @@ class KernelOps:
             v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
             parts.append(prefill_chunks(q, k_pool, v_pool, meta).reshape(rows, c.q_size))
         if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
-            scaled = isinstance(k_pool, ScaledPool)  # int8 / fp8: quantized on the way in, read as stored
+            # bfloat16 / float16 (CastPool) rounded, int8 / fp8 (ScaledPool) quantized on the way in, read as stored
+            stored, scaled = isinstance(k_pool, StoredPool), isinstance(k_pool, ScaledPool)
             decodes = self.kernels.decode_attention(
                 qkv[rows:],
-                k_pool.values if scaled else k_pool,
-                v_pool.values if scaled else v_pool,
+                k_pool.values if stored else k_pool,
+                v_pool.values if stored else v_pool,
                 meta.slot_mapping[rows:],
                 meta.decode_tables,
                 meta.decode_lengths,
