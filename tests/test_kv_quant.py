@@ -1,7 +1,10 @@
 """The quantized KV cache (--kv-cache-dtype int8 | fp8_e4m3): values with a float32 scale per (slot, KV head),
-quantized as each token is written; the C++ decode kernel and the PyTorch path read them as stored; capacity follows
-the stored width; batch invariance, prefix caching, chunked prefill, preemption and speculative rollback hold on
-it; /metrics, the dashboard and the analyzer say what is stored; bad values are refused."""
+quantized as each token is written; the C++ decode kernel and the PyTorch path read them as stored (and bfloat16 /
+float16 pools under a float32 model); capacity follows the stored width; batch invariance, prefix caching, chunked
+prefill, preemption and speculative rollback hold on it; /metrics, the dashboard and the analyzer say what is
+stored; bad values are refused."""
+
+import random
 
 import httpx
 import pytest
@@ -9,6 +12,7 @@ import torch
 from serve_support import metrics, running_server
 from test_batch_invariance import assert_same, prompt, run
 from test_cli import assert_user_error, rooftop_in_process
+from test_speculative import NGRAM, noisy_drafts
 
 from rooftop import LLM, SamplingParams
 from rooftop.config import EngineConfig, ModelConfig
@@ -274,10 +278,6 @@ def test_chunked_prefill_prefix_hits_and_preemption_on_quantized_kv_give_what_ea
 def test_speculative_rollback_on_quantized_kv_never_changes_greedy_tokens(tiny_long, kv, monkeypatch):
     """Drafts half right, half noise: a verify step writes every draft token's K/V into the quantized pool, the
     rejected ones are rolled back and their slots written again; the tokens are those of plain decoding."""
-    import random
-
-    from test_speculative import NGRAM
-
     rnd = random.Random(0)
     reqs = [(f"t{i}", "abcabcabc"[: 3 + i], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)) for i in range(4)]  # fmt: skip
 
@@ -289,14 +289,7 @@ def test_speculative_rollback_on_quantized_kv_never_changes_greedy_tokens(tiny_l
     eng = engine(NGRAM)
     guesses = [plain[rid].token_ids for rid, _, _ in reqs]
 
-    def propose(most):
-        drafts = {}
-        for seq, limit in most.items():
-            right = guesses[int(seq.request_id[1:])][len(seq.output_token_ids) :][:limit]
-            drafts[seq] = [t if rnd.random() < 0.6 else rnd.randrange(200) for t in right][: rnd.randrange(5)]
-        return {s: d for s, d in drafts.items() if d}
-
-    monkeypatch.setattr(eng._proposer, "propose", propose)
+    monkeypatch.setattr(eng._proposer, "propose", noisy_drafts(guesses, rnd))
     assert_same(run(eng, reqs), plain)
     assert 0 < eng.stats().spec_decode.accepted_tokens < eng.stats().spec_decode.draft_tokens
 

@@ -397,6 +397,20 @@ def tiny(request, tiny_gguf):
     return LLM(model=tiny_gguf, dtype=request.param)
 
 
+def noisy_drafts(guesses: list[list[int]], rnd: random.Random):
+    """A proposer's `propose` for requests named "<letter><index>": up to 4 tokens of the right continuation
+    (`guesses[index]`, what plain decoding gives), each replaced by noise 40% of the time."""
+
+    def propose(most):
+        drafts = {}
+        for seq, limit in most.items():
+            right = guesses[int(seq.request_id[1:])][len(seq.output_token_ids) :][:limit]
+            drafts[seq] = [t if rnd.random() < 0.6 else rnd.randrange(200) for t in right][: rnd.randrange(5)]
+        return {s: d for s, d in drafts.items() if d}
+
+    return propose
+
+
 def test_random_drafts_never_change_greedy_tokens(tiny, monkeypatch):
     """Whatever the proposer guesses, right or wrong, the tokens are those of plain decoding (the tiny model, on
     both attention paths)."""
@@ -406,14 +420,7 @@ def test_random_drafts_never_change_greedy_tokens(tiny, monkeypatch):
     eng = engine(tiny, NGRAM, num_kv_blocks=64, block_size=4)
     guesses = [plain[rid].token_ids for rid, _, _ in reqs]
 
-    def propose(most):  # half the time the right continuation, else noise
-        drafts = {}
-        for seq, limit in most.items():
-            right = guesses[int(seq.request_id[1:])][len(seq.output_token_ids) :][:limit]
-            drafts[seq] = [t if rnd.random() < 0.6 else rnd.randrange(200) for t in right][: rnd.randrange(5)]
-        return {s: d for s, d in drafts.items() if d}
-
-    monkeypatch.setattr(eng._proposer, "propose", propose)
+    monkeypatch.setattr(eng._proposer, "propose", noisy_drafts(guesses, rnd))
     spec, _ = run(eng, reqs)
     assert {rid: o.token_ids for rid, o in spec.items()} == {rid: o.token_ids for rid, o in plain.items()}
     assert 0 < eng.stats().spec_decode.accepted_tokens < eng.stats().spec_decode.draft_tokens
