@@ -29,6 +29,7 @@ from rooftop.models.kv_cache import (
     dequantize_kv,
     kv_storage_dtype,
     quantize_kv,
+    rotate_heads,
 )
 
 kernels = cpu.ops()
@@ -51,41 +52,81 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
-def test_int8_round_trip_is_within_half_a_scale_per_element():
-    gen = torch.Generator().manual_seed(1)
+def hadamard(n: int) -> torch.Tensor:
+    """Sylvester's construction, normalized: H_2n = [[H, H], [H, -H]] / sqrt(2)."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.kron(torch.tensor([[1.0, 1.0], [1.0, -1.0]]), h)
+    return h / n**0.5
+
+
+@pytest.mark.parametrize("dim", [64, 48, 32], ids=["64", "48", "32"])
+def test_the_rotation_is_the_normalized_hadamard_matrix_per_power_of_two_block(dim):
+    """64 and 32: one Hadamard matrix over the head; 48: one per 16 channels (48's largest power-of-two divisor).
+    Orthonormal and its own inverse, so q . k and the weighted sums of values come back unchanged."""
+    x = torch.randn(5, 3, dim, generator=torch.Generator().manual_seed(5))
+    n = dim & -dim
+    matrix = torch.block_diag(*[hadamard(n)] * (dim // n))
+    torch.testing.assert_close(rotate_heads(x), x @ matrix.T)
+    torch.testing.assert_close(rotate_heads(rotate_heads(x)), x)
+    torch.testing.assert_close(rotate_heads(x).norm(dim=-1), x.norm(dim=-1))
+
+
+def outlier_heads(seed: int) -> torch.Tensor:
+    """Heads of varied size with two channels that dwarf the rest, as RoPE's slow pairs do in real keys."""
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(37, 3, 64, generator=gen) * torch.rand(37, 3, 1, generator=gen) * 10
+    x[..., 7] *= 20
+    x[..., 39] *= 20
     x[0, 1] = 0  # an all-zero row: scale 0, values 0
+    return x
+
+
+def test_int8_round_trip_is_within_half_a_scale_of_the_rotated_values():
+    """Values are the rotated head over max|rotated head| / 127, rounded; the rotation is orthonormal, so the error
+    back in the head's own channels is at most sqrt(hd) / 2 scales in L2, and with outlier channels several times
+    smaller than quantizing the head unrotated."""
+    x = outlier_heads(1)
     q, scale = quantize_kv(x, torch.int8)
     assert q.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == x.shape[:-1]
-    torch.testing.assert_close(scale, x.abs().amax(-1) / 127)
-    reference = torch.round(x / scale.clamp_min(1e-30)[..., None]).clamp(-127, 127)
+    rotated = rotate_heads(x)
+    assert torch.equal(scale, rotated.abs().amax(-1) / 127)
+    reference = torch.round(rotated / scale.clamp_min(1e-30)[..., None]).clamp(-127, 127)
     assert torch.equal(q[scale > 0].float(), reference[scale > 0])
-    error = (dequantize_kv(q, scale) - x).abs()
-    assert bool((error <= scale[..., None] / 2 * (1 + 1e-5) + 1e-7).all())
-    assert not dequantize_kv(q, scale)[0, 1].any()
+    back = dequantize_kv(q, scale)
+    assert torch.equal(back, rotate_heads(q.float() * scale[..., None]))
+    error = (back - x).norm(dim=-1)
+    assert bool((error <= 64**0.5 * scale / 2 * (1 + 1e-4) + 1e-6).all())
+    unrotated_scale = x.abs().amax(-1, keepdim=True) / 127
+    unrotated = (torch.round(x / unrotated_scale.clamp_min(1e-30)) * unrotated_scale - x).norm(dim=-1)
+    assert float(error.sum()) < float(unrotated.sum()) / 3
+    assert not back[0, 1].any()
     assert dequantize_kv(q, scale, torch.bfloat16).dtype == torch.bfloat16
 
 
 def test_fp8_round_trip_keeps_e4m3s_three_mantissa_bits():
-    """scale = max|x| / 448 (e4m3's largest value), so each head's largest element lands on 448; an element keeps
-    3 mantissa bits (error <= 1/16 of it) down to e4m3's smallest normal, 2^-6 scales, and below that is within
-    half of its subnormal step, 2^-10 scales."""
-    gen = torch.Generator().manual_seed(4)
-    x = torch.randn(37, 3, 64, generator=gen) * torch.rand(37, 3, 1, generator=gen) * 10
-    x[..., 5] *= 1e-4  # some elements far below their head's largest: subnormal in e4m3
-    x[0, 1] = 0
+    """scale = max|rotated x| / 448 (e4m3's largest value), so each head's largest rotated element lands on 448; an
+    element keeps 3 mantissa bits (error <= 1/16 of it) down to e4m3's smallest normal, 2^-6 scales, and below that
+    is within half of its subnormal step, 2^-10 scales."""
+    x = outlier_heads(4)
+    rotated = rotate_heads(x)
+    rotated[..., 5] *= 1e-4  # some elements far below their head's largest: subnormal in e4m3
+    x = rotate_heads(rotated)
+    rotated = rotate_heads(x)
     q, scale = quantize_kv(x, torch.float8_e4m3fn)
     assert q.dtype == torch.float8_e4m3fn and scale.shape == x.shape[:-1]
-    torch.testing.assert_close(scale, x.abs().amax(-1) / 448)
-    reference = (x / scale.clamp_min(1e-30)[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(scale, rotated.abs().amax(-1) / 448)
+    reference = (rotated / scale.clamp_min(1e-30)[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert torch.equal(bits(q)[scale > 0], bits(reference)[scale > 0])
     assert bool((q.float().abs().amax(-1)[scale > 0] == 448).all())
-    back, s = dequantize_kv(q, scale), scale[..., None]
-    normal = x.abs() >= s * 2**-6
-    error = (back - x).abs()
-    assert bool((error[normal] <= x.abs()[normal] / 16 * (1 + 1e-5)).all())
+    s = scale[..., None]
+    stored, back = q.float() * s, dequantize_kv(q, scale)
+    assert torch.equal(back, rotate_heads(stored))
+    normal = rotated.abs() >= s * 2**-6
+    error = (stored - rotated).abs()
+    assert bool((error[normal] <= rotated.abs()[normal] / 16 * (1 + 1e-5)).all())
     assert bool((error <= (s * 2**-10 * (1 + 1e-5) + 1e-7).expand_as(x))[~normal].all())
-    assert normal.any() and (~normal & (x != 0)).any()
+    assert normal.any() and (~normal & (rotated != 0)).any()
     assert not back[0, 1].any()
 
 
@@ -112,11 +153,14 @@ def step(shape: tuple[int, int, int], seqs: list[AttentionSeq]):
 
 
 def as_the_kernel_reads(q: torch.Tensor, kv: str) -> torch.Tensor:
-    """int8 keys meet q rounded to int16 per head (scale max|q| / 32767) in exact integer dots; fp8 keys meet q."""
+    """Keys are stored rotated, so the kernel rotates q: int8 keys meet the rotated q rounded to int16 per head
+    (scale max|q| / 32767) in exact integer dots, which is the reference's q rounded so, rotated back; fp8 keys meet
+    q."""
     if kv != "int8":
         return q
-    scale = q.abs().amax(-1, keepdim=True) / 32767
-    return torch.round(q / scale.clamp_min(1e-30)) * scale
+    rotated = rotate_heads(q)
+    scale = rotated.abs().amax(-1, keepdim=True) / 32767
+    return rotate_heads(torch.round(rotated / scale.clamp_min(1e-30)) * scale)
 
 
 def on_the_dequantized_pool(pool: KVPool, meta, q, k, v) -> torch.Tensor:

@@ -1,7 +1,10 @@
 // Decode attention straight from the paged KV pool, as the pool stores K and V: float32, bfloat16 or float16
-// (--kv-cache-dtype's casts), or int8 or fp8 e4m3 values with a float32 scale per (slot, KV head). Each decode's new k and v are written to their slots first
-// (quantized on the way in, as kv_cache.quantize_kv does), then each query head attends over its sequence's first
-// `lengths[b]` positions where they lie in the pool.
+// (--kv-cache-dtype's casts), or int8 or fp8 e4m3 values with a float32 scale per (slot, KV head). Each decode's new k
+// and v are written to their slots first (rotated and quantized on the way in, as kv_cache.quantize_kv does), then
+// each query head attends over its sequence's first `lengths[b]` positions where they lie in the pool. A quantized
+// pool holds every head rotated by the normalized Walsh-Hadamard transform (rotate_heads): the queries are rotated
+// the same way before they meet the keys (q . k is unchanged), and the weighted sums of the rotated values are
+// rotated back (the transform is its own inverse).
 //
 // One task per (sequence, KV head), and per 512 keys of a longer cache (Task): the query heads that share the KV
 // head read its K rows a tile at a time while the tile is in L1, and its V rows once per three heads, instead of
@@ -82,6 +85,23 @@ void quantize_heads(const float* x, int64_t heads, int64_t dim, T* q, float* sca
     }
     scale[h] = sc;
   }
+}
+
+// x (heads * dim) <- each head times the normalized Walsh-Hadamard matrix, blockwise over dim's largest power-of-two
+// divisor: kv_cache.rotate_heads's butterflies in the same order, so both give the same bits.
+void rotate_heads(float* x, int64_t heads, int64_t dim) {
+  const int64_t n = dim & -dim;
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t i = 0; i < heads * dim; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  for (int64_t j = 0; j < heads * dim; ++j) x[j] *= norm;
 }
 
 // e4m3 bits -> the value / FP8_UNIT, as the vector loops widen it.
@@ -396,6 +416,7 @@ struct Scratch {
   std::vector<float> tile;  // (KEY_TILE, dim): a tile of keys widened to float32 (fp8 pools)
   std::vector<int64_t> tile_rows;
   std::vector<float> sums;  // (group, dim): a part's weighted sums of values
+  std::vector<float> q_rotated;  // (group, dim): the queries rotated as a quantized pool's keys are
 };
 
 // The group's scores: p[h * n + s] = scale * (q_h . key s).
@@ -457,7 +478,9 @@ void gather_scales(const HeadRows<T>& pool, int64_t n, Scratch& sc) {
 
 template <typename T>
 void write_new(const float* x, int64_t kv_heads, int64_t dim, T* values, float* scale) {
-  quantize_heads(x, kv_heads, dim, values, scale);
+  std::vector<float> rotated(x, x + kv_heads * dim);
+  rotate_heads(rotated.data(), kv_heads, dim);
+  quantize_heads(rotated.data(), kv_heads, dim, values, scale);
 }
 template <>
 void write_new(const float* x, int64_t kv_heads, int64_t dim, float* values, float*) {
@@ -524,7 +547,8 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
     const int64_t scaled = Stored<T>::scaled ? s_max : 0;
     Scratch sc{std::vector<float>(group * s_max), std::vector<int64_t>(s_max),  std::vector<float>(scaled),
                std::vector<float>(scaled),        std::vector<int16_t>(group * dim), std::vector<float>(group),
-               std::vector<float>(KEY_TILE * dim), std::vector<int64_t>(KEY_TILE),  std::vector<float>(group * dim)};
+               std::vector<float>(KEY_TILE * dim), std::vector<int64_t>(KEY_TILE),  std::vector<float>(group * dim),
+               std::vector<float>(Stored<T>::scaled ? group * dim : 0)};
     for (int64_t s = 0; s < KEY_TILE; ++s) sc.tile_rows[s] = s;
     for (int64_t t = t0; t < t1; ++t) {
       const Task task = tasks[t];
@@ -539,8 +563,13 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
       const HeadRows<T> pool{kp + task.kvh * dim, vp + task.kvh * dim, ks ? ks + task.kvh : nullptr,
                              vs ? vs + task.kvh : nullptr, kv_width, kv_heads};
       gather_scales(pool, n, sc);
-      // the group's query heads are consecutive
-      group_scores(in + b * width + task.kvh * group * dim, group, dim, scale, pool, n, sc);
+      const float* q = in + b * width + task.kvh * group * dim;  // the group's query heads are consecutive
+      if constexpr (Stored<T>::scaled) {
+        std::copy_n(q, group * dim, sc.q_rotated.data());
+        rotate_heads(sc.q_rotated.data(), group, dim);
+        q = sc.q_rotated.data();
+      }
+      group_scores(q, group, dim, scale, pool, n, sc);
       const float* factor = sc.v_scales.empty() ? nullptr : sc.v_scales.data();
       float* y = o + b * heads * dim + task.kvh * group * dim;
       if (n == len[b]) {  // the whole sequence: its softmax, then the weighted sum
@@ -549,6 +578,7 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
           normalize_(p, n, 1.f / exponentiate_(p, n).second, factor);
         }
         weighted_sum(sc.p.data(), group, pool.v, sc.rows.data(), kv_width, n, dim, y);
+        if constexpr (Stored<T>::scaled) rotate_heads(y, group, dim);
         continue;
       }
       float* part = parts.data() + t * group * (dim + 2);
@@ -560,6 +590,7 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
         part[h * (dim + 2) + 1] = total;
       }
       weighted_sum(sc.p.data(), group, pool.v, sc.rows.data(), kv_width, n, dim, sc.sums.data());
+      if constexpr (Stored<T>::scaled) rotate_heads(sc.sums.data(), group, dim);
       for (int64_t h = 0; h < group; ++h) std::copy_n(sc.sums.data() + h * dim, dim, part + h * (dim + 2) + 2);
     }
   });

@@ -8,6 +8,7 @@ pool; attention gathers a sequence's slots back into order, so it sees exactly w
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +21,8 @@ class KVPool:
     """K and V of every full-attention layer: (layers, num_blocks * block_size, kv_heads, head_dim) each; and for a
     hybrid model the linear-attention layers' per-sequence states (`states`, one slot per running sequence).
 
-    With a quantized `dtype` (torch.int8, torch.float8_e4m3fn: QUANTIZED_KV) the pool holds those values and,
-    beside them at the same slot, a float32 scale per (slot, kv head) (`k_scale`, `v_scale`: (layers, slots,
+    With a quantized `dtype` (torch.int8, torch.float8_e4m3fn: QUANTIZED_KV) the pool holds each head's K and V
+    rotated (rotate_heads) in those values and, beside them at the same slot, a float32 scale per (slot, kv head) (`k_scale`, `v_scale`: (layers, slots,
     kv_heads)); `k_layers`/`v_layers` are then ScaledPool views that quantize what is written and dequantize only
     the rows gathered."""
 
@@ -97,20 +98,39 @@ def kv_dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, d in KV_DTYPES.items() if d == dtype)
 
 
+def rotate_heads(x: torch.Tensor) -> torch.Tensor:
+    """x (..., hd) float32 times the normalized Walsh-Hadamard matrix, blockwise over hd's largest power-of-two
+    divisor (all of a 64- or 128-wide head; blocks of 16 for 48). Orthonormal and symmetric, so its own inverse and
+    q . k = rotated q . rotated k. A quantized pool stores each head's K and V rotated: the rotation spreads the few
+    channels that dwarf the rest (RoPE's slow pairs in the keys) over the whole head, so that one scale per head no
+    longer spends its steps on them (the bundled model's teacher-forced top-1 with int8 KV: 98.7% -> 99.3%, e4m3:
+    95.8% -> 97.1%). The butterflies run in the decode kernel's order (attention.cpp, rotate_heads): the same bits."""
+    dim = x.shape[-1]
+    n, lead = dim & -dim, x.shape[:-1]
+    h = 1
+    while h < n:
+        pairs = x.reshape(*lead, dim // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        x = torch.stack((a + b, a - b), dim=-2)
+        h *= 2
+    return x.reshape(*lead, dim) * (1 / math.sqrt(n))
+
+
 def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric over the last dim, as the pool stores it: x (..., hd) -> (values (..., hd) of `dtype` (int8 or
-    float8_e4m3fn), scale (...) float32), scale = max|x| / largest (0 for an all-zero row), values x / scale
-    clamped to +-largest, then rounded to nearest (even) in the format. The C++ decode kernel quantizes the same
-    way (kernels/attention.cpp, quantize_heads)."""
+    """As the pool stores it: x (..., hd) rotated (rotate_heads), then symmetric over the last dim -> (values
+    (..., hd) of `dtype` (int8 or float8_e4m3fn), scale (...) float32), scale = max|rotated x| / largest (0 for an
+    all-zero row), values rotated x / scale clamped to +-largest, then rounded to nearest (even) in the format. The
+    C++ decode kernel quantizes the same way (kernels/attention.cpp, write_new)."""
     largest = QUANTIZED_KV[dtype]
-    x = x.float()
+    x = rotate_heads(x.float())
     scale = x.abs().amax(-1) / largest
     q = (x / scale.masked_fill(scale == 0, 1)[..., None]).clamp_(-largest, largest)
     return (q.round_() if dtype == torch.int8 else q).to(dtype), scale
 
 
 def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return (q.float() * scale[..., None]).to(dtype)
+    """The values quantize_kv stored, times their scales, rotated back."""
+    return rotate_heads(q.float() * scale[..., None]).to(dtype)
 
 
 class StoredPool:
