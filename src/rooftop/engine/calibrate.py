@@ -47,9 +47,12 @@ LINEAR_CLASSES = (
     linears.ConcatLinear,
 )
 # decode batches and contexts; prompt lengths (each up to the engine's chunk) and one long prompt of `long` chunks
-# (at most LONGEST tokens), for its chunks' attention over what the earlier chunks cached; decode steps per run
-FULL = {"batches": (1, 2, 4, 8, 16, 32), "contexts": (32, 256), "prompts": (16, 64, 256, 1024), "long": 2, "steps": 6}
-QUICK = {"batches": (1, 4), "contexts": (32,), "prompts": (16, 128), "long": 0, "steps": 3}
+# (at most LONGEST tokens), for its chunks' attention over what the earlier chunks cached; decode steps per run; and
+# passes over the whole plan, each point's time the median of its passes: a prefill run is one step, and on a shared
+# host one minute's run of a shape can differ from the next by 30% (the 135M model's pp1024 was predicted 35% slow
+# from a single slow run), so a point is taken at three moments spread over the calibration, not three times in a row
+FULL = {"batches": (1, 2, 4, 8, 16, 32), "contexts": (32, 256), "prompts": (16, 64, 256, 1024, 2048), "long": 2, "steps": 6, "passes": 3}  # fmt: skip
+QUICK = {"batches": (1, 4), "contexts": (32,), "prompts": (16, 128), "long": 0, "steps": 3, "passes": 1}
 LONGEST = 2048
 
 
@@ -153,17 +156,23 @@ def calibrate(
     _run(eng, [torch.randint(vocab, (warm,), generator=gen).tolist()], plan["steps"] + 2)
     # a replayed graph calls no op from Python: the timed runs run eagerly
     graphs, eng.decode_graphs = eng.decode_graphs, None
+    taken: dict[str, dict] = {}  # per run, its steps grouped by shape over every pass
     try:
         with timer.installed(llm):
-            for label, batch, prompt_len, output_len in runs:
-                on_progress(label)
-                prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()  # shared: prefilled once if cached
-                groups = _timed_steps(eng, [prompt] * batch, output_len, timer, config, p, hw)
-                if graphs is not None and output_len > 1:
-                    _replayed_forward(eng, graphs, [prompt] * batch, output_len, groups)
-                _add_samples(samples, groups)
+            for done in range(plan["passes"]):
+                for label, batch, prompt_len, output_len in runs:
+                    on_progress(label if plan["passes"] == 1 else f"{label} (pass {done + 1} of {plan['passes']})")
+                    # shared by the batch (prefilled once if cached); a new one each pass, so never a cache hit
+                    prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()
+                    groups = _timed_steps(eng, [prompt] * batch, output_len, timer, config, p, hw)
+                    if graphs is not None and output_len > 1:
+                        _replayed_forward(eng, graphs, [prompt] * batch, output_len, groups)
+                    for key, steps in groups.items():
+                        taken.setdefault(label, {}).setdefault(key, []).extend(steps)
     finally:
         eng.decode_graphs = graphs
+    for groups in taken.values():
+        _add_samples(samples, groups)
     curves = {key: Curve.through(points) for key, points in samples.items()}
     return Calibration(curves, identity(llm, hw, eng), quick)
 
