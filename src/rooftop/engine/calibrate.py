@@ -49,8 +49,8 @@ LINEAR_CLASSES = (
 # decode batches and contexts; prompt lengths (each up to the engine's chunk) and one long prompt of `long` chunks
 # (at most LONGEST tokens), for its chunks' attention over what the earlier chunks cached; decode steps per run; and
 # passes over the whole plan, each point's time the median of its passes: a prefill run is one step, and on a shared
-# host one minute's run of a shape can differ from the next by 30% (the 135M model's pp1024 was predicted 35% slow
-# from a single slow run), so a point is taken at three moments spread over the calibration, not three times in a row
+# host one minute's run of a shape can differ from the next by a third (docs/BENCHMARKS.md), so a point is taken at
+# three moments spread over the calibration, not three times in a row
 FULL = {"batches": (1, 2, 4, 8, 16, 32), "contexts": (32, 256), "prompts": (16, 64, 256, 1024, 2048), "long": 2, "steps": 6, "passes": 3}  # fmt: skip
 QUICK = {"batches": (1, 4), "contexts": (32,), "prompts": (16, 128), "long": 0, "steps": 3, "passes": 1}
 LONGEST = 2048

@@ -478,7 +478,8 @@ void gather_scales(const HeadRows<T>& pool, int64_t n, Scratch& sc) {
 
 template <typename T>
 void write_new(const float* x, int64_t kv_heads, int64_t dim, T* values, float* scale) {
-  std::vector<float> rotated(x, x + kv_heads * dim);
+  thread_local std::vector<float> rotated;  // every decode row of every layer: no allocation per write
+  rotated.assign(x, x + kv_heads * dim);
   rotate_heads(rotated.data(), kv_heads, dim);
   quantize_heads(rotated.data(), kv_heads, dim, values, scale);
 }

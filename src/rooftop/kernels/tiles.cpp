@@ -66,7 +66,7 @@ struct Tiled {
 
 // Memory asked now for what is read PREFETCH_BYTES on: the group that far ahead in the tiles' stream, and scales as
 // far ahead in theirs. A decode row's dots over a group take less time than DRAM's latency, and the hardware's
-// prefetchers alone left a 1B model's decode step at ~47 ms where this gives ~35 (docs/PERFORMANCE.md). A prefetch
+// prefetchers alone left a 1B model's decode linears well below the read roof (docs/PERFORMANCE.md). A prefetch
 // past the end of the weights is harmless: it never faults.
 constexpr int64_t PREFETCH_BYTES = 2048;
 

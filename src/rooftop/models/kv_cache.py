@@ -22,9 +22,9 @@ class KVPool:
     hybrid model the linear-attention layers' per-sequence states (`states`, one slot per running sequence).
 
     With a quantized `dtype` (torch.int8, torch.float8_e4m3fn: QUANTIZED_KV) the pool holds each head's K and V
-    rotated (rotate_heads) in those values and, beside them at the same slot, a float32 scale per (slot, kv head) (`k_scale`, `v_scale`: (layers, slots,
-    kv_heads)); `k_layers`/`v_layers` are then ScaledPool views that quantize what is written and dequantize only
-    the rows gathered."""
+    rotated (rotate_heads) in those values and, beside them at the same slot, a float32 scale per (slot, kv head)
+    (`k_scale`, `v_scale`: (layers, slots, kv_heads)); `k_layers`/`v_layers` are then ScaledPool views that quantize
+    what is written and dequantize only the rows gathered."""
 
     def __init__(
         self,
@@ -103,8 +103,8 @@ def rotate_heads(x: torch.Tensor) -> torch.Tensor:
     divisor (all of a 64- or 128-wide head; blocks of 16 for 48). Orthonormal and symmetric, so its own inverse and
     q . k = rotated q . rotated k. A quantized pool stores each head's K and V rotated: the rotation spreads the few
     channels that dwarf the rest (RoPE's slow pairs in the keys) over the whole head, so that one scale per head no
-    longer spends its steps on them (the bundled model's teacher-forced top-1 with int8 KV: 98.7% -> 99.3%, e4m3:
-    95.8% -> 97.1%). The butterflies run in the decode kernel's order (attention.cpp, rotate_heads): the same bits."""
+    longer spends its steps on them (what that did to int8's and e4m3's accuracy: docs/BENCHMARKS.md). The
+    butterflies run in the decode kernel's order (attention.cpp, rotate_heads): the same bits."""
     dim = x.shape[-1]
     n, lead = dim & -dim, x.shape[:-1]
     h = 1
