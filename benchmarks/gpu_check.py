@@ -30,7 +30,7 @@ import torch
 from rooftop import SamplingParams
 from rooftop.config import FULL_ATTENTION, EngineConfig, LinearAttention, ModelConfig
 from rooftop.engine.llm_engine import LLMEngine
-from rooftop.engine.probe import ENGINE_LINEARS
+from rooftop.engine.probe import ENGINE_KERNELS
 from rooftop.enums import Phase
 from rooftop.loading.dummy import Source, dummy_weights
 from rooftop.loading.tokenizer import Tokenizer
@@ -42,7 +42,7 @@ from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import weight_bytes
 from rooftop.roofline.predict import expected_time, time_step
 from rooftop.roofline.presets import find_preset
-from rooftop.roofline.probe import Plan, ProbeResult, median_seconds, run_probe
+from rooftop.roofline.probe import Plan, ProbeResult, best_seconds, run_probe
 
 GIB = 1 << 30
 
@@ -119,7 +119,7 @@ def tiny(config: ModelConfig) -> ModelConfig:
 def probe_section(out: Path, device: str, dry_run: bool) -> None:
     """The device's roofs (probe.json), then each weight-only linear against bfloat16 at decode and prefill row
     counts, on the kernel and widened (kernels.json): the numbers that choose where a chunk widens."""
-    result = run_probe(device, quick=dry_run, weight_only=ENGINE_LINEARS)
+    result = run_probe(device, quick=dry_run, engine=ENGINE_KERNELS)
     write_json(out / "probe.json", result.to_dict())
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     plan = Plan((), (), 0, 0, 0, 0, (), reps=3 if dry_run else 7, cap_s=1.0, min_rep_s=0.002 if dry_run else 0.02)
@@ -136,7 +136,7 @@ def probe_section(out: Path, device: str, dry_run: bool) -> None:
         for name, linear in linears.items():
             paths = {"kernel": RowPlan()} if name == "bf16" else {"kernel": RowPlan(), "widened": RowPlan((rows,))}
             for path, row_plan in paths.items():
-                seconds = median_seconds(
+                seconds = best_seconds(
                     lambda linear=linear, row_plan=row_plan, x=x: linear(x, plan=row_plan), device, plan
                 )
                 table.append(

@@ -273,9 +273,9 @@ def test_float32_on_cuda_is_the_cpu_model(llama):
 
 
 def test_probe_measures_the_gpu():
-    from rooftop.engine.probe import ENGINE_LINEARS
+    from rooftop.engine.probe import ENGINE_KERNELS
 
-    result = run_probe("cuda", quick=True, weight_only=ENGINE_LINEARS)
+    result = run_probe("cuda", quick=True, engine=ENGINE_KERNELS)
     assert result.bf16_flops > 0 and result.read_bandwidth > 0 and result.copy_bandwidth > 0
     assert result.int8_weight_only_flops and result.int4_weight_only_flops
     assert result.engine_formats == {"float": "bf16", "int8": "q8_0", "int4": "int4-g32"}

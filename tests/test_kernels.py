@@ -318,6 +318,19 @@ def test_the_avx2_dot_products_match_vnni():
 @pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"), reason="needs an x86 CPU with AVX2"
 )
+def test_the_streaming_read_sums_every_word_and_refuses_what_it_cannot_read():
+    """The probe's read roof is timed on `stream_read`: it must read every byte it is given, on any split between
+    threads, and say what it needs."""
+    data = torch.randint(0, 256, (64 * 1037,), generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
+    words = [int.from_bytes(data[i : i + 8].numpy().tobytes(), "little") for i in range(0, data.numel(), 8)]
+    expected = sum(words) % (1 << 64)
+    assert kernels.stream_read(data) % (1 << 64) == expected
+    with pytest.raises(RuntimeError, match="data must be contiguous uint8, a multiple of 64 bytes"):
+        kernels.stream_read(data[:100])
+    with pytest.raises(RuntimeError, match="data must be contiguous uint8"):
+        kernels.stream_read(torch.zeros(64, dtype=torch.int16))
+
+
 def test_the_portable_loops_match_the_vector_kernels():
     """Without AVX2 and F16C (an ARM machine, an old x86) cpu.cpp compiles to plain C++ loops: built here for
     baseline x86-64 (~45 s, cached), every kernel must give what the vector code gives."""
@@ -331,6 +344,7 @@ def test_the_portable_loops_match_the_vector_kernels():
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
         lambda k: k.argmax_rows(x),
+        lambda k: torch.tensor(k.stream_read(torch.arange(64 * 40, dtype=torch.uint8))),
     ):
         torch.testing.assert_close(module_call(portable), module_call(kernels), atol=1e-4, rtol=1e-4)
     qkv = torch.randn(2, (4 + 2 * 2) * 16, generator=gen)

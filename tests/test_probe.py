@@ -10,6 +10,7 @@ import torch
 
 from rooftop.engine import probe as engine_probe
 from rooftop.errors import InvalidRequestError
+from rooftop.kernels import cpu
 from rooftop.roofline import probe
 
 
@@ -30,7 +31,7 @@ def runs(monkeypatch, tmp_path, result) -> list[bool]:
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
     calls: list[bool] = []
 
-    def run_probe(device="cpu", quick=False, on_step=None, weight_only=None, collectives=None):
+    def run_probe(device="cpu", quick=False, on_step=None, engine=None, collectives=None):
         calls.append(quick)
         return dataclasses.replace(result, date=f"run {len(calls)}", quick=quick, notes=dict(result.notes))
 
@@ -130,6 +131,7 @@ def test_a_corrupt_cache_is_measured_again(runs, text):
         ("torch_version", "1.0.0"),
         ("cpu_signature", "family 0 model 0, no host has this"),
         ("fp32_matmul_flops_per_s", "fast"),
+        ("procedure", 1),  # medians and PyTorch's sum alone: not peaks
     ],
 )
 def test_a_cache_from_elsewhere_or_malformed_is_measured_again(runs, result, key, value):
@@ -208,3 +210,49 @@ def test_the_memory_roof_follows_the_working_set(result):
     assert curve.to_hardware().memory_bandwidth == 20e9
     old = {k: v for k, v in result.to_dict().items() if k != "read_by_size"}
     assert probe.ProbeResult.from_dict(old).to_hardware(working_set=mib).memory_bandwidth == result.read_bandwidth
+
+
+class FastReader:
+    """An engine whose own read outruns PyTorch's sum at every size (kernels that fetch ahead), timing no linears."""
+
+    def kernels(self, device):
+        return "fast reader"
+
+    def flops(self, kind, device, plan):
+        return None, "not timed"
+
+    def formats(self, device):
+        return {}
+
+    def read_bandwidth(self, size, device, plan):
+        return 1e15 + size
+
+
+def test_the_read_roof_is_the_faster_of_the_sum_and_the_engines_read():
+    """A roof below what a kernel reaches makes no bound: where the engine reads faster than `sum`, its read counts,
+    at each size, and the note says both."""
+    own = probe.run_probe(quick=True, engine=FastReader())
+    assert own.read_by_size == {16 << 20: 1e15 + (16 << 20), 64 << 20: 1e15 + (64 << 20)}
+    assert own.read_bandwidth == 1e15 + (64 << 20)
+    assert "the faster of PyTorch's sum of float32 and the engine's streaming read" in own.notes["read_bandwidth"]
+    assert "16 MiB: sum " in own.notes["read_bandwidth"] and "engine 1000000.0 GB/s" in own.notes["read_bandwidth"]
+    assert own.weight_only_kernels == "fast reader" and own.procedure == probe.PROCEDURE
+
+
+def test_the_engines_read_is_measured_where_its_kernels_are_built(result):
+    if cpu.ops() is None:
+        assert "engine" not in result.notes["read_bandwidth"]
+    else:
+        assert ", engine " in result.notes["read_bandwidth"]
+        assert engine_probe.ENGINE_KERNELS.read_bandwidth(16 << 20, "cpu", probe._QUICK) > 1e9
+    assert engine_probe.ENGINE_KERNELS.read_bandwidth(16 << 20, "meta", probe._QUICK) is None
+
+
+def test_a_roof_is_the_fastest_repetition(monkeypatch):
+    """Peaks, not medians: on a shared host the slower repetitions time the neighbours, and a bound from a median
+    rate was above the time the kernels then took. A scripted clock: two warm-up calls, then repetitions of 3, 1
+    and 2 seconds."""
+    ticks = iter([0.0, 1.0, 10.0, 13.0, 20.0, 21.0, 30.0, 32.0])
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: next(ticks))
+    plan = dataclasses.replace(probe._QUICK, reps=3, min_rep_s=0.5)
+    assert probe.best_seconds(lambda: None, "cpu", plan) == 1.0

@@ -1,5 +1,6 @@
 """The probe as the engine needs it: this machine's roofs (rooftop.roofline.probe) with the int8/int4 weight-only
-peaks timed on the linears the engine builds (make_linear: rooftop's kernels where they exist, else PyTorch's)."""
+peaks timed on the linears the engine builds (make_linear: rooftop's kernels where they exist, else PyTorch's), and
+the read bandwidth as rooftop's kernels stream their weights where they are built."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from rooftop.quant.linear import linear_format, make_linear
 from rooftop.quant.weights import GROUP
 from rooftop.roofline import probe
 from rooftop.roofline.precision import WEIGHT_POLICIES
-from rooftop.roofline.probe import CollectiveTimer, Plan, ProbeResult, best_on_ladder, median_seconds
+from rooftop.roofline.probe import CollectiveTimer, Plan, ProbeResult, best_on_ladder, best_seconds
 
 
-class EngineLinears:
+class EngineKernels:
     """The int8/int4 linears exactly as the engine builds and calls them, on float32 activations at the row counts
-    decode runs them at."""
+    decode runs them at; and the read of rooftop's CPU kernels (one stream per thread, fetching ahead)."""
 
     def kernels(self, device: str) -> str:
         """Whose kernels, and for rooftop's which build of them: a probe taken before they changed is stale."""
@@ -37,7 +38,7 @@ class EngineLinears:
 
             def measure(m: int) -> float:
                 x = torch.randn(m, k, device=device, dtype=dtype)
-                return median_seconds(lambda: linear(x), device, plan)
+                return best_seconds(lambda: linear(x), device, plan)
 
             flops, m = best_on_ladder(plan.weight_only_rows, lambda m: 2.0 * m * k * n, measure, plan.cap_s)
         except (AttributeError, RuntimeError, NotImplementedError) as error:
@@ -53,7 +54,7 @@ class EngineLinears:
         }.get(type(linear).__name__, "PyTorch's weight-only op, one scale per row: bf16 activations, computes in bf16")
         one_row = ""
         if device != "cpu":  # decode's case: one row reads every weight once
-            seconds = median_seconds(lambda: linear(torch.randn(1, k, device=device, dtype=dtype)), device, plan)
+            seconds = best_seconds(lambda: linear(torch.randn(1, k, device=device, dtype=dtype)), device, plan)
             one_row = f"; one row reads its {linear.nbytes / 1e6:.0f} MB at {linear.nbytes / seconds / 1e9:.0f} GB/s"
         return flops, f"{type(linear).__name__}, M={m} K={k} N={n} ({how}){one_row}"
 
@@ -63,8 +64,17 @@ class EngineLinears:
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
         return {policy: linear_format(policy, torch.device(device), dtype) for policy in WEIGHT_POLICIES}
 
+    def read_bandwidth(self, size: int, device: str, plan: Plan) -> float | None:
+        """Bytes per second of `stream_read` over `size` bytes (kernels/tiles.cpp); None off the CPU or without the
+        kernels. fill_ touches every page first, as the probe's sum does."""
+        ops = cpu.ops() if device == "cpu" else None
+        if ops is None:
+            return None
+        data = torch.empty(size, dtype=torch.uint8).fill_(1)
+        return size / best_seconds(lambda: ops.stream_read(data), device, plan)
 
-ENGINE_LINEARS = EngineLinears()
+
+ENGINE_KERNELS = EngineKernels()
 
 
 def run_probe(
@@ -75,7 +85,7 @@ def run_probe(
 ) -> ProbeResult:
     """Measure every roof of `device`, the engine's weight-only linears included (and, in a tensor-parallel group,
     its all-reduce: `collectives`, the group's Lead)."""
-    return probe.run_probe(device, quick=quick, on_step=on_step, weight_only=ENGINE_LINEARS, collectives=collectives)
+    return probe.run_probe(device, quick=quick, on_step=on_step, engine=ENGINE_KERNELS, collectives=collectives)
 
 
 def load_or_run_probe(
@@ -88,7 +98,7 @@ def load_or_run_probe(
     """The cached probe of `device` (measured by the engine's kernels as they run here, and the all-reduce of the
     tensor-parallel group `collectives` leads), else measure anew."""
     return probe.load_or_run_probe(
-        device, force=force, quick=quick, on_step=on_step, weight_only=ENGINE_LINEARS, collectives=collectives
+        device, force=force, quick=quick, on_step=on_step, engine=ENGINE_KERNELS, collectives=collectives
     )
 
 

@@ -509,6 +509,42 @@ at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tens
   return by_format(format, [&](auto f) { return tiled_linear<decltype(f)::value>(w, x, bias, residual); });
 }
 
+// The sum of `data`'s bytes as 64-bit words, read as the tiled linears read their weights: one sequential stream
+// per thread, asking for memory PREFETCH_BYTES ahead. The probe's read roof: PyTorch's `sum` alone read below what
+// the tiled linears then streamed, and a roof below what a kernel reaches makes no bound (docs/PERFORMANCE.md).
+// The words' sum is returned so that the reads cannot be left out.
+int64_t stream_read(const at::Tensor& data) {
+  TORCH_CHECK(data.scalar_type() == at::kByte && data.is_contiguous() && data.numel() % 64 == 0,
+              "data must be contiguous uint8, a multiple of 64 bytes");
+  const uint8_t* bytes = data.data_ptr<uint8_t>();
+  std::vector<uint64_t> sums(at::get_num_threads(), 0);
+  at::parallel_for(0, data.numel() / 64, 1024, [&](int64_t l0, int64_t l1) {
+    uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#ifdef ROOFTOP_AVX2
+    // The plain loop below is not vectorized by GCC and reads a third slower than DRAM gives (Zen 3).
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+    for (int64_t line = l0; line < l1; ++line) {
+      const uint8_t* at = bytes + 64 * line;
+      __builtin_prefetch(at + PREFETCH_BYTES);
+      low = _mm256_add_epi64(low, load32(at));
+      high = _mm256_add_epi64(high, load32(at + 32));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc), _mm256_add_epi64(low, high));
+#else
+    for (int64_t line = l0; line < l1; ++line) {
+      const uint8_t* at = bytes + 64 * line;
+      uint64_t words[8];
+      std::memcpy(words, at, 64);
+      for (int i = 0; i < 8; ++i) acc[i] += words[i];
+    }
+#endif
+    for (int i = 0; i < 8; ++i) sums[at::get_thread_num()] += acc[i];
+  });
+  uint64_t total = 0;
+  for (uint64_t s : sums) total += s;
+  return static_cast<int64_t>(total);
+}
+
 // Tiled weights -> float32 or bfloat16 (N, K): what a prefill chunk's sgemm multiplies.
 at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, bool bf16) {
   const Tiled w = check_tiled(q, dm, format, n);

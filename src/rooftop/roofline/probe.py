@@ -1,7 +1,10 @@
 """This machine's roofs (matmul FLOP/s per dtype, memory bandwidth), measured with torch alone and cached as JSON.
 
-The int8/int4 weight-only peaks time the engine's own linears, which the analyzer never builds: a `WeightOnlyTimer`
-given by the caller measures them (rooftop.engine.probe, the probe `rooftop probe` and the engine's commands run).
+Every roof is a peak: the fastest of its timed repetitions, so that a bound built from the roofs is never above a
+time the engine measures. The int8/int4 weight-only peaks time the engine's own linears, which the analyzer never
+builds, and the read bandwidth is the faster of PyTorch's `sum` and the engine's own streaming read (its kernels ask
+for memory ahead, and read faster than `sum` on some hosts): an `EngineTimer` given by the caller measures both
+(rooftop.engine.probe, the probe `rooftop probe` and the engine's commands run).
 Under tensor parallelism a `CollectiveTimer` times the group's all-reduce over message sizes: its latency and
 bandwidth are the interconnect roof of the op model's collectives.
 """
@@ -12,7 +15,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,6 +37,9 @@ STEPS = (
     "read bandwidth",
 )
 ALL_REDUCE_STEP = "all-reduce"  # one more, in a tensor-parallel group
+# How the roofs are measured: 1, the median repetition and PyTorch's sum for the read; 2, the fastest repetition
+# (peaks) and the faster of the sum and the engine's own read.
+PROCEDURE = 2
 MIB = 1 << 20
 
 
@@ -93,8 +98,9 @@ _QUICK = Plan(
 )
 
 
-class WeightOnlyTimer(Protocol):
-    """Times the engine's int8/int4 linears for the weight-only peaks (rooftop.engine.probe.ENGINE_LINEARS)."""
+class EngineTimer(Protocol):
+    """Times the engine's own kernels (rooftop.engine.probe.ENGINE_KERNELS): its int8/int4 linears for the
+    weight-only peaks, and its streaming read for the read bandwidth."""
 
     def kernels(self, device: str) -> str:
         """Whose kernels run them on `device`: "rooftop <version of its sources>" (kernels/cpu.cpp) or "pytorch"."""
@@ -106,6 +112,10 @@ class WeightOnlyTimer(Protocol):
 
     def formats(self, device: str) -> dict[str, str]:
         """The format each weight policy ("float", "int8", "int4") runs in on `device` (the analyzer's names)."""
+        ...
+
+    def read_bandwidth(self, size: int, device: str, plan: Plan) -> float | None:
+        """Bytes per second of the engine's own read of `size` bytes, or None where it has none on `device`."""
         ...
 
 
@@ -136,7 +146,7 @@ class ProbeResult:
     torch_version: str
     cuda_device: str | None
     weight_only_kernels: (
-        str  # whose int8/int4 kernels were timed: "rooftop <version>" (kernels/cpu.cpp), "pytorch" or "none"
+        str  # whose kernels were timed (int8/int4 linears, read): "rooftop <version>" (kernels/), "pytorch" or "none"
     )
     memory_bytes: int
     fp32_flops: float
@@ -158,6 +168,7 @@ class ProbeResult:
     all_reduce_seconds: dict[int, float] = field(default_factory=dict)
     all_reduce_latency_s: float | None = None
     all_reduce_bandwidth: float | None = None
+    procedure: int = 1  # how the roofs were measured (PROCEDURE); a cache from an older procedure is measured again
 
     def read_bandwidth_at(self, working_set: float) -> float:
         """The read bandwidth of a working set of `working_set` bytes: interpolated (in log size) between the sizes
@@ -220,10 +231,11 @@ class ProbeResult:
         """The inverse of `to_dict`; raises KeyError, TypeError or ValueError on a malformed dict."""
         # a cache written before rooftop read several sizes: DRAM for every size; one without a group: measured alone
         optional = {"read_by_size", "tensor_parallel", "all_reduce_seconds", "all_reduce_latency_s"}
-        optional.add("all_reduce_bandwidth")
+        optional |= {"all_reduce_bandwidth", "procedure"}
         values = {name: data[_SI_KEYS.get(name, name)] for name in cls.__dataclass_fields__ if name not in optional}
         values["read_by_size"] = {int(size): float(bw) for size, bw in (data.get("read_by_size") or {}).items()}
         values["tensor_parallel"] = str(data.get("tensor_parallel") or "")
+        values["procedure"] = int(data.get("procedure") or 1)
         values["all_reduce_seconds"] = {int(n): float(t) for n, t in (data.get("all_reduce_seconds") or {}).items()}
         for name in ("all_reduce_latency_s", "all_reduce_bandwidth"):
             key = _SI_KEYS.get(name, name)
@@ -255,20 +267,20 @@ def run_probe(
     device: str = "cpu",
     quick: bool = False,
     on_step: Callable[[str], None] | None = None,
-    weight_only: WeightOnlyTimer | None = None,
+    engine: EngineTimer | None = None,
     collectives: CollectiveTimer | None = None,
 ) -> ProbeResult:
     """Measure every roof of `device` ("cpu" or "cuda[:i]"); `quick` uses tiny sizes (about a second, for tests).
-    The weight-only peaks are measured only by `weight_only` (the engine's linears), else left out; the all-reduce
-    only by `collectives` (a tensor-parallel group's)."""
+    The weight-only peaks are measured only by `engine` (the engine's linears), else left out, as is its read; the
+    all-reduce only by `collectives` (a tensor-parallel group's)."""
     device = _checked_device(device)
     plan = _QUICK if quick else _PLANS[torch.device(device).type]
     step = on_step or (lambda description: None)
     start = time.perf_counter()
     notes: dict[str, str] = {}
-    machine = identity(device, weight_only, collectives)
-    if weight_only is None:
-        weight_only = _NotTimed()
+    machine = identity(device, engine, collectives)
+    if engine is None:
+        engine = _NotTimed()
 
     step(STEPS[0])
     fp32, notes["fp32_matmul"] = _matmul_flops(torch.float32, device, plan)
@@ -277,21 +289,21 @@ def run_probe(
     step(STEPS[1])
     bf16, notes["bf16_matmul"] = _matmul_flops(torch.bfloat16, device, plan)
     step(STEPS[2])
-    int8, notes["int8_weight_only"] = weight_only.flops("int8", device, plan)
+    int8, notes["int8_weight_only"] = engine.flops("int8", device, plan)
     step(STEPS[3])
-    int4, notes["int4_weight_only"] = weight_only.flops("int4", device, plan)
+    int4, notes["int4_weight_only"] = engine.flops("int4", device, plan)
     step(STEPS[4])
     copy = _copy_bandwidth(device, plan)
     notes["copy_bandwidth"] = f"copy of {plan.copy_bytes // MIB} MiB, read + write bytes counted"
     step(STEPS[5])
-    read_by_size = {size: _read_bandwidth(device, size, plan) for size in (*plan.read_ladder, plan.read_bytes)}
+    sizes = (*plan.read_ladder, plan.read_bytes)
+    by_sum = {size: _read_bandwidth(device, size, plan) for size in sizes}
+    by_engine = {size: engine.read_bandwidth(size, device, plan) for size in sizes}
+    read_by_size = {size: max(by_sum[size], by_engine[size] or 0.0) for size in sizes}
     read = read_by_size[plan.read_bytes]
     notes["read_bandwidth"] = (
-        f"sum of {plan.read_bytes // MIB} MiB of float32 (also read: "
-        + ", ".join(
-            f"{size // MIB} MiB {bw / GIGA:.1f} GB/s" for size, bw in read_by_size.items() if size != plan.read_bytes
-        )
-        + ")"
+        f"{plan.read_bytes // MIB} MiB, the faster of PyTorch's sum of float32 and the engine's streaming read; "
+        + ", ".join(_read_note(size, by_sum[size], by_engine[size]) for size in sizes)
     )
 
     communication = {}
@@ -318,7 +330,7 @@ def run_probe(
         duration_s=time.perf_counter() - start,
         quick=quick,
         notes=notes,
-        engine_formats=weight_only.formats(device),
+        engine_formats=engine.formats(device),
         read_by_size=read_by_size,
         **communication,
     )
@@ -358,20 +370,20 @@ def load_or_run_probe(
     force: bool = False,
     quick: bool = False,
     on_step: Callable[[str], None] | None = None,
-    weight_only: WeightOnlyTimer | None = None,
+    engine: EngineTimer | None = None,
     collectives: CollectiveTimer | None = None,
 ) -> ProbeResult:
     """The cached probe of `device` (and of the tensor-parallel group `collectives` times) if measured here, with
-    this torch, at least as thoroughly; else measure anew. Without `weight_only` (the analyzer) a cached probe is
+    this torch, at least as thoroughly; else measure anew. Without `engine` (the analyzer) a cached probe is
     taken whichever kernels it timed."""
     device = _checked_device(device)
     path = cache_path(device, collectives.group() if collectives is not None else "")
     if not force:
         cached = read_cache(path)
-        machine = identity(device, weight_only, collectives)
+        machine = identity(device, engine, collectives)
         if cached is not None and _matches(cached, machine) and (quick or not cached.quick):
             return cached
-    result = run_probe(device, quick=quick, on_step=on_step, weight_only=weight_only, collectives=collectives)
+    result = run_probe(device, quick=quick, on_step=on_step, engine=engine, collectives=collectives)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -404,7 +416,7 @@ def _checked_device(device: str) -> str:
     return "cpu" if parsed.type == "cpu" else str(parsed)
 
 
-def identity(device: str, weight_only: WeightOnlyTimer | None, collectives: CollectiveTimer | None = None) -> dict:
+def identity(device: str, engine: EngineTimer | None, collectives: CollectiveTimer | None = None) -> dict:
     """What the roofs depend on besides the hardware's mood: a cached probe is reused only if all of it is unchanged
     (whose weight-only kernels it timed is left out when no timer is given), the tensor-parallel group included."""
     cpu_model, cpu_signature = _cpu_description()
@@ -419,7 +431,8 @@ def identity(device: str, weight_only: WeightOnlyTimer | None, collectives: Coll
         "torch_version": torch.__version__,
         "cuda_device": cuda_device,
         "tensor_parallel": "" if collectives is None else collectives.group(),
-        **({} if weight_only is None else {"weight_only_kernels": weight_only.kernels(device)}),
+        "procedure": PROCEDURE,
+        **({} if engine is None else {"weight_only_kernels": engine.kernels(device)}),
     }
 
 
@@ -444,8 +457,9 @@ def _total_ram_bytes() -> int:
         return 0
 
 
-def median_seconds(call: Callable[[], object], device: str, plan: Plan) -> float:
-    """Median seconds per call over `plan.reps` timed repetitions, after two untimed warm-up calls. On CUDA each
+def best_seconds(call: Callable[[], object], device: str, plan: Plan) -> float:
+    """Seconds per call of the fastest of `plan.reps` timed repetitions, after two untimed warm-up calls: a roof is
+    what the hardware can do, and on a shared host the slower repetitions measure the neighbours. On CUDA each
     repetition is timed by CUDA events around its calls (the device's own clock, no host gap at either end)."""
     sync = (lambda: torch.cuda.synchronize(device)) if device != "cpu" else (lambda: None)
     call()
@@ -472,7 +486,7 @@ def median_seconds(call: Callable[[], object], device: str, plan: Plan) -> float
             call()
         sync()
         times.append((time.perf_counter() - start) / number)
-    return statistics.median(times)
+    return min(times)
 
 
 def best_on_ladder(
@@ -506,14 +520,14 @@ def _matmul_flops(dtype: torch.dtype, device: str, plan: Plan) -> tuple[float, s
     def measure(n: int) -> float:
         a = torch.randn(n, n, dtype=dtype, device=device)
         b = torch.randn(n, n, dtype=dtype, device=device)
-        return median_seconds(lambda: torch.mm(a, b), device, plan)
+        return best_seconds(lambda: torch.mm(a, b), device, plan)
 
     flops, n = best_on_ladder(plan.matmul_sizes, lambda n: 2.0 * n**3, measure, plan.cap_s)
     return flops, f"{n}x{n} @ {n}x{n}, the best of the sizes tried"
 
 
 class _NotTimed:
-    """The analyzer's own probe: it builds none of the engine's linears, so it leaves their peaks out."""
+    """The analyzer's own probe: it builds none of the engine's kernels, so it leaves their peaks and read out."""
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
         return None, "not measured: the engine's probe (`rooftop probe`) times its int8/int4 linears"
@@ -521,16 +535,24 @@ class _NotTimed:
     def formats(self, device: str) -> dict[str, str]:
         return {}
 
+    def read_bandwidth(self, size: int, device: str, plan: Plan) -> float | None:
+        return None
+
 
 def _copy_bandwidth(device: str, plan: Plan) -> float:
     source = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     target = torch.empty_like(source)
-    seconds = median_seconds(lambda: target.copy_(source), device, plan)
+    seconds = best_seconds(lambda: target.copy_(source), device, plan)
     return 2 * source.nbytes / seconds
+
+
+def _read_note(size: int, by_sum: float, by_engine: float | None) -> str:
+    engine = "" if by_engine is None else f", engine {by_engine / GIGA:.1f}"
+    return f"{size // MIB} MiB: sum {by_sum / GIGA:.1f}{engine} GB/s"
 
 
 def _read_bandwidth(device: str, size: int, plan: Plan) -> float:
     # fill_ touches every page: an untouched allocation reads back the kernel's shared zero page, from cache.
     data = torch.empty(size // 4, dtype=torch.float32, device=device).fill_(1.0)
-    seconds = median_seconds(lambda: data.sum(), device, plan)
+    seconds = best_seconds(lambda: data.sum(), device, plan)
     return data.nbytes / seconds
