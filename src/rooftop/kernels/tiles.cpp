@@ -242,16 +242,29 @@ inline void unpack256(const uint8_t* b, int h, __m256i w[8]) {
   }
 }
 
-// acc + the dots of 8 outputs' four weights with four activations x (broadcast).
+// The dots of 8 outputs' 16 weights (4 vectors w, vector v against x[4v..4v+3]) with 16 activations, as int32.
+// Without VNNI, maddubs gives each output's pairs of products as int16 and madd sums those to int32: the int16
+// sums of several vectors are added before the one madd while they cannot overflow (|x| <= 127, levels u below
+// 16, 32, 64: four, four, two vectors; Q8_0's signed levels, made positive against x's flipped signs: one).
 template <Format F>
-inline __m256i dot_add(__m256i acc, __m256i w, int32_t x) {
-  const __m256i xs = _mm256_set1_epi32(x);
+inline __m256i dots16(const __m256i w[4], const int8_t* x) {
+  __m256i acc = _mm256_setzero_si256();
 #ifdef ROOFTOP_DPBUSD256
-  return _mm256_add_epi32(acc, dot_i32(w, xs));
+  for (int v = 0; v < 4; ++v) acc = _mm256_add_epi32(acc, dot_i32(w[v], _mm256_set1_epi32(four_bytes(x + 4 * v))));
 #else
-  if constexpr (F == Q8_0) return _mm256_add_epi32(acc, dot_i32(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w)));
-  return _mm256_add_epi32(acc, dot_i32(w, xs));
+  constexpr int chain = F == Q8_0 ? 1 : planes(F) == 2 ? 2 : 4;
+  const auto pairs_of = [&](int v) {
+    const __m256i xs = _mm256_set1_epi32(four_bytes(x + 4 * v));
+    if constexpr (F == Q8_0) return _mm256_maddubs_epi16(_mm256_sign_epi8(w[v], w[v]), _mm256_sign_epi8(xs, w[v]));
+    return _mm256_maddubs_epi16(w[v], xs);
+  };
+  for (int v0 = 0; v0 < 4; v0 += chain) {
+    __m256i pairs = pairs_of(v0);
+    for (int v = v0 + 1; v < v0 + chain; ++v) pairs = _mm256_add_epi16(pairs, pairs_of(v));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
 #endif
+  return acc;
 }
 
 template <bool Signed>
@@ -288,11 +301,7 @@ void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
       for (int r = 0; r < R; ++r) {
         const int64_t ag = (r0 + r) * w.groups + g;
         const int8_t* x = a.q.data() + ag * GROUP;
-        __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
-        for (int v = 0; v < 4; ++v) {
-          p0 = dot_add<F>(p0, u[v], four_bytes(x + 4 * v));
-          p1 = dot_add<F>(p1, u[v + 4], four_bytes(x + 16 + 4 * v));
-        }
+        __m256i p0 = dots16<F>(u, x), p1 = dots16<F>(u + 4, x + 16);
         const __m256 xd = _mm256_set1_ps(a.d[ag]);
         if constexpr (F == Q6_K) {
           p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(c * a.sum16[2 * ag]));
