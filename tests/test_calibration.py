@@ -113,6 +113,8 @@ def test_the_gap_parts_add_up_to_the_measured_step(tiny_llm, tmp_path, monkeypat
     cal = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True)
     for key in ("decode.linears", "decode.attention", "decode.host", "decode.around", "prefill.linears"):
         assert key in cal.curves and all(y >= 0 for _, y in cal.curves[key].points), key
+    # a one-token prompt runs the decode kernels, not the widened matmul: its own prefill point
+    assert ("a prompt of 1 token", 1, 1, 1) in calibration_run._runs(tiny_llm, tiny_llm.engine, calibration_run.QUICK)
     before = len(tiny_llm.step_records)
     tiny_llm.generate(["hello there", "a second prompt"], SamplingParams(max_tokens=6, temperature=0))
     records = list(tiny_llm.step_records)[before:]
