@@ -51,9 +51,14 @@ def test_q8_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows):
     assert float((lin(x) - ref).norm() / ref.norm()) < 0.01  # 8 bits on both sides
 
 
-def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_the_planned_rows():
-    from rooftop.quant.linear import WIDEN_ROWS, RowPlan, widen_dtype
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_the_planned_rows(native_bf16, monkeypatch):
+    """Where the host multiplies bfloat16 natively a planned prefill chunk widens to one bfloat16 matmul; elsewhere
+    (AVX2 hosts, where the kernels run prefill rows faster than float32 sgemm) every row runs the kernel."""
+    from rooftop.quant import linear
+    from rooftop.quant.linear import WIDEN_ROWS, RowPlan
 
+    monkeypatch.setattr(linear, "widen_dtype", lambda: torch.bfloat16 if native_bf16 else None)
     gen = torch.Generator().manual_seed(7)
     lin = Q4Linear.from_weight(quantize_int4(torch.randn(64, 128, generator=gen)), None)
     x = torch.randn(2, 3, 128, generator=gen)
@@ -61,9 +66,13 @@ def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_the_plann
     assert lin(x.bfloat16()).dtype == torch.bfloat16
     many = torch.randn(WIDEN_ROWS, 128, generator=gen)
     widened = lin(many, plan=RowPlan((WIDEN_ROWS - 8,)))  # one matmul on the widened weights, then the kernel
-    dt = widen_dtype()  # bfloat16 where the host multiplies it natively, else float32
-    torch.testing.assert_close(widened[:-8], F.linear(many[:-8].to(dt), lin.dequantize(dt)).float())
     assert torch.equal(widened[-8:], lin(many[-8:]))
+    if native_bf16:
+        bf16 = torch.bfloat16
+        torch.testing.assert_close(widened[:-8], F.linear(many[:-8].to(bf16), lin.dequantize(bf16)).float())
+        assert lin.widen_rows == WIDEN_ROWS
+    else:
+        assert torch.equal(widened, lin(many)) and lin.widen_rows is None
 
 
 @pytest.mark.parametrize("kind", [Q4Linear, Q8Linear])

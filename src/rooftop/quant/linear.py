@@ -47,22 +47,24 @@ FLOAT_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 
 
 @functools.cache
-def widen_dtype() -> torch.dtype:
-    """What quantized weights widen to for a prefill chunk: bfloat16 where the CPU multiplies it natively (AVX512-BF16
-    or AMX: oneDNN's bf16 matmul ran 3.3x float32 sgemm on the Zen 4 host, docs/PERFORMANCE.md), float32 elsewhere.
-    bfloat16 rounds the chunk's activations to 8 bits of mantissa, about what the int8 kernels' groups keep."""
+def widen_dtype() -> torch.dtype | None:
+    """What rooftop's kernel linears widen a prefill chunk's weights to, or None where they do not widen. bfloat16
+    where the CPU multiplies it natively (AVX512-BF16 or AMX: oneDNN's bf16 matmul ran 3.3x float32 sgemm on the Zen 4
+    host); bfloat16 rounds the chunk's activations to 8 bits of mantissa, about what the int8 kernels' groups keep.
+    Elsewhere every row runs the kernels: on an AVX2 host (Zen 3) they ran 96 to 512 prefill rows 1.4-5x faster than
+    widening to float32 and sgemm, in every format (docs/PERFORMANCE.md)."""
     try:
         flags = set(open("/proc/cpuinfo").read().split())
     except OSError:
-        return torch.float32
-    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & flags else torch.float32
+        return None
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & flags else None
 
 
 def widen_compute(linear, dtype: torch.dtype) -> str | None:
     """The analyzer's compute name for a linear's widened prefill chunks: rooftop's kernel linears widen to
     `widen_dtype()`, the others to the activations' dtype (None: the default)."""
     parts = getattr(linear, "parts", [linear])
-    if all(isinstance(p, _KernelLinear) for p in parts) and widen_dtype() != dtype:
+    if all(isinstance(p, _KernelLinear) for p in parts) and widen_dtype() not in (None, dtype):
         return FLOAT_FORMATS[widen_dtype()]
     return None
 
@@ -268,14 +270,17 @@ def _like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class _KernelLinear:
-    """What the kernel linears share: the narrow rows run the kernel, widened groups one matmul (a `RowPlan`) in
-    `widen_dtype`."""
+    """What the kernel linears share: the narrow rows run the kernel, widened groups (a `RowPlan`) one matmul in
+    `widen_dtype` where the host widens; where it does not, every row runs the kernel."""
 
     bias: torch.Tensor | None
-    widen_rows: ClassVar[int | None] = WIDEN_ROWS
+
+    @property
+    def widen_rows(self) -> int | None:
+        return None if widen_dtype() is None else WIDEN_ROWS
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
-        if not plan.widen:
+        if not plan.widen or widen_dtype() is None:
             return self.narrow(x, residual)
         wide = self.dequantize(widen_dtype())
 
@@ -296,7 +301,8 @@ class _KernelLinear:
 class TiledLinear(_KernelLinear):
     """A GGUF block format in tiles of 16 output rows (kernels/tiles.cpp, quant/tiles.py), run by rooftop's CPU kernel
     against int8-quantized activations: a tile's unpacked weights serve up to 8 activation rows, so a batch's or a
-    verify step's extra rows cost little more than the first. Prefill-sized chunks widen to one matmul."""
+    verify step's extra rows cost little more than the first. Prefill-sized chunks widen to one matmul where the
+    host multiplies bfloat16 natively (`widen_dtype`)."""
 
     q: torch.Tensor  # (ceil(N / 16), K / 32, group bytes) uint8: levels, bit planes and sub-block scales per group
     dm: torch.Tensor  # (ceil(N / 16), scale blocks, parts, 16) float16, as in the GGUF: d, then m or dmin
@@ -370,7 +376,10 @@ class ConcatLinear:
     in Q6_K): each part runs as stored and the outputs are concatenated, instead of requantizing them to one."""
 
     parts: list
-    widen_rows: ClassVar[int | None] = WIDEN_ROWS
+
+    @property
+    def widen_rows(self) -> int | None:
+        return self.parts[0].widen_rows
 
     @property
     def format(self) -> str:
