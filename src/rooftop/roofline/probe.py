@@ -38,8 +38,8 @@ STEPS = (
 )
 ALL_REDUCE_STEP = "all-reduce"  # one more, in a tensor-parallel group
 # How the roofs are measured: 1, the median repetition and PyTorch's sum for the read; 2, the fastest repetition
-# (peaks) and the faster of the sum and the engine's own read.
-PROCEDURE = 2
+# (peaks) and the faster of the sum and the engine's own read; 3, the CPU's weight-only kernels up to 512 rows.
+PROCEDURE = 3
 MIB = 1 << 20
 
 
@@ -62,11 +62,11 @@ class Plan:
 
 
 _PLANS = {
-    # weight-only kernels: the row counts rooftop runs them at on CPU (larger steps widen to float32 sgemm, and
-    # the kernels' rate is not monotone in M: 32 rows can beat both 16 and 64)
+    # weight-only kernels: the row counts rooftop runs them at on CPU, decode's and (where the host does not widen
+    # prefill chunks to bfloat16) prefill's; the kernels' rate is not monotone in M: 32 rows can beat both 16 and 64
     "cpu": Plan(
         (256, 512, 1024, 2048, 4096),
-        (16, 32, 64),
+        (16, 32, 64, 128, 256, 512),
         4096,
         4096,
         512 * MIB,
