@@ -19,7 +19,8 @@ from rooftop.roofline.probe import CollectiveTimer, Plan, ProbeResult, best_on_l
 
 class EngineKernels:
     """The int8/int4 linears exactly as the engine builds and calls them, on float32 activations at the row counts
-    decode runs them at; and the read of rooftop's CPU kernels (one stream per thread, fetching ahead)."""
+    the engine runs them at (the probe plan's ladder); and the read of rooftop's CPU kernels (one stream per thread,
+    fetching ahead)."""
 
     def kernels(self, device: str) -> str:
         """Whose kernels, and for rooftop's which build of them: a probe taken before they changed is stale."""
