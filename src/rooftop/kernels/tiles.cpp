@@ -542,6 +542,7 @@ int64_t stream_read(const at::Tensor& data) {
 #else
     for (int64_t line = l0; line < l1; ++line) {
       const uint8_t* at = bytes + 64 * line;
+      __builtin_prefetch(at + PREFETCH_BYTES);
       uint64_t words[8];
       std::memcpy(words, at, 64);
       for (int i = 0; i < 8; ++i) acc[i] += words[i];

@@ -49,10 +49,10 @@ FLOAT_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 @functools.cache
 def widen_dtype() -> torch.dtype | None:
     """What rooftop's kernel linears widen a prefill chunk's weights to, or None where they do not widen. bfloat16
-    where the CPU multiplies it natively (AVX512-BF16 or AMX: oneDNN's bf16 matmul ran 3.3x float32 sgemm on the Zen 4
-    host); bfloat16 rounds the chunk's activations to 8 bits of mantissa, about what the int8 kernels' groups keep.
-    Elsewhere every row runs the kernels: on an AVX2 host (Zen 3) they ran 96 to 512 prefill rows 1.4-5x faster than
-    widening to float32 and sgemm, in every format (docs/PERFORMANCE.md)."""
+    where the CPU multiplies it natively (AVX512-BF16 or AMX: oneDNN's bf16 matmul there is several times float32
+    sgemm); bfloat16 rounds the chunk's activations to 8 bits of mantissa, about what the int8 kernels' groups keep.
+    Elsewhere every row runs the kernels: without native bfloat16 the alternative is widening to float32 for sgemm,
+    which the kernels outran at every prefill size measured on an AVX2 host (docs/PERFORMANCE.md)."""
     try:
         flags = set(open("/proc/cpuinfo").read().split())
     except OSError:
