@@ -53,8 +53,8 @@ def test_q8_linear_is_its_dequantized_matmul_on_the_quantized_activations(rows):
 
 @pytest.mark.parametrize("native_bf16", [True, False])
 def test_the_kernel_linears_take_any_leading_shape_and_dtype_and_widen_the_planned_rows(native_bf16, monkeypatch):
-    """Where the host multiplies bfloat16 natively a planned prefill chunk widens to one bfloat16 matmul; elsewhere
-    (AVX2 hosts, where the kernels run prefill rows faster than float32 sgemm) every row runs the kernel."""
+    """Where the host has AMX a planned prefill chunk widens to one bfloat16 matmul; elsewhere (AVX2 and
+    AVX512-BF16 hosts, where the kernels run prefill rows faster than a widened matmul) every row runs the kernel."""
     from rooftop.quant import linear
     from rooftop.quant.linear import WIDEN_ROWS, RowPlan
 

@@ -123,7 +123,7 @@ inline __m256i dot_i32(__m256i u, __m256i s) {
 
 #endif
 
-// Widened weights for a prefill chunk's sgemm, as float32 or (where the host multiplies bfloat16 natively) bfloat16.
+// Widened weights for a prefill chunk's matmul, as float32 or (where the host has AMX) bfloat16.
 inline void put(float* out, float v) { *out = v; }
 inline void put(at::BFloat16* out, float v) { *out = at::BFloat16(v); }  // round to nearest even
 

@@ -49,15 +49,17 @@ FLOAT_FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "
 @functools.cache
 def widen_dtype() -> torch.dtype | None:
     """What rooftop's kernel linears widen a prefill chunk's weights to, or None where they do not widen. bfloat16
-    where the CPU multiplies it natively (AVX512-BF16 or AMX: oneDNN's bf16 matmul there is several times float32
-    sgemm); bfloat16 rounds the chunk's activations to 8 bits of mantissa, about what the int8 kernels' groups keep.
-    Elsewhere every row runs the kernels: without native bfloat16 the alternative is widening to float32 for sgemm,
-    which the kernels outran at every prefill size measured on an AVX2 host (docs/PERFORMANCE.md)."""
+    where the CPU has AMX: its tile multiplies run oneDNN's bf16 matmul several times faster than the int8 kernels'
+    dots, which pays for widening each chunk's weights; bfloat16 rounds the chunk's activations to 8 bits of
+    mantissa, about what the int8 kernels' groups keep. Elsewhere every row runs the kernels: on AVX2 hosts the
+    alternative is float32 sgemm, and with AVX512-BF16 alone (no AMX) a 512-bit VNNI dot does twice the multiplies
+    of a bfloat16 one and needs no widening; the kernels outran both paths at every prefill size measured
+    (docs/PERFORMANCE.md)."""
     try:
         flags = set(open("/proc/cpuinfo").read().split())
     except OSError:
         return None
-    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & flags else None
+    return torch.bfloat16 if "amx_bf16" in flags else None
 
 
 def widen_compute(linear, dtype: torch.dtype) -> str | None:
@@ -302,7 +304,7 @@ class TiledLinear(_KernelLinear):
     """A GGUF block format in tiles of 16 output rows (kernels/tiles.cpp, quant/tiles.py), run by rooftop's CPU kernel
     against int8-quantized activations: a tile's unpacked weights serve up to 8 activation rows, so a batch's or a
     verify step's extra rows cost little more than the first. Prefill-sized chunks widen to one matmul where the
-    host multiplies bfloat16 natively (`widen_dtype`)."""
+    host has AMX (`widen_dtype`)."""
 
     q: torch.Tensor  # (ceil(N / 16), K / 32, group bytes) uint8: levels, bit planes and sub-block scales per group
     dm: torch.Tensor  # (ceil(N / 16), scale blocks, parts, 16) float16, as in the GGUF: d, then m or dmin
