@@ -177,6 +177,38 @@ def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path(heads, kv_h
     torch.testing.assert_close(pools[0].v, pools[1].v)
 
 
+@pytest.mark.parametrize(
+    "n, cached, heads, kv_heads, dim",
+    [
+        (37, 0, 4, 2, 64),
+        (70, 130, 8, 8, 80),
+        (5, 40, 6, 3, 48),
+        (1, 0, 2, 1, 64),
+        (33, 100, 9, 3, 128),
+        (20, 3, 4, 1, 24),
+    ],
+)
+def test_prefill_attention_is_pytorchs_causal_attention_over_the_cached_and_new_keys(n, cached, heads, kv_heads, dim):
+    """A chunk of n queries after `cached` tokens: across key blocks, the causal edge inside a block, grouped
+    heads, head dims the vector loops take in parts or leave to the plain loops, and q a view of the step's qkv
+    rows (its rows apart), as the model passes it."""
+    from rooftop.models.attention import prefill_attention
+
+    gen = torch.Generator().manual_seed(n + cached)
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=gen)
+    q = qkv.view(n, -1, dim)[:, :heads]
+    keys, values = (torch.randn(cached + n, kv_heads, dim, generator=gen) for _ in range(2))
+    got = kernels.prefill_attention(q, keys, values, cached, dim**-0.5)
+    torch.testing.assert_close(got, prefill_attention(q, keys, values, cached), atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="q must be float32"):
+        kernels.prefill_attention(q.double(), keys, values, cached, 1.0)
+    with pytest.raises(RuntimeError, match=r"keys and values must be contiguous float32 \(cached \+ n"):
+        kernels.prefill_attention(q, keys[1:], values[1:], cached, 1.0)
+    if kv_heads > 1:
+        with pytest.raises(RuntimeError, match="heads must be a multiple of kv_heads"):
+            kernels.prefill_attention(q[:, :1], keys, values, cached, 1.0)
+
+
 @pytest.mark.parametrize("backend", ["kernels", "torch"])
 def test_a_decode_runs_the_same_attention_whatever_shares_its_step(backend):
     """The phase decides the attention path, not the step's mix: a decode's output is bit for bit the same in a
@@ -383,6 +415,9 @@ def test_the_portable_loops_match_the_vector_kernels():
     torch.testing.assert_close(attended[0], attended[1], atol=1e-5, rtol=1e-5)
     for call in decode_attention_calls():  # the same integer dots on int8 pools; softmax's exp differs in the last bits
         torch.testing.assert_close(call(portable), call(kernels), atol=1e-5, rtol=1e-5)
+    q, keys = torch.randn(40, 4, 32, generator=gen), torch.randn(2, 90, 2, 32, generator=gen)
+    chunks = [k.prefill_attention(q, keys[0], keys[1], 50, 32**-0.5) for k in (portable, kernels)]
+    torch.testing.assert_close(chunks[0], chunks[1], atol=1e-5, rtol=1e-5)
 
 
 def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans():

@@ -143,6 +143,10 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
                             int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
                             const c10::optional<at::Tensor>& v_scale);
 
+// Prefill attention of one sequence's chunk over its cached and new keys, causal (prefill_attention.cpp).
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t cached,
+                             double scale);
+
 // GGUF's block formats in tiles of 16 output rows (tiles.cpp).
 at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n,
                         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
@@ -168,4 +172,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qkv"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slot_mapping"), py::arg("tables"),
         py::arg("lengths"), py::arg("block_size"), py::arg("heads"), py::arg("kv_heads"), py::arg("scale"),
         py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none());
+  m.def("prefill_attention", &prefill_attention,
+        "causal attention of a chunk's queries (n, heads, dim) over its sequence's cached + n keys and values",
+        py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("cached"), py::arg("scale"));
 }

@@ -1,4 +1,5 @@
-// e^x for eight floats at once, shared by SiLU (cpu.cpp) and the softmax of decode attention (attention.cpp).
+// e^x for eight (or sixteen) floats at once, shared by SiLU (cpu.cpp) and the softmax of decode and prefill attention
+// (attention.cpp, prefill_attention.cpp).
 
 #pragma once
 
@@ -20,6 +21,21 @@ inline __m256 exp_ps(__m256 x) {
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
 }
+
+#ifdef ROOFTOP_AVX512
+// exp_ps for sixteen floats: the same steps at 512 bits.
+inline __m512 exp16_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-87.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  const float c[] = {1.54035304e-4f, 1.33335581e-3f, 9.61812911e-3f, 5.55041087e-2f, 2.40226507e-1f, 6.93147181e-1f, 1.f};
+  __m512 p = _mm512_set1_ps(c[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
+  const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
+}
+#endif
 
 }  // namespace
 #endif

@@ -3,6 +3,8 @@ same call whether or not prefills share the step)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -33,16 +35,22 @@ def paged_attention(
 
 
 def prefill_chunks(
-    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: AttentionMetadata
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    meta: AttentionMetadata,
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The prefill rows' attention, one chunk at a time, over K/V already in the pool. q: (prefill rows, heads, hd)."""
+    """The prefill rows' attention, one chunk at a time, over K/V already in the pool. q: (prefill rows, heads, hd).
+    `attend` is a chunk's attention (default `prefill_attention`; rooftop's CPU kernel where it runs the model)."""
+    attend = attend or prefill_attention
     if len(meta.prefills) == 1:
         chunk = meta.prefills[0]
-        return prefill_attention(q, *gather(k_pool, v_pool, chunk.slots), chunk.cached)
-    out = torch.empty_like(q)
+        return attend(q, *gather(k_pool, v_pool, chunk.slots), chunk.cached)
+    out = q.new_empty(q.shape)
     for chunk in meta.prefills:
         rows = slice(chunk.start, chunk.end)
-        out[rows] = prefill_attention(q[rows], *gather(k_pool, v_pool, chunk.slots), chunk.cached)
+        out[rows] = attend(q[rows], *gather(k_pool, v_pool, chunk.slots), chunk.cached)
     return out
 
 

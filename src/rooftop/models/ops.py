@@ -68,8 +68,8 @@ class TorchOps:
 
 
 class KernelOps:
-    """rooftop's CPU kernels (float32 on the CPU): norm and RoPE in place on q and k, and decodes attend straight
-    from the pool, whatever shares their step (prefill chunks take PyTorch's scaled_dot_product_attention)."""
+    """rooftop's CPU kernels (float32 on the CPU): norm and RoPE in place on q and k, decodes attend straight from
+    the pool, whatever shares their step, and prefill chunks over the K/V gathered from it."""
 
     def __init__(self, kernels: ModuleType, config: ModelConfig, cos: torch.Tensor, sin: torch.Tensor):
         self.kernels, self.config, self.cos, self.sin = kernels, config, cos, sin
@@ -88,6 +88,12 @@ class KernelOps:
         themselves)."""
         return paged_attention(q, k, v, k_pool, v_pool, meta)
 
+    def prefill_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cached: int) -> torch.Tensor:
+        """A prefill chunk's causal attention in rooftop's kernel (kernels/prefill_attention.cpp: blocks past a
+        query's position skipped, where PyTorch's CPU flash attention computes a later chunk's masked blocks too),
+        over K/V gathered from the pool as float32."""
+        return self.kernels.prefill_attention(q, keys.float(), values.float(), cached, self.config.head_dim**-0.5)
+
     def attention(self, qkv, qk_norm, positions, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
         c = self.config
         self.kernels.rope_(
@@ -99,7 +105,7 @@ class KernelOps:
             q, k, v = qkv[:rows].view(rows, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
             k_pool.index_copy_(0, meta.slot_mapping[:rows], k)
             v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
-            parts.append(prefill_chunks(q, k_pool, v_pool, meta).reshape(rows, c.q_size))
+            parts.append(prefill_chunks(q, k_pool, v_pool, meta, self.prefill_attention).reshape(rows, c.q_size))
         if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
             # bfloat16 / float16 (CastPool) rounded, int8 / fp8 (ScaledPool) quantized on the way in, read as stored
             stored, scaled = isinstance(k_pool, StoredPool), isinstance(k_pool, ScaledPool)
