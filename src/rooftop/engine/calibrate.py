@@ -300,9 +300,8 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
         "block_size": str(engine.block_size),
         "chunk_size": str(engine.chunk_size),
         "kernels": cpu.sources_version() if cpu.ops() is not None else "pytorch",
-        "prefill_widens_to": str(
-            linears.widen_dtype()
-        ),  # the kernels' prefill chunks: one widened matmul, or every row narrow
+        # the kernels' prefill chunks: one widened matmul, or every row narrow
+        "prefill_widens_to": str(linears.widen_dtype()),
         "procedure": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8],  # this file: what was measured
     }
 
