@@ -68,7 +68,7 @@ class Monitor:
         self._counted = (0, 0, 0, 0, 0, 0)
         self._counted_per_pos: list[int] = []
         # quantized weights: decode runs the weight-only kernels, large (prefill) steps widen them to float matmuls
-        # where the engine widens (rooftop's CPU kernels: on hosts with native bfloat16)
+        # where the engine widens (rooftop's CPU kernels: on hosts with AMX)
         computes = sorted({precision.compute, precision.at(1 << 30).compute})
         self.peaks = {compute: hardware.peak(compute) for compute in computes}
         for compute, peak in self.peaks.items():
