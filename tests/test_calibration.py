@@ -96,6 +96,9 @@ def test_expected_time_from_synthetic_timings_by_hand():
     prefill = StepShape.prefill(1, 300)
     prefill_roof = class_roofline(time_step(config, p, prefill, HW), HW)
     assert cal.expected(config, p, prefill, HW).classes["linears"] == pytest.approx(2 * prefill_roof["linears"])
+    # a prefill's host time inside the forward pass at its tokens (past the last point on its slope), not its one
+    # sequence: what its timed ops leave of the forward pass grows with the chunk
+    assert cal.expected(config, p, prefill, HW).host_s == pytest.approx(0.005 + 292 * 0.0035 / 7)
     assert cal.expected(config, p, StepShape.decode(16, 100), HW).host_s == pytest.approx(0.005 + 8 * 0.0035 / 7)
     # a mixed step: its prefill chunk and its decodes each on their own phase's curves
     mixed = StepShape((*StepShape.prefill(1, 300).seqs, *shape.seqs))

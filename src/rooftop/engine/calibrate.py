@@ -34,7 +34,7 @@ from rooftop.kernels import cpu
 from rooftop.models import delta_net
 from rooftop.quant import linear as linears
 from rooftop.roofline import probe
-from rooftop.roofline.calibration import CLASSES, ROWS_KEYED, Calibration, Curve, class_roofline
+from rooftop.roofline.calibration import CLASSES, ROWS_KEYED, TOKENS_KEYED, Calibration, Curve, class_roofline
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.predict import time_step
 
@@ -217,7 +217,8 @@ def _replayed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_l
 
 def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict) -> None:
     """Each group's point on its phase's curves: every class's seconds against its roofline seconds (a decode's
-    linears against its rows), the host's inside and around the forward pass against the step's sequences."""
+    linears against its rows), the host's inside and around the forward pass against the step's sequences (a
+    prefill's inside: against its tokens)."""
     for (phase, seqs, tokens, _), taken in groups.items():
         for name in CLASSES:
             roof = median(r[name] for r, _, _, _ in taken)
@@ -227,7 +228,8 @@ def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict) ->
                     (tokens if key in ROWS_KEYED else roof, median(c[name] for _, c, _, _ in taken))
                 )
         host = median(forward - sum(c.values()) for _, c, forward, _ in taken)
-        samples.setdefault(f"{phase}.host", []).append((seqs, max(0.0, host)))
+        key = f"{phase}.host"
+        samples.setdefault(key, []).append((tokens if key in TOKENS_KEYED else seqs, max(0.0, host)))
         samples.setdefault(f"{phase}.around", []).append((seqs, median(a for _, _, _, a in taken)))
 
 

@@ -12,8 +12,8 @@
 // vector of keys); then each query's online softmax (its running maximum m, sum l and weighted sum of values, as
 // flash attention keeps them) takes the block, and the same queries' weighted sums add the block's value rows,
 // each row loaded once for all of them. Keys past a query's position get weight 0, and a block wholly past it is
-// skipped. Plain loops (no AVX2) do the same arithmetic one query and one value at a time; the sums' order
-// differs, so the paths agree to float32's rounding, not bit for bit.
+// skipped. Plain loops (no AVX2, or a head dim not a whole number of vectors) do the same arithmetic one query and
+// one value at a time; the sums' order differs, so the paths agree to float32's rounding, not bit for bit.
 
 #include "exp.h"
 

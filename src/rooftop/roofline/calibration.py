@@ -4,7 +4,8 @@ time of any step and the decomposition of a measured step's gap to its bound.
 The op model gives every op's roofline time; a calibration (engine/calibrate.py times the engine's own linears,
 attention and elementwise kernels inside real steps) maps, per phase and op class, the roofline time to the time the
 engine took, and records the step's host time (Python, metadata and dispatch inside the forward pass; scheduling,
-sampling and detokenizing around it) against the number of sequences. Plain data and arithmetic: no torch, no engine.
+sampling and detokenizing around it) against the number of sequences (a prefill's inside the forward pass: against
+its tokens). Plain data and arithmetic: no torch, no engine.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ COMMUNICATION = {"all_reduce", "logits_gather", "plan_broadcast"}  # a tensor-pa
 # extra row does (a 5-row speculative verify step took ~1.6x one row's linears); against roofline seconds, batches
 # 1, 2, 4 and 8 fell within a few percent of one another and the curve zig-zagged between their noisy times.
 ROWS_KEYED = {"decode.linears"}
+# Host curves drawn against the step's tokens instead of its sequences: what a prefill's forward pass spends outside
+# its timed ops grows with the chunk (embedding, K/V writes, dispatch per op on larger tensors), and every prompt of
+# the calibration is one sequence, so against sequences a 16-token prompt took the mean of its residual and that
+# of prompts up to 2048 tokens (a 1B's pp16 was expected at 124 ms, measured 55: docs/BENCHMARKS.md).
+TOKENS_KEYED = {"prefill.host"}
 
 
 def op_class(name: str) -> str:
@@ -120,7 +126,7 @@ class ExpectedStep:
 class Calibration:
     """Per "phase.class" (prefill.linears, decode.attention, ...) a curve of measured seconds against the class's
     roofline seconds (ROWS_KEYED: against the step's rows); per "phase.host" and "phase.around" a curve of seconds
-    against the step's sequences. `identity` says for which machine, model, format and engine settings it was
+    against the step's sequences (TOKENS_KEYED: its tokens). `identity` says for which machine, model, format and engine settings it was
     measured."""
 
     curves: dict[str, Curve]
@@ -151,7 +157,8 @@ class Calibration:
 
     def _host(self, key: str, shape: StepShape) -> float:
         curve = self.curves.get(key)
-        return 0.0 if curve is None else curve.at(shape.num_seqs, proportional=False)
+        x = shape.tokens if key in TOKENS_KEYED else shape.num_seqs
+        return 0.0 if curve is None else curve.at(x, proportional=False)
 
     def to_dict(self) -> dict:
         return {
