@@ -25,6 +25,7 @@ from rooftop.bench.sweep import sweep
 from rooftop.engine.calibrate import load_or_calibrate
 from rooftop.engine.llm import LLM
 from rooftop.engine.probe import load_or_run_probe
+from rooftop.errors import RooftopError
 from rooftop.roofline.presets import PRESETS
 
 
@@ -55,6 +56,12 @@ def main() -> None:
     lens = [int(v) for v in args.prompt_lens.split(",")]
     batches = [int(v) for v in args.batch_sizes.split(",")]
     contexts = [int(v) for v in args.contexts.split(",")]
+    specs = args.model.split(",")
+    for spec in specs:  # a model the engine refuses stops the run now, not after the ones before it have swept
+        try:
+            load(spec)
+        except RooftopError as exc:
+            raise SystemExit(f"--model {spec}: {exc}") from None
     print(
         f"`benchmarks/prediction.py --model {args.model} --prompt-lens {args.prompt_lens} --batch-sizes "
         f"{args.batch_sizes} --contexts {args.contexts} --reps {args.reps}`, "
@@ -64,7 +71,7 @@ def main() -> None:
     print("| model | step | measured | expected | bound | error |\n|---|---|---|---|---|---|")
     errors: dict[str, list[float]] = {"prefill": [], "decode": []}
     above = []
-    for spec in args.model.split(","):
+    for spec in specs:
         label, llm = load(spec)
         hw = load_or_run_probe().to_hardware(working_set=llm.weight_bytes)
         engine = fresh_engine(llm, max(lens), max(batches))

@@ -1,0 +1,18 @@
+"""benchmarks/prediction.py, the sweep behind issue 16's table, refuses a model the engine cannot run before it
+sweeps anything: the runs take tens of minutes, and one once lost 25 of them to its last model's weight format."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "prediction.py"
+
+
+def test_a_model_the_engine_refuses_stops_the_run_before_any_sweep():
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "llama-3.2-1b:q4_k"], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 1
+    assert run.stdout == ""  # neither the command line nor the table's header: nothing ran
+    assert "--model llama-3.2-1b:q4_k: rooftop's engine cannot run q4_k weights on cpu" in run.stderr
+    assert "Traceback" not in run.stderr
