@@ -181,20 +181,24 @@ void tile512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
   constexpr int c = F == Q8_0 ? 128 : offset(F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 d = _mm512_setzero_ps(), second = _mm512_setzero_ps();  // a scale block's d and m (K-quants: -dmin)
   for (int64_t g = 0; g < w.groups; ++g) {
     fetch_ahead<F>(w, t, g);
     const uint8_t* b = w.group(F, t, g);
     __m512i u[8];
     unpack512<F>(b, u);
-    const at::Half* s = w.scales(F, t, g);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-    __m512 sa = d, sa2 = d, m = _mm512_setzero_ps();  // a of inputs 0-15 and 16-31, m
-    if constexpr (parts(F) == 2) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + TILE)));
+    if (g % groups_per_scale(F) == 0) {  // the K-quants' d and dmin serve 8 groups
+      const at::Half* s = w.scales(F, t, g);
+      d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+      if constexpr (parts(F) == 2) second = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + TILE)));
+      if constexpr (k_quant(F)) second = _mm512_sub_ps(_mm512_setzero_ps(), second);
+    }
+    __m512 sa = d, sa2 = d, m = second;  // a of inputs 0-15 and 16-31, m
     if constexpr (F == Q6_K) {
       sa = sub_scales512<true>(b + sub_scales_at(F), d), sa2 = sub_scales512<true>(b + sub_scales_at(F) + 16, d);
     } else if constexpr (k_quant(F)) {
       sa = sub_scales512<false>(b + sub_scales_at(F), d);
-      m = sub_scales512<false>(b + sub_scales_at(F) + 16, _mm512_sub_ps(_mm512_setzero_ps(), m));
+      m = sub_scales512<false>(b + sub_scales_at(F) + 16, second);
     }
     for (int r = 0; r < R; ++r) {
       const int64_t ag = (r0 + r) * w.groups + g;
