@@ -12,6 +12,7 @@ from rooftop.engine import probe as engine_probe
 from rooftop.errors import InvalidRequestError
 from rooftop.kernels import cpu
 from rooftop.roofline import probe
+from rooftop.roofline.report import si
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,63 @@ def test_force_measures_again_and_rewrites(runs):
     forced = probe.load_or_run_probe(quick=True, force=True)
     assert runs == [True, True] and forced.date == "run 2"
     assert probe.load_or_run_probe(quick=True).date == "run 2"
+
+
+def _cache_faster_read(result: probe.ProbeResult, quick: bool = True) -> probe.ProbeResult:
+    """A cached probe of this machine from an earlier minute: its read twice as fast, its fp32 matmul half."""
+    earlier = dataclasses.replace(
+        result,
+        date="earlier",
+        quick=quick,
+        read_bandwidth=2 * result.read_bandwidth,
+        read_by_size={size: 2 * bw for size, bw in result.read_by_size.items()},
+        fp32_flops=result.fp32_flops / 2,
+    )
+    probe.cache_path("cpu").write_text(json.dumps(earlier.to_dict()))
+    return earlier
+
+
+def test_force_keeps_each_roof_the_fastest_a_probe_of_this_machine_has_shown(runs, result):
+    """A shared host's read moved between 42 and 74 GB/s within an hour: measured again in a slow minute, the roof
+    stays what the fast one showed, so that the bound stays below the steps a fast minute runs."""
+    earlier = _cache_faster_read(result)
+    forced = engine_probe.load_or_run_probe(quick=True, force=True)
+    assert runs == [True] and forced.date == "run 1"
+    assert forced.read_bandwidth == earlier.read_bandwidth and forced.read_by_size == earlier.read_by_size
+    assert forced.fp32_flops == result.fp32_flops  # this probe's, the faster
+    assert forced.probes == 2 and forced.first_date == "earlier"
+    read = f"read_bandwidth {si(earlier.read_bandwidth, 'B/s')} (this probe {si(result.read_bandwidth, 'B/s')})"
+    assert forced.notes["peaks"] == f"each roof the fastest of 2 probes since earlier; from earlier probes: {read}"
+    assert forced.to_hardware(working_set=1e12).memory_bandwidth == earlier.read_bandwidth
+    assert probe.read_cache(probe.cache_path("cpu")) == forced
+    again = engine_probe.load_or_run_probe(quick=True, force=True)
+    assert again.probes == 3 and again.first_date == "earlier" and again.read_bandwidth == earlier.read_bandwidth
+
+
+def test_reset_or_a_probe_of_other_thoroughness_keeps_no_earlier_roof(runs, result):
+    _cache_faster_read(result)
+    reset = engine_probe.load_or_run_probe(quick=True, force=True, reset=True)
+    assert reset.read_bandwidth == result.read_bandwidth and reset.probes == 1 and "peaks" not in reset.notes
+    _cache_faster_read(result, quick=False)
+    quick = engine_probe.load_or_run_probe(quick=True, force=True)  # a quick probe's ladder is not the full one's
+    assert quick.read_bandwidth == result.read_bandwidth and quick.probes == 1
+
+
+def test_probe_command_says_which_roofs_earlier_probes_set(runs, result):
+    from typer.testing import CliRunner
+
+    from rooftop.cli import app
+
+    earlier = _cache_faster_read(result, quick=False)
+    out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["probe", "--force"])
+    assert out.exit_code == 0, out.output
+    assert "each roof the fastest of 2 probes since earlier; from earlier probes: read_bandwidth" in out.output
+    assert si(earlier.read_bandwidth, "B/s") in out.output
+    out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["probe", "--reset", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["probes"] == 1 and data["read_bandwidth_bytes_per_s"] == result.read_bandwidth
+    assert runs == [False, False]
 
 
 def test_cpu_spellings_share_one_cache(runs):

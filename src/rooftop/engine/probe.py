@@ -95,11 +95,12 @@ def load_or_run_probe(
     quick: bool = False,
     on_step: Callable[[str], None] | None = None,
     collectives: CollectiveTimer | None = None,
+    reset: bool = False,
 ) -> ProbeResult:
     """The cached probe of `device` (measured by the engine's kernels as they run here, and the all-reduce of the
-    tensor-parallel group `collectives` leads), else measure anew."""
+    tensor-parallel group `collectives` leads), else measure anew, keeping the cache's faster roofs unless `reset`."""
     return probe.load_or_run_probe(
-        device, force=force, quick=quick, on_step=on_step, engine=ENGINE_KERNELS, collectives=collectives
+        device, force=force, quick=quick, on_step=on_step, engine=ENGINE_KERNELS, collectives=collectives, reset=reset
     )
 
 

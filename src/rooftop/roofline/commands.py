@@ -166,7 +166,16 @@ def explain(
 
 
 def probe(
-    force: Annotated[bool, typer.Option("--force", help="measure again even if cached")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="measure again even if cached; each roof stays the fastest this machine has shown"
+        ),
+    ] = False,
+    reset: Annotated[
+        bool,
+        typer.Option("--reset", help="measure again and forget the roofs earlier probes set (after a hardware change)"),
+    ] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json")] = False,
     tensor_parallel_size: Annotated[
@@ -183,7 +192,7 @@ def probe(
     ] = 60.0,
 ) -> None:
     """Measure this machine's roofs (matmul FLOP/s, memory bandwidth) and cache them; in a tensor-parallel group
-    also the latency and bandwidth of its all-reduce."""
+    also the latency and bandwidth of its all-reduce. Measured again, each roof is the fastest of every probe."""
     from rooftop.roofline.probe import ALL_REDUCE_STEP, STEPS
     from rooftop.roofline.report import seconds, si
 
@@ -198,7 +207,9 @@ def probe(
             def on_step(what: str) -> None:
                 progress.update(task, description=what, completed=steps.index(what) if what in steps else None)
 
-            result = load_or_run_probe(device=device, force=force, on_step=on_step, collectives=lead)
+            result = load_or_run_probe(
+                device=device, force=force or reset, on_step=on_step, collectives=lead, reset=reset
+            )
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=2))
             return
@@ -213,6 +224,8 @@ def probe(
                 typer.echo(f"{key:40s} {by_size}")
             elif not isinstance(value, dict):
                 typer.echo(f"{key:40s} {value}")
+        if "peaks" in result.notes:
+            typer.echo(f"{'peaks':40s} {result.notes['peaks']}")
         err.print(f"[dim]cached in {cache_path(device, result.tensor_parallel)}[/]")
 
 
