@@ -68,6 +68,8 @@ def test_stored_blocks_run_exactly_as_gguf_decodes_them(qtype):
         lin = make_linear(w, torch.randn(24, generator=torch.Generator().manual_seed(1)), "int4", stored=True)
         assert type(lin) is BlockLinear and lin.format == w.format
         assert torch.equal(lin.dequantize(), reference)  # the kernel's own decoding, which prefill widens with
+        ids = torch.tensor([[23, 0, 16], [7, 23, 15]])  # an embedding's lookup: rows of the last, partial tile too
+        assert torch.equal(lin.lookup(ids), reference[ids])
         assert lin.nbytes == 32 * k * TILED_BITS[qtype] / 8  # tiles of 16 rows: 24 rows take 32
         gen = torch.Generator().manual_seed(k)
         for rows in (1, 3, 4, 5, 9):
@@ -125,6 +127,8 @@ def test_bad_blocks_are_refused_with_the_reason():
     lin = make_linear(stored_blocks(raw, QType.Q4_K, (4, 256)), None, "int4", stored=True)
     with pytest.raises(RuntimeError, match="x has 512 inputs, the weights 256"):
         kernels.tiled_linear(torch.randn(1, 512), lin.q, lin.dm, lin.kernel_format, 4, None, None)
+    with pytest.raises(RuntimeError, match="row 4 of 4 rows"):
+        lin.lookup(torch.tensor([0, 4]))
     with pytest.raises(RuntimeError, match=r"dm must be float16 \(ceil\(N/16\), K/256, 2, 16\)"):
         kernels.tiled_linear(
             torch.randn(1, 256), lin.q, lin.dm[:, :, :1].contiguous(), lin.kernel_format, 4, None, None
@@ -184,6 +188,7 @@ def test_a_k_quant_mix_matches_transformers_on_the_float_path_and_runs_each_form
         ["q4_0", "q5_1"],
     )
     assert llm.model.lm_head.format == "q4_k"  # the tied embedding, as stored
+    assert llm.model.embed is llm.model.lm_head  # the lookup table and the head: one copy of the matrix
     assert set(llm.precision.weights.name.split("+")) == {"q4_k", "q5_0", "q6_k", "q5_k", "q8_0", "q4_0", "q5_1"}
     ours = rooftop_logits(llm)(ids)
     # int8 activations on the same weights: ~0.1 of this tiny random model's logits in every format the kernels run
@@ -238,7 +243,13 @@ def test_a_k_quant_mix_runs_on_pytorchs_ops_where_the_kernels_do_not_build(k_qua
 
     path, _ = k_quant_mix
     ids = list(range(3, 40))
-    kernels_int4 = rooftop_logits(LLM(model=str(path), weights="int4"))(ids) if kernels is not None else None
+    kernels_int4 = None
+    if kernels is not None:
+        int4 = LLM(model=str(path), weights="int4")
+        # the head in Q8_0, the lookup table the file's Q4_K in tiles: gguf's values, decoded in C++
+        assert int4.model.lm_head.format == "q8_0" and isinstance(int4.model.embed, BlockLinear)
+        assert int4.model.embed.format == "q4_k"
+        kernels_int4 = rooftop_logits(int4)(ids)
     monkeypatch.setattr(cpu, "ops", lambda: None)
     llm = LLM(model=str(path))
     assert all(isinstance(lin, Int4Linear) for lin in (llm.model.layers[0].qkv, llm.model.layers[0].mlp.down))

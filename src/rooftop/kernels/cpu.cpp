@@ -151,6 +151,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const 
 at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n,
                         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
 at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, bool bf16);
+at::Tensor tiled_rows(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, const at::Tensor& ids);
 int64_t stream_read(const at::Tensor& data);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -159,6 +160,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("residual") = py::none());
   m.def("tiled_dequantize", &tiled_dequantize, "tiled block-format weights -> float32 or bfloat16 (N, K)",
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bf16") = false);
+  m.def("tiled_rows", &tiled_rows, "rows ids of tiled block-format weights as float32 (an embedding's lookup)",
+        py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("ids"));
   m.def("stream_read", &stream_read, "the sum of a uint8 tensor's 64-bit words, read as the tiled linears read");
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");

@@ -492,6 +492,26 @@ at::Tensor tiled_dequantize(const Tiled& w, bool bf16, const at::TensorOptions& 
   });
 }
 
+// Rows `ids` of tiled weights as float32 (an embedding table's lookup): each row's groups widened as
+// tiled_dequantize widens them, through one tile's group at a time.
+template <Format F>
+at::Tensor tiled_rows(const Tiled& w, const int64_t* ids, int64_t count, const at::TensorOptions& options) {
+  const int64_t k = w.groups * GROUP;
+  at::Tensor out = at::empty({count, k}, options.dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, count, 16, [&](int64_t r0, int64_t r1) {
+    alignas(64) float tile[TILE * GROUP];
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = ids[r] / TILE, row = ids[r] % TILE;
+      for (int64_t g = 0; g < w.groups; ++g) {
+        widen_group<F>(w, t, g, row + 1, GROUP, tile);
+        std::memcpy(o + r * k + g * GROUP, tile + row * GROUP, GROUP * sizeof(float));
+      }
+    }
+  });
+  return out;
+}
+
 Tiled check_tiled(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n) {
   TORCH_CHECK(format >= Q4_0 && format <= Q6_K,
               "format must be 0 (Q4_0), 1 (Q4_1), 2 (Q8_0), 3 (Q5_0), 4 (Q5_1), 5 (Q4_K), 6 (Q5_K) or 7 (Q6_K)");
@@ -566,6 +586,15 @@ int64_t stream_read(const at::Tensor& data) {
   uint64_t total = 0;
   for (uint64_t s : sums) total += s;
   return static_cast<int64_t>(total);
+}
+
+// Rows `ids` (int64, each in [0, n)) of tiled weights -> float32 (len(ids), K), exactly as tiled_dequantize's.
+at::Tensor tiled_rows(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, const at::Tensor& ids) {
+  const Tiled w = check_tiled(q, dm, format, n);
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(), "ids must be 1-D int64");
+  const int64_t* at = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < ids.numel(); ++r) TORCH_CHECK(at[r] >= 0 && at[r] < n, "row ", at[r], " of ", n, " rows");
+  return by_format(format, [&](auto f) { return tiled_rows<decltype(f)::value>(w, at, ids.numel(), dm.options()); });
 }
 
 // Tiled weights -> float32 or bfloat16 (N, K): what a prefill chunk's sgemm multiplies.

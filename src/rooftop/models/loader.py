@@ -25,7 +25,7 @@ from rooftop.models.parallel import (
 from rooftop.models.rope import cos_sin_table
 from rooftop.models.tensors import Tensors
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import FloatLinear, weight_policy
+from rooftop.quant.linear import FloatLinear, embedding_table, weight_policy
 from rooftop.quant.weights import Weight, to_float
 
 
@@ -221,6 +221,8 @@ def _build(loaded: LoadedModel, t: Tensors, dtype: torch.dtype, device: torch.de
     lm_head = t.linear(head, None, lm_head=True)
     if device.type != "cpu":  # a lookup table in the model's dtype: only CPU tensors look rows up from groups
         embed = to_float(embed).to(device, dtype)
+    else:
+        embed = embedding_table(embed, lm_head if c.tie_word_embeddings else None)
     if tp is not None:
         embed = VocabParallelEmbedding(embed, *vocab, tp)
         lm_head = VocabParallelHead(lm_head, -(-c.vocab_size // tp.size), c.vocab_size, tp)
