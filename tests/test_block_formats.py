@@ -205,6 +205,24 @@ def test_a_k_quant_mix_matches_transformers_on_the_float_path_and_runs_each_form
         assert float(logits[ref[i]] - logits[own[i]]) < QUANTIZED_TIE
 
 
+@needs_kernels
+def test_a_tied_q8_0_embedding_is_held_once_and_looks_rows_up_as_the_file_holds_them(tmp_path):
+    from gguf import GGUFReader
+    from gguf_factory import write_tiny_gguf
+
+    from rooftop import LLM
+    from rooftop.quant.linear import Q8Linear
+
+    path = tmp_path / "q8-embed.gguf"
+    write_tiny_gguf(path, qtype={"token_embd.weight": QType.Q8_0})
+    llm = LLM(model=str(path), weights="int8")  # the bundled model's case: its Q8_0 embedding, tied
+    assert isinstance(llm.model.lm_head, Q8Linear) and llm.model.embed is llm.model.lm_head
+    stored = next(t for t in GGUFReader(path).tensors if t.name == "token_embd.weight")
+    table = torch.from_numpy(gguf.quants.dequantize(stored.data, QType.Q8_0).astype(np.float32))
+    ids = torch.tensor([0, 1, 17, table.shape[0] - 1])
+    assert torch.equal(llm.model.embed.lookup(ids), table[ids])
+
+
 def test_generate_says_which_format_ran_for_how_many_bytes_and_what_was_converted(k_quant_mix, tmp_path):
     from gguf_factory import write_tiny_gguf
     from test_cli import rooftop_in_process

@@ -125,6 +125,8 @@ def test_force_keeps_each_roof_the_fastest_a_probe_of_this_machine_has_shown(run
     assert forced.fp32_flops == result.fp32_flops  # this probe's, the faster
     assert forced.probes == 2 and forced.first_date == "earlier"
     read = f"read_bandwidth {si(earlier.read_bandwidth, 'B/s')} (this probe {si(result.read_bandwidth, 'B/s')})"
+    small = result.read_by_size[16 << 20]
+    read += f", read of 16 MiB {si(2 * small, 'B/s')} (this probe {si(small, 'B/s')})"  # a ladder step's own peak
     assert forced.notes["peaks"] == f"each roof the fastest of 2 probes since earlier; from earlier probes: {read}"
     assert forced.to_hardware(working_set=1e12).memory_bandwidth == earlier.read_bandwidth
     assert probe.read_cache(probe.cache_path("cpu")) == forced
@@ -132,13 +134,41 @@ def test_force_keeps_each_roof_the_fastest_a_probe_of_this_machine_has_shown(run
     assert again.probes == 3 and again.first_date == "earlier" and again.read_bandwidth == earlier.read_bandwidth
 
 
-def test_reset_or_a_probe_of_other_thoroughness_keeps_no_earlier_roof(runs, result):
+def test_reset_or_a_probe_of_other_thoroughness_or_kernels_keeps_no_earlier_roof(runs, result):
     _cache_faster_read(result)
-    reset = engine_probe.load_or_run_probe(quick=True, force=True, reset=True)
+    reset = engine_probe.load_or_run_probe(quick=True, reset=True)  # reset measures: no force needed
+    assert runs == [True]
     assert reset.read_bandwidth == result.read_bandwidth and reset.probes == 1 and "peaks" not in reset.notes
     _cache_faster_read(result, quick=False)
     quick = engine_probe.load_or_run_probe(quick=True, force=True)  # a quick probe's ladder is not the full one's
     assert quick.read_bandwidth == result.read_bandwidth and quick.probes == 1
+    earlier = _cache_faster_read(result)
+    other = "pytorch" if result.weight_only_kernels.startswith("rooftop") else "rooftop"
+    path = probe.cache_path("cpu")
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"weight_only_kernels": other}))
+    # a probe whose weight-only figures came from other kernels (the analyzer's own times none) lends it no roof
+    forced = probe.load_or_run_probe(quick=True, force=True)
+    assert forced.probes == 1 and forced.read_bandwidth == result.read_bandwidth != earlier.read_bandwidth
+
+
+def test_the_all_reduce_keeps_its_fastest_times_and_says_so(result):
+    def group(seconds: dict[int, float], latency: float, bandwidth: float) -> probe.ProbeResult:
+        return dataclasses.replace(
+            result,
+            tensor_parallel="gloo x2",
+            all_reduce_seconds=seconds,
+            all_reduce_latency_s=latency,
+            all_reduce_bandwidth=bandwidth,
+        )
+
+    before = group({1024: 20e-6, 65536: 100e-6}, 20e-6, 5e9)
+    merged = probe.keep_peaks(before, group({1024: 30e-6, 65536: 90e-6}, 30e-6, 4e9))
+    assert merged.all_reduce_seconds == {1024: 20e-6, 65536: 90e-6}
+    assert (merged.all_reduce_latency_s, merged.all_reduce_bandwidth) == (20e-6, 5e9)
+    assert merged.notes["peaks"].endswith(
+        "from earlier probes: all_reduce_bandwidth 5 GB/s (this probe 4 GB/s), all-reduce of 1 KiB 20 us "
+        "(this probe 30 us), all-reduce latency 20 us (this probe 30 us)"
+    )
 
 
 def test_probe_command_says_which_roofs_earlier_probes_set(runs, result):

@@ -20,7 +20,7 @@ from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.mlp import SparseMoE
 from rooftop.models.ops import Ops
 from rooftop.models.parallel import TPGroup, VocabParallelEmbedding, rank_config
-from rooftop.quant.linear import FLOAT_FORMATS, NARROW, BlockLinear, Linear, RowPlan, row_plan, widen_compute
+from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, TiledLinear, row_plan, widen_compute
 from rooftop.quant.weights import Weight
 from rooftop.roofline.ops import matrix_weights
 from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, mixed_format, precision
@@ -36,7 +36,7 @@ class Transformer:
         config: ModelConfig,
         dtype: torch.dtype,
         device: torch.device,
-        embed: Weight | BlockLinear,  # a lookup table: float, a file's groups, or tiles (quant.linear.embedding_table)
+        embed: Weight | TiledLinear,  # a lookup table: float, a file's groups, or tiles (quant.linear.embedding_table)
         layers: list[DecoderBlock | GatedAttentionBlock | DeltaNetBlock],
         norm: torch.Tensor,
         lm_head: Linear,

@@ -415,12 +415,17 @@ Linear = (
 )
 
 
-def embedding_table(weight: Weight, tied_head: Linear | None) -> Weight | BlockLinear:
+def embedding_table(weight: Weight, tied_head: Linear | None) -> Weight | TiledLinear:
     """The table a CPU model looks its tokens' rows up in. A file's block-format matrix (BLOCK_FORMATS) goes into
-    tiles, where the kernels decode a row (gguf's numpy dequantizer took 0.23 ms of a 1B's 15 ms decode step); an
-    lm_head tied to it that holds it in the same format is that table, so the matrix is held once. The values are
-    gguf's either way (tests/test_block_formats.py). Other forms look rows up in PyTorch as they are."""
-    if not isinstance(weight, BlockWeight) or cpu.ops() is None:
+    tiles, where the kernels decode a row (gguf's numpy dequantizer took 0.23 ms of a 1B's 15 ms decode step). An
+    lm_head tied to it that holds the same values in tiles (a block format as stored, or Q8_0's groups as stored)
+    is that table, so the matrix is held once. The values are the file's either way (tests/test_block_formats.py,
+    tests/test_kernels.py). Other forms look rows up in PyTorch as they are."""
+    if cpu.ops() is None:
+        return weight
+    if isinstance(weight, Int8GroupWeight) and isinstance(tied_head, Q8Linear):
+        return tied_head  # Q8Linear keeps a file's Q8_0 groups as they are
+    if not isinstance(weight, BlockWeight):
         return weight
     if isinstance(tied_head, BlockLinear) and tied_head.format == weight.format:
         return tied_head

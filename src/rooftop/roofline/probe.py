@@ -386,16 +386,18 @@ def load_or_run_probe(
     both are of this machine and equally thorough, unless `reset`."""
     device = _checked_device(device)
     path = cache_path(device, collectives.group() if collectives is not None else "")
-    if not force:
+    if not force and not reset:
         cached = read_cache(path)
         machine = identity(device, engine, collectives)
         if cached is not None and _matches(cached, machine) and (quick or not cached.quick):
             return cached
     result = run_probe(device, quick=quick, on_step=on_step, engine=engine, collectives=collectives)
-    if not reset:
-        cached = read_cache(path)
-        if cached is not None and _matches(cached, identity(device, engine, collectives)) and cached.quick == quick:
-            result = keep_peaks(cached, result)
+    cached = None if reset else read_cache(path)
+    # the same machine, measured as thoroughly by the same kernels (the analyzer's probe times none: it keeps none
+    # of the engine's)
+    same = {**identity(device, engine, collectives), "weight_only_kernels": result.weight_only_kernels}
+    if cached is not None and _matches(cached, same) and cached.quick == quick:
+        result = keep_peaks(cached, result)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -410,7 +412,8 @@ def keep_peaks(before: ProbeResult, now: ProbeResult) -> ProbeResult:
     """`now` with each roof the faster of its own and `before`'s (two probes of one machine): a roof is the most the
     hardware has shown. A shared host's memory read 42 GB/s in one minute and 74 GB/s twelve minutes later
     (docs/PERFORMANCE.md); a roof measured in the slow minute put the bound above steps that ran in a fast one.
-    The notes name the roofs an earlier probe set, with this probe's own figure."""
+    The read at each size and the all-reduce's times keep their fastest too. The notes name every figure an
+    earlier probe set, with this probe's own; the other notes describe this probe's measurement."""
     peaks = {name: _faster(getattr(before, name), getattr(now, name)) for name in PEAK_ROOFS}
     read_by_size = {
         size: max(before.read_by_size.get(size, 0.0), now.read_by_size.get(size, 0.0))
@@ -426,6 +429,22 @@ def keep_peaks(before: ProbeResult, now: ProbeResult) -> ProbeResult:
         for name in PEAK_ROOFS
         if peaks[name] is not None and peaks[name] != getattr(now, name)
     ]
+    dram = max(read_by_size, default=None)  # its read is read_bandwidth's, named above
+    kept += [
+        f"read of {size >> 20} MiB {si(bw, 'B/s')} (this probe {si(now.read_by_size.get(size), 'B/s')})"
+        for size, bw in sorted(read_by_size.items())
+        if size != dram and bw != now.read_by_size.get(size)
+    ]
+    kept += [
+        f"all-reduce of {n >> 10} KiB {t * 1e6:.0f} us (this probe {now.all_reduce_seconds[n] * 1e6:.0f} us)"
+        if n in now.all_reduce_seconds
+        else f"all-reduce of {n >> 10} KiB {t * 1e6:.0f} us (this probe did not time it)"
+        for n, t in sorted(all_reduce_seconds.items())
+        if t != now.all_reduce_seconds.get(n)
+    ]
+    if latency and min(latency) != now.all_reduce_latency_s:
+        own = "none" if now.all_reduce_latency_s is None else f"{now.all_reduce_latency_s * 1e6:.0f} us"
+        kept.append(f"all-reduce latency {min(latency) * 1e6:.0f} us (this probe {own})")
     probes = before.probes + now.probes
     first = before.first_date or before.date
     notes = dict(now.notes)
