@@ -207,9 +207,7 @@ def probe(
             def on_step(what: str) -> None:
                 progress.update(task, description=what, completed=steps.index(what) if what in steps else None)
 
-            result = load_or_run_probe(
-                device=device, force=force or reset, on_step=on_step, collectives=lead, reset=reset
-            )
+            result = load_or_run_probe(device=device, force=force, on_step=on_step, collectives=lead, reset=reset)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=2))
             return
