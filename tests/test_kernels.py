@@ -280,7 +280,8 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
 def tiled_calls() -> list:
     """tiled_linear (with a bias and a residual) and tiled_dequantize of every format, on random weights: Q4_1 and
     Q8_0 groups, and random blocks of every stored block format (48 rows: three tiles; K = 768: whole 256-blocks;
-    224 for the 32-blocks: seven groups; 9 activation rows: a pass of 8 and a single)."""
+    224 for the 32-blocks: seven groups; 9 activation rows: a pass of 8 and a single; 1 row alone: a decode's two
+    streams, tiles 0 and 1 together and tile 2 alone)."""
     from gguf import GGMLQuantizationType as QType
     from test_block_formats import random_blocks
 
@@ -299,9 +300,12 @@ def tiled_calls() -> list:
     for lin in linears:
         k = lin.q.shape[1] * 32
         x, residual = torch.randn(9, k, generator=gen), torch.randn(9, 48, generator=gen)
-        calls.append(
-            lambda m, lin=lin, x=x, r=residual: m.tiled_linear(x, lin.q, lin.dm, lin.kernel_format, 48, lin.bias, r)
-        )
+        for rows in (9, 1):
+            calls.append(
+                lambda m, lin=lin, x=x[:rows], r=residual[:rows]: m.tiled_linear(
+                    x, lin.q, lin.dm, lin.kernel_format, 48, lin.bias, r
+                )
+            )
         calls.append(lambda m, lin=lin: m.tiled_dequantize(lin.q, lin.dm, lin.kernel_format, 48))
     return calls
 

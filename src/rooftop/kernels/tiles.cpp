@@ -176,53 +176,87 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i u, const int8_t* x) {
   return acc;
 }
 
+// A tile's group as the dots take it: the 8 vectors of levels, and the scales a (inputs 0-15), a2 (16-31) and m.
+struct Group512 {
+  __m512i u[8];
+  __m512 sa, sa2, m;
+};
+
+// Group g of tile t; d and second hold the scale block's d and m (the K-quants': 8 groups long), loaded at its
+// first group.
+template <Format F>
+__attribute__((always_inline)) inline Group512 group512(const Tiled& w, int64_t t, int64_t g, __m512& d, __m512& second) {
+  const uint8_t* b = w.group(F, t, g);
+  Group512 q;
+  unpack512<F>(b, q.u);
+  if (g % groups_per_scale(F) == 0) {
+    const at::Half* s = w.scales(F, t, g);
+    d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+    if constexpr (parts(F) == 2) second = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + TILE)));
+    if constexpr (k_quant(F)) second = _mm512_sub_ps(_mm512_setzero_ps(), second);
+  }
+  q.sa = q.sa2 = d, q.m = second;
+  if constexpr (F == Q6_K) {
+    q.sa = sub_scales512<true>(b + sub_scales_at(F), d), q.sa2 = sub_scales512<true>(b + sub_scales_at(F) + 16, d);
+  } else if constexpr (k_quant(F)) {
+    q.sa = sub_scales512<false>(b + sub_scales_at(F), d);
+    q.m = sub_scales512<false>(b + sub_scales_at(F) + 16, second);
+  }
+  return q;
+}
+
+// acc + one activation row's group ag (row * groups + g) dotted with the group's 16 output rows.
+template <Format F>
+__attribute__((always_inline)) inline __m512 row512(__m512 acc, const Group512& q, const QuantizedRows& a, int64_t ag) {
+  constexpr int c = F == Q8_0 ? 128 : offset(F);
+  const int8_t* x = a.q.data() + ag * GROUP;
+  __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();  // inputs 0-15 and 16-31
+  for (int v = 0; v < 4; ++v) {
+    p0 = dpbusd_broadcast(p0, q.u[v], x + 4 * v);
+    p1 = dpbusd_broadcast(p1, q.u[v + 4], x + 16 + 4 * v);
+  }
+  const __m512 xd = _mm512_set1_ps(a.d[ag]);
+  if constexpr (F == Q6_K) {
+    p0 = _mm512_sub_epi32(p0, _mm512_set1_epi32(c * a.sum16[2 * ag]));
+    p1 = _mm512_sub_epi32(p1, _mm512_set1_epi32(c * a.sum16[2 * ag + 1]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(q.sa, xd), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(q.sa2, xd), acc);
+  } else {
+    __m512i dots = _mm512_add_epi32(p0, p1);
+    if constexpr (c != 0) dots = _mm512_sub_epi32(dots, _mm512_set1_epi32(c * a.sum[ag]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(q.sa, xd), acc);
+    if constexpr (minimum(F)) acc = _mm512_fmadd_ps(q.m, _mm512_set1_ps(a.s[ag]), acc);
+    return acc;
+  }
+}
+
 template <Format F, int R>
 void tile512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
-  constexpr int c = F == Q8_0 ? 128 : offset(F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  __m512 d = _mm512_setzero_ps(), second = _mm512_setzero_ps();  // a scale block's d and m (K-quants: -dmin)
+  __m512 d = _mm512_setzero_ps(), second = _mm512_setzero_ps();
   for (int64_t g = 0; g < w.groups; ++g) {
     fetch_ahead<F>(w, t, g);
-    const uint8_t* b = w.group(F, t, g);
-    __m512i u[8];
-    unpack512<F>(b, u);
-    if (g % groups_per_scale(F) == 0) {  // the K-quants' d and dmin serve 8 groups
-      const at::Half* s = w.scales(F, t, g);
-      d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-      if constexpr (parts(F) == 2) second = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + TILE)));
-      if constexpr (k_quant(F)) second = _mm512_sub_ps(_mm512_setzero_ps(), second);
-    }
-    __m512 sa = d, sa2 = d, m = second;  // a of inputs 0-15 and 16-31, m
-    if constexpr (F == Q6_K) {
-      sa = sub_scales512<true>(b + sub_scales_at(F), d), sa2 = sub_scales512<true>(b + sub_scales_at(F) + 16, d);
-    } else if constexpr (k_quant(F)) {
-      sa = sub_scales512<false>(b + sub_scales_at(F), d);
-      m = sub_scales512<false>(b + sub_scales_at(F) + 16, second);
-    }
-    for (int r = 0; r < R; ++r) {
-      const int64_t ag = (r0 + r) * w.groups + g;
-      const int8_t* x = a.q.data() + ag * GROUP;
-      __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();  // inputs 0-15 and 16-31
-      for (int v = 0; v < 4; ++v) {
-        p0 = dpbusd_broadcast(p0, u[v], x + 4 * v);
-        p1 = dpbusd_broadcast(p1, u[v + 4], x + 16 + 4 * v);
-      }
-      const __m512 xd = _mm512_set1_ps(a.d[ag]);
-      if constexpr (F == Q6_K) {
-        p0 = _mm512_sub_epi32(p0, _mm512_set1_epi32(c * a.sum16[2 * ag]));
-        p1 = _mm512_sub_epi32(p1, _mm512_set1_epi32(c * a.sum16[2 * ag + 1]));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(sa, xd), acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(sa2, xd), acc[r]);
-      } else {
-        __m512i dots = _mm512_add_epi32(p0, p1);
-        if constexpr (c != 0) dots = _mm512_sub_epi32(dots, _mm512_set1_epi32(c * a.sum[ag]));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(sa, xd), acc[r]);
-        if constexpr (minimum(F)) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s[ag]), acc[r]);
-      }
-    }
+    const Group512 q = group512<F>(w, t, g, d, second);
+    for (int r = 0; r < R; ++r) acc[r] = row512<F>(acc[r], q, a, (r0 + r) * w.groups + g);
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
+}
+
+// Tiles t and t2 for one activation row (row r0), their groups taken in turn: two streams of weights in flight on
+// the thread instead of one. Each tile's arithmetic is tile512's, so its outputs are the same bits.
+template <Format F>
+void tile_pair512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2, int64_t r0, float* out) {
+  __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
+  __m512 d = _mm512_setzero_ps(), second = _mm512_setzero_ps(), d2 = d, second2 = d;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    fetch_ahead<F>(w, t, g);
+    fetch_ahead<F>(w, t2, g);
+    acc = row512<F>(acc, group512<F>(w, t, g, d, second), a, r0 * w.groups + g);
+    acc2 = row512<F>(acc2, group512<F>(w, t2, g, d2, second2), a, r0 * w.groups + g);
+  }
+  _mm512_storeu_ps(out, acc);
+  _mm512_storeu_ps(out + TILE, acc2);
 }
 #endif
 
@@ -399,20 +433,37 @@ at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional
   const float* res = residual ? residual->data_ptr<float>() : nullptr;
   float* o = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 4096 / k);  // tiles per task; a small matrix stays on one thread
+  // Tile t's `count` rows from r0 (in acc) plus bias and residual, into out.
+  const auto store = [&](int64_t t, int64_t r0, int64_t count, const float* acc) {
+    const int64_t width = std::min(TILE, n - t * TILE);
+    for (int64_t r = 0; r < count; ++r) {
+      for (int64_t i = 0; i < width; ++i) {
+        const int64_t col = t * TILE + i, at = (r0 + r) * n + col;
+        const float y = acc[r * TILE + i] + (b ? b[col] : 0.f);
+        o[at] = res ? y + res[at] : y;
+      }
+    }
+  };
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     float acc[TILE_ROWS * TILE];
+#ifdef ROOFTOP_AVX512
+    // One row (a decode at batch 1) reads the weights with little work per byte: a single stream per thread left
+    // the read well below what the memory gave in its fast minutes, two streams (the range's halves) follow it.
+    if (rows == 1) {
+      const int64_t half = (t1 - t0) / 2;
+      for (int64_t t = t0; t < t0 + half; ++t) {
+        tile_pair512<F>(w, a, t, t + half, 0, acc);
+        store(t, 0, 1, acc);
+        store(t + half, 0, 1, acc + TILE);
+      }
+      t0 += 2 * half;  // an odd range's last tile goes alone below
+    }
+#endif
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t width = std::min(TILE, n - t * TILE);
       for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
         const int64_t count = std::min<int64_t>(TILE_ROWS, rows - r0);
         tile_any<F>(w, a, t, r0, count, acc);
-        for (int64_t r = 0; r < count; ++r) {
-          for (int64_t i = 0; i < width; ++i) {
-            const int64_t col = t * TILE + i, at = (r0 + r) * n + col;
-            const float y = acc[r * TILE + i] + (b ? b[col] : 0.f);
-            o[at] = res ? y + res[at] : y;
-          }
-        }
+        store(t, r0, count, acc);
       }
     }
   });
