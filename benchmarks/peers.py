@@ -53,10 +53,13 @@ def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float]:
         enable_prefix_caching=False,
     )
     ids = prompt_ids(pp, llm.config.vocab_size)
-    once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    llm.generate([ids], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))  # warm-up at full size
-    prefill = llm.generate([ids], once)[0].metrics.prefill_time
-    decode = llm.generate([ids[:1]], SamplingParams(max_tokens=tg, temperature=0, ignore_eos=True))[0].metrics
+
+    def greedy(tokens: int) -> SamplingParams:
+        return SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+
+    llm.generate([ids], greedy(8), use_tqdm=False)  # warm-up at full size
+    prefill = llm.generate([ids], greedy(1), use_tqdm=False)[0].metrics.prefill_time
+    decode = llm.generate([ids[:1]], greedy(tg), use_tqdm=False)[0].metrics
     return pp / prefill, decode.tpot
 
 

@@ -147,7 +147,9 @@ def main() -> None:
     constrained_step = lambda logits, grammars: any(g is not None for g in grammars)  # noqa: E731
     sampler.apply_grammars = timed(structured.apply_grammars, masks, constrained_step)
     structured.GrammarState.advance = timed(structured.GrammarState.advance, advances)
-    llm.generate(["warm up"], SamplingParams(max_tokens=4))  # kernels built, first-step costs out of the way
+    llm.generate(
+        ["warm up"], SamplingParams(max_tokens=4), use_tqdm=False
+    )  # kernels built, first-step costs out of the way
     valid, stopped, with_schema, without, tokens = 0, 0, [], [], 0
     for i in range(args.requests):
         schema = SCHEMAS[i % len(SCHEMAS)]
@@ -159,7 +161,7 @@ def main() -> None:
             if args.validity_only and not constrained:
                 continue
             params = SamplingParams(**sampling, structured_outputs=spec if constrained else None)
-            out = llm.generate([prompt], params)[0]
+            out = llm.generate([prompt], params, use_tqdm=False)[0]
             (with_schema if constrained else without).append(tpot(out))
             if not constrained:
                 continue

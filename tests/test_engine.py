@@ -2,6 +2,7 @@
 and the phase each sequence runs in (decided by the scheduler, read by everything downstream)."""
 
 import pytest
+import torch
 
 from rooftop import InvalidRequestError, SamplingParams
 from rooftop.config import EngineConfig
@@ -305,3 +306,56 @@ def test_threads_set_the_intra_op_pool_and_default_to_the_cores_we_may_use(tiny_
         assert torch.get_num_threads() == available_cores() >= 1
     finally:
         torch.set_num_threads(available_cores())
+
+
+def test_the_engine_warms_up_then_starts_empty(tiny_llm):
+    """Construction runs two requests through every part of a step, so that the first real request's TTFT carries
+    no first-use costs, then forgets them: no queue, block, counter or cached prefix is left, and the process's
+    random numbers are not drawn from (its random request has a seed of its own)."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(num_kv_blocks=32, block_size=4))
+    assert torch.equal(torch.rand(3), expected)
+    assert eng.warm_up_seconds > 0
+    stats = eng.stats()
+    assert is_idle(stats) and (stats.prefix_queries, stats.prefix_hits, stats.preemptions) == (0, 0, 0)
+    assert eng._blocks.cached == {} and eng._blocks.num_free == 32
+    eng.add_request("first", "hello", PARAMS)
+    out = drain(eng)[-1].output
+    assert out.metrics.prefix_cache_hit_tokens == 0 and len(out.token_ids) == 6
+
+
+def test_a_pool_too_small_for_the_warm_up_skips_it(tiny_llm):
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(num_kv_blocks=2, block_size=2))
+    assert eng.warm_up_seconds == 0 and is_idle(eng.stats())
+
+
+def test_generate_shows_vllms_progress_bar_on_a_terminal(tiny_llm, monkeypatch):
+    """`use_tqdm` (vLLM's name): prompts finished out of all and the tokens per second, counted as each request
+    finishes; off, or off a terminal, nothing is drawn. Anything but a bool is refused by name."""
+    import io
+
+    from rich.console import Console
+
+    import rooftop.engine.progress as progress
+
+    screen = io.StringIO()
+    monkeypatch.setattr(progress, "Console", lambda stderr: Console(file=screen, force_terminal=True, width=160))
+    shown = []
+    monkeypatch.setattr(
+        progress.PromptProgress, "__exit__", lambda self, *exc: shown.append(self) or self.progress.stop()
+    )
+    prompts = ["one", "two two", "three three three"]
+    outs = tiny_llm.generate(prompts, PARAMS)
+    bar = shown[0]
+    assert bar.progress.tasks[0].completed == 3 and bar.progress.tasks[0].total == 3
+    assert bar.input_tokens == sum(o.metrics.prompt_tokens for o in outs)
+    assert bar.output_tokens == 3 * 6
+    assert "Processed prompts" in screen.getvalue() and "3/3" in screen.getvalue()
+    screen.seek(0)
+    screen.truncate()
+    assert [o.token_ids for o in tiny_llm.generate(prompts, PARAMS, use_tqdm=False)] == [o.token_ids for o in outs]
+    assert screen.getvalue() == "" and len(shown) == 1
+    with pytest.raises(InvalidRequestError, match="use_tqdm must be True or False, not 'yes'"):
+        tiny_llm.generate(prompts, PARAMS, use_tqdm="yes")

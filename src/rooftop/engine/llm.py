@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from rooftop.config import EngineConfig, RunConfig
 from rooftop.engine.distributed import check_parallel_run, launch_of, rank_device, rank_threads
 from rooftop.engine.lead import Lead, lead_group
 from rooftop.engine.llm_engine import LLMEngine
-from rooftop.engine.outputs import RequestDelta, RequestOutput, StepRecord
+from rooftop.engine.outputs import RequestDelta, RequestOutput, StepOutput, StepRecord
+from rooftop.engine.progress import PromptProgress
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.tool_calls import parse_tool_calls
 from rooftop.engine.tool_prompt import tool_messages
@@ -201,9 +203,15 @@ class LLM:
         return weight_bytes(self.config, self.precision) / self.tensor_parallel_size
 
     def generate(
-        self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """One output per prompt, in order; all prompts run concurrently. A prompt is text or token ids."""
+        """One output per prompt, in order; all prompts run concurrently. A prompt is text or token ids.
+        `use_tqdm` (vLLM's name): a progress bar of the prompts finished, on stderr where it is a terminal."""
+        if not isinstance(use_tqdm, bool):
+            raise InvalidRequestError(f"use_tqdm must be True or False, not {use_tqdm!r}", "use_tqdm")
         if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -217,10 +225,12 @@ class LLM:
                 ids.append(f"generate-{next(self._request_ids)}")
                 self.engine.add_request(ids[-1], as_prompt(prompt), p, arrival)
             outputs = {}
-            for request_id in ids:
-                for delta in self._deltas(request_id):
-                    if delta.output is not None:
-                        outputs[request_id] = delta.output
+            with PromptProgress(ids) if use_tqdm else contextlib.nullcontext() as progress:
+                on_step = progress.on_step if progress else None
+                for request_id in ids:
+                    for delta in self._deltas(request_id, on_step):
+                        if delta.output is not None:
+                            outputs[request_id] = delta.output
             return [outputs[i] for i in ids]
         finally:  # an error (or Ctrl-C) midway frees every request this call started
             for request_id in ids:
@@ -233,17 +243,19 @@ class LLM:
         tools: list[dict] | None = None,
         tool_choice: str | dict | None = None,
         parallel_tool_calls: bool = True,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts, OpenAI's tool calls and `role: tool` results
         included) or a list of them -> one output each. `tools` (OpenAI's function tools) and `tool_choice` ("auto"
         by default with tools, "none", "required" or {"type": "function", "function": {"name": ...}}) as the
-        server takes them: the calls are held to the tools by a grammar and read into `output.tool_calls`."""
+        server takes them: the calls are held to the tools by a grammar and read into `output.tool_calls`.
+        `use_tqdm` as `generate` takes it."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         functions = [] if tools is None else check_tools(tools)
         choice = check_tool_choice(tool_choice, functions)
         params = with_tool_grammar(sampling_params or SamplingParams(), functions, choice, parallel_tool_calls)
         offered = functions if choice.mode != "none" else []
-        outputs = self.generate([self.apply_chat_template(c, offered) for c in conversations], params)
+        outputs = self.generate([self.apply_chat_template(c, offered) for c in conversations], params, use_tqdm)
         if choice.mode != "none":
             for output in outputs:
                 output.tool_calls = parse_tool_calls(output.text)[1]
@@ -263,9 +275,10 @@ class LLM:
         finally:  # a consumer that stops early (Ctrl-C, a closed stream) frees the request's blocks
             self.engine.abort(request_id)
 
-    def _deltas(self, request_id: str) -> Iterator[RequestDelta]:
-        """This request's deltas until it finishes, stepping the engine as needed; other requests' deltas are
-        kept for their own consumers, so interleaved streams and generate calls each see all of theirs."""
+    def _deltas(self, request_id: str, on_step: Callable[[StepOutput], None] | None = None) -> Iterator[RequestDelta]:
+        """This request's deltas until it finishes, stepping the engine as needed (each step shown to `on_step`);
+        other requests' deltas are kept for their own consumers, so interleaved streams and generate calls each see
+        all of theirs."""
         while True:
             queue = self._inbox.pop(request_id, [])
             yield from queue
@@ -278,6 +291,8 @@ class LLM:
             step = self.engine.step()
             if step.record is not None:
                 self.step_records.append(step.record)
+            if on_step is not None:
+                on_step(step)
             for delta in step.deltas:
                 self._inbox.setdefault(delta.request_id, []).append(delta)
 

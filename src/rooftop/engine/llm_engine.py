@@ -32,6 +32,8 @@ from rooftop.errors import InvalidRequestError, PromptTooLongError, UnsupportedM
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.kv_cache import KV_DTYPES, KVPool, kv_dtype_name, kv_storage_dtype
 from rooftop.models.transformer import Transformer
+from rooftop.quant.linear import widen_dtype
+from rooftop.quant.rows import WIDEN_ROWS
 from rooftop.roofline.ops import SeqShape, StepShape
 
 log = logging.getLogger("rooftop.engine")
@@ -75,17 +77,47 @@ class LLMEngine:
         pool_spec = (num_blocks, self.config.block_size, kv_dtype_name(kv_dtype), max(slots, 1) + spare)
         self._pool = pool_from_spec(model, pool_spec)
         self._pool_key = 0 if model.tp is None else model.tp.lead.open_pool(self, pool_spec)
-        self._blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self._scheduler = Scheduler(self.config, self._blocks, slots)
+        self._state_slots = slots
+        self._new_queues()
         eos_token_ids = sorted(set(mc.eos_token_ids) | set(tokenizer.eos_token_ids))
         self._outputs = OutputProcessor(tokenizer, eos_token_ids, self.max_model_len)
         self._grammars = GrammarCompiler(tokenizer.backend, mc.vocab_size, eos_token_ids)
         self._requests: dict[str, Sequence] = {}
-        self._arrivals = 0
         self._proposer = make_proposer(self.config.speculative_config, mc, model, self.max_model_len)
-        self._spec_decode = SpecDecodeCounts()
         # on CUDA decode steps replay graphs captured now (None: they run eagerly, or not on CUDA)
         self.decode_graphs = capture_decode_graphs(model, self._pool, self.config, self.max_model_len) if cuda else None
+        self._warm_up()
+
+    def _new_queues(self) -> None:
+        """An empty block manager and scheduler over the pool, with their counters at zero."""
+        self._blocks = BlockManager(self._pool.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self._scheduler = Scheduler(self.config, self._blocks, self._state_slots)
+        self._arrivals = 0
+        self._spec_decode = SpecDecodeCounts()
+
+    def _warm_up(self) -> None:
+        """Two short requests through every part of a step (a prefill chunk, as wide as one that widens its
+        weights where the host widens, a short one beside it, decodes, greedy and seeded random sampling), then
+        forgotten: queues, prefix cache and counters start empty. A process's first steps pay once for the kernels',
+        the thread pool's and the allocator's first use, which the first request's TTFT and its step records would
+        otherwise carry (as vLLM's start-up run spares its users)."""
+        self.warm_up_seconds = 0.0  # what construction spent on it (LLM's load time includes it)
+        wide = WIDEN_ROWS if widen_dtype() is not None else 16  # widening's first matmuls are the costliest
+        tokens = min(wide, self.max_model_len - 4, self.kv_cache_tokens // 2 - 4)
+        if tokens < 2:
+            return
+        start = time.perf_counter()
+        vocab = self.model.config.vocab_size
+        ids = [(7 + 31 * i) % vocab for i in range(tokens)]
+        greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        drawn = SamplingParams(max_tokens=3, temperature=1.0, top_p=0.9, top_k=50, seed=0, ignore_eos=True)
+        self.add_request("warm-up-chunk", ids, greedy)
+        self.add_request("warm-up-short", ids[:2], drawn)
+        while self.has_unfinished():
+            self._step()  # not `step`: what wraps or replaces it (a subclass, a test) sees real requests only
+        self._new_queues()
+        self.warm_up_seconds = time.perf_counter() - start
+        log.info("warmed up in %.0f ms", self.warm_up_seconds * 1e3)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -186,6 +218,9 @@ class LLMEngine:
     def step(self) -> StepOutput:
         """Schedule, run one forward pass, sample; return what each request that got a token produced, and the
         step's record."""
+        return self._step()
+
+    def _step(self) -> StepOutput:
         began = time.perf_counter()
         batch = self._scheduler.schedule(self._propose())
         if not batch:

@@ -1,0 +1,56 @@
+"""`LLM.generate`'s progress bar (vLLM's `use_tqdm`): prompts finished out of all, with the input and output
+tokens per second so far, on stderr. Fed by the engine's steps, so a request counts when it finishes, whatever
+order the batch finishes in."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rooftop.engine.outputs import StepOutput
+
+
+class PromptProgress:
+    """A bar over `ids`' requests; `on_step` takes each engine step. Drawn only on a terminal, on a console of its
+    own (beside any the caller shows), and removed when done, as rooftop's other bars are."""
+
+    def __init__(self, ids: list[str]):
+        self.ids = set(ids)
+        self.prefilled: set[str] = set()  # requests whose prompt has been computed (they have a token)
+        self.input_tokens = self.output_tokens = 0
+        self.started = time.perf_counter()
+        console = Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("Processed prompts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[speed]}"),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,  # no refresh thread where nothing would be drawn
+        )
+        self.task = self.progress.add_task("", total=len(ids), speed="")
+
+    def __enter__(self) -> PromptProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def on_step(self, step: StepOutput) -> None:
+        finished = 0
+        for delta in step.deltas:
+            if delta.request_id not in self.ids:
+                continue
+            if delta.request_id not in self.prefilled:
+                self.prefilled.add(delta.request_id)
+                self.input_tokens += delta.metrics.prompt_tokens
+            self.output_tokens += len(delta.new_token_ids)
+            finished += delta.finished
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        speed = f"input {self.input_tokens / seconds:.1f} tok/s, output {self.output_tokens / seconds:.1f} tok/s"
+        self.progress.update(self.task, advance=finished, speed=speed)
