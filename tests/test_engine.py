@@ -359,3 +359,16 @@ def test_generate_shows_vllms_progress_bar_on_a_terminal(tiny_llm, monkeypatch):
     assert screen.getvalue() == "" and len(shown) == 1
     with pytest.raises(InvalidRequestError, match="use_tqdm must be True or False, not 'yes'"):
         tiny_llm.generate(prompts, PARAMS, use_tqdm="yes")
+
+
+def test_a_second_warm_up_keeps_what_requests_left(tiny_llm):
+    """The server warms its engine thread up again before its first step; an engine that has run requests by then
+    keeps its prefix cache and counters (they are the server's metrics)."""
+    eng = LLMEngine(tiny_llm.model, tiny_llm.tokenizer, EngineConfig(num_kv_blocks=32, block_size=4))
+    eng.warm_up()  # still fresh: warms up again and forgets again
+    assert eng.warm_up_seconds > 0 and eng.stats().prefix_queries == 0
+    eng.add_request("a", "a shared prompt", PARAMS)
+    drain(eng)
+    before = eng.stats()
+    eng.warm_up()
+    assert eng.stats() == before and before.prefix_queries > 0

@@ -32,8 +32,6 @@ from rooftop.errors import InvalidRequestError, PromptTooLongError, UnsupportedM
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.kv_cache import KV_DTYPES, KVPool, kv_dtype_name, kv_storage_dtype
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import widen_dtype
-from rooftop.quant.rows import WIDEN_ROWS
 from rooftop.roofline.ops import SeqShape, StepShape
 
 log = logging.getLogger("rooftop.engine")
@@ -86,7 +84,7 @@ class LLMEngine:
         self._proposer = make_proposer(self.config.speculative_config, mc, model, self.max_model_len)
         # on CUDA decode steps replay graphs captured now (None: they run eagerly, or not on CUDA)
         self.decode_graphs = capture_decode_graphs(model, self._pool, self.config, self.max_model_len) if cuda else None
-        self._warm_up()
+        self.warm_up()
 
     def _new_queues(self) -> None:
         """An empty block manager and scheduler over the pool, with their counters at zero."""
@@ -95,14 +93,18 @@ class LLMEngine:
         self._arrivals = 0
         self._spec_decode = SpecDecodeCounts()
 
-    def _warm_up(self) -> None:
+    def warm_up(self) -> None:
         """Two short requests through every part of a step (a prefill chunk, as wide as one that widens its
         weights where the host widens, a short one beside it, decodes, greedy and seeded random sampling), then
         forgotten: queues, prefix cache and counters start empty. A process's first steps pay once for the kernels',
         the thread pool's and the allocator's first use, which the first request's TTFT and its step records would
-        otherwise carry (as vLLM's start-up run spares its users)."""
-        self.warm_up_seconds = 0.0  # what construction spent on it (LLM's load time includes it)
-        wide = WIDEN_ROWS if widen_dtype() is not None else 16  # widening's first matmuls are the costliest
+        otherwise carry (as vLLM's start-up run spares its users). Construction runs it; a server whose engine
+        steps on a thread of its own runs it again there (each thread has its own OpenMP team and allocator arena),
+        unless the engine has run requests by then."""
+        if self._arrivals:  # it has run requests: its queues, prefix cache and counters are theirs to keep
+            return
+        self.warm_up_seconds = 0.0  # what the last warm-up took (LLM's load time includes construction's)
+        wide = self.model.precision.widen_rows or 16  # widening's first matmuls are the costliest
         tokens = min(wide, self.max_model_len - 4, self.kv_cache_tokens // 2 - 4)
         if tokens < 2:
             return
@@ -111,11 +113,16 @@ class LLMEngine:
         ids = [(7 + 31 * i) % vocab for i in range(tokens)]
         greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
         drawn = SamplingParams(max_tokens=3, temperature=1.0, top_p=0.9, top_k=50, seed=0, ignore_eos=True)
-        self.add_request("warm-up-chunk", ids, greedy)
-        self.add_request("warm-up-short", ids[:2], drawn)
-        while self.has_unfinished():
-            self._step()  # not `step`: what wraps or replaces it (a subclass, a test) sees real requests only
-        self._new_queues()
+        names = ("warm-up-chunk", "warm-up-short")
+        try:
+            self.add_request(names[0], ids, greedy)
+            self.add_request(names[1], ids[:2], drawn)
+            while self.has_unfinished():
+                self._step()  # not `step`: what wraps or replaces it (a subclass, a test) sees real requests only
+        finally:  # an error midway leaves nothing behind either
+            for name in names:
+                self.abort(name)
+            self._new_queues()
         self.warm_up_seconds = time.perf_counter() - start
         log.info("warmed up in %.0f ms", self.warm_up_seconds * 1e3)
 

@@ -31,6 +31,8 @@ class PromptProgress:
             console=console,
             transient=True,
             disable=not console.is_terminal,  # no refresh thread where nothing would be drawn
+            redirect_stdout=False,  # the caller's prints stay on stdout
+            redirect_stderr=False,
         )
         self.task = self.progress.add_task("", total=len(ids), speed="")
 

@@ -153,6 +153,13 @@ class EngineLoop:
         self.commands.put(_Fatal(reason))
 
     def _run(self) -> None:
+        try:
+            self.engine.warm_up()  # this thread's first steps, not the first request's
+        except TensorParallelError as e:
+            self._stop_for(str(e))
+            return
+        except Exception:  # only the first requests' speed depends on it
+            log.exception("the engine thread's warm-up failed; serving without it")
         while True:
             command = self._next_command() if self.engine.has_unfinished() else self.commands.get()  # idle: sleep
             try:
