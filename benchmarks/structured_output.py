@@ -147,9 +147,8 @@ def main() -> None:
     constrained_step = lambda logits, grammars: any(g is not None for g in grammars)  # noqa: E731
     sampler.apply_grammars = timed(structured.apply_grammars, masks, constrained_step)
     structured.GrammarState.advance = timed(structured.GrammarState.advance, advances)
-    llm.generate(
-        ["warm up"], SamplingParams(max_tokens=4), use_tqdm=False
-    )  # kernels built, first-step costs out of the way
+    # kernels built, first-step costs out of the way
+    llm.generate(["warm up"], SamplingParams(max_tokens=4), use_tqdm=False)
     valid, stopped, with_schema, without, tokens = 0, 0, [], [], 0
     for i in range(args.requests):
         schema = SCHEMAS[i % len(SCHEMAS)]
