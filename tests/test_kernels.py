@@ -349,7 +349,7 @@ def decode_attention_calls() -> list:
 )
 def test_the_avx2_dot_products_match_vnni():
     """On a VNNI host the kernels' integer dots are one dpbusd; AVX2 hosts multiply byte pairs into int16 first
-    (maddubs). Built here without VNNI (~50 s, cached), every format's tiled linear and decode attention over int8
+    (maddubs). Built here without VNNI (~30 s, cached), every format's tiled linear and decode attention over int8
     keys must give the same integer dots and then do the same float operations in the same order at either width:
     the same bits, and so must the dequantizations and decode attention on every pool."""
     avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.sources_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
@@ -378,7 +378,7 @@ def test_the_streaming_read_sums_every_word_and_refuses_what_it_cannot_read():
 
 def test_the_portable_loops_match_the_vector_kernels():
     """Without AVX2 and F16C (an ARM machine, an old x86) cpu.cpp compiles to plain C++ loops: built here for
-    baseline x86-64 (~45 s, cached), every kernel must give what the vector code gives."""
+    baseline x86-64 (~30 s, cached), every kernel must give what the vector code gives."""
     portable = cpu.build(f"rooftop_cpu_portable_{cpu.sources_version()}", "-march=x86-64")
     gen = torch.Generator().manual_seed(12)
     w = torch.randn(48, 224, generator=gen)

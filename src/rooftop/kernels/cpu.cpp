@@ -7,6 +7,8 @@
 // attention over the paged cache in attention.cpp) are one call each instead of a handful of PyTorch ops.
 // Compiled on first use by rooftop/kernels/cpu.py with -march=native; without AVX2 and F16C plain loops run.
 
+#include <torch/csrc/utils/pybind.h>  // pybind11 with its tensor casters, for the module below (torch/extension.h: 25 s to parse)
+
 #include "exp.h"
 
 // weight * x / rms(x) per row, float32 (T, D).

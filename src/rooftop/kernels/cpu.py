@@ -34,7 +34,7 @@ def enabled() -> bool:
 
 @functools.cache
 def ops() -> ModuleType | None:
-    """The compiled module (built once per machine and torch version, ~45 s on 2 cores), or None."""
+    """The compiled module (built once per machine and torch version, ~30 s on 2 cores), or None."""
     if not enabled():
         return None
     # -march=native: the build is for this CPU; the name keeps builds for different vector widths apart.
