@@ -53,9 +53,10 @@ def sources_version() -> str:
     return hashlib.sha256(b"".join(path.read_bytes() for path in [*SOURCES, *HEADERS])).hexdigest()[:8]
 
 
-def build(name: str, arch_flag: str) -> ModuleType:
+def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleType:
     """Compile the sources as module `name` for `arch_flag` (compiler flags: -march=native here; the tests also build the portable
-    loops that machines without AVX2 and F16C run, e.g. with -march=x86-64)."""
+    loops that machines without AVX2 and F16C run, e.g. with -march=x86-64), from `directory` if given (another
+    revision's sources, for benchmarks/kernel_ab.py)."""
     from torch.utils import cpp_extension
 
     if shutil.which("ninja") is None:  # PyTorch builds with ninja; the pip package's binary is not on PATH by itself
@@ -65,7 +66,7 @@ def build(name: str, arch_flag: str) -> ModuleType:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     return cpp_extension.load(
         name=name,
-        sources=[str(source) for source in SOURCES],
+        sources=[str(directory / source.name if directory else source) for source in SOURCES],
         extra_cflags=["-O3", *arch_flag.split(), "-fopenmp"],
         extra_ldflags=["-fopenmp"],
         verbose=False,

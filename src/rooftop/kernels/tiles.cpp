@@ -245,20 +245,40 @@ void tile512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
 }
 
-// Tiles t and t2 for one activation row (row r0), their groups taken in turn: two streams of weights in flight on
-// the thread instead of one. Each tile's arithmetic is tile512's, so its outputs are the same bits.
-template <Format F>
+// Tiles t and t2 for R activation rows from r0, their groups taken in turn: two streams of weights in flight on the
+// thread instead of one. Each tile's arithmetic is tile512's, so its outputs are the same bits. Tile t's rows go to
+// out, tile t2's to out + R * TILE.
+template <Format F, int R>
 void tile_pair512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2, int64_t r0, float* out) {
-  __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
-  __m512 d = _mm512_setzero_ps(), second = _mm512_setzero_ps(), d2 = d, second2 = d;
+  __m512 acc[R], acc2[R];
+  for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm512_setzero_ps();
+  __m512 d = _mm512_setzero_ps(), second = d, d2 = d, second2 = d;
   for (int64_t g = 0; g < w.groups; ++g) {
     fetch_ahead<F>(w, t, g);
     fetch_ahead<F>(w, t2, g);
-    acc = row512<F>(acc, group512<F>(w, t, g, d, second), a, r0 * w.groups + g);
-    acc2 = row512<F>(acc2, group512<F>(w, t2, g, d2, second2), a, r0 * w.groups + g);
+    const Group512 q = group512<F>(w, t, g, d, second);
+    for (int r = 0; r < R; ++r) acc[r] = row512<F>(acc[r], q, a, (r0 + r) * w.groups + g);
+    const Group512 q2 = group512<F>(w, t2, g, d2, second2);
+    for (int r = 0; r < R; ++r) acc2[r] = row512<F>(acc2[r], q2, a, (r0 + r) * w.groups + g);
   }
-  _mm512_storeu_ps(out, acc);
-  _mm512_storeu_ps(out + TILE, acc2);
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(out + r * TILE, acc[r]);
+    _mm512_storeu_ps(out + (R + r) * TILE, acc2[r]);
+  }
+}
+
+// The most activation rows read as two streams: a decode step of a small batch or a speculative verify, whose
+// weights dominate its time. 2 x 4 accumulators beside a group's 11 vectors fit the 32 registers.
+constexpr int64_t PAIR_ROWS = 4;
+
+template <Format F>
+void tile_pair_any(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2, int64_t count, float* out) {
+  switch (count) {
+    case 1: return tile_pair512<F, 1>(w, a, t, t2, 0, out);
+    case 2: return tile_pair512<F, 2>(w, a, t, t2, 0, out);
+    case 3: return tile_pair512<F, 3>(w, a, t, t2, 0, out);
+    default: return tile_pair512<F, 4>(w, a, t, t2, 0, out);
+  }
 }
 #endif
 
@@ -449,14 +469,14 @@ at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
     float acc[TILE_ROWS * TILE];
 #ifdef ROOFTOP_AVX512
-    // One row (a decode at batch 1) reads the weights with little work per byte: a single stream per thread left
-    // the read well below what the memory gave in its fast minutes, two streams (the range's halves) follow it.
-    if (rows == 1) {
+    // A few rows (a decode at a small batch) read the weights with little work per byte: a single stream per thread
+    // left the read well below what the memory gave in its fast minutes, two streams (the range's halves) follow it.
+    if (rows <= PAIR_ROWS) {
       const int64_t half = (t1 - t0) / 2;
       for (int64_t t = t0; t < t0 + half; ++t) {
-        tile_pair512<F>(w, a, t, t + half, 0, acc);
-        store(t, 0, 1, acc);
-        store(t + half, 0, 1, acc + TILE);
+        tile_pair_any<F>(w, a, t, t + half, rows, acc);
+        store(t, 0, rows, acc);
+        store(t + half, 0, rows, acc + rows * TILE);
       }
       t0 += 2 * half;  // an odd range's last tile goes alone below
     }

@@ -1,0 +1,74 @@
+"""Two builds of rooftop's CPU kernels on a decode's weights, alternating: the linears of a 1B's 16 layers (QKV, O,
+gate-up, down of the llama-3.2-1b preset; distinct copies, so nothing stays cached) called in turn with a few
+activation rows, and `stream_read` over as many bytes, round after round.
+
+.venv/bin/python benchmarks/kernel_ab.py OLD_DIR NEW_DIR [--format q4_0] [--rows 1] [--rounds 15]
+
+Each directory holds the kernel sources (src/rooftop/kernels/*.cpp, *.h: e.g. `git show REV:PATH` of each) and is
+built as its own module. On a shared host a run of one build and then the other compares two minutes; taken in
+turn, both builds see the same minutes (docs/PERFORMANCE.md). The weights are tiled by this checkout's
+quant/tiles.py, so both builds must read that layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from kernels import linear
+
+from rooftop.kernels import cpu
+from rooftop.quant.tiles import TILE_FORMATS
+
+LAYERS = 16
+SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)]  # the 1B's QKV, O, gate-up, down: (N, K)
+
+
+def build(directory: Path):
+    sources = sorted(directory.glob("*.[ch]*"))
+    tag = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:8]
+    return cpu.build(f"rooftop_cpu_ab_{tag}", "-march=native", directory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("old", type=Path)
+    parser.add_argument("new", type=Path)
+    parser.add_argument("--format", default="q4_0", choices=TILE_FORMATS)
+    parser.add_argument("--rows", type=int, default=1, help="activation rows per call: the decode's batch")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    builds = {"old": build(args.old), "new": build(args.new)}
+    torch.set_num_threads(2)
+    base = [linear(args.format, n, k) for n, k in SHAPES]
+    layers = [
+        [(lin.q.clone(), lin.dm.clone(), n, k) for lin, (n, k) in zip(base, SHAPES, strict=True)] for _ in range(LAYERS)
+    ]
+    fmt = TILE_FORMATS.index(base[0].format)
+    total = sum(q.nbytes + dm.nbytes for layer in layers for q, dm, _, _ in layer)
+    blob = torch.randint(0, 256, (total // 64 * 64,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    xs = {k: torch.ones(args.rows, k) for _, k in SHAPES}
+    seconds: dict[str, list[float]] = {"old": [], "new": [], "stream_read": []}
+    for _ in range(args.rounds):
+        for name, module in builds.items():
+            start = time.perf_counter()
+            for layer in layers:
+                for q, dm, n, k in layer:
+                    module.tiled_linear(xs[k], q, dm, fmt, n, None, None)
+            seconds[name].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        builds["old"].stream_read(blob)
+        seconds["stream_read"].append(time.perf_counter() - start)
+    print(f"{args.format}, {args.rows} row(s), {total / 1e6:.0f} MB, {args.rounds} rounds (GB/s)")
+    for name, taken in seconds.items():
+        print(
+            f"  {name:12s} median {total / statistics.median(taken) / 1e9:5.1f}  fastest {total / min(taken) / 1e9:5.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
