@@ -86,6 +86,7 @@ def test_a_row_gives_the_same_bits_at_any_batch_size(kind):
     for rows in (2, 3, 4, 5, 8, 9, 19):  # up to 4: two tiles in turn per thread; from 5, one tile's pass
         assert torch.equal(lin(x[:rows]), alone[:rows])
     assert torch.equal(lin(x[3:11]), alone[3:11])
+    assert kernels.tiled_linear(x[:0], lin.q, lin.dm, lin.kernel_format, 48, None, None).shape == (0, 48)
 
 
 def test_bad_kernel_inputs_are_refused_with_the_reason():
@@ -280,7 +281,7 @@ def test_the_bundled_model_gives_the_same_logits_with_and_without_the_small_kern
 def tiled_calls() -> list:
     """tiled_linear (with a bias and a residual) and tiled_dequantize of every format, on random weights: Q4_1 and
     Q8_0 groups, and random blocks of every stored block format (48 rows: three tiles; K = 768: whole 256-blocks;
-    224 for the 32-blocks: seven groups; 9 activation rows: a pass of 8 and a single; 3 rows and 1: a decode's two
+    224 for the 32-blocks: seven groups; 9 activation rows: a pass of 8 and a single; 1 to 4 rows: a decode's two
     streams, tiles 0 and 1 together and tile 2 alone)."""
     from gguf import GGMLQuantizationType as QType
     from test_block_formats import random_blocks
@@ -300,7 +301,7 @@ def tiled_calls() -> list:
     for lin in linears:
         k = lin.q.shape[1] * 32
         x, residual = torch.randn(9, k, generator=gen), torch.randn(9, 48, generator=gen)
-        for rows in (9, 3, 1):
+        for rows in (9, 4, 3, 2, 1):
             calls.append(
                 lambda m, lin=lin, x=x[:rows], r=residual[:rows]: m.tiled_linear(
                     x, lin.q, lin.dm, lin.kernel_format, 48, lin.bias, r

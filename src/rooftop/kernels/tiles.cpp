@@ -270,6 +270,7 @@ void tile_pair512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2,
 // The most activation rows read as two streams: a decode step of a small batch or a speculative verify, whose
 // weights dominate its time. 2 x 4 accumulators beside a group's 11 vectors fit the 32 registers.
 constexpr int64_t PAIR_ROWS = 4;
+static_assert(2 * PAIR_ROWS <= TILE_ROWS, "a pair's rows fill tiled_linear's buffer of TILE_ROWS tiles' outputs");
 
 template <Format F>
 void tile_pair_any(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2, int64_t count, float* out) {
@@ -471,7 +472,7 @@ at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional
 #ifdef ROOFTOP_AVX512
     // A few rows (a decode at a small batch) read the weights with little work per byte: a single stream per thread
     // left the read well below what the memory gave in its fast minutes, two streams (the range's halves) follow it.
-    if (rows <= PAIR_ROWS) {
+    if (rows >= 1 && rows <= PAIR_ROWS) {
       const int64_t half = (t1 - t0) / 2;
       for (int64_t t = t0; t < t0 + half; ++t) {
         tile_pair_any<F>(w, a, t, t + half, rows, acc);
