@@ -2,7 +2,7 @@
 gate-up, down of the llama-3.2-1b preset; distinct copies, so nothing stays cached) called in turn with a few
 activation rows, and `stream_read` over as many bytes, round after round.
 
-.venv/bin/python benchmarks/kernel_ab.py OLD_DIR NEW_DIR [--format q4_0] [--rows 1] [--rounds 15]
+.venv/bin/python benchmarks/kernel_ab.py OLD_DIR NEW_DIR [--format q4_0] [--rows 1] [--rounds 15] [--threads 2]
 
 Each directory holds the kernel sources (src/rooftop/kernels/*.cpp, *.h: e.g. `git show REV:PATH` of each) and is
 built as its own module. On a shared host a run of one build and then the other compares two minutes; taken in
@@ -41,14 +41,15 @@ def main() -> None:
     parser.add_argument("--format", default="q4_0", choices=TILE_FORMATS)
     parser.add_argument("--rows", type=int, default=1, help="activation rows per call: the decode's batch")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     builds = {"old": build(args.old), "new": build(args.new)}
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     base = [linear(args.format, n, k) for n, k in SHAPES]
     layers = [
         [(lin.q.clone(), lin.dm.clone(), n, k) for lin, (n, k) in zip(base, SHAPES, strict=True)] for _ in range(LAYERS)
     ]
-    fmt = TILE_FORMATS.index(base[0].format)
+    fmt = base[0].kernel_format
     total = sum(q.nbytes + dm.nbytes for layer in layers for q, dm, _, _ in layer)
     blob = torch.randint(0, 256, (total // 64 * 64,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     xs = {k: torch.ones(args.rows, k) for _, k in SHAPES}

@@ -245,11 +245,11 @@ void tile512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
 }
 
-// Tiles t and t2 for R activation rows from r0, their groups taken in turn: two streams of weights in flight on the
+// Tiles t and t2 for the call's R activation rows, their groups taken in turn: two streams of weights in flight on the
 // thread instead of one. Each tile's arithmetic is tile512's, so its outputs are the same bits. Tile t's rows go to
 // out, tile t2's to out + R * TILE.
 template <Format F, int R>
-void tile_pair512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2, int64_t r0, float* out) {
+void tile_pair512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2, float* out) {
   __m512 acc[R], acc2[R];
   for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm512_setzero_ps();
   __m512 d = _mm512_setzero_ps(), second = d, d2 = d, second2 = d;
@@ -257,9 +257,9 @@ void tile_pair512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2,
     fetch_ahead<F>(w, t, g);
     fetch_ahead<F>(w, t2, g);
     const Group512 q = group512<F>(w, t, g, d, second);
-    for (int r = 0; r < R; ++r) acc[r] = row512<F>(acc[r], q, a, (r0 + r) * w.groups + g);
+    for (int r = 0; r < R; ++r) acc[r] = row512<F>(acc[r], q, a, r * w.groups + g);
     const Group512 q2 = group512<F>(w, t2, g, d2, second2);
-    for (int r = 0; r < R; ++r) acc2[r] = row512<F>(acc2[r], q2, a, (r0 + r) * w.groups + g);
+    for (int r = 0; r < R; ++r) acc2[r] = row512<F>(acc2[r], q2, a, r * w.groups + g);
   }
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(out + r * TILE, acc[r]);
@@ -275,10 +275,10 @@ static_assert(2 * PAIR_ROWS <= TILE_ROWS, "a pair's rows fill tiled_linear's buf
 template <Format F>
 void tile_pair_any(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2, int64_t count, float* out) {
   switch (count) {
-    case 1: return tile_pair512<F, 1>(w, a, t, t2, 0, out);
-    case 2: return tile_pair512<F, 2>(w, a, t, t2, 0, out);
-    case 3: return tile_pair512<F, 3>(w, a, t, t2, 0, out);
-    default: return tile_pair512<F, 4>(w, a, t, t2, 0, out);
+    case 1: return tile_pair512<F, 1>(w, a, t, t2, out);
+    case 2: return tile_pair512<F, 2>(w, a, t, t2, out);
+    case 3: return tile_pair512<F, 3>(w, a, t, t2, out);
+    default: return tile_pair512<F, 4>(w, a, t, t2, out);
   }
 }
 #endif
