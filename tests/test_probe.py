@@ -327,6 +327,23 @@ def test_the_read_roof_is_the_faster_of_the_sum_and_the_engines_read():
     assert own.weight_only_kernels == "fast reader" and own.procedure == probe.PROCEDURE
 
 
+class FastLinears(FastReader):
+    """An engine whose float32 linears outrun `torch.mm` (oneDNN's matmul where MKL's sgemm is slow)."""
+
+    def flops(self, kind, device, plan):
+        return (1e15, "FloatLinear, M=16 (scripted)") if kind == "float32" else (None, "not timed")
+
+
+def test_the_float32_roof_is_the_faster_of_torch_mm_and_the_engines_linears():
+    """As with the read: the engine's float32 linears set the roof where they beat `torch.mm`, and the note says
+    both; where they are not timed (the analyzer's probe) `torch.mm` alone does."""
+    own = probe.run_probe(quick=True, engine=FastLinears())
+    assert own.fp32_flops == 1e15
+    assert own.notes["fp32_matmul"].startswith("FloatLinear, M=16 (scripted); torch.mm's best ")
+    plain = probe.run_probe(quick=True, engine=FastReader())
+    assert plain.fp32_flops < 1e15 and "the best of the sizes tried" in plain.notes["fp32_matmul"]
+
+
 def test_the_engines_read_is_measured_where_its_kernels_are_built(result):
     if cpu.ops() is None:
         assert "engine" not in result.notes["read_bandwidth"]

@@ -374,3 +374,35 @@ def test_a_matrix_of_no_whole_groups_stays_float(policy):
     assert isinstance(lin, FloatLinear)
     x = torch.randn(3, 48, generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(lin(x), x @ w.t())
+
+
+def test_float32_linears_run_onednn_on_amd_cpus_and_mkl_elsewhere(monkeypatch):
+    """MKL's sgemm takes a slow path on AMD CPUs (docs/PERFORMANCE.md): float32 linears there run oneDNN's matmul;
+    on Intel's they keep `F.linear`."""
+    from rooftop.quant import linear as linears
+
+    for vendor, packs in (("AuthenticAMD", torch.backends.mkldnn.is_available()), ("GenuineIntel", False)):
+        monkeypatch.setattr(linears, "_cpuinfo", lambda vendor=vendor: frozenset({"vendor_id", ":", vendor, "avx2"}))
+        assert linears.packs_float32.__wrapped__() is packs
+
+
+@pytest.mark.parametrize("packs", [False, True], ids=["F.linear", "onednn"])
+def test_a_float32_linear_on_either_path_is_the_matmul(monkeypatch, packs):
+    """The packed copy replaces the weights it was made from (held once), counts the same bytes, and gives the
+    matmul's values on every row plan: widened groups, padded narrow rows, a residual; bfloat16 is never packed."""
+    from rooftop.quant import linear as linears
+    from rooftop.quant.rows import RowPlan
+
+    if packs and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(linears, "packs_float32", lambda: packs)
+    gen = torch.Generator().manual_seed(7)
+    w, b, x, res = (torch.randn(*shape, generator=gen) for shape in ((48, 64), (48,), (5, 64), (5, 48)))
+    lin = FloatLinear(w, b)
+    assert lin.weight.is_mkldnn is packs and lin.nbytes == 48 * 64 * 4 and lin.format == "fp32"
+    want = torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(lin(x), want)
+    torch.testing.assert_close(lin(x, plan=RowPlan((3,), 4)), want)
+    torch.testing.assert_close(lin(x, residual=res.clone()), want + res)
+    torch.testing.assert_close(lin(x[None]), want[None])
+    assert not FloatLinear(w.bfloat16()).weight.is_mkldnn

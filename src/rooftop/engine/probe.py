@@ -10,7 +10,7 @@ import torch
 
 from rooftop.kernels import cpu
 from rooftop.quant import cuda_linear
-from rooftop.quant.linear import linear_format, make_linear
+from rooftop.quant.linear import linear_format, make_linear, packs_float32
 from rooftop.quant.weights import GROUP
 from rooftop.roofline import probe
 from rooftop.roofline.precision import WEIGHT_POLICIES
@@ -18,23 +18,26 @@ from rooftop.roofline.probe import CollectiveTimer, Plan, ProbeResult, best_on_l
 
 
 class EngineKernels:
-    """The int8/int4 linears exactly as the engine builds and calls them, on float32 activations at the row counts
-    the engine runs them at (the probe plan's ladder); and the read of rooftop's CPU kernels (one stream per thread,
-    fetching ahead)."""
+    """The int8/int4 linears (and on the CPU the float32 ones) exactly as the engine builds and calls them, on float32
+    activations at the row counts the engine runs them at (the probe plan's ladder); and the read of rooftop's CPU
+    kernels (one stream per thread, fetching ahead)."""
 
     def kernels(self, device: str) -> str:
         """Whose kernels, and for rooftop's which build of them: a probe taken before they changed is stale."""
         if device != "cpu":
             return f"pytorch tinygemm + rooftop triton {cuda_linear.sources_version()}"
-        return f"rooftop {cpu.sources_version()}" if cpu.ops() is not None else "pytorch"
+        kernels = f"rooftop {cpu.sources_version()}" if cpu.ops() is not None else "pytorch"
+        return kernels + (" + onednn float32" if packs_float32() else "")
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
         k, n = plan.weight_only_k, plan.weight_only_n
         dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the activations each device's model runs
+        if kind == "float32" and device != "cpu":
+            return None, "the engine's float linears on CUDA run bfloat16: the bf16 roof"
         try:
             gen = torch.Generator(device=device).manual_seed(0)
             weight = torch.randn(n, k, generator=gen, device=device, dtype=dtype)
-            linear = make_linear(weight, None, kind)
+            linear = make_linear(weight, None, "float" if kind == "float32" else kind)
             del weight
 
             def measure(m: int) -> float:
@@ -52,6 +55,7 @@ class EngineKernels:
             "Int4Linear": f"PyTorch's weight-only op, groups of {GROUP}: bf16 activations, computes in bf16",
             "CudaInt4Linear": f"PyTorch's tinygemm, groups of {GROUP}: bf16 activations and tensor cores",
             "CudaInt8Linear": f"rooftop's Triton kernel, Q8_0 groups of {GROUP}: bf16 activations and tensor cores",
+            "FloatLinear": "oneDNN's matmul on weights packed once" if packs_float32() else "F.linear",
         }.get(type(linear).__name__, "PyTorch's weight-only op, one scale per row: bf16 activations, computes in bf16")
         one_row = ""
         if device != "cpu":  # decode's case: one row reads every weight once

@@ -55,11 +55,25 @@ def widen_dtype() -> torch.dtype | None:
     alternative is float32 sgemm, and with AVX512-BF16 alone (no AMX) a 512-bit VNNI dot does twice the multiplies
     of a bfloat16 one and needs no widening; the kernels outran both paths at every prefill size measured
     (docs/PERFORMANCE.md)."""
+    return torch.bfloat16 if "amx_bf16" in _cpuinfo() else None
+
+
+@functools.cache
+def _cpuinfo() -> frozenset[str]:
+    """The words of /proc/cpuinfo (its flags, its vendor), empty where there is none."""
     try:
-        flags = set(open("/proc/cpuinfo").read().split())
+        return frozenset(open("/proc/cpuinfo").read().split())
     except OSError:
-        return None
-    return torch.bfloat16 if "amx_bf16" in flags else None
+        return frozenset()
+
+
+@functools.cache
+def packs_float32() -> bool:
+    """Whether float32 linears on the CPU run oneDNN's matmul on weights it packed once (`torch.ops.mkldnn`) instead
+    of `F.linear`, which runs MKL's sgemm. On AMD CPUs MKL's sgemm takes a slow path: on Zen 3 and Zen 5 hosts
+    oneDNN multiplied a decode's few rows several times faster, and prefill's hundreds somewhat faster
+    (docs/PERFORMANCE.md). Intel CPUs, MKL's own, keep it."""
+    return torch.backends.mkldnn.is_available() and "AuthenticAMD" in _cpuinfo()
 
 
 def widen_compute(linear, dtype: torch.dtype) -> str | None:
@@ -82,17 +96,18 @@ def row_plan(chunks: list[int], rows: int, dtype: torch.dtype, batch_invariant: 
 
 @functools.cache
 def float_min_rows(dtype: torch.dtype) -> int:
-    """The row tile P of `F.linear` on this machine: in a call of a multiple of P rows, a row's result is the same
-    at any index and whatever the other rows are, so narrow float matmuls are padded to a multiple of it. Probed
-    once per dtype, because BLAS libraries pick kernels by the row count: MKL here runs 1 row as a matrix-vector
-    product, 2-3 rows on another kernel, and the rows of a call that are left over after its tiles of 4 (5 rows: the
-    fifth) like a call of that many rows, each rounding differently (float32; bfloat16 agrees everywhere)."""
+    """The row tile P of the CPU's float linears (`FloatLinear.product`) on this machine: in a call of a multiple of
+    P rows, a row's result is the same at any index and whatever the other rows are, so narrow float matmuls are
+    padded to a multiple of it. Probed once per dtype, because BLAS libraries pick kernels by the row count: MKL
+    runs 1 row as a matrix-vector product, 2-3 rows on another kernel, and the rows of a call that are left over
+    after its tiles of 4 (5 rows: the fifth) like a call of that many rows, each rounding differently (float32;
+    bfloat16 agrees everywhere). oneDNN's float32 matmul (`packs_float32`) gave every row the same bits alone."""
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(256, 512, generator=gen).to(dtype)
+    linear = FloatLinear(torch.randn(256, 512, generator=gen).to(dtype))
     x = torch.randn(64, 512, generator=gen).to(dtype)
     for tile in (1, 2, 4, 8, 16):
-        alone = torch.cat([_padded_to(x[i : i + 1], tile, lambda t: F.linear(t, w)) for i in range(x.shape[0])])
-        if all(torch.equal(F.linear(x[:m], w), alone[:m]) for m in range(tile, x.shape[0] + 1, tile)):
+        alone = torch.cat([_padded_to(x[i : i + 1], tile, linear.product) for i in range(x.shape[0])])
+        if all(torch.equal(linear.product(x[:m]), alone[:m]) for m in range(tile, x.shape[0] + 1, tile)):
             return tile
     return 32  # no tile agreed up to 64 rows: pad to half of them (the batched == alone tests say if it holds)
 
@@ -104,11 +119,9 @@ def _padded_to(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Te
     return fn(x) if pad == 0 else fn(torch.cat([x, x.new_zeros(pad, x.shape[1])]))[:rows]
 
 
-def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> torch.Tensor:
-    """`F.linear` over a multiple of `tile` rows: zero rows are appended and their outputs dropped."""
-    flat = x.reshape(-1, x.shape[-1])
-    y = _padded_to(flat, tile, lambda t: F.linear(t, weight, bias))
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+def _padded_rows(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor], n: int) -> torch.Tensor:
+    """`fn` (rows (T, K) -> (T, n)) on x's rows (..., K) padded to a multiple of `tile`, in x's shape."""
+    return _padded_to(x.reshape(-1, x.shape[-1]), tile, fn).reshape(*x.shape[:-1], n)
 
 
 def unpack_int4(packed: torch.Tensor, n: int, k: int, block_rows: int) -> torch.Tensor:
@@ -132,26 +145,42 @@ def int4_block_rows() -> int | None:
 
 @dataclass
 class FloatLinear:
+    """Float weights. float32 on a CPU that `packs_float32` picks is held as oneDNN's packed copy (an opaque
+    `torch._mkldnn` tensor, reordered once for its matmul), the given tensor then let go; else as given, for
+    `F.linear`."""
+
     weight: torch.Tensor  # (N, K)
     bias: torch.Tensor | None = None
     widen_rows: ClassVar[int | None] = None  # float weights never widen
+
+    def __post_init__(self) -> None:
+        w = self.weight
+        if w.dtype == torch.float32 and w.device.type == "cpu" and w.layout == torch.strided and packs_float32():
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(w, None)
 
     @property
     def format(self) -> str:
         return FLOAT_FORMATS[self.weight.dtype]
 
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, K) times the weights (+ bias): oneDNN's matmul on the packed copy, or `F.linear`."""
+        if self.weight.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        n = self.weight.shape[0]
         return by_plan(
             x,
             residual,
             plan,
-            lambda rows, res: with_residual(F.linear(rows, self.weight, self.bias), res),
-            lambda rows, res: with_residual(padded_linear(rows, self.weight, self.bias, plan.min_rows), res),
+            lambda rows, res: with_residual(_padded_rows(rows, 1, self.product, n), res),
+            lambda rows, res: with_residual(_padded_rows(rows, plan.min_rows, self.product, n), res),
         )
 
     @property
     def nbytes(self) -> int:
-        return self.weight.nbytes
+        return self.weight.numel() * self.weight.element_size()
 
 
 @functools.cache

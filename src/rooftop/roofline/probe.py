@@ -39,8 +39,9 @@ STEPS = (
 )
 ALL_REDUCE_STEP = "all-reduce"  # one more, in a tensor-parallel group
 # How the roofs are measured: 1, the median repetition and PyTorch's sum for the read; 2, the fastest repetition
-# (peaks) and the faster of the sum and the engine's own read; 3, the CPU's weight-only kernels up to 512 rows.
-PROCEDURE = 3
+# (peaks) and the faster of the sum and the engine's own read; 3, the CPU's weight-only kernels up to 512 rows; 4, the
+# float32 roof the faster of `torch.mm` and the engine's float32 linears (oneDNN's matmul on AMD CPUs).
+PROCEDURE = 4
 MIB = 1 << 20
 
 
@@ -101,14 +102,16 @@ _QUICK = Plan(
 
 class EngineTimer(Protocol):
     """Times the engine's own kernels (rooftop.engine.probe.ENGINE_KERNELS): its int8/int4 linears for the
-    weight-only peaks, and its streaming read for the read bandwidth."""
+    weight-only peaks, its float32 linears beside `torch.mm` for the float32 peak, and its streaming read for the
+    read bandwidth."""
 
     def kernels(self, device: str) -> str:
         """Whose kernels run them on `device`: "rooftop <version of its sources>" (kernels/cpu.cpp) or "pytorch"."""
         ...
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
-        """The best FLOP/s of `kind` ("int8", "int4") over the plan's row counts, and a note saying how."""
+        """The best FLOP/s of `kind` ("int8", "int4", "float32") over the plan's row counts, and a note saying how;
+        None where the engine has no such linear on `device` (float32: off the CPU)."""
         ...
 
     def formats(self, device: str) -> dict[str, str]:
@@ -148,7 +151,8 @@ class ProbeResult:
     torch_version: str
     cuda_device: str | None
     weight_only_kernels: (
-        str  # whose kernels were timed (int8/int4 linears, read): "rooftop <version>" (kernels/), "pytorch" or "none"
+        str  # whose kernels were timed (int8/int4 linears, read; "+ onednn float32" where float32 linears run it):
+        # "rooftop <version>" (kernels/), "pytorch" or "none"
     )
     memory_bytes: int
     fp32_flops: float
@@ -290,6 +294,9 @@ def run_probe(
 
     step(STEPS[0])
     fp32, notes["fp32_matmul"] = _matmul_flops(torch.float32, device, plan)
+    linears, how = engine.flops("float32", device, plan)
+    if linears is not None and linears > fp32:  # a roof below what the engine's linears reach makes no bound
+        fp32, notes["fp32_matmul"] = linears, f"{how}; torch.mm's best {fp32 / GIGA:.0f} GFLOP/s"
     if device != "cpu" and torch.backends.cuda.matmul.allow_tf32:
         notes["fp32_matmul"] += "; TF32 was allowed, so this is a TF32 rate"
     step(STEPS[1])
