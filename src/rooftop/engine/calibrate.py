@@ -304,7 +304,7 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
         "kernels": cpu.sources_version() if cpu.ops() is not None else "pytorch",
         # the kernels' prefill chunks: one widened matmul, or every row narrow
         "prefill_widens_to": str(linears.widen_dtype()),
-        "float32_linears": "onednn" if linears.packs_float32() else "F.linear",
+        "float32_linears": "onednn" if llm.device.type == "cpu" and linears.packs_float32() else "F.linear",
         "procedure": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8],  # this file: what was measured
     }
 

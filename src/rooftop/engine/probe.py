@@ -1,6 +1,7 @@
 """The probe as the engine needs it: this machine's roofs (rooftop.roofline.probe) with the int8/int4 weight-only
-peaks timed on the linears the engine builds (make_linear: rooftop's kernels where they exist, else PyTorch's), and
-the read bandwidth as rooftop's kernels stream their weights where they are built."""
+peaks timed on the linears the engine builds (make_linear: rooftop's kernels where they exist, else PyTorch's), the
+CPU's float32 peak also on its float32 linears, and the read bandwidth as rooftop's kernels stream their weights
+where they are built."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class EngineKernels:
         k, n = plan.weight_only_k, plan.weight_only_n
         dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the activations each device's model runs
         if kind == "float32" and device != "cpu":
-            return None, "the engine's float linears on CUDA run bfloat16: the bf16 roof"
+            return None, "not timed on CUDA: its float32 linears are torch.mm's cuBLAS call"
         try:
             gen = torch.Generator(device=device).manual_seed(0)
             weight = torch.randn(n, k, generator=gen, device=device, dtype=dtype)

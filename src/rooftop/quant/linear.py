@@ -1,5 +1,5 @@
 """Linear layers by weight format, each reporting its format in the analyzer's vocabulary (roofline.precision):
-float (`F.linear`: fp32, bf16 or fp16), int8 and int4. `linear_kind` is the one place that decides which class a
+float (fp32, bf16 or fp16: `F.linear`, or oneDNN's matmul for fp32 on AMD CPUs), int8 and int4. `linear_kind` is the one place that decides which class a
 weight becomes: on rooftop's CPU kernels int8 is GGUF Q8_0 (a scale per group of 32) and int4 GGUF Q4_1 (a scale
 and a minimum per group of 32); without them int8 has one scale per row and int4 a scale and zero per 32.
 
@@ -71,8 +71,9 @@ def _cpuinfo() -> frozenset[str]:
 def packs_float32() -> bool:
     """Whether float32 linears on the CPU run oneDNN's matmul on weights it packed once (`torch.ops.mkldnn`) instead
     of `F.linear`, which runs MKL's sgemm. On AMD CPUs MKL's sgemm takes a slow path: on Zen 3 and Zen 5 hosts
-    oneDNN multiplied a decode's few rows several times faster, and prefill's hundreds somewhat faster
-    (docs/PERFORMANCE.md). Intel CPUs, MKL's own, keep it."""
+    oneDNN multiplied a decode's few rows several times faster, and prefill's hundreds as fast or faster
+    (docs/PERFORMANCE.md). Intel CPUs, MKL's own, keep it. oneDNN builds its kernel for each new row count once (a
+    fraction of a millisecond per shape), then caches it."""
     return torch.backends.mkldnn.is_available() and "AuthenticAMD" in _cpuinfo()
 
 
@@ -119,7 +120,7 @@ def _padded_to(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Te
     return fn(x) if pad == 0 else fn(torch.cat([x, x.new_zeros(pad, x.shape[1])]))[:rows]
 
 
-def _padded_rows(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor], n: int) -> torch.Tensor:
+def _padded_matmul(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor], n: int) -> torch.Tensor:
     """`fn` (rows (T, K) -> (T, n)) on x's rows (..., K) padded to a multiple of `tile`, in x's shape."""
     return _padded_to(x.reshape(-1, x.shape[-1]), tile, fn).reshape(*x.shape[:-1], n)
 
@@ -147,7 +148,8 @@ def int4_block_rows() -> int | None:
 class FloatLinear:
     """Float weights. float32 on a CPU that `packs_float32` picks is held as oneDNN's packed copy (an opaque
     `torch._mkldnn` tensor, reordered once for its matmul), the given tensor then let go; else as given, for
-    `F.linear`."""
+    `F.linear`. Every float32 linear of a process takes the same path, as `float_min_rows` probed one: a tied
+    lm_head too, so there it is a copy of its own beside the embedding table, which looks rows up in the tensor."""
 
     weight: torch.Tensor  # (N, K)
     bias: torch.Tensor | None = None
@@ -174,13 +176,13 @@ class FloatLinear:
             x,
             residual,
             plan,
-            lambda rows, res: with_residual(_padded_rows(rows, 1, self.product, n), res),
-            lambda rows, res: with_residual(_padded_rows(rows, plan.min_rows, self.product, n), res),
+            lambda rows, res: with_residual(self.product(rows), res),
+            lambda rows, res: with_residual(_padded_matmul(rows, plan.min_rows, self.product, n), res),
         )
 
     @property
     def nbytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size()
+        return self.weight.nbytes
 
 
 @functools.cache

@@ -1,10 +1,11 @@
-"""This machine's roofs (matmul FLOP/s per dtype, memory bandwidth), measured with torch alone and cached as JSON.
+"""This machine's roofs (matmul FLOP/s per dtype, memory bandwidth), measured with torch and cached as JSON.
 
 Every roof is a peak: the fastest of its timed repetitions, so that a bound built from the roofs is never above a
 time the engine measures. The int8/int4 weight-only peaks time the engine's own linears, which the analyzer never
-builds, and the read bandwidth is the faster of PyTorch's `sum` and the engine's own streaming read (its kernels ask
-for memory ahead, and read faster than `sum` on some hosts): an `EngineTimer` given by the caller measures both
-(rooftop.engine.probe, the probe `rooftop probe` and the engine's commands run).
+builds, the read bandwidth is the faster of PyTorch's `sum` and the engine's own streaming read (its kernels ask
+for memory ahead, and read faster than `sum` on some hosts), and the CPU's float32 peak the faster of `torch.mm` and
+the engine's float32 linears: an `EngineTimer` given by the caller measures the engine's part (rooftop.engine.probe,
+the probe `rooftop probe` and the engine's commands run).
 Under tensor parallelism a `CollectiveTimer` times the group's all-reduce over message sizes: its latency and
 bandwidth are the interconnect roof of the op model's collectives.
 """
@@ -106,12 +107,13 @@ class EngineTimer(Protocol):
     read bandwidth."""
 
     def kernels(self, device: str) -> str:
-        """Whose kernels run them on `device`: "rooftop <version of its sources>" (kernels/cpu.cpp) or "pytorch"."""
+        """Whose kernels run them on `device`: "rooftop <version of its sources>" (kernels/cpu.cpp) or "pytorch",
+        with " + onednn float32" where its float32 linears run oneDNN's matmul."""
         ...
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
         """The best FLOP/s of `kind` ("int8", "int4", "float32") over the plan's row counts, and a note saying how;
-        None where the engine has no such linear on `device` (float32: off the CPU)."""
+        None where it is not timed (float32 off the CPU, where `torch.mm` is what the float32 linears run)."""
         ...
 
     def formats(self, device: str) -> dict[str, str]:
@@ -626,7 +628,7 @@ class _NotTimed:
     """The analyzer's own probe: it builds none of the engine's kernels, so it leaves their peaks and read out."""
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
-        return None, "not measured: the engine's probe (`rooftop probe`) times its int8/int4 linears"
+        return None, "not measured: the engine's probe (`rooftop probe`) times its own linears"
 
     def formats(self, device: str) -> dict[str, str]:
         return {}
