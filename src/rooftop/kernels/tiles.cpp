@@ -343,6 +343,10 @@ inline __m256 sub_scales256(const uint8_t* p, __m256 d) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes)), d);
 }
 
+// A tile at 256 bits is two halves of 8 output rows, both taken in one pass over the groups. Taken one after the
+// other, as they were, the second half's dots ran from the cache with no read of memory in flight (the first had
+// fetched every line), and a decode's linears read well below `stream_read` (docs/PERFORMANCE.md). At 3 or 4
+// rows the accumulators and the levels outgrow the 16 registers, and the pass is still the faster.
 template <Format F, int R>
 void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
 #ifdef ROOFTOP_DPBUSD256
@@ -350,12 +354,13 @@ void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
 #else
   constexpr int c = offset(F);
 #endif
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < w.groups; ++g) {
-      fetch_ahead<F>(w, t, g);
-      const uint8_t* b = w.group(F, t, g);
+  __m256 acc[2][R];
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < w.groups; ++g) {
+    fetch_ahead<F>(w, t, g);
+    const uint8_t* b = w.group(F, t, g);
+    for (int h = 0; h < 2; ++h) {
       __m256i u[8];
       unpack256<F>(b, h, u);
       const at::Half* s = w.scales(F, t, g) + 8 * h;
@@ -376,18 +381,19 @@ void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
         if constexpr (F == Q6_K) {
           p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(c * a.sum16[2 * ag]));
           p1 = _mm256_sub_epi32(p1, _mm256_set1_epi32(c * a.sum16[2 * ag + 1]));
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(sa, xd), acc[r]);
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(sa2, xd), acc[r]);
+          acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(sa, xd), acc[h][r]);
+          acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(sa2, xd), acc[h][r]);
         } else {
           __m256i dots = _mm256_add_epi32(p0, p1);
           if constexpr (c != 0) dots = _mm256_sub_epi32(dots, _mm256_set1_epi32(c * a.sum[ag]));
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(sa, xd), acc[r]);
-          if constexpr (minimum(F)) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ag]), acc[r]);
+          acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(sa, xd), acc[h][r]);
+          if constexpr (minimum(F)) acc[h][r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ag]), acc[h][r]);
         }
       }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * TILE + 8 * h, acc[r]);
   }
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * TILE + 8 * h, acc[h][r]);
 }
 #endif
 
