@@ -95,8 +95,12 @@ SAMPLING = [
     dict(temperature=0.8, top_p=0.9, seed=7),
     dict(temperature=0.7, top_k=40, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.2, seed=3),
 ]
-# greedy, seeded and seeded with penalties, in turn
-REQUESTS = [(f"r{i}", p, SamplingParams(max_tokens=32, logprobs=1, **SAMPLING[i % 3])) for i, p in enumerate(PROMPTS)]
+# greedy, seeded and seeded with penalties, in turn; each runs to max_tokens, so the lengths, and so whether a small
+# pool preempts, are the same on every host (where a model's EOS lands is not)
+REQUESTS = [
+    (f"r{i}", p, SamplingParams(max_tokens=32, logprobs=1, ignore_eos=True, **SAMPLING[i % 3]))
+    for i, p in enumerate(PROMPTS)
+]
 
 
 @pytest.fixture(scope="module")
