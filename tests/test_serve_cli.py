@@ -3,6 +3,7 @@ refuses a bad model with one line and exit status 1."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -180,11 +181,21 @@ def test_a_second_signal_exits_at_once_without_abort(tmp_path, sig):
 
 
 def serve_in_process(*args: str):
+    """`rooftop serve` in this process. Its logging config (uvicorn's, with rooftop's logger) binds handlers to the
+    runner's stderr, which is closed when the runner returns: the loggers are put back as they were, so that later
+    tests' log lines do not go to a closed stream."""
     from typer.testing import CliRunner
 
     from rooftop.cli import app
 
-    return CliRunner(env={"COLUMNS": "250"}).invoke(app, ["serve", *args])
+    names = ["rooftop", "uvicorn", "uvicorn.error", "uvicorn.access"]
+    saved = {n: (lg.handlers[:], lg.level, lg.propagate) for n, lg in ((n, logging.getLogger(n)) for n in names)}
+    try:
+        return CliRunner(env={"COLUMNS": "250"}).invoke(app, ["serve", *args])
+    finally:
+        for name, (handlers, level, propagate) in saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
 
 
 def test_a_model_that_cannot_load_ends_with_one_line_and_exit_1(tmp_path):
