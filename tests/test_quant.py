@@ -406,3 +406,21 @@ def test_a_float32_linear_on_either_path_is_the_matmul(monkeypatch, packs):
     torch.testing.assert_close(lin(x, residual=res.clone()), want + res)
     torch.testing.assert_close(lin(x[None]), want[None])
     assert not FloatLinear(w.bfloat16()).weight.is_mkldnn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_float_row_on_the_narrow_path_is_the_same_alone_and_in_any_call(dtype):
+    """Padded to the probed row tile, each row of a float linear gets the same bits alone as among 2-24 rows, at
+    widths on either side of 1024 (oneDNN runs a lone row wider than that on a kernel of its own on a Zen 4 host;
+    1536 is the bundled model's MLP width, not one the probe tries)."""
+    from rooftop.quant.linear import float_min_rows
+    from rooftop.quant.rows import RowPlan
+
+    plan = RowPlan((), float_min_rows(dtype))
+    gen = torch.Generator().manual_seed(11)
+    for n, k in ((96, 576), (64, 1536), (48, 2048)):
+        lin = FloatLinear(torch.randn(n, k, generator=gen).to(dtype))
+        x = torch.randn(24, k, generator=gen).to(dtype)
+        alone = torch.cat([lin(x[i : i + 1], plan=plan) for i in range(24)])
+        for m in (2, 3, 5, 8, 24):
+            assert torch.equal(lin(x[:m], plan=plan), alone[:m]), (n, k, m)

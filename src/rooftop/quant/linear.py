@@ -95,22 +95,37 @@ def row_plan(chunks: list[int], rows: int, dtype: torch.dtype, batch_invariant: 
     return RowPlan(tuple(itertools.takewhile(lambda n: n >= WIDEN_ROWS, chunks)), float_min_rows(dtype))
 
 
+# The reduction widths float_min_rows probes: BLAS kernels are picked by the width too, e.g. oneDNN's float32 matmul
+# on a Zen 4 host runs a single row of more than 1024 inputs on a kernel of its own, which rounds differently.
+PROBE_WIDTHS = (512, 2048, 8192)
+
+
 @functools.cache
 def float_min_rows(dtype: torch.dtype) -> int:
     """The row tile P of the CPU's float linears (`FloatLinear.product`) on this machine: in a call of a multiple of
     P rows, a row's result is the same at any index and whatever the other rows are, so narrow float matmuls are
-    padded to a multiple of it. Probed once per dtype, because BLAS libraries pick kernels by the row count: MKL
-    runs 1 row as a matrix-vector product, 2-3 rows on another kernel, and the rows of a call that are left over
-    after its tiles of 4 (5 rows: the fifth) like a call of that many rows, each rounding differently (float32;
-    bfloat16 agrees everywhere). oneDNN's float32 matmul (`packs_float32`) gave every row the same bits alone."""
+    padded to a multiple of it. Probed once per dtype, at each of PROBE_WIDTHS, because BLAS libraries pick kernels
+    by the call's shape: MKL runs 1 row as a matrix-vector product, 2-3 rows on another kernel, and the rows of a
+    call that are left over after its tiles of 4 (5 rows: the fifth) like a call of that many rows, each rounding
+    differently (float32; bfloat16 agrees everywhere); oneDNN's float32 matmul (`packs_float32`) runs 1 row apart
+    from 2 or more on a Zen 4 host once the rows are over 1024 inputs wide, and gave every row the same bits alone
+    on a Zen 3 one."""
     gen = torch.Generator().manual_seed(0)
-    linear = FloatLinear(torch.randn(256, 512, generator=gen).to(dtype))
-    x = torch.randn(64, 512, generator=gen).to(dtype)
+    probes = [
+        (FloatLinear(torch.randn(256, k, generator=gen).to(dtype)), torch.randn(64, k, generator=gen).to(dtype))
+        for k in PROBE_WIDTHS
+    ]
     for tile in (1, 2, 4, 8, 16):
-        alone = torch.cat([_padded_to(x[i : i + 1], tile, linear.product) for i in range(x.shape[0])])
-        if all(torch.equal(linear.product(x[:m]), alone[:m]) for m in range(tile, x.shape[0] + 1, tile)):
+        if all(_rows_agree(linear, x, tile) for linear, x in probes):
             return tile
     return 32  # no tile agreed up to 64 rows: pad to half of them (the batched == alone tests say if it holds)
+
+
+def _rows_agree(linear: FloatLinear, x: torch.Tensor, tile: int) -> bool:
+    """Whether each row of x, padded alone to `tile` rows, gives the bits it gets in every call of a multiple of
+    `tile` of x's leading rows."""
+    alone = torch.cat([_padded_to(x[i : i + 1], tile, linear.product) for i in range(x.shape[0])])
+    return all(torch.equal(linear.product(x[:m]), alone[:m]) for m in range(tile, x.shape[0] + 1, tile))
 
 
 def _padded_to(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
