@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from kernels import linear
+from kernel_speed import linear
 
 from rooftop.kernels import cpu
 from rooftop.quant.tiles import TILE_FORMATS

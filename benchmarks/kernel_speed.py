@@ -1,7 +1,7 @@
 """One quantized linear of rooftop's CPU kernels, timed alone: a decode row (or a few) against random weights of each
 format, at a matrix size that stays in L2 and one that streams from DRAM, with the read rate it reached.
 
-.venv/bin/python benchmarks/kernels.py [--formats q4_0,q4_1,q8_0,q4_k,q5_k,q6_k,q5_0,q5_1] [--threads 1] [--rows 1,5] [--shapes 512x2048,16384x2048]
+.venv/bin/python benchmarks/kernel_speed.py [--formats q4_0,q4_1,q8_0,q4_k,q5_k,q6_k,q5_0,q5_1] [--threads 1] [--rows 1,5] [--shapes 512x2048,16384x2048]
 
 What a decode step's linears can do at best on this host, without the model around them (docs/PERFORMANCE.md):
 compare the DRAM rate with `rooftop probe`'s read bandwidth, measured in the same minutes on a shared host.
