@@ -212,6 +212,19 @@ def test_advice_follows_the_largest_part():
     assert waiting.gap.parts()["communication"] == 3.0
 
 
+def test_a_phase_faster_than_its_bound_is_told_to_probe_again():
+    """Measured below its bound, a phase read (or computed) faster than the probe's roof: the advice names the rate
+    it reached and the roof, and asks for a new probe instead of a setting."""
+    memory = phase("decode", bound=3.0, host=0.5, around=0.5, compute_time=1.0, memory_time=3.0)
+    memory = replace(memory, bytes=3e9, measured_s=2.0)  # 3 s of bytes at the probe's 1 GB/s, read in 2
+    said = advice("decode", memory)
+    assert said.startswith("decode ran faster than its bound: it moved 1.5 GB/s, above the probe's read of 1 GB/s")
+    assert "rooftop probe --force" in said and "--max-num-seqs" not in said
+    compute = phase("prefill", bound=3.0, host=0.1, around=0.1, compute_time=3.0, memory_time=1.0)
+    compute = replace(compute, flops=3e9, measured_s=2.0)
+    assert "it moved 1.5 GFLOP/s, above the probe's peak of 1 GFLOP/s" in advice("prefill", compute)
+
+
 def test_memory_bound_decode_advice_names_what_its_bytes_are():
     """Most of the bytes in the KV cache: a narrower cache, unless it is int8 already; otherwise the weights'
     levers; at one sequence per step, speculative decoding too."""
