@@ -7,8 +7,9 @@ exceeded its measured time.
     [--prompt-lens 16,64,256,1024,2048] [--batch-sizes 1,2,4,8,16,32] [--contexts 16,256] [--reps 2]
 
 A model is the bundled one (`bundled`), a file, or an analyzer preset, which runs with dummy weights
-(`--load-format dummy`) in the format after the colon. Calibrations are cached as `rooftop bench` caches them.
-Results: docs/BENCHMARKS.md.
+(`--load-format dummy`), in the weight format after the colon and the dtype after a second one
+(`bundled:float:bfloat16`: float weights in bfloat16). Each row's repetitions are passes over the whole sweep
+(`rooftop bench`'s). Calibrations are cached as `rooftop bench` caches them. Results: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from rooftop.roofline.presets import PRESETS
 
 
 def load(spec: str) -> tuple[str, LLM]:
-    name, _, weights = spec.partition(":")
-    weights = weights or "auto"
+    name, _, rest = spec.partition(":")
+    weights, _, dtype = rest.partition(":")
+    weights, dtype = weights or "auto", dtype or "auto"
+    label = f"{weights}{'' if dtype == 'auto' else ' ' + dtype}"
     if name == "bundled":
-        return f"bundled {weights}", LLM(weights=weights)
+        return f"bundled {label}", LLM(weights=weights, dtype=dtype)
     dummy = name in PRESETS
-    return f"{name} {weights}{' (dummy)' if dummy else ''}", LLM(
-        model=name, weights=weights, load_format="dummy" if dummy else "auto"
+    return f"{name} {label}{' (dummy)' if dummy else ''}", LLM(
+        model=name, weights=weights, dtype=dtype, load_format="dummy" if dummy else "auto"
     )
 
 

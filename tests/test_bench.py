@@ -145,3 +145,24 @@ def test_generate_ends_with_the_phase_report():
         assert text in r.stderr, text
     assert "(not calibrated)" not in r.stderr  # a quick calibration ran once and was cached
     assert any(lever in r.stderr for lever in ("--max-num-seqs", "--weights", "faster matmul format"))  # the advice
+
+
+def test_a_sweeps_repetitions_are_passes_over_all_its_rows(tiny_llm, monkeypatch):
+    """Each row's repetitions are spread over the sweep (a warm-up pass, then one pass per repetition over every
+    prompt length and batch size), so that one slow minute of a shared host is one of a row's samples, not all of
+    them; each row is the median of its passes."""
+    from rooftop.bench import sweep as sweeps
+    from rooftop.engine.calibrate import load_or_calibrate
+
+    hw = load_or_run_probe(quick=True).to_hardware(working_set=tiny_llm.weight_bytes)
+    calibration = load_or_calibrate(tiny_llm, hw, quick=True)
+    runs, real = [], sweeps.run_batch
+    monkeypatch.setattr(
+        sweeps, "run_batch", lambda llm, prompts, n: runs.append((len(prompts), n)) or real(llm, prompts, n)
+    )
+    said = []
+    result = sweeps.sweep(tiny_llm, hw, calibration, [4, 8], [1, 2], 3, 2, on_progress=said.append)
+    assert runs == [(1, 1), (1, 1), (1, 3), (2, 3)] * 3
+    assert said[:4] == ["prefill of 4 tokens (warm-up)", "prefill of 8 tokens (warm-up)", "decode at batch 1 (warm-up)", "decode at batch 2 (warm-up)"]  # fmt: skip
+    assert said[-1] == "decode at batch 2 (pass 2 of 2)"
+    assert [r["prompt_tokens"] for r in result.ttft] == [4, 8] and [r["batch"] for r in result.decode] == [1, 2]
