@@ -38,7 +38,9 @@ def bench(
     output_len: Annotated[int, typer.Option(help="tokens generated per sequence in the decode sweep")] = 32,
     pp: Annotated[int | None, typer.Option(help="quick mode: prompt tokens (llama-bench's -p)")] = None,
     tg: Annotated[int | None, typer.Option(help="quick mode: generated tokens (llama-bench's -n)")] = None,
-    reps: Annotated[int, typer.Option(help="measured repetitions (after one warm-up)")] = 3,
+    reps: Annotated[
+        int, typer.Option(help="measured repetitions after a warm-up (a sweep's: passes over its rows)")
+    ] = 3,
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
     plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
     html_path: Annotated[Path | None, typer.Option("--html", help="write a self-contained HTML report")] = None,
@@ -97,7 +99,7 @@ def bench(
             else:
                 from rooftop.bench.sweep import sweep
 
-                task = progress.add_task("bench", total=len(lens) + len(batches))
+                task = progress.add_task("bench", total=(reps + 1) * (len(lens) + len(batches)))
                 result = sweep(
                     llm,
                     hw,
