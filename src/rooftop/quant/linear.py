@@ -107,9 +107,9 @@ def float_min_rows(dtype: torch.dtype) -> int:
     padded to a multiple of it. Probed once per dtype, at each of PROBE_WIDTHS, because BLAS libraries pick kernels
     by the call's shape: MKL runs 1 row as a matrix-vector product, 2-3 rows on another kernel, and the rows of a
     call that are left over after its tiles of 4 (5 rows: the fifth) like a call of that many rows, each rounding
-    differently (float32; bfloat16 agrees everywhere); oneDNN's float32 matmul (`packs_float32`) runs 1 row apart
-    from 2 or more on a Zen 4 host once the rows are over 1024 inputs wide, and gave every row the same bits alone
-    on a Zen 3 one."""
+    differently (float32 on Intel); on a Zen 4 host oneDNN (float32 through `packs_float32`, and bfloat16) runs a
+    row alone apart from 2 or more once the rows are over 1024 inputs wide, where on a Zen 3 one float32 gave every
+    row the same bits alone."""
     gen = torch.Generator().manual_seed(0)
     probes = [
         (FloatLinear(torch.randn(256, k, generator=gen).to(dtype)), torch.randn(64, k, generator=gen).to(dtype))
