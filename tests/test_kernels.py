@@ -365,12 +365,18 @@ def test_the_avx2_dot_products_match_vnni():
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"), reason="needs an x86 CPU with AVX2"
 )
 def test_the_streaming_read_sums_every_word_and_refuses_what_it_cannot_read():
-    """The probe's read roof is timed on `stream_read`: it must read every byte it is given, on any split between
-    threads, and say what it needs."""
+    """The probe's read roof is timed on `stream_read`: it must read every byte it is given, as one stream or two
+    per thread, on any split between threads (odd ranges too), and say what it needs."""
     data = torch.randint(0, 256, (64 * 1037,), generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
     words = [int.from_bytes(data[i : i + 8].numpy().tobytes(), "little") for i in range(0, data.numel(), 8)]
     expected = sum(words) % (1 << 64)
-    assert kernels.stream_read(data) % (1 << 64) == expected
+    for lines in (1037, 1, 3):
+        part = data[: 64 * lines]
+        assert kernels.stream_read(part) % (1 << 64) == sum(words[: 8 * lines]) % (1 << 64)
+        assert kernels.stream_read(part, 2) % (1 << 64) == sum(words[: 8 * lines]) % (1 << 64)
+    assert kernels.stream_read(data, streams=2) % (1 << 64) == expected
+    with pytest.raises(RuntimeError, match="streams must be 1 or 2, not 3"):
+        kernels.stream_read(data, 3)
     with pytest.raises(RuntimeError, match="data must be contiguous uint8, a multiple of 64 bytes"):
         kernels.stream_read(data[:100])
     with pytest.raises(RuntimeError, match="data must be contiguous uint8"):
@@ -391,6 +397,7 @@ def test_the_portable_loops_match_the_vector_kernels():
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
         lambda k: k.argmax_rows(x),
         lambda k: torch.tensor(k.stream_read(torch.arange(64 * 40, dtype=torch.uint8))),
+        lambda k: torch.tensor(k.stream_read(torch.arange(64 * 41, dtype=torch.uint8), 2)),
     ):
         torch.testing.assert_close(module_call(portable), module_call(kernels), atol=1e-4, rtol=1e-4)
     qkv = torch.randn(2, (4 + 2 * 2) * 16, generator=gen)

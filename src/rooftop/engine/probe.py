@@ -21,7 +21,7 @@ from rooftop.roofline.probe import CollectiveTimer, Plan, ProbeResult, best_on_l
 class EngineKernels:
     """The int8/int4 linears (and on the CPU the float32 ones) exactly as the engine builds and calls them, on float32
     activations at the row counts the engine runs them at (the probe plan's ladder); and the read of rooftop's CPU
-    kernels (one stream per thread, fetching ahead)."""
+    kernels (one or two streams per thread, fetching ahead)."""
 
     def kernels(self, device: str) -> str:
         """Whose kernels, and for rooftop's which build of them: a probe taken before they changed is stale."""
@@ -71,13 +71,15 @@ class EngineKernels:
         return {policy: linear_format(policy, torch.device(device), dtype) for policy in WEIGHT_POLICIES}
 
     def read_bandwidth(self, size: int, device: str, plan: Plan) -> float | None:
-        """Bytes per second of `stream_read` over `size` bytes (kernels/tiles.cpp); None off the CPU or without the
+        """Bytes per second of `stream_read` over `size` bytes (kernels/tiles.cpp), the faster of its two patterns:
+        one stream per thread, as a prefill's tiles read, and two, as a decode's one-row calls read (on some hosts
+        two streams read faster, and a decode would run above a one-stream roof). None off the CPU or without the
         kernels. fill_ touches every page first, as the probe's sum does."""
         ops = cpu.ops() if device == "cpu" else None
         if ops is None:
             return None
         data = torch.empty(size, dtype=torch.uint8).fill_(1)
-        return size / best_seconds(lambda: ops.stream_read(data), device, plan)
+        return max(size / best_seconds(lambda s=s: ops.stream_read(data, s), device, plan) for s in (1, 2))
 
 
 ENGINE_KERNELS = EngineKernels()

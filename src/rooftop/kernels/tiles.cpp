@@ -631,13 +631,15 @@ at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tens
   return by_format(format, [&](auto f) { return tiled_linear<decltype(f)::value>(w, x, bias, residual); });
 }
 
-// The sum of `data`'s bytes as 64-bit words, read as the tiled linears read their weights: one sequential stream
-// per thread, asking for memory PREFETCH_BYTES ahead. The probe's read roof: PyTorch's `sum` alone read below what
-// the tiled linears then streamed, and a roof below what a kernel reaches makes no bound (docs/PERFORMANCE.md).
-// The words' sum is returned so that the reads cannot be left out.
-int64_t stream_read(const at::Tensor& data) {
+// The sum of `data`'s bytes as 64-bit words, read as the tiled linears read their weights: each thread's range as
+// one sequential stream (`streams` 1: a prefill's tiles) or as its two halves in turn (2: a decode's one-row calls,
+// tile_pair512), asking for memory PREFETCH_BYTES ahead in each. The probe's read roof is the faster: PyTorch's
+// `sum` alone read below what the tiled linears then streamed, and a roof below what a kernel reaches makes no bound
+// (docs/PERFORMANCE.md). The words' sum is returned so that the reads cannot be left out.
+int64_t stream_read(const at::Tensor& data, int64_t streams) {
   TORCH_CHECK(data.scalar_type() == at::kByte && data.is_contiguous() && data.numel() % 64 == 0,
               "data must be contiguous uint8, a multiple of 64 bytes");
+  TORCH_CHECK(streams == 1 || streams == 2, "streams must be 1 or 2, not ", streams);
   const uint8_t* bytes = data.data_ptr<uint8_t>();
   std::vector<uint64_t> sums(at::get_num_threads(), 0);
   at::parallel_for(0, data.numel() / 64, 1024, [&](int64_t l0, int64_t l1) {
@@ -645,21 +647,29 @@ int64_t stream_read(const at::Tensor& data) {
 #ifdef ROOFTOP_AVX2
     // The plain loop below is not vectorized by GCC and reads a third slower than DRAM gives (Zen 3).
     __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
-    for (int64_t line = l0; line < l1; ++line) {
+    auto read = [&](int64_t line) {
       const uint8_t* at = bytes + 64 * line;
       __builtin_prefetch(at + PREFETCH_BYTES);
       low = _mm256_add_epi64(low, load32(at));
       high = _mm256_add_epi64(high, load32(at + 32));
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc), _mm256_add_epi64(low, high));
+    };
 #else
-    for (int64_t line = l0; line < l1; ++line) {
+    auto read = [&](int64_t line) {
       const uint8_t* at = bytes + 64 * line;
       __builtin_prefetch(at + PREFETCH_BYTES);
       uint64_t words[8];
       std::memcpy(words, at, 64);
       for (int i = 0; i < 8; ++i) acc[i] += words[i];
+    };
+#endif
+    const int64_t half = streams == 2 ? (l1 - l0) / 2 : 0;
+    for (int64_t line = l0; line < l0 + half; ++line) {
+      read(line);
+      read(line + half);
     }
+    for (int64_t line = l0 + 2 * half; line < l1; ++line) read(line);
+#ifdef ROOFTOP_AVX2
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc), _mm256_add_epi64(low, high));
 #endif
     for (int i = 0; i < 8; ++i) sums[at::get_thread_num()] += acc[i];
   });

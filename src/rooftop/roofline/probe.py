@@ -41,8 +41,9 @@ STEPS = (
 ALL_REDUCE_STEP = "all-reduce"  # one more, in a tensor-parallel group
 # How the roofs are measured: 1, the median repetition and PyTorch's sum for the read; 2, the fastest repetition
 # (peaks) and the faster of the sum and the engine's own read; 3, the CPU's weight-only kernels up to 512 rows; 4, the
-# float32 roof the faster of `torch.mm` and the engine's float32 linears (oneDNN's matmul on AMD CPUs).
-PROCEDURE = 4
+# float32 roof the faster of `torch.mm` and the engine's float32 linears (oneDNN's matmul on AMD CPUs); 5, the engine's
+# read the faster of one and two streams per thread (a decode's one-row linears read two).
+PROCEDURE = 5
 MIB = 1 << 20
 
 
