@@ -42,6 +42,29 @@ def test_generate_streams_text_and_reports(tiny_gguf):
     assert "6 (length)" in r.stderr
 
 
+def test_a_decode_faster_than_the_probes_read_raises_it_for_later_runs(tiny_gguf, tiny_llm, tmp_path, monkeypatch):
+    """A probe from a slow minute (here a read of 1 kB/s): generate's decode moved more, the report says so, and the
+    cached read of the model's working set is what the decode moved, so the next run's bound is below its steps."""
+    import dataclasses
+    import json
+
+    from rooftop.roofline import probe
+
+    measured = probe.read_cache(probe.cache_path())
+    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
+    slow = dataclasses.replace(measured, read_bandwidth=1e3, read_by_size={s: 1e3 for s in measured.read_by_size})
+    probe.cache_path().write_text(json.dumps(slow.to_dict()))
+    r = rooftop("generate", "hello", "--model", str(tiny_gguf), "-n", "6", "--temperature", "0", "--raw")
+    assert r.returncode == 0, r.stderr
+    assert "decode ran faster than its bound" in r.stderr
+    assert "rooftop now keeps" in " ".join(r.stderr.split()), r.stderr
+    raised = probe.read_cache(probe.cache_path())
+    assert raised.read_bandwidth_at(tiny_llm.weight_bytes) > 1e3 and raised.read_bandwidth == 1e3
+    assert "moved by a decode of tiny.gguf" in raised.notes[probe.OBSERVED]
+    shown = rooftop_in_process("probe")  # the cached roofs, with the reads runs raised
+    assert shown.returncode == 0 and "observed_reads" in shown.stdout and "a decode of tiny.gguf" in shown.stdout
+
+
 def test_generate_output_matches_the_python_api(tiny_gguf, tiny_llm):
     from rooftop import SamplingParams
 

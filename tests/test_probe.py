@@ -361,3 +361,40 @@ def test_a_roof_is_the_fastest_repetition(monkeypatch):
     monkeypatch.setattr(probe.time, "perf_counter", lambda: next(ticks))
     plan = dataclasses.replace(probe._QUICK, reps=3, min_rep_s=0.5)
     assert probe.best_seconds(lambda: None, "cpu", plan) == 1.0
+
+
+def test_a_decode_faster_than_every_probe_raises_the_read_of_its_working_set(runs, result):
+    """A probe in a slow minute read 36 GB/s where the next minute's decode moved 66: what the engine was measured
+    moving becomes the machine's read at that working set (a point of its own below DRAM's size, DRAM's read past it),
+    for later runs; a slower rate changes nothing, and the next probe keeps the point and says where it came from."""
+    mib = 1 << 20
+    probe.cache_path("cpu").write_text(json.dumps(result.to_dict()))
+    at = 40 * mib  # between the quick ladder's 16 MiB and its 64 MiB DRAM read
+    fast = 3 * result.read_bandwidth_at(at)
+    assert engine_probe.keep_observed_read("cpu", at, result.read_bandwidth_at(at) / 2, "a slow decode") is None
+    assert probe.read_cache(probe.cache_path("cpu")) == result
+    raised = engine_probe.keep_observed_read("cpu", at, fast, "a decode of m.gguf")
+    assert raised == probe.read_cache(probe.cache_path("cpu"))
+    assert raised.read_by_size == {**result.read_by_size, at: fast}
+    assert raised.to_hardware(working_set=at).memory_bandwidth == fast
+    assert raised.read_bandwidth == result.read_bandwidth  # DRAM's read is not what a 40 MiB working set shows
+    assert raised.notes[probe.OBSERVED] == (
+        f"read of 42 MB {si(fast, 'B/s')} moved by a decode of m.gguf (the probes: {si(fast / 3, 'B/s')})"
+    )
+    dram = 3 * result.read_bandwidth
+    raised = engine_probe.keep_observed_read("cpu", 1e12, dram, "a decode of a big model")
+    assert raised.read_bandwidth == dram and raised.read_by_size[64 * mib] == dram
+    assert raised.to_hardware(working_set=1e12).memory_bandwidth == dram
+    assert raised.notes[probe.OBSERVED].count("moved by") == 2
+    forced = engine_probe.load_or_run_probe(quick=True, force=True)
+    assert runs == [True] and forced.read_by_size[at] == fast and forced.read_bandwidth == dram
+    assert forced.notes[probe.OBSERVED] == raised.notes[probe.OBSERVED]
+    assert "read of 40 MiB" in forced.notes["peaks"]
+
+
+def test_no_read_is_raised_without_a_cached_probe_of_these_kernels(runs, result):
+    assert engine_probe.keep_observed_read("cpu", 1 << 20, 1e15, "a decode") is None  # nothing cached
+    other = result.to_dict() | {"weight_only_kernels": "pytorch" if result.weight_only_kernels != "pytorch" else "x"}
+    probe.cache_path("cpu").write_text(json.dumps(other))
+    assert engine_probe.keep_observed_read("cpu", 1 << 20, 1e15, "a decode") is None
+    assert probe.cache_path("cpu").read_text() == json.dumps(other)  # left as it was

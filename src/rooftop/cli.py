@@ -119,7 +119,7 @@ def print_phase_report(llm: LLM, since: float) -> None:
     calibration (a quick one, once per model and format, if none is cached): bound, expected, the gap by part and
     the lever for each phase."""
     from rooftop.engine.calibrate import load_or_calibrate
-    from rooftop.engine.probe import load_or_run_probe, probe_device
+    from rooftop.engine.probe import keep_decode_read, load_or_run_probe, probe_device
     from rooftop.roofline.attribution import advice, attribute_phases, attribute_step, experts_sentence, gap_sentence
     from rooftop.roofline.report import gap_bar, phase_table
 
@@ -140,6 +140,8 @@ def print_phase_report(llm: LLM, since: float) -> None:
         err.print(
             f"[dim]{escape(advice(name, phase, llm.precision.kv_bytes, llm.precision.weights.bits_per_weight()))}[/]"
         )
+    if "decode" in phases and (kept := keep_decode_read(llm, phases["decode"].achieved_bytes_per_s)):
+        err.print(f"[dim]{escape(kept)}[/]")
     if experts := experts_sentence(llm.config, steps):
         err.print(experts)
 

@@ -56,7 +56,7 @@ def bench(
     from rooftop.bench.measure import fresh_engine, machine_info
     from rooftop.engine.calibrate import load_or_calibrate
     from rooftop.engine.llm import LLM
-    from rooftop.engine.probe import load_or_run_probe, probe_device
+    from rooftop.engine.probe import keep_decode_read, load_or_run_probe, probe_device
 
     with user_errors():
         if reps < 1 or output_len < 2:
@@ -110,6 +110,7 @@ def bench(
                     reps,
                     lambda what: progress.update(task, description=what, advance=1),
                 )
+        moved = 0.0  # the fastest decode's bytes per second, which may raise this machine's read
         if quick:
             from rooftop.roofline.attribution import advice, gap_sentence
             from rooftop.roofline.report import gap_bar, phase_table
@@ -125,6 +126,7 @@ def bench(
             if "decode" in phases:
                 d = phases["decode"]
                 report["decode"].update(measured_tpot_s=summary["tpot_s"], predicted_tpot_s=d.predicted_s / d.steps)
+                moved = d.achieved_bytes_per_s
         else:
             report.update(
                 ttft=result.ttft,
@@ -133,6 +135,7 @@ def bench(
                 gaps=[{"step": label, **{f"{k}_s": v for k, v in parts.items()}} for label, parts in result.gaps],
             )
             _print_sweep(console, result)
+            moved = max((r["achieved_bytes_per_s"] for r in result.decode), default=0.0)
             written = _write_plots(
                 result, hw, llm.precision.compute, plots or (html_path.parent if html_path else None)
             )
@@ -140,6 +143,8 @@ def bench(
                 from rooftop.bench.html import write_html
 
                 err.print(f"report written to {write_html(report, written, html_path)}")
+        if kept := keep_decode_read(llm, moved):
+            err.print(kept)
         if json_path:
             json_path.write_text(json.dumps(report, indent=2))
             err.print(f"results written to {json_path}")

@@ -6,6 +6,9 @@ where they are built."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +19,10 @@ from rooftop.quant.weights import GROUP
 from rooftop.roofline import probe
 from rooftop.roofline.precision import WEIGHT_POLICIES
 from rooftop.roofline.probe import CollectiveTimer, Plan, ProbeResult, best_on_ladder, best_seconds
+from rooftop.roofline.report import si
+
+if TYPE_CHECKING:
+    from rooftop.engine.llm import LLM
 
 
 class EngineKernels:
@@ -114,3 +121,34 @@ def load_or_run_probe(
 def probe_device(device: torch.device) -> str:
     """The probe's name for the device a model runs on: "cpu", or the GPU ("cuda:0")."""
     return "cpu" if device.type == "cpu" else str(device)
+
+
+def keep_observed_read(
+    device: str, working_set: float, bytes_per_s: float, what: str, collectives: CollectiveTimer | None = None
+) -> ProbeResult | None:
+    """Raise the cached probe's read of `working_set` bytes to `bytes_per_s` where a run of the engine moved its
+    bytes faster than every probe read (`probe.with_observed_read`), for the runs after this one; the probe returned
+    where it rose, else None (not faster, or no cached probe of this machine and these kernels to raise)."""
+    path = probe.cache_path(device, collectives.group() if collectives is not None else "")
+    cached = probe.read_cache(path)
+    if cached is None or not probe.matches(cached, probe.identity(device, ENGINE_KERNELS, collectives)):
+        return None
+    raised = probe.with_observed_read(cached, working_set, bytes_per_s, what)
+    return None if raised is cached else probe.write_cache(path, raised)
+
+
+def keep_decode_read(llm: LLM, bytes_per_s: float) -> str | None:
+    """After a run of `llm` whose decode moved `bytes_per_s` (the bytes its bound counts over its measured time, host
+    time included: never more than the memory moved; a compute-bound step's is below the read, as its bound is above
+    the bytes' time): where that is faster than every probe read a working set of the model's weights, it becomes
+    this machine's read there (`keep_observed_read`), and the sentence saying so is returned; else None. This run's
+    report keeps the roof it was bound by: raised by its own rate, its bound would be its measured time, which says
+    nothing."""
+    when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+    what = f"a decode of {Path(llm.model_path).name} in {llm.precision.weights.name}, {when}"
+    if keep_observed_read(probe_device(llm.device), llm.weight_bytes, bytes_per_s, what, llm.lead) is None:
+        return None
+    return (
+        f"rooftop now keeps {si(bytes_per_s, 'B/s')} as this machine's read of {llm.weight_bytes / 1e6:.0f} MB, what "
+        "this decode moved: later runs are bound by it (`rooftop probe --reset` measures anew)"
+    )

@@ -25,7 +25,7 @@ from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precis
 from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.precision import DEFAULT_STATE_DTYPE, STATE_DTYPES, WEIGHTS_HELP
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, analyze
-from rooftop.roofline.probe import ProbeResult, cache_path, read_cache
+from rooftop.roofline.probe import OBSERVED, ProbeResult, cache_path, read_cache
 from rooftop.roofline.speculative import predict_speculative
 
 ModelArg = Annotated[
@@ -222,8 +222,9 @@ def probe(
                 typer.echo(f"{key:40s} {by_size}")
             elif not isinstance(value, dict):
                 typer.echo(f"{key:40s} {value}")
-        if "peaks" in result.notes:
-            typer.echo(f"{'peaks':40s} {result.notes['peaks']}")
+        for note in ("peaks", OBSERVED):
+            if note in result.notes:
+                typer.echo(f"{note:40s} {result.notes[note]}")
         err.print(f"[dim]cached in {cache_path(device, result.tensor_parallel)}[/]")
 
 

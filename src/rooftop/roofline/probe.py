@@ -399,23 +399,52 @@ def load_or_run_probe(
     if not force and not reset:
         cached = read_cache(path)
         machine = identity(device, engine, collectives)
-        if cached is not None and _matches(cached, machine) and (quick or not cached.quick):
+        if cached is not None and matches(cached, machine) and (quick or not cached.quick):
             return cached
     result = run_probe(device, quick=quick, on_step=on_step, engine=engine, collectives=collectives)
     cached = None if reset else read_cache(path)
     # the same machine, measured as thoroughly by the same kernels (the analyzer's probe times none: it keeps none
     # of the engine's)
     same = {**identity(device, engine, collectives), "weight_only_kernels": result.weight_only_kernels}
-    if cached is not None and _matches(cached, same) and cached.quick == quick:
+    if cached is not None and matches(cached, same) and cached.quick == quick:
         result = keep_peaks(cached, result)
+    return write_cache(path, result)
+
+
+def write_cache(path: Path, result: ProbeResult) -> ProbeResult:
+    """Write `result` to `path` (whole or not at all); where it cannot be written, its notes say so."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         tmp.replace(path)
     except OSError as error:
         result.notes["cache"] = f"not written to {path}: {error}"
     return result
+
+
+def with_observed_read(result: ProbeResult, size: float, bytes_per_s: float, what: str) -> ProbeResult:
+    """`result` with its read of a `size`-byte working set raised to `bytes_per_s`, a rate the engine was measured
+    moving (`what`: whose steps, when). A roof is the most the hardware has shown, and a decode that streamed its
+    weights faster than every probe read showed more: a probe run in a shared host's slow minute (36 GB/s, where the
+    next minute's decode read 66) would otherwise keep the bound above the steps of every fast minute until probed
+    again. A working set at least the DRAM read's size raises the DRAM read; a smaller one gets a point of its own
+    on the ladder. The rate only rises: a slower one returns `result` unchanged."""
+    if bytes_per_s <= result.read_bandwidth_at(size):
+        return result
+    dram = max(result.read_by_size, default=None)  # a cache from before the ladder has none: DRAM's read alone
+    if dram is None or size >= dram:
+        read, read_by_size = bytes_per_s, {**result.read_by_size, **({} if dram is None else {dram: bytes_per_s})}
+    else:
+        read, read_by_size = result.read_bandwidth, {**result.read_by_size, int(size): bytes_per_s}
+    notes = dict(result.notes)
+    probed = si(result.read_bandwidth_at(size), "B/s")
+    seen = f"read of {size / 1e6:.0f} MB {si(bytes_per_s, 'B/s')} moved by {what} (the probes: {probed})"
+    notes[OBSERVED] = "; ".join(filter(None, (notes.get(OBSERVED), seen)))
+    return replace(result, read_by_size=read_by_size, read_bandwidth=read, notes=notes)
+
+
+OBSERVED = "observed_reads"  # the notes' key naming every read `with_observed_read` raised
 
 
 def keep_peaks(before: ProbeResult, now: ProbeResult) -> ProbeResult:
@@ -458,6 +487,8 @@ def keep_peaks(before: ProbeResult, now: ProbeResult) -> ProbeResult:
     probes = before.probes + now.probes
     first = before.first_date or before.date
     notes = dict(now.notes)
+    if OBSERVED in before.notes:  # reads the engine was measured moving, which `read_by_size` keeps
+        notes[OBSERVED] = before.notes[OBSERVED]
     notes["peaks"] = f"each roof the fastest of {probes} probes since {first}" + (
         "; from earlier probes: " + ", ".join(kept) if kept else "; this probe set every one"
     )
@@ -501,7 +532,8 @@ def read_cache(path: Path) -> ProbeResult | None:
         return None
 
 
-def _matches(cached: ProbeResult, identity: dict) -> bool:
+def matches(cached: ProbeResult, identity: dict) -> bool:
+    """Whether `cached` was measured on the machine, torch and kernels `identity` (`identity()`'s dict) names."""
     return all(getattr(cached, name) == value for name, value in identity.items())
 
 
