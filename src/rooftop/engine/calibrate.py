@@ -62,31 +62,38 @@ class OpTimer:
     """Seconds per op class while installed: the linears' calls (the outermost, where one linear calls its parts),
     the model's attention and elementwise ops, the linear layers' conv and recurrence. On the CPU each timed call is
     clocked as the step is; on CUDA it is bracketed by two CUDA events, no sync between ops (a sync per op would
-    add its latency to every op and stall the queue), resolved by `reset`."""
+    add its latency to every op and stall the queue), resolved by `reset`. The timing is not free: about 1-2 us of
+    Python per call, half a millisecond in a 4 ms decode step of 242 calls, so it counts the calls it timed
+    (`calls`) and the calibration takes its cost back out of the steps' time (`timer_cost_per_call`)."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.seconds = dict.fromkeys(CLASSES, 0.0)
+        self.calls = 0  # timed calls since the last reset
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []  # CUDA: read at reset
         self._depth = 0
         self._thread = threading.get_ident()  # the steps' thread: a tensor-parallel heartbeat is not a step's
 
-    def reset(self) -> dict[str, float]:
-        """The seconds per class since the last reset (on CUDA after the device finishes what was timed)."""
+    def reset(self) -> tuple[dict[str, float], int]:
+        """The seconds per class and the calls timed since the last reset (on CUDA after the device finishes what
+        was timed)."""
         if self._events:
             synchronize(self.device)
             for name, began, ended in self._events:
                 self.seconds[name] += began.elapsed_time(ended) / 1e3
             self._events.clear()
-        taken, self.seconds = self.seconds, dict.fromkeys(CLASSES, 0.0)
-        return taken
+        taken, calls, self.seconds, self.calls = self.seconds, self.calls, dict.fromkeys(CLASSES, 0.0), 0
+        return taken, calls
 
     def wrap(self, fn: Callable, name: str) -> Callable:
+        clock, ident = time.perf_counter, threading.get_ident
+
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            if self._depth or threading.get_ident() != self._thread:
+            if self._depth or ident() != self._thread:
                 return fn(*args, **kwargs)
             self._depth += 1
+            self.calls += 1
             if self.device.type == "cuda":
                 began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 began.record()
@@ -96,13 +103,11 @@ class OpTimer:
                     ended.record()
                     self._events.append((name, began, ended))
                     self._depth -= 1
-            synchronize(self.device)
-            start = time.perf_counter()
+            start = clock()  # the CPU's ops are done when they return: no sync to wait on
             try:
                 return fn(*args, **kwargs)
             finally:
-                synchronize(self.device)
-                self.seconds[name] += time.perf_counter() - start
+                self.seconds[name] += clock() - start
                 self._depth -= 1
 
         return timed
@@ -159,78 +164,96 @@ def calibrate(
     # a replayed graph calls no op from Python: the timed runs run eagerly
     graphs, eng.decode_graphs = eng.decode_graphs, None
     taken: dict[str, dict] = {}  # per run, its steps grouped by shape over every pass
+    costs: list[float] = []  # the op timer's seconds per call, from the decode runs run both ways
     try:
-        with timer.installed(llm):
-            for done in range(plan["passes"]):
-                for label, batch, prompt_len, output_len in runs:
-                    on_progress(label if plan["passes"] == 1 else f"{label} (pass {done + 1} of {plan['passes']})")
-                    # shared by the batch (prefilled once if cached); a new one each pass, so never a cache hit
-                    prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()
+        for done in range(plan["passes"]):
+            for label, batch, prompt_len, output_len in runs:
+                on_progress(label if plan["passes"] == 1 else f"{label} (pass {done + 1} of {plan['passes']})")
+                # shared by the batch (prefilled once if cached); a new one each pass, so never a cache hit
+                prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()
+                with timer.installed(llm):
                     groups = _timed_steps(eng, [prompt] * batch, output_len, timer, config, p, hw)
-                    if graphs is not None and output_len > 1:
-                        _replayed_forward(eng, graphs, [prompt] * batch, output_len, groups)
-                    for key, steps in groups.items():
-                        taken.setdefault(label, {}).setdefault(key, []).extend(steps)
+                if output_len > 1:
+                    costs += _untimed_forward(eng, graphs, [prompt] * batch, output_len, groups)
+                for key, steps in groups.items():
+                    taken.setdefault(label, {}).setdefault(key, []).extend(steps)
     finally:
         eng.decode_graphs = graphs
+    # on CUDA the timer's host time mostly hides behind the queue of a prompt's kernels: taken out on the CPU only
+    cost = timer_cost_per_call(costs) if llm.device.type == "cpu" else 0.0
     for groups in taken.values():
-        _add_samples(samples, groups)
+        _add_samples(samples, groups, cost)
     curves = {key: Curve.through(points) for key, points in samples.items()}
     return Calibration(curves, identity(llm, hw, eng), quick)
 
 
 def _timed_steps(eng: LLMEngine, prompts: list[list[int]], output_len: int, timer: OpTimer, config, p, hw) -> dict:
-    """The run's steps grouped by shape: each step's classes' roofline and measured seconds, its forward pass's and
-    the time around it."""
+    """The run's steps grouped by shape: each step's classes' roofline and measured seconds, its forward pass's,
+    the time around it and the calls the timer timed in it."""
     groups: dict[tuple, list] = {}
-    for record, classes in _run(eng, prompts, output_len, timer):
+    for record, (classes, calls) in _run(eng, prompts, output_len, timer):
         shape = record.shape
         if record.phase is Phase.MIXED:
             continue  # its prefill and decode parts are measured on their own
         cached = sum(s.cached * s.count for s in shape.seqs) if record.phase is Phase.PREFILL else 0
         roof = class_roofline(time_step(config, p.at(shape.tokens), shape, hw), hw)
         key = (record.phase, shape.num_seqs, shape.tokens, cached)
-        groups.setdefault(key, []).append([roof, classes, record.seconds, record.around_seconds])
+        groups.setdefault(key, []).append([roof, classes, record.seconds, record.around_seconds, calls])
     return groups
 
 
-def _replayed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_len: int, groups: dict) -> None:
-    """On CUDA the engine replays its decode steps from graphs, whose forward pass has no host time between ops:
-    the run again with its graphs, each decode step's forward pass taking the place of the eager one (the classes
-    stay the eager run's, timed by CUDA events, so the host part is what a replay adds to them)."""
+def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_len: int, groups: dict) -> list[float]:
+    """The run again without the timer, each decode step's forward pass taking the place of the timed one (the
+    classes stay the timed run's): on CUDA from the engine's graphs where it has them, whose forward pass has no
+    host time between ops; else eagerly, without the timer's own cost. Returns what the timer cost per call in each
+    decode shape of an eager run, for the steps that are not run twice (the prompts: `timer_cost_per_call`)."""
     eng.decode_graphs = graphs
     try:
-        replayed: dict[tuple, list[float]] = {}
+        untimed: dict[tuple, list[float]] = {}
         for record, _ in _run(eng, prompts, output_len, None):
             if record.phase is Phase.DECODE:
-                replayed.setdefault((record.phase, record.shape.num_seqs, record.shape.tokens, 0), []).append(
+                untimed.setdefault((record.phase, record.shape.num_seqs, record.shape.tokens, 0), []).append(
                     record.seconds
                 )
     finally:
         eng.decode_graphs = None
+    costs = []
     for key, taken in groups.items():
-        if key in replayed:
-            forward = median(replayed[key])
+        if key in untimed:
+            forward = median(untimed[key])
+            if graphs is None:
+                costs.append((median(step[2] for step in taken) - forward) / max(1, median(s[4] for s in taken)))
             for step in taken:
                 step[2] = forward
+    return costs
 
 
-def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict) -> None:
+def timer_cost_per_call(costs: list[float]) -> float:
+    """The op timer's seconds per timed call: the median of what a decode step's forward pass took with it over
+    without it, per call (never below zero). Each sample is two medians of a handful of steps, taken seconds apart
+    on a shared host, so one can be off by the host's mood: the median of all of them is what is taken out of each
+    prompt's step, calls times it."""
+    return max(0.0, median(costs)) if costs else 0.0
+
+
+def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict, cost: float) -> None:
     """Each group's point on its phase's curves: every class's seconds against its roofline seconds (a decode's
     linears against its rows), the host's inside and around the forward pass against the step's sequences (a
-    prefill's inside: against its tokens)."""
+    prefill's inside: against its tokens). A prompt's forward pass, timed once, gives back what the timer cost it,
+    `cost` per call; a decode's is already its untimed run's."""
     for (phase, seqs, tokens, _), taken in groups.items():
         for name in CLASSES:
-            roof = median(r[name] for r, _, _, _ in taken)
+            roof = median(r[name] for r, _, _, _, _ in taken)
             if roof > 0:
                 key = f"{phase}.{name}"
                 samples.setdefault(key, []).append(
-                    (tokens if key in ROWS_KEYED else roof, median(c[name] for _, c, _, _ in taken))
+                    (tokens if key in ROWS_KEYED else roof, median(c[name] for _, c, _, _, _ in taken))
                 )
-        host = median(forward - sum(c.values()) for _, c, forward, _ in taken)
+        own = cost if phase is Phase.PREFILL else 0.0
+        host = median(forward - calls * own - sum(c.values()) for _, c, forward, _, calls in taken)
         key = f"{phase}.host"
         samples.setdefault(key, []).append((tokens if key in TOKENS_KEYED else seqs, max(0.0, host)))
-        samples.setdefault(f"{phase}.around", []).append((seqs, median(a for _, _, _, a in taken)))
+        samples.setdefault(f"{phase}.around", []).append((seqs, median(a for _, _, _, a, _ in taken)))
 
 
 def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int]]:
@@ -256,8 +279,8 @@ def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int
 
 
 def _run(eng, prompts: list[list[int]], output_len: int, timer: OpTimer | None = None):
-    """Run the prompts to the end, greedy: each step's record with its op classes' seconds (with a timer; else
-    none)."""
+    """Run the prompts to the end, greedy: each step's record with its op classes' seconds and timed calls (with a
+    timer; else none)."""
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     ids = [f"calibration-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
     try:
@@ -273,7 +296,7 @@ def _run(eng, prompts: list[list[int]], output_len: int, timer: OpTimer | None =
             timer.reset()
         out = eng.step()
         if out.record is not None:
-            results.append((out.record, timer.reset() if timer is not None else {}))
+            results.append((out.record, timer.reset() if timer is not None else ({}, 0)))
     return results
 
 
