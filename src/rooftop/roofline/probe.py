@@ -423,6 +423,9 @@ def write_cache(path: Path, result: ProbeResult) -> ProbeResult:
     return result
 
 
+OBSERVED = "observed_reads"  # the notes' key naming every read `with_observed_read` raised
+
+
 def with_observed_read(result: ProbeResult, size: float, bytes_per_s: float, what: str) -> ProbeResult:
     """`result` with its read of a `size`-byte working set raised to `bytes_per_s`, a rate the engine was measured
     moving (`what`: whose steps, when). A roof is the most the hardware has shown, and a decode that streamed its
@@ -442,9 +445,6 @@ def with_observed_read(result: ProbeResult, size: float, bytes_per_s: float, wha
     seen = f"read of {size / 1e6:.0f} MB {si(bytes_per_s, 'B/s')} moved by {what} (the probes: {probed})"
     notes[OBSERVED] = "; ".join(filter(None, (notes.get(OBSERVED), seen)))
     return replace(result, read_by_size=read_by_size, read_bandwidth=read, notes=notes)
-
-
-OBSERVED = "observed_reads"  # the notes' key naming every read `with_observed_read` raised
 
 
 def keep_peaks(before: ProbeResult, now: ProbeResult) -> ProbeResult:
