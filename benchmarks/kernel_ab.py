@@ -7,7 +7,8 @@ activation rows, and `stream_read` over as many bytes, round after round.
 Each directory holds the kernel sources (src/rooftop/kernels/*.cpp, *.h: e.g. `git show REV:PATH` of each) and is
 built as its own module. On a shared host a run of one build and then the other compares two minutes; taken in
 turn, both builds see the same minutes (docs/PERFORMANCE.md). The weights are tiled by this checkout's
-quant/tiles.py, so both builds must read that layout.
+quant/tiles.py, so both builds must read that layout; they and the read are in the pages the engine puts its
+weights in (kernels/pages.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from kernel_speed import linear
 
 from rooftop.kernels import cpu
+from rooftop.kernels.pages import in_huge_pages
 from rooftop.quant.tiles import TILE_FORMATS
 
 LAYERS = 16
@@ -47,11 +49,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     base = [linear(args.format, n, k) for n, k in SHAPES]
     layers = [
-        [(lin.q.clone(), lin.dm.clone(), n, k) for lin, (n, k) in zip(base, SHAPES, strict=True)] for _ in range(LAYERS)
+        [
+            (in_huge_pages(lin.q.clone()), in_huge_pages(lin.dm.clone()), n, k)
+            for lin, (n, k) in zip(base, SHAPES, strict=True)
+        ]
+        for _ in range(LAYERS)
     ]
     fmt = base[0].kernel_format
     total = sum(q.nbytes + dm.nbytes for layer in layers for q, dm, _, _ in layer)
-    blob = torch.randint(0, 256, (total // 64 * 64,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    blob = in_huge_pages(torch.ones(total // 64 * 64, dtype=torch.uint8))
     xs = {k: torch.ones(args.rows, k) for _, k in SHAPES}
     seconds: dict[str, list[float]] = {"old": [], "new": [], "stream_read": []}
     for _ in range(args.rounds):
@@ -62,7 +68,7 @@ def main() -> None:
                     module.tiled_linear(xs[k], q, dm, fmt, n, None, None)
             seconds[name].append(time.perf_counter() - start)
         start = time.perf_counter()
-        builds["old"].stream_read(blob)
+        builds["old"].stream_read(blob, 2)
         seconds["stream_read"].append(time.perf_counter() - start)
     print(f"{args.format}, {args.rows} row(s), {total / 1e6:.0f} MB, {args.rounds} rounds (GB/s)")
     for name, taken in seconds.items():

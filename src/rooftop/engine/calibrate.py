@@ -30,7 +30,7 @@ from rooftop.engine.runner import synchronize
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, RooftopError
-from rooftop.kernels import cpu
+from rooftop.kernels import cpu, pages
 from rooftop.models import delta_net
 from rooftop.quant import linear as linears
 from rooftop.roofline import probe
@@ -325,6 +325,7 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
         "block_size": str(engine.block_size),
         "chunk_size": str(engine.chunk_size),
         "kernels": cpu.sources_version() if cpu.ops() is not None else "pytorch",
+        "weight_pages": pages.label(),
         # the kernels' prefill chunks: one widened matmul, or every row narrow
         "prefill_widens_to": str(linears.widen_dtype()),
         "float32_linears": "onednn" if llm.device.type == "cpu" and linears.packs_float32() else "F.linear",

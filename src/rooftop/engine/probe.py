@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rooftop.kernels import cpu
+from rooftop.kernels import cpu, pages
 from rooftop.quant import cuda_linear
 from rooftop.quant.linear import linear_format, make_linear, packs_float32
 from rooftop.quant.weights import GROUP
@@ -34,7 +34,7 @@ class EngineKernels:
         """Whose kernels, and for rooftop's which build of them: a probe taken before they changed is stale."""
         if device != "cpu":
             return f"pytorch tinygemm + rooftop triton {cuda_linear.sources_version()}"
-        kernels = f"rooftop {cpu.sources_version()}" if cpu.ops() is not None else "pytorch"
+        kernels = f"rooftop {cpu.sources_version()} in {pages.label()}" if cpu.ops() is not None else "pytorch"
         return kernels + (" + onednn float32" if packs_float32() else "")
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
@@ -81,11 +81,12 @@ class EngineKernels:
         """Bytes per second of `stream_read` over `size` bytes (kernels/tiles.cpp), the faster of its two patterns:
         one stream per thread, as a prefill's tiles read, and two, as a decode's one-row calls read (on some hosts
         two streams read faster, and a decode would run above a one-stream roof). None off the CPU or without the
-        kernels. fill_ touches every page first, as the probe's sum does."""
+        kernels. The buffer is in the pages the tiled weights are (kernels/pages.py); fill_ touches every page first,
+        as the probe's sum does."""
         ops = cpu.ops() if device == "cpu" else None
         if ops is None:
             return None
-        data = torch.empty(size, dtype=torch.uint8).fill_(1)
+        data = pages.empty(size).fill_(1)
         return max(size / best_seconds(lambda s=s: ops.stream_read(data, s), device, plan) for s in (1, 2))
 
 
