@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 from kernel_speed import linear
 
-from rooftop.kernels import cpu
-from rooftop.kernels.pages import in_huge_pages
+from rooftop.kernels import cpu, pages
 from rooftop.quant.tiles import TILE_FORMATS
 
 LAYERS = 16
@@ -49,15 +48,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     base = [linear(args.format, n, k) for n, k in SHAPES]
     layers = [
-        [
-            (in_huge_pages(lin.q.clone()), in_huge_pages(lin.dm.clone()), n, k)
-            for lin, (n, k) in zip(base, SHAPES, strict=True)
-        ]
+        [(pages.copy(lin.q), pages.copy(lin.dm), n, k) for lin, (n, k) in zip(base, SHAPES, strict=True)]
         for _ in range(LAYERS)
     ]
     fmt = base[0].kernel_format
     total = sum(q.nbytes + dm.nbytes for layer in layers for q, dm, _, _ in layer)
-    blob = in_huge_pages(torch.ones(total // 64 * 64, dtype=torch.uint8))
+    blob = pages.empty(total // 64 * 64).fill_(1)
     xs = {k: torch.ones(args.rows, k) for _, k in SHAPES}
     seconds: dict[str, list[float]] = {"old": [], "new": [], "stream_read": []}
     for _ in range(args.rounds):

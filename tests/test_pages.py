@@ -1,13 +1,19 @@
 """The tiled weights in 2 MiB pages (kernels/pages.py): same values, aligned, madvised; left alone where the kernel
-gives none."""
+gives none; what a decode step streams is what they hold."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QType
 
 from rooftop.kernels import cpu, pages
-from rooftop.quant.linear import Q8Linear
+from rooftop.quant.gguf_blocks import stored_blocks
+from rooftop.quant.gguf_quantize import quantize
+from rooftop.quant.linear import BlockLinear, Q8Linear
 
 needs_huge_pages = pytest.mark.skipif(not pages.available(), reason="no transparent huge pages to ask for here")
 
@@ -27,25 +33,36 @@ def vm_flags(address: int) -> list[str]:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
+def in_huge_pages(t: torch.Tensor) -> bool:
+    """On a 2 MiB boundary, in a private mapping madvised for huge pages (which the kernel gives where it can)."""
+    return t.data_ptr() % pages.HUGE_PAGE == 0 and {"hg", "private"} <= set(vm_flags(t.data_ptr()))
+
+
 @needs_huge_pages
-def test_a_tensor_moves_into_madvised_2mib_pages_with_its_values():
-    t = torch.randn(3, pages.HUGE_PAGE // 4 + 5, generator=torch.Generator().manual_seed(0))
-    moved = pages.in_huge_pages(t)
-    assert moved.data_ptr() != t.data_ptr() and moved.data_ptr() % pages.HUGE_PAGE == 0
-    assert moved.dtype == t.dtype and moved.shape == t.shape and torch.equal(moved, t)
-    assert {"hg", "private"} <= set(vm_flags(moved.data_ptr()))  # MADV_HUGEPAGE: 2 MiB pages where the kernel can
-    assert "hg" not in vm_flags(t.data_ptr())
+def test_copies_and_concatenations_of_a_huge_page_or_more_are_put_in_huge_pages_with_their_values():
+    gen = torch.Generator().manual_seed(0)
+    t = torch.randn(pages.HUGE_PAGE // 4 + 5, 3, generator=gen)
+    view = t.t()  # any strides: a permuted view is what the tiles copy
+    copied = pages.copy(view)
+    assert copied.is_contiguous() and copied.shape == view.shape and torch.equal(copied, view)
+    assert in_huge_pages(copied) and not in_huge_pages(t)
+    parts = [t[:5], torch.randn(pages.HUGE_PAGE // 12, 3, generator=gen)]
+    joined = pages.cat(parts)
+    assert in_huge_pages(joined) and torch.equal(joined, torch.cat(parts))
 
 
-def test_what_gains_nothing_stays_as_it_is(monkeypatch):
+def test_below_a_huge_page_off_the_cpu_or_without_huge_pages_a_copy_is_an_ordinary_one(monkeypatch):
     small = torch.ones(pages.HUGE_PAGE // 4 - 1)
-    strided = torch.ones(1024, 1024)[:, ::2]
     lazy = torch.empty(1 << 30, device="meta")
-    for t in (small, strided, lazy):
-        assert pages.in_huge_pages(t) is t
+    for t in (small, lazy):
+        copied = pages.copy(t)
+        assert copied.data_ptr() != t.data_ptr() or t.is_meta
+        assert copied.device == t.device and copied.shape == t.shape
+    assert not in_huge_pages(pages.copy(small))
     monkeypatch.setattr(pages, "available", lambda: False)  # not Linux, or transparent_hugepage set to never
-    big = torch.ones(pages.HUGE_PAGE)
-    assert pages.in_huge_pages(big) is big
+    big = torch.arange(pages.HUGE_PAGE, dtype=torch.float32)
+    assert torch.equal(pages.copy(big), big) and torch.equal(pages.cat([big, big]), torch.cat([big, big]))
+    assert not in_huge_pages(pages.copy(big)) and not in_huge_pages(pages.cat([big, big]))
     assert pages.label() == "4 KiB pages"
     assert pages.empty(100).shape == (100,)
 
@@ -63,10 +80,41 @@ def test_the_kernels_transparent_huge_page_mode_is_the_bracketed_word(tmp_path, 
 
 @needs_huge_pages
 @pytest.mark.skipif(cpu.ops() is None, reason="rooftop's CPU kernels are not built here")
-def test_a_tiled_linear_keeps_its_weights_in_huge_pages_and_its_outputs():
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_a_tiled_linear_is_built_in_huge_pages_with_the_outputs_of_its_copy_in_4kib_pages(fmt):
     gen = torch.Generator().manual_seed(1)
-    linear = Q8Linear.from_weight(torch.randn(2048, 1024, generator=gen) * 0.02, None)  # 2 MiB of levels
-    assert linear.q.data_ptr() % pages.HUGE_PAGE == 0 and "hg" in vm_flags(linear.q.data_ptr())
+    values = torch.randn(4096, 1024, generator=gen) * 0.02  # 2 MiB of Q4_K levels, 4 of Q8_0
+    if fmt == "q8_0":
+        linear = Q8Linear.from_weight(values, None)
+    else:
+        linear = BlockLinear.from_weight(
+            stored_blocks(quantize(values.numpy(), QType.Q4_K), QType.Q4_K, (4096, 1024)), None
+        )
+    assert in_huge_pages(linear.q)
     x = torch.randn(3, 1024, generator=gen)
-    in_4k = cpu.ops().tiled_linear(x, linear.q.clone(), linear.dm.clone(), linear.kernel_format, 2048, None, None)
-    assert torch.equal(linear(x), in_4k)
+    in_4k = cpu.ops().tiled_linear(x, linear.q.clone(), linear.dm.clone(), linear.kernel_format, 4096, None, None)
+    assert not in_huge_pages(in_4k) and torch.equal(linear(x), in_4k)
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="not glibc")
+def test_the_heap_pages_a_load_freed_go_back_to_the_kernel():
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = (
+        ctypes.c_void_p,
+        [ctypes.c_size_t],
+        [ctypes.c_void_p],
+    )
+    chunks = [libc.malloc(100_000) for _ in range(400)]  # below glibc's mmap threshold: on the heap
+    for chunk in chunks:
+        ctypes.memset(chunk, 1, 100_000)
+    for chunk in chunks[:-1]:  # the last one pins the heap's top: free alone returns nothing
+        libc.free(chunk)
+    before = resident_bytes()
+    pages.release_freed()
+    assert before - resident_bytes() > 20_000_000
+    libc.free(chunks[-1])

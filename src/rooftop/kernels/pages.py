@@ -15,7 +15,9 @@ either way.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import math
 import mmap
 from pathlib import Path
 
@@ -48,21 +50,46 @@ def label() -> str:
 
 def empty(nbytes: int) -> torch.Tensor:
     """`nbytes` uninitialized uint8 starting on a 2 MiB boundary, in an anonymous mapping madvised for huge pages
-    (its pages are given on first touch), where `available`; PyTorch's own allocation elsewhere. The mapping lives
-    as long as the tensor or a view of it; the unaligned slack before it is never touched, so it takes no memory."""
+    (its pages are given on first touch), where `available`; PyTorch's own allocation elsewhere. Only the whole
+    2 MiB pages are madvised; the last part stays in 4 KiB pages. The mapping lives as long as the tensor or a view
+    of it; the slack around it is never touched, so it takes no memory."""
     if not available():
         return torch.empty(nbytes, dtype=torch.uint8)
     # private: a shared anonymous mapping is shmem, whose huge pages a separate setting (shmem_enabled) governs
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(region, dtype=torch.uint8)
     start = -raw.data_ptr() % HUGE_PAGE
+    if whole := nbytes // HUGE_PAGE * HUGE_PAGE:  # not the tail: its first touch would take a whole 2 MiB page
+        region.madvise(mmap.MADV_HUGEPAGE, start, whole)
     return raw[start : start + nbytes]
 
 
-def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """`t`'s values in 2 MiB pages where `available`; `t` itself off the CPU, below one huge page, or where there
-    are none to ask for."""
-    if not available() or t.device.type != "cpu" or t.nbytes < HUGE_PAGE or not t.is_contiguous():
-        return t
+def _fits(nbytes: int, device: torch.device) -> bool:
+    return device.type == "cpu" and nbytes >= HUGE_PAGE and available()
+
+
+def copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of `t` (any strides: a permuted view is the tiles' case), in 2 MiB pages where `available`,
+    on the CPU, from one huge page up; in PyTorch's allocation elsewhere."""
+    if not _fits(t.nbytes, t.device):
+        return t.clone(memory_format=torch.contiguous_format)
     return empty(t.nbytes).view(t.dtype).view(t.shape).copy_(t)
+
+
+def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat of `parts` along their first dimension, written straight into 2 MiB pages where `copy` would put
+    its result: a matrix assembled at load is not copied once more."""
+    shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+    nbytes = math.prod(shape) * parts[0].dtype.itemsize
+    if not _fits(nbytes, parts[0].device):
+        return torch.cat(parts)
+    return torch.cat(parts, out=empty(nbytes).view(parts[0].dtype).view(shape))
+
+
+def release_freed() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc's malloc_trim; nothing elsewhere). A model's load
+    frees its intermediates into the heap, where the process keeps counting them until then: the tiles themselves
+    are in their own mappings, so nothing the model holds is left there to pin them."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)

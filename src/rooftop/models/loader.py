@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, check_runnable
+from rooftop.kernels import pages
 from rooftop.loading.loaded import LoadedModel
 from rooftop.loading.shard import ShardError
 from rooftop.models.blocks import DecoderBlock
@@ -227,15 +228,17 @@ def _build(loaded: LoadedModel, t: Tensors, dtype: torch.dtype, device: torch.de
         embed = VocabParallelEmbedding(embed, *vocab, tp)
         lm_head = VocabParallelHead(lm_head, -(-c.vocab_size // tp.size), c.vocab_size, tp)
     cos, sin = cos_sin_table(c, c.max_position_embeddings, dtype, device)
-    if c.architecture in ("qwen3_5", "qwen3_next"):
+    hybrid = c.architecture in ("qwen3_5", "qwen3_next")
+    if hybrid:
         norm = norm + 1  # zero-centred, as its layers' norms
-        kinds = c.layer_types
-        tiled = loaded.linear_value_order == "tiled"
-        blocks = [
-            _hybrid_block(t, c, i, (cos, sin), kinds[:i].count(LINEAR_ATTENTION), tiled) for i in range(c.num_layers)
-        ]
-    else:
-        blocks = [_decoder_block(t, c, i) for i in range(c.num_layers)]
+    tiled = loaded.linear_value_order == "tiled"
+    blocks = []
+    for i in range(c.num_layers):
+        if hybrid:
+            blocks.append(_hybrid_block(t, c, i, (cos, sin), c.layer_types[:i].count(LINEAR_ATTENTION), tiled))
+        else:
+            blocks.append(_decoder_block(t, c, i))
+        pages.release_freed()  # the layer's intermediates: else the next layer's pile on above them
     local = rank_config(c, 1 if tp is None else tp.size)
     ops = choose_ops(local, dtype, device, cos, sin)
     return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy, loaded.conversions, tp)

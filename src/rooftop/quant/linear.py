@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
-from rooftop.kernels import cpu, pages
+from rooftop.kernels import cpu
 from rooftop.quant.cuda_linear import CudaInt4Linear, CudaInt8Linear, runs_tinygemm
 from rooftop.quant.gguf_blocks import q4_0_as_int4
 from rooftop.quant.rows import NARROW, WIDEN_ROWS, RowPlan, by_plan, with_residual
@@ -357,9 +357,6 @@ class TiledLinear(_KernelLinear):
     out_features: int
     bias: torch.Tensor | None = None
     format: ClassVar[str]  # one of TILE_FORMATS
-
-    def __post_init__(self) -> None:
-        self.q, self.dm = pages.in_huge_pages(self.q), pages.in_huge_pages(self.dm)  # what every decode step streams
 
     @property
     def kernel_format(self) -> int:

@@ -5,13 +5,15 @@ Every GGUF block format reads as w = a·(u - c) + m (kernels/tiles.cpp says a, c
 of 32 inputs holds the 16 rows' low four bits of u (`tile_nibbles`), the higher bits of the 5- and 6-bit formats as
 bit planes (`tile_planes`) and the K-quants' sub-block scales (`tile_sub_scales`); its float16 scales sit beside it
 (`tile_scales`). Nothing is requantized: the file's levels and scales are rearranged, the K-quants' packed 6-bit
-scales widened to a byte each (Q4_K: 4.625 bits per weight instead of 4.5).
+scales widened to a byte each (Q4_K: 4.625 bits per weight instead of 4.5). The tiles are written into 2 MiB pages
+where the host gives them (kernels/pages.py): every decode step streams them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rooftop.kernels import pages
 from rooftop.quant.gguf_blocks import block_levels
 from rooftop.quant.weights import GROUP, BlockWeight
 
@@ -33,7 +35,7 @@ def tile_nibbles(u: torch.Tensor) -> torch.Tensor:
     n, k = u.shape
     v = _padded_rows(u.to(torch.uint8) & 15).view(-1, TILE, k // GROUP, 4, 2, 4)  # tile, o, group, j, half, i
     v = v.permute(0, 2, 3, 1, 5, 4)  # tile, group, j, o, i, half
-    return (v[..., 0] | (v[..., 1] << 4)).reshape(-1, k // GROUP, 256).contiguous()
+    return pages.copy((v[..., 0] | (v[..., 1] << 4)).reshape(-1, k // GROUP, 256))
 
 
 def tile_planes(high: torch.Tensor, bits: int) -> torch.Tensor:
@@ -53,13 +55,13 @@ def tile_bytes(q: torch.Tensor) -> torch.Tensor:
     of chunk m holding row o's input 4m + i."""
     n, k = q.shape
     v = _padded_rows(q.contiguous().view(torch.uint8)).view(-1, TILE, k // GROUP, 8, 4)  # tile, o, group, m, i
-    return v.permute(0, 2, 3, 1, 4).reshape(-1, k // GROUP, 512).contiguous()
+    return pages.copy(v.permute(0, 2, 3, 1, 4).reshape(-1, k // GROUP, 512))
 
 
 def tile_scales(*scales: torch.Tensor) -> torch.Tensor:
     """Per-block (N, blocks) scales (and minima) -> (ceil(N / 16), blocks, parts, 16) float16."""
     v = _padded_rows(torch.stack(scales, dim=1).half())  # (N', parts, blocks)
-    return v.view(-1, TILE, len(scales), v.shape[-1]).permute(0, 3, 2, 1).contiguous()
+    return pages.copy(v.view(-1, TILE, len(scales), v.shape[-1]).permute(0, 3, 2, 1))
 
 
 def tile_sub_scales(*per_group: torch.Tensor) -> torch.Tensor:
@@ -82,4 +84,4 @@ def tile_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor]:
             parts.append(tile_sub_scales(*levels.sub))
         qs.append(torch.cat(parts, dim=-1))
         dms.append(tile_scales(*levels.halves))
-    return torch.cat(qs).contiguous(), torch.cat(dms).contiguous()
+    return pages.cat(qs), pages.cat(dms)
