@@ -8,9 +8,9 @@ THP_MEM_ALLOC_ENABLE=1, for every allocation, and only where that variable is se
 for these alone, whatever the process was started with. oneDNN's packed float32 weights are allocated inside
 PyTorch, out of reach; the KV cache stays in 4 KiB pages, where a long context's decode measured faster.
 
-Where the kernel gives no huge pages (not Linux, or `transparent_hugepage` set to never) tensors stay as they are.
-The kernel may still back some of a region with 4 KiB pages when it has no free 2 MiB ones: the values are the same
-either way.
+Where the kernel gives no huge pages (not Linux, or `transparent_hugepage` set to never) these are PyTorch's own
+allocations. The kernel may still back some of a region with 4 KiB pages when it has no free 2 MiB ones: the values
+are the same either way.
 """
 
 from __future__ import annotations
