@@ -1,5 +1,5 @@
-"""The tiled weights in 2 MiB pages (kernels/pages.py): same values, aligned, madvised; left alone where the kernel
-gives none; what a decode step streams is what they hold."""
+"""The tiled weights in 2 MiB pages (kernels/pages.py): same values, aligned, madvised; ordinary copies where the
+kernel gives none; the linears' outputs those of their copies in 4 KiB pages; the load's freed heap handed back."""
 
 from __future__ import annotations
 
@@ -92,8 +92,10 @@ def test_a_tiled_linear_is_built_in_huge_pages_with_the_outputs_of_its_copy_in_4
         )
     assert in_huge_pages(linear.q)
     x = torch.randn(3, 1024, generator=gen)
-    in_4k = cpu.ops().tiled_linear(x, linear.q.clone(), linear.dm.clone(), linear.kernel_format, 4096, None, None)
-    assert not in_huge_pages(in_4k) and torch.equal(linear(x), in_4k)
+    q_4k = linear.q.clone()
+    assert not in_huge_pages(q_4k)
+    in_4k = cpu.ops().tiled_linear(x, q_4k, linear.dm.clone(), linear.kernel_format, 4096, None, None)
+    assert torch.equal(linear(x), in_4k)
 
 
 def resident_bytes() -> int:
