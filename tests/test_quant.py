@@ -416,11 +416,41 @@ def test_a_float_row_on_the_narrow_path_is_the_same_alone_and_in_any_call(dtype)
     from rooftop.quant.linear import float_min_rows
     from rooftop.quant.rows import RowPlan
 
-    plan = RowPlan((), float_min_rows(dtype))
+    tile = float_min_rows(dtype)
+    plan = RowPlan((), tile)
     gen = torch.Generator().manual_seed(11)
     for n, k in ((96, 576), (64, 1536), (48, 2048)):
-        lin = FloatLinear(torch.randn(n, k, generator=gen).to(dtype))
+        w = torch.randn(n, k, generator=gen).to(dtype)
         x = torch.randn(24, k, generator=gen).to(dtype)
-        alone = torch.cat([lin(x[i : i + 1], plan=plan) for i in range(24)])
-        for m in (2, 3, 5, 8, 24):
-            assert torch.equal(lin(x[:m], plan=plan), alone[:m]), (n, k, m)
+        for narrow in (tile, 2 * tile, 4 * tile):  # whichever float_narrow_rows picks, the bits are the tile's
+            lin = FloatLinear(w, narrow_rows=narrow)
+            alone = torch.cat([lin(x[i : i + 1], plan=plan) for i in range(24)])
+            for m in (2, 3, 5, 8, 24):
+                assert torch.equal(lin(x[:m], plan=plan), alone[:m]), (n, k, narrow, m)
+
+
+def test_a_narrow_float_call_is_padded_to_the_probed_rows_and_a_widened_chunk_is_not(monkeypatch):
+    """float_narrow_rows: a decode of fewer rows than the probed count runs that many (their outputs dropped),
+    a call of more is padded only to the tile, a widened prefill chunk not at all; the count the probe picks is a
+    multiple of the tile up to 8, and only a count 15% faster than the tile's replaces it."""
+    from rooftop.quant.linear import fastest_rows, float_min_rows, float_narrow_rows
+    from rooftop.quant.rows import RowPlan
+
+    tile = float_min_rows(torch.float32)
+    picked = float_narrow_rows(torch.float32)
+    assert picked % tile == 0 and tile <= picked <= 8
+    assert fastest_rows({2: 4.77, 4: 3.04, 8: 4.47}, 2) == 4  # oneDNN float32 on a Zen 4 host (ms)
+    assert fastest_rows({2: 1.0, 4: 0.9, 8: 1.2}, 2) == 2  # 10% faster is not enough
+    assert fastest_rows({1: 2.3, 2: 2.9, 4: 1.8}, 1) == 4
+
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(32, 64, generator=gen), torch.randn(7, 64, generator=gen)
+    lin = FloatLinear(w, narrow_rows=4 * tile)
+    seen = []
+    product = lin.product
+    monkeypatch.setattr(lin, "product", lambda rows: seen.append(rows.shape[0]) or product(rows))
+    want = torch.nn.functional.linear(x, w)
+    torch.testing.assert_close(lin(x[:1], plan=RowPlan((), tile)), want[:1])
+    torch.testing.assert_close(lin(x[:5], plan=RowPlan((), tile)), want[:5])
+    torch.testing.assert_close(lin(x, plan=RowPlan((3,), tile)), want)
+    assert seen == [4 * tile, max(4 * tile, -(-5 // tile) * tile), 3, 4 * tile]

@@ -329,6 +329,8 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
         # the kernels' prefill chunks: one widened matmul, or every row narrow
         "prefill_widens_to": str(linears.widen_dtype()),
         "float32_linears": "onednn" if llm.device.type == "cpu" and linears.packs_float32() else "F.linear",
+        # the rows a float decode's calls are padded to, timed per process (quant/linear.py)
+        "float_narrow_rows": str(linears.float_narrow_rows(llm.dtype)) if llm.device.type == "cpu" else "",
         "procedure": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8],  # this file: what was measured
     }
 

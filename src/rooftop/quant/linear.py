@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -112,13 +114,58 @@ def float_min_rows(dtype: torch.dtype) -> int:
     row the same bits alone."""
     gen = torch.Generator().manual_seed(0)
     probes = [
-        (FloatLinear(torch.randn(256, k, generator=gen).to(dtype)), torch.randn(64, k, generator=gen).to(dtype))
+        (
+            FloatLinear(torch.randn(256, k, generator=gen).to(dtype), narrow_rows=1),
+            torch.randn(64, k, generator=gen).to(dtype),
+        )
         for k in PROBE_WIDTHS
     ]
     for tile in (1, 2, 4, 8, 16):
         if all(_rows_agree(linear, x, tile) for linear, x in probes):
             return tile
     return 32  # no tile agreed up to 64 rows: pad to half of them (the batched == alone tests say if it holds)
+
+
+# The weights float_narrow_rows times: a 1B-class model's gate-up and down shapes, 64 MiB each in float32, so that a
+# call streams them from memory as a decode does and not from a last-level cache.
+NARROW_PROBE_SHAPES = ((8192, 2048), (2048, 8192))
+
+
+@functools.cache
+def float_narrow_rows(dtype: torch.dtype) -> int:
+    """The fewest rows a narrow float matmul on the CPU runs: a call of fewer rows (a decode of one or two
+    sequences) is padded up to it. BLAS libraries pick their kernel by the call's row count, and the one they pick
+    for the tile a lone row is padded to (`float_min_rows`) is not always the one that streams the weights
+    fastest: on a Zen 4 host oneDNN's float32 matmul reads them far faster at 4 rows than at 2 (docs/PERFORMANCE.md),
+    where a Zen 3 host's was fastest at 1. So it is timed, once per process and dtype, over the tile's multiples up
+    to 8 rows (any of them gives each row the tile's bits), and a larger count is taken only where it is at least
+    15% faster than the tile (`fastest_rows`): a host where they are near each other keeps the tile whatever the
+    noise."""
+    tile = float_min_rows(dtype)
+    counts = [r for r in (tile, 2 * tile, 4 * tile) if r <= 8]
+    linears = [(FloatLinear(torch.full(s, 0.01, dtype=dtype), narrow_rows=1), s[1]) for s in NARROW_PROBE_SHAPES]
+    calls = {r: [(linear, torch.full((r, k), 0.5, dtype=dtype)) for linear, k in linears] for r in counts}
+
+    def once(rows: int) -> float:
+        start = time.perf_counter()
+        for linear, x in calls[rows]:
+            linear.product(x)
+        return time.perf_counter() - start
+
+    for rows in counts:  # oneDNN builds a kernel per new row count on its first call
+        once(rows)
+    times: dict[int, list[float]] = {r: [] for r in counts}
+    for _ in range(5):  # the counts alternate in every round, so that each sees the host as the others do
+        for rows in counts:
+            times[rows].append(once(rows))
+    return fastest_rows({r: statistics.median(t) for r, t in times.items()}, tile)
+
+
+def fastest_rows(seconds: dict[int, float], tile: int) -> int:
+    """The row count of the fastest call among `seconds` (per count), where it is at least 15% faster than the
+    tile's; else the tile."""
+    best = min(seconds, key=seconds.__getitem__)
+    return best if seconds[best] <= 0.85 * seconds[tile] else tile
 
 
 def _rows_agree(linear: FloatLinear, x: torch.Tensor, tile: int) -> bool:
@@ -128,16 +175,19 @@ def _rows_agree(linear: FloatLinear, x: torch.Tensor, tile: int) -> bool:
     return all(torch.equal(linear.product(x[:m]), alone[:m]) for m in range(tile, x.shape[0] + 1, tile))
 
 
-def _padded_to(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """`fn` on rows (T, K) with zero rows appended up to a multiple of `tile`; their outputs dropped."""
+def _padded_to(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor], least: int = 1) -> torch.Tensor:
+    """`fn` on rows (T, K) with zero rows appended up to a multiple of `tile`, and to at least `least` rows (itself a
+    multiple of `tile`); their outputs dropped."""
     rows = x.shape[0]
-    pad = -rows % tile
+    pad = max(-rows % tile, least - rows)
     return fn(x) if pad == 0 else fn(torch.cat([x, x.new_zeros(pad, x.shape[1])]))[:rows]
 
 
-def _padded_matmul(x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor], n: int) -> torch.Tensor:
-    """`fn` (rows (T, K) -> (T, n)) on x's rows (..., K) padded to a multiple of `tile`, in x's shape."""
-    return _padded_to(x.reshape(-1, x.shape[-1]), tile, fn).reshape(*x.shape[:-1], n)
+def _padded_matmul(
+    x: torch.Tensor, tile: int, fn: Callable[[torch.Tensor], torch.Tensor], n: int, least: int = 1
+) -> torch.Tensor:
+    """`fn` (rows (T, K) -> (T, n)) on x's rows (..., K) padded as `_padded_to` pads them, in x's shape."""
+    return _padded_to(x.reshape(-1, x.shape[-1]), tile, fn, least).reshape(*x.shape[:-1], n)
 
 
 def unpack_int4(packed: torch.Tensor, n: int, k: int, block_rows: int) -> torch.Tensor:
@@ -164,14 +214,18 @@ class FloatLinear:
     """Float weights. float32 on a CPU that `packs_float32` picks is held as oneDNN's packed copy (an opaque
     `torch._mkldnn` tensor, reordered once for its matmul), the given tensor then let go; else as given, for
     `F.linear`. Every float32 linear of a process takes the same path, as `float_min_rows` probed one: a tied
-    lm_head too, so there it is a copy of its own beside the embedding table, which looks rows up in the tensor."""
+    lm_head too, so there it is a copy of its own beside the embedding table, which looks rows up in the tensor.
+    On the CPU a narrow call of fewer than `narrow_rows` rows is padded up to them (`float_narrow_rows`)."""
 
     weight: torch.Tensor  # (N, K)
     bias: torch.Tensor | None = None
+    narrow_rows: int | None = None  # None: float_narrow_rows of the weight's dtype on the CPU, 1 elsewhere
     widen_rows: ClassVar[int | None] = None  # float weights never widen
 
     def __post_init__(self) -> None:
         w = self.weight
+        if self.narrow_rows is None:
+            self.narrow_rows = float_narrow_rows(w.dtype) if w.device.type == "cpu" else 1
         if w.dtype == torch.float32 and w.device.type == "cpu" and w.layout == torch.strided and packs_float32():
             self.weight = torch.ops.mkldnn._reorder_linear_weight(w, None)
 
@@ -192,7 +246,9 @@ class FloatLinear:
             residual,
             plan,
             lambda rows, res: with_residual(self.product(rows), res),
-            lambda rows, res: with_residual(_padded_matmul(rows, plan.min_rows, self.product, n), res),
+            lambda rows, res: with_residual(
+                _padded_matmul(rows, plan.min_rows, self.product, n, self.narrow_rows), res
+            ),
         )
 
     @property
