@@ -11,6 +11,10 @@ repetition, and the table shows medians. Like llama-bench, pp times a prefill of
 empty cache and tg the decode of `tg` tokens after a one-token prompt, greedy, each after a warm-up of the same
 size (a first large call pays one-time allocations: rooftop's first 512-token prefill ran 10% slower). llama.cpp comes from the optional
 `bench` extra (`pip install -e .[bench]`: llama-cpp-python, compiled from source for this CPU).
+
+Right after its decode each worker reads memory as decode does (`host_read`), and the table puts each engine's
+decode beside that rate: on a shared host the rate moves by up to 1.8x from one minute to the next, and a decode
+that streams its weights moves with it, so a TPOT means little without the read of its minute.
 """
 
 from __future__ import annotations
@@ -34,6 +38,34 @@ def model_path() -> Path:
     from rooftop.loading.bundled import bundled_model_path
 
     return Path(MODEL) if MODEL else bundled_model_path()
+
+
+def decode_bytes() -> int:
+    """Weight bytes a decode step reads: every tensor of the file, less the embedding table when the model has an
+    lm_head of its own (a step looks one row of the table up)."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(model_path()).tensors
+    untied = any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors if not (untied and t.name == "token_embd.weight"))
+
+
+def host_read() -> float | None:
+    """The host's memory read rate now: bytes per second of rooftop's two-stream read (decode's pattern,
+    kernels/tiles.cpp) over 512 MiB in the pages the weights are in, best of 3; None without rooftop's kernels.
+    A worker calls it right after its decode, once its peak memory is taken."""
+    from rooftop.kernels import cpu, pages
+
+    ops = cpu.ops()
+    if ops is None:
+        return None
+    data = pages.empty(512 << 20).fill_(1)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        ops.stream_read(data, 2)
+        best = min(best, time.perf_counter() - t0)
+    return data.numel() / best
 
 
 def prompt_ids(n: int, vocab: int) -> list[int]:
@@ -124,7 +156,14 @@ def worker(engine: str, pp: int, tg: int, threads: int) -> dict:
     else:
         pp_rate, tpot = run_transformers(pp, tg)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"engine": engine, "pp_tok_s": pp_rate, "tpot_ms": tpot * 1e3, "peak_rss_mib": peak}
+    read = host_read()
+    return {
+        "engine": engine,
+        "pp_tok_s": pp_rate,
+        "tpot_ms": tpot * 1e3,
+        "peak_rss_mib": peak,
+        "host_read_gb_s": read and read / 1e9,
+    }
 
 
 def versions() -> dict[str, str]:
@@ -146,19 +185,28 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def markdown(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
+def markdown(rows: dict[str, list[dict]], args: argparse.Namespace, step_bytes: int) -> str:
+    """The medians per engine. decode GB/s is the file's decode bytes over the TPOT; host read the rate measured
+    right after each run; % is their ratio per run (the median of the runs' ratios, so each is of its own minute)."""
     v = versions()
     lines = [
         f"`{' '.join(sys.argv)}` — {date.today()}, {cpu_name()}, {args.threads} threads, "
-        + ", ".join(f"{k} {val}" for k, val in v.items()),
+        + ", ".join(f"{k} {val}" for k, val in v.items())
+        + f"; a decode step reads {step_bytes / 1e6:.0f} MB of weights",
         "",
-        f"| engine | prefill pp{args.pp} (tok/s) | decode tg{args.tg} TPOT (ms) | peak RSS (MiB) | runs |",
-        "|---|---|---|---|---|",
+        f"| engine | prefill pp{args.pp} (tok/s) | decode tg{args.tg} TPOT (ms) | decode GB/s | host read GB/s | "
+        "% of host read | peak RSS (MiB) | runs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for engine, runs in rows.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("pp_tok_s", "tpot_ms", "peak_rss_mib")}
+        reads = [r["host_read_gb_s"] for r in runs if r["host_read_gb_s"] is not None]
+        shares = [step_bytes / r["tpot_ms"] / 1e6 / r["host_read_gb_s"] for r in runs if r["host_read_gb_s"]]
+        read = f"{statistics.median(reads):.1f}" if reads else "-"
+        share = f"{100 * statistics.median(shares):.0f}%" if shares else "-"
         lines.append(
-            f"| {engine} | {med['pp_tok_s']:.1f} | {med['tpot_ms']:.2f} | {med['peak_rss_mib']:.0f} | {len(runs)} |"
+            f"| {engine} | {med['pp_tok_s']:.1f} | {med['tpot_ms']:.2f} | {step_bytes / med['tpot_ms'] / 1e6:.1f} | "
+            f"{read} | {share} | {med['peak_rss_mib']:.0f} | {len(runs)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -181,6 +229,7 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.pp, args.tg, args.threads)))
         return
     engines = args.engines.split(",")
+    step_bytes = decode_bytes()
     rows: dict[str, list[dict]] = {e: [] for e in engines}
     for rep in range(args.reps):
         for engine in engines[rep % len(engines) :] + engines[: rep % len(engines)]:  # rotate who goes first
@@ -205,10 +254,10 @@ def main() -> None:
             rows[engine].append(result)
             print(
                 f"rep {rep + 1} {engine}: pp {result['pp_tok_s']:.1f} tok/s, TPOT {result['tpot_ms']:.2f} ms, "
-                f"peak {result['peak_rss_mib']:.0f} MiB",
+                f"peak {result['peak_rss_mib']:.0f} MiB, host read after {result['host_read_gb_s'] or float('nan'):.1f} GB/s",
                 flush=True,
             )
-    table = markdown({e: r for e, r in rows.items() if r}, args)
+    table = markdown({e: r for e, r in rows.items() if r}, args, step_bytes)
     print(table)
     if args.markdown:
         args.markdown.write_text(table)
