@@ -445,3 +445,21 @@ def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans():
     for width in (1, 7, 8, 9, 49152):
         x = torch.randn(3, width, generator=gen)
         assert torch.equal(kernels.argmax_rows(x), x.argmax(-1))
+
+
+def test_a_build_killed_midway_leaves_no_lock_that_hangs_the_next_start():
+    """PyTorch's build lock is a file that only the process that made it deletes: a first start of rooftop killed
+    while it compiled the kernels left it, and every later start waited on it for ever, saying nothing. A start now
+    finds it under rooftop's own lock (one the OS frees when its holder dies), removes it, says so and goes on."""
+    import subprocess
+    import sys
+
+    if cpu.ops() is None:
+        pytest.skip("rooftop's CPU kernels do not build here")
+    directory = cpu.build_directory(cpu.ops().__name__)
+    with cpu.build_lock(directory):  # what a build killed inside PyTorch's lock leaves behind
+        (directory / "lock").touch()
+    start = [sys.executable, "-c", "from rooftop.kernels import cpu; assert cpu.ops() is not None"]
+    done = subprocess.run(start, capture_output=True, text=True, timeout=600)  # a hang, not a race: the build is done
+    assert done.returncode == 0, done.stderr
+    assert "left by an interrupted build" in done.stderr and not (directory / "lock").exists()

@@ -12,11 +12,13 @@ PyTorch's own ops, slower but the same model.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -64,10 +66,39 @@ def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleTyp
             import ninja
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    return cpp_extension.load(
-        name=name,
-        sources=[str(directory / source.name if directory else source) for source in SOURCES],
-        extra_cflags=["-O3", *arch_flag.split(), "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+    directory_of_build = build_directory(name)
+    with build_lock(directory_of_build):
+        return cpp_extension.load(
+            name=name,
+            sources=[str(directory / source.name if directory else source) for source in SOURCES],
+            extra_cflags=["-O3", *arch_flag.split(), "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory_of_build),
+            verbose=False,
+        )
+
+
+def build_directory(name: str) -> Path:
+    """Where module `name` is built: under PyTorch's extensions root, in a folder per Python and torch version (a
+    build is for one ABI)."""
+    from torch.utils import cpp_extension
+
+    version = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
+    return Path(cpp_extension.get_default_build_root()) / f"rooftop-{version}" / name
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Held around every build (or up-to-date check) of the module built in `directory`: an OS lock on a file beside
+    it, which the OS lets go when its holder dies. PyTorch's own lock is a file (`lock` in that directory) that only
+    the process that made it deletes: a build interrupted by Ctrl-C or a kill left it, and every later start of
+    rooftop then waited on it, silently and for ever. Whoever holds this lock knows that no other rooftop build runs
+    there, so such a file is a leftover, and it is deleted."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f"{directory.name}.build-lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        left = directory / "lock"
+        if left.exists():
+            print(f"rooftop: removing {left}, left by an interrupted build of the CPU kernels", file=sys.stderr)
+            left.unlink(missing_ok=True)
+        yield
