@@ -463,3 +463,37 @@ def test_a_build_killed_midway_leaves_no_lock_that_hangs_the_next_start():
     done = subprocess.run(start, capture_output=True, text=True, timeout=600)  # a hang, not a race: the build is done
     assert done.returncode == 0, done.stderr
     assert "left by an interrupted build" in done.stderr and not (directory / "lock").exists()
+
+
+def test_a_start_says_when_it_compiles_the_kernels_and_when_it_waits_for_another_that_does(
+    tmp_path, monkeypatch, capsys
+):
+    """The first start on a machine compiles for tens of seconds, and a second start meanwhile waits on the first:
+    each says so on stderr instead of sitting silent; a start with the module built says nothing."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: kwargs["name"])  # the compiler is not what is tested
+    assert cpu.build("rooftop_cpu_test", "-march=native") == "rooftop_cpu_test"
+    assert "compiling its CPU kernels for this machine" in capsys.readouterr().err
+    (cpu.build_directory("rooftop_cpu_test") / "rooftop_cpu_test.so").touch()
+    cpu.build("rooftop_cpu_test", "-march=native")
+    assert capsys.readouterr().err == ""
+
+    directory = cpu.build_directory("rooftop_cpu_waits")
+    script = f"from pathlib import Path; from rooftop.kernels import cpu\nwith cpu.build_lock(Path({str(directory)!r})): pass"
+    with cpu.build_lock(directory):
+        waiter = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.extend(iter(waiter.stderr.readline, "")), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 600  # a hang detector, not a race: the waiter blocks until this lock goes
+        while not any("waiting for another process" in line for line in said):
+            assert waiter.poll() is None and time.monotonic() < deadline, said
+            reader.join(0.05)
+    assert waiter.wait(timeout=600) == 0, said

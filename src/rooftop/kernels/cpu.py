@@ -68,6 +68,10 @@ def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleTyp
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     directory_of_build = build_directory(name)
     with build_lock(directory_of_build):
+        if not (directory_of_build / f"{name}.so").exists():
+            print(
+                f"rooftop: compiling its CPU kernels for this machine ({name}; once, ~30 s on 2 cores)", file=sys.stderr
+            )
         return cpp_extension.load(
             name=name,
             sources=[str(directory / source.name if directory else source) for source in SOURCES],
@@ -93,10 +97,14 @@ def build_lock(directory: Path) -> Iterator[None]:
     it, which the OS lets go when its holder dies. PyTorch's own lock is a file (`lock` in that directory) that only
     the process that made it deletes: a build interrupted by Ctrl-C or a kill left it, and every later start of
     rooftop then waited on it, silently and for ever. Whoever holds this lock knows that no other rooftop build runs
-    there, so such a file is a leftover, and it is deleted."""
+    there, so such a file is a leftover, and it is deleted. A start that finds another building says it waits."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory.parent / f"{directory.name}.build-lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("rooftop: waiting for another process that is compiling the CPU kernels", file=sys.stderr)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         left = directory / "lock"
         if left.exists():
             print(f"rooftop: removing {left}, left by an interrupted build of the CPU kernels", file=sys.stderr)
