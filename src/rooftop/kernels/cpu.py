@@ -83,12 +83,13 @@ def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleTyp
 
 
 def build_directory(name: str) -> Path:
-    """Where module `name` is built: under PyTorch's extensions root, in a folder per Python and torch version (a
-    build is for one ABI)."""
+    """Where module `name` is built: under PyTorch's extensions root (TORCH_EXTENSIONS_DIR where set, as PyTorch
+    has it), in a folder per Python and torch version (a build is for one ABI)."""
     from torch.utils import cpp_extension
 
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     version = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
-    return Path(cpp_extension.get_default_build_root()) / f"rooftop-{version}" / name
+    return Path(root) / f"rooftop-{version}" / name
 
 
 @contextlib.contextmanager
