@@ -114,7 +114,10 @@ def test_quick_mode_on_the_bundled_model(tmp_path):
         # the probe's DRAM roof (it did here once the 512-bit kernels landed); this bound still catches a unit error
         assert d["pct_of_compute_roof"] < 110 and d["pct_of_bandwidth_roof"] < 400
     assert data["decode"]["measured_tpot_s"] > 0 and data["decode"]["predicted_tpot_s"] > 0
-    roof = {"memory": "of memory bandwidth", "compute": "of compute peak"}[data["decode"]["bound"]]
+    # the sentence names the roof the work meets first; what bounds the phase may also be the host (over half of a
+    # short decode's time: one stall in 7 steps of ~5 ms does it on a shared host)
+    assert data["decode"]["bound"] in ("memory", "compute", "host")
+    roof = {"memory": "of memory bandwidth", "compute": "of compute peak"}[data["decode"]["roof"]]
     assert f"decode reached {data['decode']['pct_of_bound_roof']:.0f}% {roof}" in r.stdout.replace("\n", " ")
 
 
