@@ -3,6 +3,7 @@ loads) and by gguf's reader and dequantizers (the K-quant mixes, tensor by tenso
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -151,3 +152,27 @@ def test_vocabulary_pads_and_cuts_cleanly():
 def test_refuses_models_it_cannot_lay_out(preset, kind):
     with pytest.raises(SystemExit, match=f"a {kind} model"):
         make_gguf.model_config(preset, None, None)
+
+
+@pytest.mark.parametrize("qtype, name", [("q4_k_m", "q4_k+q6_k"), ("q4_k", "q4_k"), ("q2_k", "q4_1")])
+def test_the_analyzer_costs_a_gguf_by_the_types_its_blocks_hold(tmp_path, qtype, name):
+    """A Q4_K or Q4_K_M file's general.file_type is no format the analyzer names, and it costed such files as bf16
+    (3.5x their bytes). It now reads the blocks' matrices: their formats by bytes, most first, the bytes exactly the
+    file's; a type the loader converts (Q2_K) as the Q4_1 it becomes; `rooftop roofline` reports the same."""
+    from typer.testing import CliRunner
+
+    from rooftop.cli import app
+    from rooftop.roofline.api import resolve_model
+
+    path = tmp_path / "m.gguf"
+    make_gguf.write_gguf(small_config("llama-3.2-1b"), qtype, path)
+    blocks = [t for t in gguf.GGUFReader(path).tensors if t.name.startswith("blk.") and len(t.shape) >= 2]
+    _, fmt = resolve_model(path)
+    assert fmt.name == name
+    weights = sum(int(t.n_elements) for t in blocks)
+    stored = sum(int(t.n_bytes) for t in blocks) if qtype != "q2_k" else weights * 5 / 8  # Q4_1: 20 bytes per 32
+    costed = sum(fmt.linear_bytes(int(t.shape[0]), int(t.n_elements) // int(t.shape[0])) for t in blocks)  # K first
+    assert costed == pytest.approx(stored, rel=1e-9)
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["roofline", "-m", str(path), "-H", "rtx4090", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["weights_format"] == name

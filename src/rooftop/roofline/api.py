@@ -12,22 +12,26 @@ from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.roofline.hardware import Hardware, custom_hardware
 from rooftop.roofline.precision import (
     DEFAULT_STATE_DTYPE,
+    WEIGHT_FORMATS,
     Precision,
+    WeightFormat,
     check_weight_choice,
     checkpoint_weights,
+    mixed_format,
     precision,
     weight_format,
 )
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, Prediction, analyze
 
 if TYPE_CHECKING:
+    from rooftop.loading.gguf_file import TensorInfo
     from rooftop.roofline.probe import ProbeResult
 
-# GGUF general.file_type -> the weight format it mostly holds
-GGUF_FILE_TYPES = {0: "fp32", 1: "fp16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 32: "bf16"}
+# GGUF's float types by the analyzer's names; its block types are named as in WEIGHT_FORMATS (Q4_K: "q4_k")
+GGUF_FLOATS = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
 
 
-def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, str | None]:
+def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, WeightFormat | None]:
     """A preset name, a GGUF file, an HF directory or a bare config.json -> (config, the file's weight format)."""
     from rooftop.loading.bundled import bundled_model_path
     from rooftop.loading.gguf_config import config_from_gguf
@@ -46,13 +50,31 @@ def resolve_model(model: str | Path | ModelConfig | None) -> tuple[ModelConfig, 
         if path.suffix == ".json":
             return read_hf_config(path), None
         gguf_file = read_gguf(path)
-        return config_from_gguf(gguf_file), GGUF_FILE_TYPES.get(gguf_file.metadata.get("general.file_type"))
+        return config_from_gguf(gguf_file), gguf_weights(gguf_file.tensors)
     try:
         return find_preset(str(model)), None
     except InvalidRequestError:
         if _names_a_path(str(model)):  # a typo in a path is not an unknown preset
             raise ModelLoadError(f"{model}: no such file or directory") from None
         raise
+
+
+def gguf_weights(tensors: list[TensorInfo]) -> WeightFormat | None:
+    """What a GGUF's transformer blocks hold, read from their matrices (a file's general.file_type names one type,
+    and a Q4_K_M's names none the analyzer knew, which made it cost a K-quant file as bf16): each matrix in its own
+    format, or in Q4_1 for a type outside WEIGHT_FORMATS (the 2- and 3-bit K-quants, the IQ types), which the loader
+    converts it to (loading.gguf.CONVERTED_TO); several formats as their mix by bytes. None without block matrices."""
+    bytes_by_format: dict[str, float] = {}
+    weights = 0
+    for t in tensors:
+        if t.name.startswith("blk.") and len(t.shape) >= 2:  # matrices, and stacks of experts' matrices
+            name = GGUF_FLOATS.get(t.qtype.name, t.qtype.name.lower())
+            fmt = WEIGHT_FORMATS.get(name, WEIGHT_FORMATS["q4_1"])
+            bytes_by_format[fmt.name] = bytes_by_format.get(fmt.name, 0.0) + fmt.linear_bytes(
+                t.shape[-1], t.numel // t.shape[-1]
+            )
+            weights += t.numel
+    return mixed_format(bytes_by_format, weights) if bytes_by_format else None
 
 
 def _names_a_path(name: str) -> bool:
@@ -94,7 +116,7 @@ def resolve_hardware(
 def resolve_precision(
     weights: str | None,
     kv: str | None,
-    file_format: str | None,
+    file_format: WeightFormat | None,
     hw: Hardware,
     config: ModelConfig | None = None,
     state_dtype: str = DEFAULT_STATE_DTYPE,

@@ -92,7 +92,9 @@ def check_weight_choice(choice: str) -> str:
     return choice
 
 
-def weight_format(choice: str | None, file_format: str | None, engine_formats: dict[str, str]) -> str:
+def weight_format(
+    choice: str | None, file_format: WeightFormat | None, engine_formats: dict[str, str]
+) -> str | WeightFormat:
     """The exact format the analyzer models for a `--weights` choice: auto (or none) is the file's format, else
     bf16; float/int8/int4 are what the engine's linears are on this device (`engine_formats`, from the probe), else
     DATASHEET_FORMATS; an exact format is itself."""
