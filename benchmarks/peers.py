@@ -40,14 +40,15 @@ def model_path() -> Path:
     return Path(MODEL) if MODEL else bundled_model_path()
 
 
-def decode_bytes() -> int:
-    """Weight bytes a decode step reads: every tensor of the file, less the embedding table when the model has an
-    lm_head of its own (a step looks one row of the table up)."""
-    from gguf import GGUFReader
+def analyzed_weight_bytes(weights: str | None) -> float:
+    """The weight bytes a decode step of the file reads, by the analyzer's count (roofline.ops.weight_bytes): in the
+    file's own formats (None: llama.cpp runs them as stored) or in `weights` (transformers widens them to fp32)."""
+    from rooftop.roofline.api import resolve_model
+    from rooftop.roofline.ops import weight_bytes
+    from rooftop.roofline.precision import precision
 
-    tensors = GGUFReader(model_path()).tensors
-    untied = any(t.name == "output.weight" for t in tensors)
-    return sum(int(t.n_bytes) for t in tensors if not (untied and t.name == "token_embd.weight"))
+    config, held = resolve_model(model_path())
+    return weight_bytes(config, precision(weights or held or "bf16"))
 
 
 def host_read() -> float | None:
@@ -74,7 +75,7 @@ def prompt_ids(n: int, vocab: int) -> list[int]:
     return np.random.default_rng(0).integers(100, vocab - 100, size=n).tolist()
 
 
-def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float]:
+def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float, float]:
     from rooftop import LLM, SamplingParams
 
     llm = LLM(
@@ -92,7 +93,7 @@ def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float]:
     llm.generate([ids], greedy(8), use_tqdm=False)  # warm-up at full size
     prefill = llm.generate([ids], greedy(1), use_tqdm=False)[0].metrics.prefill_time
     decode = llm.generate([ids[:1]], greedy(tg), use_tqdm=False)[0].metrics
-    return pp / prefill, decode.tpot
+    return pp / prefill, decode.tpot, llm.weight_bytes
 
 
 def run_llama_cpp(pp: int, tg: int, threads: int) -> tuple[float, float]:
@@ -150,11 +151,13 @@ def worker(engine: str, pp: int, tg: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     if engine.startswith("rooftop-"):
         fmt = engine.removeprefix("rooftop-")
-        pp_rate, tpot = run_rooftop("float" if fmt == "float32" else fmt, pp, tg)
+        pp_rate, tpot, step_bytes = run_rooftop("float" if fmt == "float32" else fmt, pp, tg)
     elif engine == "llama.cpp":
         pp_rate, tpot = run_llama_cpp(pp, tg, threads)
+        step_bytes = analyzed_weight_bytes(None)
     else:
         pp_rate, tpot = run_transformers(pp, tg)
+        step_bytes = analyzed_weight_bytes("fp32")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     read = host_read()
     return {
@@ -162,6 +165,7 @@ def worker(engine: str, pp: int, tg: int, threads: int) -> dict:
         "pp_tok_s": pp_rate,
         "tpot_ms": tpot * 1e3,
         "peak_rss_mib": peak,
+        "decode_gb_s": step_bytes / tpot / 1e9,
         "host_read_gb_s": read and read / 1e9,
     }
 
@@ -185,28 +189,28 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def markdown(rows: dict[str, list[dict]], args: argparse.Namespace, step_bytes: int) -> str:
-    """The medians per engine. decode GB/s is the file's decode bytes over the TPOT; host read the rate measured
-    right after each run; % is their ratio per run (the median of the runs' ratios, so each is of its own minute)."""
+def markdown(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
+    """The medians per engine. decode GB/s is the weight bytes its decode step reads (the analyzer's count, in the
+    formats that engine runs) over the TPOT; host read the rate measured right after each run; % is their ratio per
+    run (the median of the runs' ratios, so each is of its own minute)."""
     v = versions()
     lines = [
         f"`{' '.join(sys.argv)}` — {date.today()}, {cpu_name()}, {args.threads} threads, "
-        + ", ".join(f"{k} {val}" for k, val in v.items())
-        + f"; a decode step reads {step_bytes / 1e6:.0f} MB of weights",
+        + ", ".join(f"{k} {val}" for k, val in v.items()),
         "",
         f"| engine | prefill pp{args.pp} (tok/s) | decode tg{args.tg} TPOT (ms) | decode GB/s | host read GB/s | "
         "% of host read | peak RSS (MiB) | runs |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for engine, runs in rows.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in ("pp_tok_s", "tpot_ms", "peak_rss_mib")}
+        med = {k: statistics.median(r[k] for r in runs) for k in ("pp_tok_s", "tpot_ms", "decode_gb_s", "peak_rss_mib")}
         reads = [r["host_read_gb_s"] for r in runs if r["host_read_gb_s"] is not None]
-        shares = [step_bytes / r["tpot_ms"] / 1e6 / r["host_read_gb_s"] for r in runs if r["host_read_gb_s"]]
+        shares = [r["decode_gb_s"] / r["host_read_gb_s"] for r in runs if r["host_read_gb_s"]]
         read = f"{statistics.median(reads):.1f}" if reads else "-"
         share = f"{100 * statistics.median(shares):.0f}%" if shares else "-"
         lines.append(
-            f"| {engine} | {med['pp_tok_s']:.1f} | {med['tpot_ms']:.2f} | {step_bytes / med['tpot_ms'] / 1e6:.1f} | "
-            f"{read} | {share} | {med['peak_rss_mib']:.0f} | {len(runs)} |"
+            f"| {engine} | {med['pp_tok_s']:.1f} | {med['tpot_ms']:.2f} | {med['decode_gb_s']:.1f} | {read} | {share} "
+            f"| {med['peak_rss_mib']:.0f} | {len(runs)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -229,7 +233,6 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.pp, args.tg, args.threads)))
         return
     engines = args.engines.split(",")
-    step_bytes = decode_bytes()
     rows: dict[str, list[dict]] = {e: [] for e in engines}
     for rep in range(args.reps):
         for engine in engines[rep % len(engines) :] + engines[: rep % len(engines)]:  # rotate who goes first
@@ -257,7 +260,7 @@ def main() -> None:
                 f"peak {result['peak_rss_mib']:.0f} MiB, host read after {result['host_read_gb_s'] or float('nan'):.1f} GB/s",
                 flush=True,
             )
-    table = markdown({e: r for e, r in rows.items() if r}, args, step_bytes)
+    table = markdown({e: r for e, r in rows.items() if r}, args)
     print(table)
     if args.markdown:
         args.markdown.write_text(table)
