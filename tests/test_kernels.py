@@ -356,6 +356,9 @@ def test_the_avx2_dot_products_match_vnni():
     avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.sources_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
     for call in tiled_calls():
         assert torch.equal(call(avx2), call(kernels))
+    gen = torch.Generator().manual_seed(21)  # bfloat16 weights: the sums in 256-bit halves, the same bits
+    w, x = torch.randn(37, 2080, generator=gen).bfloat16(), torch.randn(6, 2080, generator=gen)
+    assert torch.equal(avx2.bf16_linear(x, w), kernels.bf16_linear(x, w))
     for call in decode_attention_calls():  # the same integer dots, and the same FMAs per output float at any width
         assert torch.equal(call(avx2), call(kernels))
 
@@ -392,6 +395,10 @@ def test_the_portable_loops_match_the_vector_kernels():
     x = torch.randn(5, 224, generator=gen)
     for same_bits in tiled_calls():  # the same integer dots and float operations in the same order as the vector loops
         assert torch.equal(same_bits(portable), same_bits(kernels))
+    bf16 = w.bfloat16()  # bfloat16 weights: the same fused multiply-adds in the same order
+    res = x[:, :48].contiguous()
+    bias = w[1, :48].contiguous()
+    assert torch.equal(portable.bf16_linear(x, bf16, bias, res), kernels.bf16_linear(x, bf16, bias, res))
     for module_call in (
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),

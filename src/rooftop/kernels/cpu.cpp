@@ -3,8 +3,9 @@
 // Decode reads every weight once per token, so its time is the weight bytes and the overhead around them.
 // The linears (tiles.cpp: GGUF's block formats, Q4_0 to Q6_K, in tiles of 16 output rows) dot the weights with the
 // activations quantized to int8 per group of 32, as llama.cpp does: AVX2's maddubs (VNNI's dpbusd) multiplies
-// byte pairs, so the nibbles are never widened to floats. The small ops around them (RMSNorm, RoPE, SiLU-mul, and
-// attention over the paged cache in attention.cpp) are one call each instead of a handful of PyTorch ops.
+// byte pairs, so the nibbles are never widened to floats; bf16.cpp's takes bfloat16 weights against float32
+// activations (a bf16 checkpoint's values at half float32's bytes). The small ops around them (RMSNorm, RoPE,
+// SiLU-mul, and attention over the paged cache in attention.cpp) are one call each instead of a handful of PyTorch's.
 // Compiled on first use by rooftop/kernels/cpu.py with -march=native; without AVX2 and F16C plain loops run.
 
 #include <torch/csrc/utils/pybind.h>  // pybind11 with its tensor casters, for the module below (torch/extension.h: 25 s to parse)
@@ -156,6 +157,10 @@ at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t f
 at::Tensor tiled_rows(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, const at::Tensor& ids);
 int64_t stream_read(const at::Tensor& data, int64_t streams);
 
+// bfloat16 weights, float32 activations (bf16.cpp).
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                       const c10::optional<at::Tensor>& residual, bool loops);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiled_linear", &tiled_linear, "x @ tiled block-format weights^T (+bias) (+residual)", py::arg("x"),
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bias") = py::none(),
@@ -164,6 +169,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bf16") = false);
   m.def("tiled_rows", &tiled_rows, "rows ids of tiled block-format weights as float32 (an embedding's lookup)",
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("ids"));
+  m.def("bf16_linear", &bf16_linear, "x @ bfloat16 weights^T (+bias) (+residual), float32, in a fixed order",
+        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("residual") = py::none(),
+        py::arg("loops") = false);
   m.def("stream_read", &stream_read, "the sum of a uint8 tensor's 64-bit words, read as the tiled linears read",
         py::arg("data"), py::arg("streams") = 1);
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");

@@ -256,6 +256,84 @@ class FloatLinear:
         return self.weight.nbytes
 
 
+@dataclass
+class Bf16Linear:
+    """bfloat16 weights with float32 activations and math: a bf16 checkpoint's own values (most Hugging Face models
+    ship in bf16) at half float32's bytes, so a decode step, which streams every weight once, reads half as much.
+    Narrow rows run rooftop's CPU kernel (kernels/bf16.cpp: each weight widened exactly in a register, float32
+    multiply-adds in one fixed order, so a row's result never depends on the other rows); a widened group (a prefill
+    chunk of WIDEN_ROWS or more) widens the weights to float32 once per call and runs the float32 matmul, as
+    `FloatLinear` does, in a buffer kept for it (`_widened`)."""
+
+    weight: torch.Tensor  # (N, K) bfloat16
+    bias: torch.Tensor | None = None  # float32
+    format: ClassVar[str] = "bf16-fp32"
+    widen_rows: ClassVar[int | None] = WIDEN_ROWS
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        if not plan.widen:
+            return self.narrow(x, residual)
+        wide = _widened(self.weight)
+
+        def widened(rows: torch.Tensor, res: torch.Tensor | None) -> torch.Tensor:
+            return with_residual(_like(float_product(_float_rows(rows), wide, self.bias), rows), res)
+
+        return by_plan(x, residual, plan, widened, self.narrow)
+
+    def narrow(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        res = None if residual is None else _float_rows(residual)
+        return _like(cpu.ops().bf16_linear(_float_rows(x), self.weight, self.bias, res), x)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+    @classmethod
+    def from_weight(cls, w: torch.Tensor, bias: torch.Tensor | None) -> Bf16Linear:
+        return cls(w.to(torch.bfloat16).contiguous(), _bias(bias))
+
+
+def runs_bf16(w: torch.Tensor) -> bool:
+    """Whether `auto` holds a float linear as `Bf16Linear`: on the CPU with rooftop's kernels, a float32 matrix
+    (inputs a multiple of 32) whose every value is a bfloat16, as a bf16 checkpoint's are once read as float32."""
+    return (
+        w.device.type == "cpu"
+        and w.dtype == torch.float32
+        and w.dim() == 2
+        and w.shape[1] % GROUP == 0
+        and cpu.ops() is not None
+        and holds_bf16(w)
+    )
+
+
+def holds_bf16(w: torch.Tensor) -> bool:
+    """Whether the low 16 bits of every float32 are zero, checked a slice of rows at a time (a whole 1 GB lm_head's
+    test would allocate as much again)."""
+    bits = w.reshape(-1, w.shape[-1]).view(torch.int32)
+    step = max(1, (1 << 22) // bits.shape[1])
+    return not any(bool((bits[i : i + step] & 0xFFFF).any()) for i in range(0, bits.shape[0], step))
+
+
+_widen_buffer: list[torch.Tensor] = []
+
+
+def _widened(weight: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 weight as float32, in one buffer that every call reuses (grown to the largest weight seen): a
+    fresh 64 MiB tensor took 19 ms to widen into, its pages faulted in one by one, a warm buffer 2.9 ms. The engine
+    runs one step at a time, and each call's matmul is done with it before the next widens."""
+    if not _widen_buffer or _widen_buffer[0].numel() < weight.numel():
+        _widen_buffer[:] = [torch.empty(weight.numel(), dtype=torch.float32)]
+    return _widen_buffer[0][: weight.numel()].view(weight.shape).copy_(weight)
+
+
+def float_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (T, K) float32 times a float32 weight (N, K) not packed for it: oneDNN's matmul where `packs_float32`
+    picks oneDNN, else `F.linear`."""
+    if packs_float32():
+        return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+    return F.linear(x, w, bias)
+
+
 @functools.cache
 def fbgemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
@@ -505,6 +583,7 @@ class ConcatLinear:
 
 Linear = (
     FloatLinear
+    | Bf16Linear
     | Int8Linear
     | Int4Linear
     | Fp16Linear
@@ -575,6 +654,8 @@ def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.d
             return policy
     here = ", ".join(f"{policy} as {fmt}" for policy, fmt in runs.items())
     stored = f"; a GGUF's own {choice} tensors run as stored with --weights auto" if choice in BLOCK_FORMATS else ""
+    if choice == Bf16Linear.format:
+        stored = "; a bf16 checkpoint's weights run as bf16-fp32 on the CPU with --weights auto"
     raise UnsupportedModelError(
         f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here}){stored}"
     )
@@ -637,6 +718,8 @@ def make_linear(
     if kind is FloatLinear:
         if not isinstance(weight, torch.Tensor):
             raise InvalidRequestError("float linears take float tensors: dequantize a file's groups first")
+        if stored and runs_bf16(weight):
+            return Bf16Linear.from_weight(weight, bias)
         return FloatLinear(weight, bias)
     if kind is Q4Linear:
         return Q4Linear.from_weight(_int4(weight), bias)

@@ -36,6 +36,7 @@ WEIGHT_FORMATS = {
         WeightFormat("bf16", 16, "bf16"),
         WeightFormat("fp16", 16, "bf16"),
         WeightFormat("fp16-fp32", 16, "fp32"),  # float16 storage, float32 math (fbgemm): rooftop's quantized lm_head
+        WeightFormat("bf16-fp32", 16, "fp32"),  # bfloat16 storage, float32 math (rooftop's CPU kernel): bf16 files
         WeightFormat("fp8", 8, "fp8", group=0, overhead_bits=32),  # per-channel fp32 scale
         WeightFormat("int8", 8, "int8_weight_only", group=0, overhead_bits=16),  # per-row bf16 scale (Int8Linear)
         WeightFormat("int4", 4, "int4_weight_only", group=128, overhead_bits=32),  # bf16 scale + zero per 128

@@ -1,0 +1,223 @@
+// bfloat16 weights against float32 activations: a bf16 checkpoint's own values (most Hugging Face models ship in
+// bf16) held at half float32's bytes, so that a decode step, which streams every weight once, reads half as much.
+// Each weight is widened exactly in a register (a bf16 is the top half of a float32) and multiplied in float32, so
+// the model is the float32 model of the same values; only the order of the sums differs from a BLAS matmul's.
+//
+// The order is fixed, the same on every path (512-bit, 256-bit, plain loops) and for every row count: output (r, n)
+// keeps 32 partial sums, one per lane l (0-15) of two accumulators h (0, 1); block c of 32 inputs goes to h = c % 2,
+// its input 2l to lane l by one fused multiply-add, then its input 2l + 1 by another. The 32 sums meet as
+// (h0 + h1), then halves added (lane l + lane l + 8, + 4, + 2, + 1), then the bias, then the residual. So a row's
+// result never depends on the other rows of its call: the kernel is batch invariant by construction.
+
+#include "quantized.h"
+
+namespace {
+
+constexpr int64_t BLOCK = 32;  // inputs per step: one 512-bit load of bf16 weights
+constexpr int ROWS = 4;  // activation rows per pass over a weight row (4 x 2 x 2 accumulators fit 32 zmm)
+
+// Each activation row with every block of 32 inputs as its 16 even inputs, then its 16 odd: a block's weights
+// widen to those two halves (even: the low bf16 of each 32-bit lane, odd: the high one).
+std::vector<float> split_pairs(const float* x, int64_t rows, int64_t k) {
+  std::vector<float> out(rows * k);
+  for (int64_t b = 0; b < rows * k; b += BLOCK) {
+    for (int64_t l = 0; l < BLOCK / 2; ++l) {
+      out[b + l] = x[b + 2 * l];
+      out[b + BLOCK / 2 + l] = x[b + 2 * l + 1];
+    }
+  }
+  return out;
+}
+
+// Memory asked now for a weight row's bytes this far on (a decode's dots take less time than DRAM's latency).
+constexpr int64_t PREFETCH_BYTES = 2048;
+
+#ifdef ROOFTOP_AVX512
+inline float finish512(__m512 h0, __m512 h1) {
+  const __m512 s = _mm512_add_ps(h0, h1);
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1)));
+}
+
+// Block c of O weight rows into accumulators h of R activation rows.
+template <int R, int O, int H>
+__attribute__((always_inline)) inline void block512(__m512 (&acc)[O][R][2], const uint16_t* const* w, const float* xs,
+                                                    int64_t k, int64_t c) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int o = 0; o < O; ++o) {
+    const uint16_t* p = w[o] + c * BLOCK;
+    __builtin_prefetch(reinterpret_cast<const uint8_t*>(p) + PREFETCH_BYTES);
+    const __m512i v = _mm512_loadu_si512(p);
+    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    for (int r = 0; r < R; ++r) {
+      const float* x = xs + r * k + c * BLOCK;
+      acc[o][r][H] = _mm512_fmadd_ps(even, _mm512_loadu_ps(x), acc[o][r][H]);
+      acc[o][r][H] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(x + 16), acc[o][r][H]);
+    }
+  }
+}
+
+// O weight rows (w[o], k bf16 each) dotted with R activation rows (xs, split_pairs order): out[o * R + r].
+template <int R, int O>
+void dot512(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
+  __m512 acc[O][R][2];
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) acc[o][r][0] = acc[o][r][1] = _mm512_setzero_ps();
+  const int64_t blocks = k / BLOCK;
+  int64_t c = 0;
+  for (; c + 2 <= blocks; c += 2) {
+    block512<R, O, 0>(acc, w, xs, k, c);
+    block512<R, O, 1>(acc, w, xs, k, c + 1);
+  }
+  if (c < blocks) block512<R, O, 0>(acc, w, xs, k, c);
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) out[o * R + r] = finish512(acc[o][r][0], acc[o][r][1]);
+}
+#endif
+
+#if defined(ROOFTOP_AVX2) && !defined(ROOFTOP_AVX512)
+// The same sums in 256-bit halves: lanes 0-7 of an accumulator in one ymm, lanes 8-15 in the other.
+template <int R, int O>
+void dot256(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
+  __m256 acc[O][R][2][2];
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) acc[o][r][h][0] = acc[o][r][h][1] = _mm256_setzero_ps();
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const int64_t blocks = k / BLOCK;
+  for (int64_t c = 0; c < blocks; ++c) {
+    const int h = c % 2;
+    for (int o = 0; o < O; ++o) {
+      const uint16_t* p = w[o] + c * BLOCK;
+      __builtin_prefetch(reinterpret_cast<const uint8_t*>(p) + PREFETCH_BYTES);
+      for (int half = 0; half < 2; ++half) {
+        const __m256i v = load32(p + 16 * half);
+        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        for (int r = 0; r < R; ++r) {
+          const float* x = xs + r * k + c * BLOCK + 8 * half;
+          acc[o][r][h][half] = _mm256_fmadd_ps(even, _mm256_loadu_ps(x), acc[o][r][h][half]);
+          acc[o][r][h][half] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(x + 16), acc[o][r][h][half]);
+        }
+      }
+    }
+  }
+  for (int o = 0; o < O; ++o)
+    for (int r = 0; r < R; ++r) {
+      const __m256 lo = _mm256_add_ps(acc[o][r][0][0], acc[o][r][1][0]), hi = _mm256_add_ps(acc[o][r][0][1], acc[o][r][1][1]);
+      out[o * R + r] = hsum(_mm256_add_ps(lo, hi));
+    }
+}
+#endif
+
+// The plain loops every path must equal (and what hosts without AVX2 run).
+template <int R, int O>
+void dot_loops(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
+  for (int o = 0; o < O; ++o) {
+    for (int r = 0; r < R; ++r) {
+      float acc[2][16] = {};
+      for (int64_t c = 0; c < k / BLOCK; ++c) {
+        const uint16_t* p = w[o] + c * BLOCK;
+        const float* x = xs + r * k + c * BLOCK;
+        for (int l = 0; l < 16; ++l) {
+          const uint32_t even = static_cast<uint32_t>(p[2 * l]) << 16, odd = static_cast<uint32_t>(p[2 * l + 1]) << 16;
+          float we, wo;
+          std::memcpy(&we, &even, 4);
+          std::memcpy(&wo, &odd, 4);
+          acc[c % 2][l] = std::fma(we, x[l], acc[c % 2][l]);
+          acc[c % 2][l] = std::fma(wo, x[16 + l], acc[c % 2][l]);
+        }
+      }
+      float s[16];
+      for (int l = 0; l < 16; ++l) s[l] = acc[0][l] + acc[1][l];
+      for (int width = 8; width >= 1; width /= 2)
+        for (int l = 0; l < width; ++l) s[l] += s[l + width];
+      out[o * R + r] = s[0];
+    }
+  }
+}
+
+template <int R, int O>
+void dot(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
+#if defined(ROOFTOP_AVX512)
+  dot512<R, O>(w, xs, k, out);
+#elif defined(ROOFTOP_AVX2)
+  dot256<R, O>(w, xs, k, out);
+#else
+  dot_loops<R, O>(w, xs, k, out);
+#endif
+}
+
+template <int O>
+void dot_any(int64_t rows, const uint16_t* const* w, const float* xs, int64_t k, float* out) {
+  switch (rows) {
+    case 1: return dot<1, O>(w, xs, k, out);
+    case 2: return dot<2, O>(w, xs, k, out);
+    case 3: return dot<3, O>(w, xs, k, out);
+    default: return dot<4, O>(w, xs, k, out);
+  }
+}
+
+}  // namespace
+
+// x (rows, K) float32 @ w (N, K) bfloat16^T (+ bias) (+ residual), float32 out. `loops` runs the plain loops (the
+// tests' reference for the vector paths).
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                       const c10::optional<at::Tensor>& residual, bool loops) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.is_contiguous(), "w must be contiguous bfloat16 (N, K)");
+  const int64_t n = w.size(0), k = w.size(1), rows = x.size(0);
+  check_linear_inputs(x, bias, residual, n);
+  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " features, w ", k);
+  const std::vector<float> xs = split_pairs(x.data_ptr<float>(), rows, k);
+  auto out = at::empty({rows, n}, x.options());
+  const auto* weights = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const float* b = bias ? bias->data_ptr<float>() : nullptr;
+  const float* res = residual ? residual->data_ptr<float>() : nullptr;
+  float* o = out.data_ptr<float>();
+  const auto store = [&](int64_t col, int64_t r0, int64_t count, const float* sums) {
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t at = (r0 + r) * n + col;
+      const float y = sums[r] + (b ? b[col] : 0.f);
+      o[at] = res ? y + res[at] : y;
+    }
+  };
+  // Output rows of one weight row each, `count` activation rows from r0.
+  const auto single = [&](int64_t col, int64_t r0, int64_t count) {
+    const uint16_t* row = weights + col * k;
+    float sums[ROWS];
+    if (loops) {
+      switch (count) {
+        case 1: dot_loops<1, 1>(&row, xs.data() + r0 * k, k, sums); break;
+        case 2: dot_loops<2, 1>(&row, xs.data() + r0 * k, k, sums); break;
+        case 3: dot_loops<3, 1>(&row, xs.data() + r0 * k, k, sums); break;
+        default: dot_loops<4, 1>(&row, xs.data() + r0 * k, k, sums); break;
+      }
+    } else {
+      dot_any<1>(count, &row, xs.data() + r0 * k, k, sums);
+    }
+    store(col, r0, count, sums);
+  };
+  const int64_t grain = std::max<int64_t>(1, 16384 / k);  // weight rows per task: a small matrix stays on one thread
+  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+    if (loops) {
+      for (int64_t col = n0; col < n1; ++col)
+        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) single(col, r0, std::min<int64_t>(ROWS, rows - r0));
+      return;
+    }
+    // Weight rows two at a time, one from each half of the thread's range: two streams, which follow the memory's
+    // fast minutes where one stream per thread fell behind (as the tiled linears do), and each activation load
+    // serves both.
+    const int64_t half = (n1 - n0) / 2;
+    for (int64_t i = n0; i < n0 + half; ++i) {
+      const uint16_t* pair[2] = {weights + i * k, weights + (i + half) * k};
+      for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+        const int64_t count = std::min<int64_t>(ROWS, rows - r0);
+        float sums[2 * ROWS];
+        dot_any<2>(count, pair, xs.data() + r0 * k, k, sums);
+        store(i, r0, count, sums);
+        store(i + half, r0, count, sums + count);
+      }
+    }
+    if ((n1 - n0) % 2)  // an odd range's last row alone
+      for (int64_t r0 = 0; r0 < rows; r0 += ROWS) single(n1 - 1, r0, std::min<int64_t>(ROWS, rows - r0));
+  });
+  return out;
+}
