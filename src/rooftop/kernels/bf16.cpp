@@ -14,16 +14,18 @@
 namespace {
 
 constexpr int64_t BLOCK = 32;  // inputs per step: one 512-bit load of bf16 weights
-constexpr int ROWS = 4;  // activation rows per pass over a weight row (4 x 2 x 2 accumulators fit 32 zmm)
+constexpr int ROWS = 4;  // activation rows per pass over two weight rows (2 x 4 x 2 accumulators: 16 of 32 zmm)
 
 // Each activation row with every block of 32 inputs as its 16 even inputs, then its 16 odd: a block's weights
-// widen to those two halves (even: the low bf16 of each 32-bit lane, odd: the high one).
-std::vector<float> split_pairs(const float* x, int64_t rows, int64_t k) {
-  std::vector<float> out(rows * k);
+// widen to those two halves (even: the low bf16 of each 32-bit lane, odd: the high one). In a tensor, whose memory
+// starts on a cache line: a 512-bit load of a block's half then never straddles two lines.
+at::Tensor split_pairs(const float* x, int64_t rows, int64_t k) {
+  auto out = at::empty({rows, k}, at::TensorOptions().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
   for (int64_t b = 0; b < rows * k; b += BLOCK) {
     for (int64_t l = 0; l < BLOCK / 2; ++l) {
-      out[b + l] = x[b + 2 * l];
-      out[b + BLOCK / 2 + l] = x[b + 2 * l + 1];
+      o[b + l] = x[b + 2 * l];
+      o[b + BLOCK / 2 + l] = x[b + 2 * l + 1];
     }
   }
   return out;
@@ -38,39 +40,50 @@ inline float finish512(__m512 h0, __m512 h1) {
   return hsum(_mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1)));
 }
 
-// Block c of O weight rows into accumulators h of R activation rows.
-template <int R, int O, int H>
-__attribute__((always_inline)) inline void block512(__m512 (&acc)[O][R][2], const uint16_t* const* w, const float* xs,
-                                                    int64_t k, int64_t c) {
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  for (int o = 0; o < O; ++o) {
-    const uint16_t* p = w[o] + c * BLOCK;
-    __builtin_prefetch(reinterpret_cast<const uint8_t*>(p) + PREFETCH_BYTES);
-    const __m512i v = _mm512_loadu_si512(p);
-    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-    for (int r = 0; r < R; ++r) {
-      const float* x = xs + r * k + c * BLOCK;
-      acc[o][r][H] = _mm512_fmadd_ps(even, _mm512_loadu_ps(x), acc[o][r][H]);
-      acc[o][r][H] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(x + 16), acc[o][r][H]);
-    }
-  }
+// Weight row o's block c as float32: its 16 even inputs and its 16 odd.
+struct Widened512 {
+  __m512 even, odd;
+};
+
+__attribute__((always_inline)) inline Widened512 widen512(const uint16_t* p) {
+  __builtin_prefetch(reinterpret_cast<const uint8_t*>(p) + PREFETCH_BYTES);
+  const __m512i v = _mm512_loadu_si512(p);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)),
+          _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
 }
 
-// O weight rows (w[o], k bf16 each) dotted with R activation rows (xs, split_pairs order): out[o * R + r].
+// O weight rows (w[o], k bf16 each) dotted with R activation rows (xs, split_pairs order): out[o * R + r]. The
+// accumulators are flat arrays indexed by constants once the loops unroll: GCC 12 kept a 3-D array of them on the
+// stack, and every multiply-add went through memory.
 template <int R, int O>
 void dot512(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
-  __m512 acc[O][R][2];
-  for (int o = 0; o < O; ++o)
-    for (int r = 0; r < R; ++r) acc[o][r][0] = acc[o][r][1] = _mm512_setzero_ps();
+  __m512 h0[O * R], h1[O * R];
+#pragma GCC unroll 16
+  for (int i = 0; i < O * R; ++i) h0[i] = h1[i] = _mm512_setzero_ps();
   const int64_t blocks = k / BLOCK;
+  // Each activation load serves the O weight rows (taken in every multiply-add, they were twice the loads).
+  const auto step = [&](__m512(&h)[O * R], int64_t c) __attribute__((always_inline)) {
+    Widened512 a[O];
+#pragma GCC unroll 4
+    for (int o = 0; o < O; ++o) a[o] = widen512(w[o] + c * BLOCK);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 xe = _mm512_loadu_ps(xs + r * k + c * BLOCK), xo = _mm512_loadu_ps(xs + r * k + c * BLOCK + 16);
+#pragma GCC unroll 4
+      for (int o = 0; o < O; ++o) {
+        h[o * R + r] = _mm512_fmadd_ps(a[o].even, xe, h[o * R + r]);
+        h[o * R + r] = _mm512_fmadd_ps(a[o].odd, xo, h[o * R + r]);
+      }
+    }
+  };
   int64_t c = 0;
   for (; c + 2 <= blocks; c += 2) {
-    block512<R, O, 0>(acc, w, xs, k, c);
-    block512<R, O, 1>(acc, w, xs, k, c + 1);
+    step(h0, c);
+    step(h1, c + 1);
   }
-  if (c < blocks) block512<R, O, 0>(acc, w, xs, k, c);
-  for (int o = 0; o < O; ++o)
-    for (int r = 0; r < R; ++r) out[o * R + r] = finish512(acc[o][r][0], acc[o][r][1]);
+  if (c < blocks) step(h0, c);
+#pragma GCC unroll 16
+  for (int i = 0; i < O * R; ++i) out[i] = finish512(h0[i], h1[i]);
 }
 #endif
 
@@ -166,7 +179,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   const int64_t n = w.size(0), k = w.size(1), rows = x.size(0);
   check_linear_inputs(x, bias, residual, n);
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " features, w ", k);
-  const std::vector<float> xs = split_pairs(x.data_ptr<float>(), rows, k);
+  const at::Tensor split = split_pairs(x.data_ptr<float>(), rows, k);
+  const float* xs = split.data_ptr<float>();
   auto out = at::empty({rows, n}, x.options());
   const auto* weights = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const float* b = bias ? bias->data_ptr<float>() : nullptr;
@@ -185,13 +199,13 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
     float sums[ROWS];
     if (loops) {
       switch (count) {
-        case 1: dot_loops<1, 1>(&row, xs.data() + r0 * k, k, sums); break;
-        case 2: dot_loops<2, 1>(&row, xs.data() + r0 * k, k, sums); break;
-        case 3: dot_loops<3, 1>(&row, xs.data() + r0 * k, k, sums); break;
-        default: dot_loops<4, 1>(&row, xs.data() + r0 * k, k, sums); break;
+        case 1: dot_loops<1, 1>(&row, xs + r0 * k, k, sums); break;
+        case 2: dot_loops<2, 1>(&row, xs + r0 * k, k, sums); break;
+        case 3: dot_loops<3, 1>(&row, xs + r0 * k, k, sums); break;
+        default: dot_loops<4, 1>(&row, xs + r0 * k, k, sums); break;
       }
     } else {
-      dot_any<1>(count, &row, xs.data() + r0 * k, k, sums);
+      dot_any<1>(count, &row, xs + r0 * k, k, sums);
     }
     store(col, r0, count, sums);
   };
@@ -211,7 +225,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
       for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
         const int64_t count = std::min<int64_t>(ROWS, rows - r0);
         float sums[2 * ROWS];
-        dot_any<2>(count, pair, xs.data() + r0 * k, k, sums);
+        dot_any<2>(count, pair, xs + r0 * k, k, sums);
         store(i, r0, count, sums);
         store(i + half, r0, count, sums + count);
       }
