@@ -12,6 +12,7 @@ from rooftop import LLM, SamplingParams
 from rooftop.config import is_runnable
 from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
+from rooftop.kernels import cpu
 from rooftop.loading import dummy
 from rooftop.loading.dummy import load_dummy
 from rooftop.loading.model_files import load_model
@@ -115,6 +116,24 @@ def test_smollm2_preset_generates_greedily(weights, fmt):
     assert llm.precision.weights.name == fmt
     out = llm.generate([[1, 2, 3, 4, 5]], GREEDY)[0]
     assert len(out.token_ids) == 4 and all(0 <= i < 49152 for i in out.token_ids)
+
+
+def test_dummy_floats_take_the_checkpoints_values_so_auto_runs_the_real_weights_path(tmp_path):
+    """A preset's checkpoints are bf16 (as the analyzer costs them), and so is a config.json that says so: their
+    dummy floats are bf16 values, which `auto` holds as bf16-fp32 on the CPU as it would the real weights; a
+    config.json in float32 keeps float32 draws, and `--weights float` float32 linears."""
+    name = "model.layers.0.mlp.up_proj.weight"
+    preset = load_dummy("smollm2-135m", "auto", CPU, torch.float32).weights[name]
+    assert preset.dtype == torch.float32 and torch.equal(preset, preset.bfloat16().float())
+    assert 0.01 < preset.std() < 0.03
+    if cpu.ops() is not None:  # the kernel bf16-fp32 runs on
+        assert LLM(model="smollm2-135m", load_format="dummy").precision.weights.name == "bf16-fp32"
+    fp32 = write_config(tmp_path / "config.json", tiny_config(torch_dtype="float32"))
+    drawn = load_dummy(fp32, "auto", CPU, torch.float32).weights[name]
+    assert not torch.equal(drawn, drawn.bfloat16().float())
+    assert LLM(model=fp32, load_format="dummy").precision.weights.name == "fp32"
+    bf16 = write_config(tmp_path / "bf16.json", tiny_config(torch_dtype="bfloat16"))
+    assert LLM(model=bf16, load_format="dummy", weights="float").precision.weights.name == "fp32"
 
 
 def test_a_config_json_runs_and_the_seed_decides_the_weights(tmp_path):

@@ -156,13 +156,15 @@ def random_weight(
     device: torch.device,
     seed: int,
     shard: Shard | None = None,
+    values: torch.dtype | None = None,
 ) -> Weight:
     """One tensor, from a generator seeded by `seed` and the tensor's name: the same whatever order the model
-    asks in. Floats are made on `device` in `dtype` (random values differ between a CPU and a CUDA generator);
-    on the meta device only the shape exists. A `shard` is cut from the whole tensor, so every rank's part is
-    the part of the weights a single device gets."""
+    asks in. Floats are made on `device` in `dtype` (random values differ between a CPU and a CUDA generator),
+    rounded to `values` where given (the checkpoint's own float dtype: a bf16 checkpoint's values held in
+    float32); on the meta device only the shape exists. A `shard` is cut from the whole tensor, so every rank's
+    part is the part of the weights a single device gets."""
     if shard is not None:
-        return shard_weight(random_weight(name, shape, form, dtype, device, seed), shard, name)
+        return shard_weight(random_weight(name, shape, form, dtype, device, seed, values=values), shard, name)
     if form == "norm":
         return torch.ones(shape, dtype=dtype, device=device)
     if device.type == "meta":
@@ -170,7 +172,8 @@ def random_weight(
     gen = torch.Generator(device=device if form == "float" else "cpu")
     gen.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # CPU generators keep a seed's low 32 bits only
     if form == "float":
-        return torch.normal(0.0, STD, shape, generator=gen, dtype=dtype, device=device)
+        w = torch.normal(0.0, STD, shape, generator=gen, dtype=dtype, device=device)
+        return w if values is None else w.to(values).to(dtype)
     rows, cols = shape
     if form == "int4":
         q = torch.randint(0, 16, shape, dtype=torch.uint8, generator=gen)
@@ -188,6 +191,15 @@ class Source:
     name: str  # the path or the preset name, as LoadedModel.source
     native_format: str = "float"  # a GGUF's closest weight format (what --weights auto then makes)
     tokenizer: Tokenizer | None = None  # the file's own, where it has one
+    float_dtype: str | None = None  # the checkpoint's float dtype where the config does not say (a preset's)
+
+    @property
+    def values(self) -> torch.dtype | None:
+        """The float dtype whose values dummy floats take: the checkpoint's (config.json's torch_dtype; a preset's
+        checkpoints are bf16, as the analyzer costs them), so that a dummy model runs the path its real weights
+        would (a bf16 checkpoint's linears as bf16-fp32 under auto on the CPU). None: float32 draws as they are."""
+        dtype = self.config.torch_dtype or self.float_dtype
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
 
 
 def _gguf_source(path: Path) -> Source:
@@ -223,7 +235,7 @@ def find_source(model: str | Path | None) -> Source:
     if path.is_file():
         return Source(read_hf_config(path), str(path)) if path.suffix == ".json" else _gguf_source(path)
     try:
-        return Source(find_preset(str(model)), str(model))
+        return Source(find_preset(str(model)), str(model), float_dtype="bfloat16")
     except InvalidRequestError as e:
         raise ModelLoadError(f"{model}: no such file or directory, and {e}") from None
 
@@ -248,8 +260,11 @@ def load_dummy(
 def dummy_weights(source: Source, weights: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
     """load_dummy for a source already in hand (e.g. a preset's config changed in code, as benchmarks/moe.py does)."""
     policy = weight_policy(weights, source.native_format, device, dtype)
+    values = source.values
     readers = {
-        name: partial(random_weight, name, shape, tensor_form(name, shape, policy, device), dtype, device, seed)
+        name: partial(
+            random_weight, name, shape, tensor_form(name, shape, policy, device), dtype, device, seed, values=values
+        )
         for name, shape in tensor_shapes(source.config).items()
     }
     tokenizer = source.tokenizer or bundled_tokenizer(source.config)
