@@ -11,6 +11,7 @@ from test_hf_models import write_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rooftop import LLM, SamplingParams
+from rooftop.engine.calibrate import OpTimer
 from rooftop.errors import UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.models.kv_cache import KVCache
@@ -136,3 +137,13 @@ def test_a_bf16_checkpoint_runs_as_bf16_fp32_under_auto_and_agrees_with_transfor
 def test_bf16_fp32_is_not_an_exact_choice_and_says_how_to_get_it(bf16_checkpoint):
     with pytest.raises(UnsupportedModelError, match="run as bf16-fp32 on the CPU with --weights auto"):
         LLM(model=str(bf16_checkpoint[0]), weights="bf16-fp32")
+
+
+def test_the_calibration_times_bf16_fp32_linears_as_linears(bf16_checkpoint):
+    """The calibration splits a step into op classes by timing each linear class's calls: a bf16-fp32 model's
+    linears must be timed as linears, not left in the host time beside them."""
+    llm = LLM(model=str(bf16_checkpoint[0]))
+    timer = OpTimer(llm.device)
+    with timer.installed(llm):
+        llm.generate([[1, 5, 9]], SamplingParams(max_tokens=2, temperature=0))
+    assert timer.seconds["linears"] > 0 and timer.calls > 0

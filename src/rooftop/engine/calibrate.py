@@ -18,6 +18,7 @@ import json
 import os
 import threading
 import time
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from statistics import median
@@ -38,14 +39,8 @@ from rooftop.roofline.calibration import CLASSES, ROWS_KEYED, TOKENS_KEYED, Cali
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.predict import time_step
 
-LINEAR_CLASSES = (
-    linears.FloatLinear,
-    linears.Fp16Linear,
-    linears.Int8Linear,
-    linears.Int4Linear,
-    linears._KernelLinear,
-    linears.ConcatLinear,
-)
+# Every linear class the models build (the `Linear` union): a class left out has its calls counted as host time.
+LINEAR_CLASSES = typing.get_args(linears.Linear)
 # decode batches and contexts; prompt lengths (each up to the engine's chunk) and one long prompt of `long` chunks
 # (at most LONGEST tokens), for its chunks' attention over what the earlier chunks cached; decode steps per run; and
 # passes over the whole plan, each point's time the median of its passes: a prefill run is one step, and on a shared
