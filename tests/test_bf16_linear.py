@@ -116,14 +116,16 @@ def bf16_checkpoint(tmp_path_factory) -> tuple[Path, LlamaForCausalLM]:
 
 
 def test_a_bf16_checkpoint_runs_as_bf16_fp32_under_auto_and_agrees_with_transformers(bf16_checkpoint):
-    """`auto` keeps a bf16 checkpoint's linears (the tied lm_head too) at their 16 bits with float32 math; the
-    logits are transformers' float32 logits on the same values, the greedy tokens those of `--weights float`."""
+    """`auto` keeps a bf16 checkpoint's linears (the tied lm_head too, whose tensor is also the embedding table) at
+    their 16 bits with float32 math; the logits are transformers' float32 logits on the same values, the greedy
+    tokens those of `--weights float`."""
     path, reference = bf16_checkpoint
     auto, float32 = LLM(model=str(path)), LLM(model=str(path), weights="float")
     model = auto.engine.model
     assert auto.precision.weights.name == "bf16-fp32" and auto.precision.lm_head is None
     assert isinstance(model.lm_head, Bf16Linear) and all(isinstance(p, Bf16Linear) for p in model.layers[0].linears())
     assert float32.precision.weights.name == "fp32" and isinstance(float32.engine.model.lm_head, FloatLinear)
+    assert model.embed is model.lm_head.weight  # the tied table is the head's bf16 tensor, held once
     ids = [1, 5, 9, 33, 70, 2, 8, 120, 44, 3]
     with torch.inference_mode():
         expected = reference(torch.tensor([ids])).logits[0]

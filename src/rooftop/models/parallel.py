@@ -150,7 +150,7 @@ class VocabParallelEmbedding:
         mine = (ids >= self.start) & (ids < self.stop)
         local = torch.where(mine, ids - self.start, 0)
         if isinstance(self.table, torch.Tensor):
-            rows = F.embedding(local, self.table)
+            rows = F.embedding(local, self.table).to(dtype)
         else:
             rows = self.table.lookup(local).to(dtype)
         return self.tp.all_reduce(torch.where(mine[:, None], rows, 0))

@@ -138,7 +138,7 @@ class Transformer:
         if isinstance(self.embed, VocabParallelEmbedding):
             return self.embed(input_ids, self.dtype)
         if isinstance(self.embed, torch.Tensor):
-            return F.embedding(input_ids, self.embed)
+            return F.embedding(input_ids, self.embed).to(self.dtype)  # a bf16-fp32 head's table: bf16
         return self.embed.lookup(input_ids).to(self.dtype)  # only the rows of these tokens are widened
 
     def logits(self, hidden: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor | None:

@@ -601,9 +601,13 @@ def embedding_table(weight: Weight, tied_head: Linear | None) -> Weight | TiledL
     tiles, where the kernels decode a row (gguf's numpy dequantizer took 0.23 ms of a 1B's 15 ms decode step). An
     lm_head tied to it that holds the same values in tiles (a block format as stored, or Q8_0's groups as stored)
     is that table, so the matrix is held once. The values are the file's either way (tests/test_block_formats.py,
-    tests/test_kernels.py). Other forms look rows up in PyTorch as they are."""
+    tests/test_kernels.py). An lm_head tied to it in bf16-fp32 holds the same values in bfloat16: that tensor is the
+    table (a row looked up and widened exactly), not a float32 copy twice its size. Other forms look rows up in
+    PyTorch as they are."""
     if cpu.ops() is None:
         return weight
+    if isinstance(tied_head, Bf16Linear):
+        return tied_head.weight
     if isinstance(weight, Int8GroupWeight) and isinstance(tied_head, Q8Linear):
         return tied_head  # Q8Linear keeps a file's Q8_0 groups as they are
     if not isinstance(weight, BlockWeight):
