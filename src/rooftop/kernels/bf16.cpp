@@ -88,36 +88,43 @@ void dot512(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
 #endif
 
 #if defined(ROOFTOP_AVX2) && !defined(ROOFTOP_AVX512)
-// The same sums in 256-bit halves: lanes 0-7 of an accumulator in one ymm, lanes 8-15 in the other.
+// The same sums in 256-bit halves, in dot512's loop: lanes 0-7 of an accumulator in one ymm (index 2i), lanes 8-15
+// in the next (2i + 1). Sixteen registers do not hold a pass's accumulators beyond one activation row: more spill.
 template <int R, int O>
 void dot256(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
-  __m256 acc[O][R][2][2];
-  for (int o = 0; o < O; ++o)
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < 2; ++h) acc[o][r][h][0] = acc[o][r][h][1] = _mm256_setzero_ps();
+  __m256 h0[2 * O * R], h1[2 * O * R];
+#pragma GCC unroll 16
+  for (int i = 0; i < 2 * O * R; ++i) h0[i] = h1[i] = _mm256_setzero_ps();
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   const int64_t blocks = k / BLOCK;
-  for (int64_t c = 0; c < blocks; ++c) {
-    const int h = c % 2;
+  const auto step = [&](__m256(&h)[2 * O * R], int64_t c) __attribute__((always_inline)) {
+#pragma GCC unroll 4
     for (int o = 0; o < O; ++o) {
       const uint16_t* p = w[o] + c * BLOCK;
       __builtin_prefetch(reinterpret_cast<const uint8_t*>(p) + PREFETCH_BYTES);
+#pragma GCC unroll 2
       for (int half = 0; half < 2; ++half) {
         const __m256i v = load32(p + 16 * half);
         const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const float* x = xs + r * k + c * BLOCK + 8 * half;
-          acc[o][r][h][half] = _mm256_fmadd_ps(even, _mm256_loadu_ps(x), acc[o][r][h][half]);
-          acc[o][r][h][half] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(x + 16), acc[o][r][h][half]);
+          __m256& acc = h[2 * (o * R + r) + half];
+          acc = _mm256_fmadd_ps(even, _mm256_loadu_ps(x), acc);
+          acc = _mm256_fmadd_ps(odd, _mm256_loadu_ps(x + 16), acc);
         }
       }
     }
+  };
+  int64_t c = 0;
+  for (; c + 2 <= blocks; c += 2) {
+    step(h0, c);
+    step(h1, c + 1);
   }
-  for (int o = 0; o < O; ++o)
-    for (int r = 0; r < R; ++r) {
-      const __m256 lo = _mm256_add_ps(acc[o][r][0][0], acc[o][r][1][0]), hi = _mm256_add_ps(acc[o][r][0][1], acc[o][r][1][1]);
-      out[o * R + r] = hsum(_mm256_add_ps(lo, hi));
-    }
+  if (c < blocks) step(h0, c);
+#pragma GCC unroll 16
+  for (int i = 0; i < O * R; ++i)
+    out[i] = hsum(_mm256_add_ps(_mm256_add_ps(h0[2 * i], h1[2 * i]), _mm256_add_ps(h0[2 * i + 1], h1[2 * i + 1])));
 }
 #endif
 
