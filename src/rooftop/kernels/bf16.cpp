@@ -31,6 +31,17 @@ at::Tensor split_pairs(const float* x, int64_t rows, int64_t k) {
   return out;
 }
 
+// Blocks 0, 1, 2, ... of the inputs into accumulators h0, h1, h0, ... (the order above), on any path.
+template <typename H, typename Step>
+__attribute__((always_inline)) inline void in_turn(int64_t blocks, H& h0, H& h1, Step&& step) {
+  int64_t c = 0;
+  for (; c + 2 <= blocks; c += 2) {
+    step(h0, c);
+    step(h1, c + 1);
+  }
+  if (c < blocks) step(h0, c);
+}
+
 // Memory asked now for a weight row's bytes this far on (a decode's dots take less time than DRAM's latency).
 constexpr int64_t PREFETCH_BYTES = 2048;
 
@@ -76,12 +87,7 @@ void dot512(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
       }
     }
   };
-  int64_t c = 0;
-  for (; c + 2 <= blocks; c += 2) {
-    step(h0, c);
-    step(h1, c + 1);
-  }
-  if (c < blocks) step(h0, c);
+  in_turn(blocks, h0, h1, step);
 #pragma GCC unroll 16
   for (int i = 0; i < O * R; ++i) out[i] = finish512(h0[i], h1[i]);
 }
@@ -116,12 +122,7 @@ void dot256(const uint16_t* const* w, const float* xs, int64_t k, float* out) {
       }
     }
   };
-  int64_t c = 0;
-  for (; c + 2 <= blocks; c += 2) {
-    step(h0, c);
-    step(h1, c + 1);
-  }
-  if (c < blocks) step(h0, c);
+  in_turn(blocks, h0, h1, step);
 #pragma GCC unroll 16
   for (int i = 0; i < O * R; ++i)
     out[i] = hsum(_mm256_add_ps(_mm256_add_ps(h0[2 * i], h1[2 * i]), _mm256_add_ps(h0[2 * i + 1], h1[2 * i + 1])));
