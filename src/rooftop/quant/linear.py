@@ -235,9 +235,7 @@ class FloatLinear:
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, K) times the weights (+ bias): oneDNN's matmul on the packed copy, or `F.linear`."""
-        if self.weight.is_mkldnn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        return float_product(x, self.weight, self.bias)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
         n = self.weight.shape[0]
@@ -327,9 +325,9 @@ def _widened(weight: torch.Tensor) -> torch.Tensor:
 
 
 def float_product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (T, K) float32 times a float32 weight (N, K) not packed for it: oneDNN's matmul where `packs_float32`
-    picks oneDNN, else `F.linear`."""
-    if packs_float32():
+    """x (T, K) times a float weight (N, K) (+ bias): oneDNN's matmul on a copy it packed (`FloatLinear`'s), or on
+    a float32 CPU matrix where `packs_float32` picks oneDNN (`Bf16Linear`'s widened weights); else `F.linear`."""
+    if w.is_mkldnn or (w.device.type == "cpu" and w.dtype == torch.float32 and packs_float32()):
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
     return F.linear(x, w, bias)
 
