@@ -139,11 +139,12 @@ def test_rope_in_place_matches_pytorch(with_norm):
         kernels.rope_(got, heads, dim, torch.tensor([1, 2, 50]), cos, sin, None, 1e-6)
 
 
-@pytest.mark.parametrize("heads, kv_heads, dim", [(6, 2, 32), (9, 3, 64)])
+@pytest.mark.parametrize("heads, kv_heads, dim", [(6, 2, 32), (9, 3, 64), (10, 2, 64), (4, 2, 48)])
 def test_decode_attention_reads_the_paged_pool_like_the_pytorch_path(heads, kv_heads, dim):
-    """Five sequences of different lengths in scattered blocks (past the kernel's 64-key tiles, and past 512 keys,
-    attended in parts and merged), grouped-query heads: the kernel writes each new K/V to its slot and attends like
-    the gather + scaled_dot_product_attention path."""
+    """Five sequences of different lengths in scattered blocks (past the kernel's 64-key parts, attended in parts and
+    merged), grouped-query heads (groups of 3, 5: scored four and one at a time, 2; head sizes that are and are not a
+    multiple of 16): the kernel writes each new K/V to its slot and attends like the gather +
+    scaled_dot_product_attention path."""
     from rooftop.config import ModelConfig
     from rooftop.enums import Phase
     from rooftop.models.attention import paged_attention
@@ -313,12 +314,13 @@ def tiled_calls() -> list:
 
 def decode_attention_calls() -> list:
     """decode_attention on float32, bfloat16, float16, int8 and fp8 e4m3 pools (fresh ones per call: the kernel writes the new K/V),
-    head_dim 64 (the 512-bit loops where the host has them) and 48 (the plain loops' tails), over sequences of odd
-    lengths around the 8-key groups, past a 64-key tile and past 512 keys (attended in parts, merged)."""
+    head_dim 64 (the 512-bit loops where the host has them; query heads in groups of 3, and of 5: four scored together,
+    then one) and 48 (the plain loops' tails), over sequences of odd lengths around the key blocks, past one and several
+    64-key parts (attended in parts, merged)."""
     from rooftop.models.kv_cache import quantize_kv
 
     calls = []
-    for heads, kv_heads, dim in ((9, 3, 64), (6, 3, 48)):
+    for heads, kv_heads, dim in ((9, 3, 64), (10, 2, 64), (6, 3, 48)):
         gen = torch.Generator().manual_seed(dim)
         keys, values = (
             torch.randn(640, kv_heads, dim, generator=gen) * 3,

@@ -6,9 +6,10 @@
 // the same way before they meet the keys (q . k is unchanged), and the weighted sums of the rotated values are
 // rotated back (the transform is its own inverse).
 //
-// One task per (sequence, KV head), and per 512 keys of a longer cache (Task): the query heads that share the KV
-// head read its K rows a tile at a time while the tile is in L1, and its V rows once per three heads, instead of
-// the whole cache once per query head (at 8k tokens a KV head's K and V are 4 MB in float32, more than L2 holds).
+// One task per sequence and PART keys (Task), all heads: a task first copies its slots, read whole and in order, into
+// one block of rows per KV head, then attends from that copy in the cache; the query heads that share a KV head are
+// scored together against each key row (one load for the group, their dots summed 16 at a time), and each V row is
+// widened once for four heads' weighted sums (AVX2: three).
 // - float32: q . k and sum_s p v in float FMAs, on the rows as stored.
 // - int8: q is quantized per head to int16 (max|q| / 32767: its rounding negligible beside K's) and dotted with the
 //   int8 keys in integers (sign-extended to 16 bits, AVX2's madd or VNNI's dpwssd: exact sums, the same in the
@@ -23,6 +24,7 @@
 #include <c10/util/Half.h>
 
 #include <array>
+#include <numeric>
 #include <utility>
 #include <type_traits>
 
@@ -35,8 +37,12 @@ using Bf16 = c10::BFloat16;
 using Fp16 = c10::Half;
 
 constexpr int64_t KEY_TILE = 64;  // keys whose rows stay in L1 while the group's query heads read them
-constexpr int64_t PART = 512;     // the most keys one task attends (see Task)
-constexpr int64_t HEADS_AT_ONCE = 3;  // query heads sharing each widened V row (their sums: 12 vector registers)
+constexpr int64_t PART = 64;  // the most keys one task attends (see Task); 32 and 128 measured no better
+#ifdef ROOFTOP_AVX512
+constexpr int64_t HEADS_AT_ONCE = 4;  // query heads sharing each widened V row (their sums: 16 of 32 registers)
+#else
+constexpr int64_t HEADS_AT_ONCE = 3;  // (12 of 16 registers)
+#endif
 constexpr float FP8_UNIT = 256.f;  // what a widened e4m3 value is short of (float16 bits: 2^-8 of the value)
 
 // What a quantized pool stores: values in [-largest, largest] times a scale per (slot, KV head).
@@ -165,13 +171,49 @@ inline __m256i sum_lanes8(const __m256i a[8]) {
 }
 #endif
 
+#ifdef ROOFTOP_AVX2
+// A dot's 16 partial sums (lo: inputs 16c + 0..7, hi: 16c + 8..15 over the chunks c) added as lane_sums16 adds them:
+// lane l and l + 8, then l and l + 4, then the pairs (0, 1) and (2, 3), then those two. So a key's score has the same
+// bits on either vector width, and in either of the 512-bit path's loops.
+inline float sum16(__m256 lo, __m256 hi) {
+  const __m256 v = _mm256_add_ps(lo, hi);
+  const __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_hadd_ps(x, x);
+  return _mm_cvtss_f32(_mm_hadd_ps(pairs, pairs));
+}
+#endif
+
 // p[s] = scale * (q . the key at rows[s]) for s < n, float32 keys at base + rows[s] * stride. Four keys at a time,
-// so four FMA chains run side by side instead of each dot waiting on its own.
+// so that their FMA chains run side by side instead of each dot waiting on its own.
 void scores(const float* q, const float* base, const int64_t* rows, int64_t stride, int64_t n, int64_t dim, float scale,
             float* p) {
   int64_t s = 0;
 #ifdef ROOFTOP_AVX2
-  if (dim % 8 == 0) {
+  if (dim % 16 == 0) {
+    for (; s + 4 <= n; s += 4) {
+      const float* k[4];
+      for (int i = 0; i < 4; ++i) k[i] = base + rows[s + i] * stride;
+      __m256 lo[4], hi[4];
+      for (int i = 0; i < 4; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+      for (int64_t j = 0; j < dim; j += 16) {
+        const __m256 q0 = _mm256_loadu_ps(q + j), q1 = _mm256_loadu_ps(q + j + 8);
+        for (int i = 0; i < 4; ++i) {
+          lo[i] = _mm256_fmadd_ps(_mm256_loadu_ps(k[i] + j), q0, lo[i]);
+          hi[i] = _mm256_fmadd_ps(_mm256_loadu_ps(k[i] + j + 8), q1, hi[i]);
+        }
+      }
+      for (int i = 0; i < 4; ++i) p[s + i] = sum16(lo[i], hi[i]) * scale;
+    }
+    for (; s < n; ++s) {
+      const float* k = base + rows[s] * stride;
+      __m256 lo = _mm256_setzero_ps(), hi = lo;
+      for (int64_t j = 0; j < dim; j += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(k + j), _mm256_loadu_ps(q + j), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(k + j + 8), _mm256_loadu_ps(q + j + 8), hi);
+      }
+      p[s] = sum16(lo, hi) * scale;
+    }
+  } else if (dim % 8 == 0) {
     for (; s + 4 <= n; s += 4) {
       const float *k0 = base + rows[s] * stride, *k1 = base + rows[s + 1] * stride;
       const float *k2 = base + rows[s + 2] * stride, *k3 = base + rows[s + 3] * stride;
@@ -192,6 +234,83 @@ void scores(const float* q, const float* base, const int64_t* rows, int64_t stri
     float sum = 0.f;
     for (int64_t j = 0; j < dim; ++j) sum += q[j] * k[j];
     p[s] = sum * scale;
+  }
+}
+
+#ifdef ROOFTOP_AVX512
+// Sixteen vectors' lane sums as one vector: lane i holds the sum of v[i]'s lanes. Each level adds the halves of pairs
+// of vectors, so that 30 shuffles and 15 adds finish 16 dots where a horizontal sum per dot took 8 instructions.
+// The levels leave lane 4m + r holding the input at m + 4r, so the inputs are taken in that order.
+inline __m512 lane_sums16(const __m512 v[16]) {
+  const auto at = [&](int i) { return v[(i % 4) * 4 + i / 4]; };
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) {  // 256-bit halves: vector 2i's partial sums in the low half, 2i + 1's in the high
+    const __m512 x = at(2 * i), y = at(2 * i + 1);
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit quarters: quarter m, vector 4i + m's
+    const __m512 x = a[2 * i], y = a[2 * i + 1];
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  for (int i = 0; i < 2; ++i) {  // pairs of lanes within each quarter
+    const __m512 x = b[2 * i], y = b[2 * i + 1];
+    c[i] = _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The scores of HB query heads (consecutive, dim apart in q) against blocks of 16 / HB keys: each key row is loaded
+// once for the HB heads and the HB x KB dots stay one lane each until lane_sums16 sums them all together.
+// p[j * pstride + s] = scale * (q_j . key s); returns how many keys it scored (whole blocks). dim % 16 == 0.
+template <int HB>
+int64_t scores512(const float* q, int64_t dim, float scale, const float* base, const int64_t* rows, int64_t stride,
+                  int64_t n, float* p, int64_t pstride) {
+  constexpr int KB = 16 / HB;  // keys per block (HB 3: 15 lanes used)
+  int64_t s = 0;
+  for (; s + KB <= n; s += KB) {
+    const float* k[KB];
+    for (int i = 0; i < KB; ++i) k[i] = base + rows[s + i] * stride;
+    __m512 acc[16];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (int64_t c = 0; c < dim; c += 16) {
+      __m512 qv[HB];
+      for (int j = 0; j < HB; ++j) qv[j] = _mm512_loadu_ps(q + j * dim + c);
+      for (int i = 0; i < KB; ++i) {
+        const __m512 kv = _mm512_loadu_ps(k[i] + c);
+        for (int j = 0; j < HB; ++j) acc[j * KB + i] = _mm512_fmadd_ps(kv, qv[j], acc[j * KB + i]);
+      }
+    }
+    alignas(64) float dots[16];
+    _mm512_store_ps(dots, _mm512_mul_ps(lane_sums16(acc), _mm512_set1_ps(scale)));
+    for (int j = 0; j < HB; ++j) std::copy_n(dots + j * KB, KB, p + j * pstride + s);
+  }
+  return s;
+}
+#endif
+
+// The scores of `group` query heads (consecutive in q) against n keys at base + rows[s] * stride:
+// p[h * pstride + s] = scale * (q_h . key s).
+void key_scores(const float* q, int64_t group, int64_t dim, float scale, const float* base, const int64_t* rows,
+                int64_t stride, int64_t n, float* p, int64_t pstride) {
+  for (int64_t h = 0; h < group;) {
+    const int64_t heads = std::min<int64_t>(4, group - h);
+    int64_t done = 0;
+#ifdef ROOFTOP_AVX512
+    if (dim % 16 == 0) {
+      const float* qh = q + h * dim;
+      float* ph = p + h * pstride;
+      switch (heads) {
+        case 4: done = scores512<4>(qh, dim, scale, base, rows, stride, n, ph, pstride); break;
+        case 3: done = scores512<3>(qh, dim, scale, base, rows, stride, n, ph, pstride); break;
+        case 2: done = scores512<2>(qh, dim, scale, base, rows, stride, n, ph, pstride); break;
+        default: done = scores512<1>(qh, dim, scale, base, rows, stride, n, ph, pstride);
+      }
+    }
+#endif
+    for (int64_t j = h; j < h + heads; ++j) {  // the keys after the last whole block, one head at a time
+      scores(q + j * dim, base, rows + done, stride, n - done, dim, scale, p + j * pstride + done);
+    }
+    h += heads;
   }
 }
 
@@ -330,11 +449,12 @@ void weighted_sum_heads(const float* w, const T* base, const int64_t* rows, int6
 template <typename T>
 void weighted_sum(const float* w, int64_t heads, const T* base, const int64_t* rows, int64_t stride, int64_t n,
                   int64_t dim, float* y) {
-  static_assert(HEADS_AT_ONCE == 3, "the switch below covers 1 to 3 heads");
+  static_assert(HEADS_AT_ONCE <= 4, "the switch below covers 1 to 4 heads");
   for (int64_t h = 0; h < heads; h += HEADS_AT_ONCE) {
     const float* wh = w + h * n;
     float* yh = y + h * dim;
     switch (std::min(HEADS_AT_ONCE, heads - h)) {
+      case 4: weighted_sum_heads<4>(wh, base, rows, stride, n, dim, yh); break;
       case 3: weighted_sum_heads<3>(wh, base, rows, stride, n, dim, yh); break;
       case 2: weighted_sum_heads<2>(wh, base, rows, stride, n, dim, yh); break;
       default: weighted_sum_heads<1>(wh, base, rows, stride, n, dim, yh);
@@ -397,13 +517,15 @@ struct HeadRows {
   int64_t stride, kv_heads;
 };
 
-// Keys first .. first + count - 1 of sequence b, for the query heads of KV head kvh: one task. A sequence of more
-// than PART keys is split into parts of PART, each attended on its own (softmax weights relative to the part's
-// largest score, sums not divided) and merged afterwards, so that a long cache keeps every thread busy with few
-// KV heads (the bundled model's 3 on 2 threads left one a third idle). The split depends on the sequence's length
-// alone: a sequence's result does not depend on what shares its step, nor on the threads.
+// Keys first .. first + count - 1 of sequence b, for every head: one task. The pool holds a slot's KV heads side by
+// side: a task per KV head read a few hundred bytes of every kv_heads * dim values, scattered over pages, and decode
+// attention waited on DRAM for most of its time; read whole and in order, a task's slots come in faster
+// (docs/PERFORMANCE.md). A sequence of more than PART keys is split into parts of PART, each attended on its own
+// (softmax weights relative to the part's largest score, sums not divided) and merged afterwards, which also keeps
+// every thread busy on one sequence. The split depends on the sequence's length alone: a sequence's result does not
+// depend on what shares its step, nor on the threads.
 struct Task {
-  int64_t b, kvh, first, count;
+  int64_t b, first, count;
 };
 
 // What one task reuses from one task to the next.
@@ -411,32 +533,29 @@ struct Scratch {
   std::vector<float> p;       // (group, count): scores, then softmax weights
   std::vector<int64_t> rows;  // (count,): the keys' slots
   std::vector<float> k_scales, v_scales;  // (count,): their scales (quantized pools; V's times the widening's unit)
-  std::vector<int16_t> q16;   // (group, dim): the queries as int16 (int8 pools)
-  std::vector<float> q_scale;
   std::vector<float> tile;  // (KEY_TILE, dim): a tile of keys widened to float32 (fp8 pools)
   std::vector<int64_t> tile_rows;
   std::vector<float> sums;  // (group, dim): a part's weighted sums of values
-  std::vector<float> q_rotated;  // (group, dim): the queries rotated as a quantized pool's keys are
+  const int16_t* q16 = nullptr;  // (group, dim): the group's queries as int16, and their scales (int8 pools)
+  const float* q_scale = nullptr;
 };
 
-// The group's scores: p[h * n + s] = scale * (q_h . key s).
-void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<float>& pool, int64_t n,
-                  Scratch& sc) {
+// The group's scores: p[h * n + s] = scale * (q_h . key s), key s at pool.k + rows[s] * pool.stride.
+void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<float>& pool,
+                  const int64_t* rows, int64_t n, Scratch& sc) {
   for (int64_t s0 = 0; s0 < n; s0 += KEY_TILE) {
     const int64_t count = std::min(KEY_TILE, n - s0);
-    for (int64_t h = 0; h < group; ++h) {
-      scores(q + h * dim, pool.k, sc.rows.data() + s0, pool.stride, count, dim, scale, sc.p.data() + h * n + s0);
-    }
+    key_scores(q, group, dim, scale, pool.k, rows + s0, pool.stride, count, sc.p.data() + s0, n);
   }
 }
 
-void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<int8_t>& pool, int64_t n,
-                  Scratch& sc) {
-  quantize_heads(q, group, dim, sc.q16.data(), sc.q_scale.data());
+// int8 keys: the queries as sc.q16 holds them (quantized once per step), not q.
+void group_scores(const float*, int64_t group, int64_t dim, float scale, const HeadRows<int8_t>& pool,
+                  const int64_t* rows, int64_t n, Scratch& sc) {
   for (int64_t s0 = 0; s0 < n; s0 += KEY_TILE) {
     const int64_t count = std::min(KEY_TILE, n - s0);
     for (int64_t h = 0; h < group; ++h) {
-      scores_int8(sc.q16.data() + h * dim, sc.q_scale[h] * scale, pool.k, sc.rows.data() + s0, pool.stride,
+      scores_int8(sc.q16 + h * dim, sc.q_scale[h] * scale, pool.k, rows + s0, pool.stride,
                   sc.k_scales.data() + s0, count, dim, sc.p.data() + h * n + s0);
     }
   }
@@ -444,13 +563,13 @@ void group_scores(const float* q, int64_t group, int64_t dim, float scale, const
 
 // fp8, bfloat16 and float16 keys: a tile widened to float32 once for the group's heads, then dotted as float32 keys.
 template <typename T>
-void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<T>& pool, int64_t n,
-                  Scratch& sc) {
+void group_scores(const float* q, int64_t group, int64_t dim, float scale, const HeadRows<T>& pool,
+                  const int64_t* rows, int64_t n, Scratch& sc) {
   float* tile = sc.tile.data();
   for (int64_t s0 = 0; s0 < n; s0 += KEY_TILE) {
     const int64_t count = std::min(KEY_TILE, n - s0);
     for (int64_t s = 0; s < count; ++s) {  // e4m3: key * its scale, FP8_UNIT times the widened value, exactly
-      const T* k = pool.k + sc.rows[s0 + s] * pool.stride;
+      const T* k = pool.k + rows[s0 + s] * pool.stride;
       const float ks = Stored<T>::scaled ? sc.k_scales[s0 + s] * FP8_UNIT : 1.f;
       int64_t j = 0;
 #ifdef ROOFTOP_AVX2
@@ -458,9 +577,7 @@ void group_scores(const float* q, int64_t group, int64_t dim, float scale, const
 #endif
       for (; j < dim; ++j) tile[s * dim + j] = widened(k[j]) * ks;
     }
-    for (int64_t h = 0; h < group; ++h) {
-      scores(q + h * dim, tile, sc.tile_rows.data(), dim, count, dim, scale, sc.p.data() + h * n + s0);
-    }
+    key_scores(q, group, dim, scale, tile, sc.tile_rows.data(), dim, count, sc.p.data() + s0, n);
   }
 }
 
@@ -497,7 +614,7 @@ void write_new(const float* x, int64_t kv_heads, int64_t dim, Fp16* values, floa
   for (int64_t i = 0; i < kv_heads * dim; ++i) values[i] = Fp16(x[i]);
 }
 
-// The parts of one (sequence, KV head) of more than PART keys, each head's (largest score, sum of weights, sum of
+// The parts of one sequence of more than PART keys, each head's (largest score, sum of weights, sum of
 // weighted values), merged into the softmax over all its keys: y = sum_i e^(top_i - top) y_i / sum_i e^(top_i - top)
 // l_i.
 void merge_parts(const float* parts, int64_t count, int64_t group, int64_t dim, float* y) {
@@ -520,12 +637,21 @@ void merge_parts(const float* parts, int64_t count, int64_t group, int64_t dim, 
   }
 }
 
+// `bytes` from src to dst, 64 at a time: each a vector move, inlined, where std::copy_n called memmove per row and
+// the calls took longer than the copy.
+inline void copy_row(void* dst, const void* src, int64_t bytes) {
+  auto* to = static_cast<uint8_t*>(dst);
+  const auto* from = static_cast<const uint8_t*>(src);
+  int64_t i = 0;
+  for (; i + 64 <= bytes; i += 64) std::memcpy(to + i, from + i, 64);
+  if (i < bytes) std::memcpy(to + i, from + i, bytes - i);
+}
+
 template <typename T>
 at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, const int64_t* write, const int64_t* tb,
                   const int64_t* len, int64_t blocks, int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim,
                   float scale) {
   const int64_t b_count = qkv.size(0), width = qkv.size(1), kv_width = kv_heads * dim, group = heads / kv_heads;
-  const int64_t s_max = std::min(blocks * block_size, PART);  // the most keys of one task
   const float* in = qkv.data_ptr<float>();
   for (int64_t b = 0; b < b_count; ++b) {
     const float* row = in + b * width;
@@ -533,24 +659,38 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
     write_new(row + (heads + kv_heads) * dim, kv_heads, dim, vp + write[b] * kv_width, vs ? vs + write[b] * kv_heads : nullptr);
   }
   std::vector<Task> tasks;
+  bool split = false;
   for (int64_t b = 0; b < b_count; ++b) {
-    for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-      for (int64_t first = 0; first < len[b]; first += PART) tasks.push_back({b, kvh, first, std::min(PART, len[b] - first)});
-    }
+    for (int64_t first = 0; first < len[b]; first += PART) tasks.push_back({b, first, std::min(PART, len[b] - first)});
+    split = split || len[b] > PART;
   }
   // each task of a split sequence: per head its largest score, its sum of weights and its weighted sum of values
-  std::vector<float> parts(tasks.size() > static_cast<size_t>(b_count * kv_heads) ? tasks.size() * group * (dim + 2) : 0);
+  std::vector<float> parts(split ? tasks.size() * heads * (dim + 2) : 0);
   auto out = at::empty({b_count, heads * dim}, qkv.options());
   float* o = out.data_ptr<float>();
+  // a quantized pool's queries, rotated (and for int8 keys quantized) once per step, not once per part
+  std::vector<float> rotated(Stored<T>::scaled ? b_count * heads * dim : 0);
+  std::vector<int16_t> q16(std::is_same_v<T, int8_t> ? b_count * heads * dim : 0);
+  std::vector<float> q_scale(std::is_same_v<T, int8_t> ? b_count * heads : 0);
+  if constexpr (Stored<T>::scaled) {
+    for (int64_t b = 0; b < b_count; ++b) {
+      float* q = rotated.data() + b * heads * dim;
+      std::copy_n(in + b * width, heads * dim, q);
+      rotate_heads(q, heads, dim);
+      if constexpr (std::is_same_v<T, int8_t>) quantize_heads(q, heads, dim, q16.data() + b * heads * dim, q_scale.data() + b * heads);
+    }
+  }
   // one thread while the caches are short, since a parallel region costs more than a few heads' work
-  const int64_t grain = std::max<int64_t>(1, (1 << 15) / (s_max * dim * group));
+  const int64_t grain = std::max<int64_t>(1, (1 << 15) / (std::min(blocks * block_size, PART) * dim * heads));
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), grain, [&](int64_t t0, int64_t t1) {
-    const int64_t scaled = Stored<T>::scaled ? s_max : 0;
-    Scratch sc{std::vector<float>(group * s_max), std::vector<int64_t>(s_max),  std::vector<float>(scaled),
-               std::vector<float>(scaled),        std::vector<int16_t>(group * dim), std::vector<float>(group),
-               std::vector<float>(KEY_TILE * dim), std::vector<int64_t>(KEY_TILE),  std::vector<float>(group * dim),
-               std::vector<float>(Stored<T>::scaled ? group * dim : 0)};
+    const int64_t scaled = Stored<T>::scaled ? PART : 0;
+    Scratch sc{std::vector<float>(group * PART),   std::vector<int64_t>(PART),       std::vector<float>(scaled),
+               std::vector<float>(scaled),         std::vector<float>(KEY_TILE * dim), std::vector<int64_t>(KEY_TILE),
+               std::vector<float>(group * dim)};
     for (int64_t s = 0; s < KEY_TILE; ++s) sc.tile_rows[s] = s;
+    std::vector<T> staged(2 * kv_heads * PART * dim);  // (K and V, kv_heads, PART, dim): a task's rows by KV head
+    std::vector<int64_t> order(PART);  // the staged rows' places: 0, 1, 2, ...
+    std::iota(order.begin(), order.end(), 0);
     for (int64_t t = t0; t < t1; ++t) {
       const Task task = tasks[t];
       const int64_t b = task.b, n = task.count;
@@ -561,45 +701,56 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
         for (int64_t i = 0; i < run; ++i) sc.rows[s + i] = first + i;
         s += run;
       }
-      const HeadRows<T> pool{kp + task.kvh * dim, vp + task.kvh * dim, ks ? ks + task.kvh : nullptr,
-                             vs ? vs + task.kvh : nullptr, kv_width, kv_heads};
-      gather_scales(pool, n, sc);
-      const float* q = in + b * width + task.kvh * group * dim;  // the group's query heads are consecutive
-      if constexpr (Stored<T>::scaled) {
-        std::copy_n(q, group * dim, sc.q_rotated.data());
-        rotate_heads(sc.q_rotated.data(), group, dim);
-        q = sc.q_rotated.data();
+      // the task's slots read whole and in order, each KV head's rows into a block of their own
+      const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
+      for (int64_t s = 0; s < n; ++s) {
+        const T* k = kp + sc.rows[s] * kv_width;
+        const T* v = vp + sc.rows[s] * kv_width;
+        for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+          copy_row(staged.data() + (kvh * PART + s) * dim, k + kvh * dim, row_bytes);
+          copy_row(staged.data() + ((kv_heads + kvh) * PART + s) * dim, v + kvh * dim, row_bytes);
+        }
       }
-      group_scores(q, group, dim, scale, pool, n, sc);
-      const float* factor = sc.v_scales.empty() ? nullptr : sc.v_scales.data();
-      float* y = o + b * heads * dim + task.kvh * group * dim;
-      if (n == len[b]) {  // the whole sequence: its softmax, then the weighted sum
+      for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+        gather_scales(HeadRows<T>{kp, vp, ks ? ks + kvh : nullptr, vs ? vs + kvh : nullptr, kv_width, kv_heads}, n, sc);
+        const HeadRows<T> pool{staged.data() + kvh * PART * dim, staged.data() + (kv_heads + kvh) * PART * dim,
+                               nullptr, nullptr, dim, kv_heads};
+        // the group's query heads are consecutive
+        const float* q = Stored<T>::scaled ? rotated.data() + (b * heads + kvh * group) * dim : in + b * width + kvh * group * dim;
+        if constexpr (std::is_same_v<T, int8_t>) {
+          sc.q16 = q16.data() + (b * heads + kvh * group) * dim, sc.q_scale = q_scale.data() + b * heads + kvh * group;
+        }
+        group_scores(q, group, dim, scale, pool, order.data(), n, sc);
+        const float* factor = sc.v_scales.empty() ? nullptr : sc.v_scales.data();
+        float* y = o + b * heads * dim + kvh * group * dim;
+        if (n == len[b]) {  // the whole sequence: its softmax, then the weighted sum
+          for (int64_t h = 0; h < group; ++h) {
+            float* p = sc.p.data() + h * n;
+            normalize_(p, n, 1.f / exponentiate_(p, n).second, factor);
+          }
+          weighted_sum(sc.p.data(), group, pool.v, order.data(), dim, n, dim, y);
+          if constexpr (Stored<T>::scaled) rotate_heads(y, group, dim);
+          continue;
+        }
+        float* part = parts.data() + (t * heads + kvh * group) * (dim + 2);
         for (int64_t h = 0; h < group; ++h) {
           float* p = sc.p.data() + h * n;
-          normalize_(p, n, 1.f / exponentiate_(p, n).second, factor);
+          const auto [top, total] = exponentiate_(p, n);
+          if (factor) normalize_(p, n, 1.f, factor);
+          part[h * (dim + 2)] = top;
+          part[h * (dim + 2) + 1] = total;
         }
-        weighted_sum(sc.p.data(), group, pool.v, sc.rows.data(), kv_width, n, dim, y);
-        if constexpr (Stored<T>::scaled) rotate_heads(y, group, dim);
-        continue;
+        weighted_sum(sc.p.data(), group, pool.v, order.data(), dim, n, dim, sc.sums.data());
+        for (int64_t h = 0; h < group; ++h) std::copy_n(sc.sums.data() + h * dim, dim, part + h * (dim + 2) + 2);
       }
-      float* part = parts.data() + t * group * (dim + 2);
-      for (int64_t h = 0; h < group; ++h) {
-        float* p = sc.p.data() + h * n;
-        const auto [top, total] = exponentiate_(p, n);
-        if (factor) normalize_(p, n, 1.f, factor);
-        part[h * (dim + 2)] = top;
-        part[h * (dim + 2) + 1] = total;
-      }
-      weighted_sum(sc.p.data(), group, pool.v, sc.rows.data(), kv_width, n, dim, sc.sums.data());
-      if constexpr (Stored<T>::scaled) rotate_heads(sc.sums.data(), group, dim);
-      for (int64_t h = 0; h < group; ++h) std::copy_n(sc.sums.data() + h * dim, dim, part + h * (dim + 2) + 2);
     }
   });
   for (size_t t = 0; t < tasks.size();) {  // each split sequence's parts are consecutive tasks
-    const Task& task = tasks[t];
-    const int64_t count = (len[task.b] + PART - 1) / PART;
+    const int64_t b = tasks[t].b, count = (len[b] + PART - 1) / PART;
     if (count > 1) {
-      merge_parts(parts.data() + t * group * (dim + 2), count, group, dim, o + task.b * heads * dim + task.kvh * group * dim);
+      merge_parts(parts.data() + t * heads * (dim + 2), count, heads, dim, o + b * heads * dim);
+      // the merge is linear in the parts' sums: rotated back once, after it
+      if constexpr (Stored<T>::scaled) rotate_heads(o + b * heads * dim, heads, dim);
     }
     t += count;
   }
