@@ -1,6 +1,10 @@
-"""Where a decode step's time goes: torch.profiler over 20 decode steps of a model (the bundled one) at batch 1.
+"""Where a decode step's time goes: the engine's own op timer (linears, attention, elementwise ops, the rest) per
+decode step, then torch.profiler over 20 decode steps of a model (the bundled one) at batch 1.
 
-.venv/bin/python benchmarks/profile_decode.py [--model FILE.gguf] [--weights auto|float|int8|int4] [--rows 15]
+.venv/bin/python benchmarks/profile_decode.py [--model FILE.gguf] [--weights auto|float|int8|int4] [--context 2000] [--rows 15]
+
+--context N decodes after a prompt of N random token ids, where attention reads N keys per layer and step; without
+it the prompt is a short sentence.
 """
 
 from __future__ import annotations
@@ -8,27 +12,43 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
 from rooftop import LLM, SamplingParams
+from rooftop.engine.calibrate import OpTimer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a GGUF file or HF directory (default: the bundled model)")
     parser.add_argument("--weights", default="auto")
+    parser.add_argument("--context", type=int, help="prompt length in random token ids (default: a short sentence)")
     parser.add_argument("--rows", type=int, default=15)
     args = parser.parse_args()
     llm = LLM(model=args.model, weights=args.weights)
     eng, params = llm.engine, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(llm.config.vocab_size, llm.tokenizer.vocab_size)
+    prompt = (
+        torch.randint(vocab, (args.context,), generator=gen).tolist() if args.context else "Hello there, how are you"
+    )
+    timer = OpTimer(llm.device)
     for rep in range(3):  # two warm-ups, then the timed run
-        eng.add_request(f"warm{rep}", "Hello there, how are you", params)
-        records = []
-        while eng.has_unfinished():
-            records.append(eng.step().record)
-    steps = [r.seconds for r in records if r.phase == "decode"]
-    print(f"median decode step {statistics.median(steps) * 1e3:.1f} ms ({args.weights} weights)")
-    eng.add_request("profiled", "Hello there, how are you", params)
+        eng.add_request(f"warm{rep}", prompt, params)
+        split = []
+        with timer.installed(llm):
+            while eng.has_unfinished():
+                record = eng.step().record
+                seconds, _ = timer.reset()
+                if record.phase.name == "DECODE":
+                    split.append((record.seconds, seconds["linears"], seconds["attention"], seconds["elementwise"]))
+    step, lin, attn, elem = (statistics.median(column) * 1e3 for column in zip(*split, strict=True))
+    print(
+        f"median decode step {step:.2f} ms ({args.weights} weights): linears {lin:.2f}, attention {attn:.2f}, "
+        f"elementwise {elem:.2f}, the rest {step - lin - attn - elem:.2f} ms (the op timer's own cost included)"
+    )
+    eng.add_request("profiled", prompt, params)
     eng.step()  # the prefill, not profiled
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(20):
