@@ -247,6 +247,38 @@ def test_a_decode_runs_the_same_attention_whatever_shares_its_step(backend):
     assert torch.equal(mixed[:5], attend([prefill], prefill_qkv, [2, 3, 4, 5, 6]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn])
+def test_a_decode_that_shares_its_prefix_blocks_gets_the_bits_it_gets_alone(dtype):
+    """Decode attention copies a task's slots before attending, but a sequence whose blocks an earlier sequence of the
+    step reads too (a shared prefix) attends from the pool where they lie: its output must be the same bits either
+    way, for every pool format."""
+    from rooftop.models.kv_cache import quantize_kv
+
+    heads, kv_heads, dim, block = 8, 2, 64, 4
+    gen = torch.Generator().manual_seed(14)
+    keys, values = torch.randn(160, kv_heads, dim, generator=gen), torch.randn(160, kv_heads, dim, generator=gen)
+    if dtype in (torch.int8, torch.float8_e4m3fn):
+        (kq, ks), (vq, vs) = quantize_kv(keys, dtype), quantize_kv(values, dtype)
+        pool = (kq, vq, ks, vs)
+    else:
+        pool = (keys.to(dtype), values.to(dtype), None, None)
+    prefix = list(range(1, 38))  # 148 shared keys, then a block of each sequence's own
+    tables = torch.tensor([[*prefix, 38], [*prefix, 39]])
+    lengths = torch.tensor([150, 150])
+    slots = tables[:, 37] * block + 1  # each writes its new key into its own last block
+    qkv = torch.randn(2, (heads + 2 * kv_heads) * dim, generator=gen)
+
+    def attend(rows: list[int]) -> torch.Tensor:
+        k, v, ks, vs = (t.clone() if t is not None else None for t in pool)
+        return kernels.decode_attention(
+            qkv[rows], k, v, slots[rows], tables[rows], lengths[rows], block, heads, kv_heads, dim**-0.5, ks, vs
+        )
+
+    both = attend([0, 1])
+    assert torch.equal(both[1], attend([1])[0])
+    assert torch.equal(both[0], attend([0])[0])
+
+
 def test_the_loader_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("ROOFTOP_CPU_KERNELS", "0")
     assert cpu.ops.__wrapped__() is None

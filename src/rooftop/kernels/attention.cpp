@@ -7,7 +7,8 @@
 // rotated back (the transform is its own inverse).
 //
 // One task per sequence and PART keys (Task), all heads: a task first copies its slots, read whole and in order, into
-// one block of rows per KV head, then attends from that copy in the cache; the query heads that share a KV head are
+// one block of rows per KV head, then attends from that copy in the cache (a task whose blocks an earlier sequence of
+// the step reads too attends from the pool, where they are cached by then); the query heads that share a KV head are
 // scored together against each key row (one load for the group, their dots summed 16 at a time), and each V row is
 // widened once for four heads' weighted sums (AVX2: three).
 // - float32: q . k and sum_s p v in float FMAs, on the rows as stored.
@@ -25,6 +26,7 @@
 
 #include <array>
 #include <numeric>
+#include <unordered_set>
 #include <utility>
 #include <type_traits>
 
@@ -680,6 +682,21 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
       if constexpr (std::is_same_v<T, int8_t>) quantize_heads(q, heads, dim, q16.data() + b * heads * dim, q_scale.data() + b * heads);
     }
   }
+  // tasks whose every block an earlier sequence of this step reads too (a shared prefix): those blocks are in the cache
+  // by then, where copying them costs more than reading them where they lie
+  std::vector<char> shared(tasks.size(), 0);
+  std::unordered_set<int64_t> seen;
+  for (size_t t = 0; t < tasks.size();) {
+    const int64_t b = tasks[t].b;
+    for (; t < tasks.size() && tasks[t].b == b; ++t) {
+      bool all = true;
+      for (int64_t i = tasks[t].first / block_size; all && i <= (tasks[t].first + tasks[t].count - 1) / block_size; ++i) {
+        all = seen.count(tb[b * blocks + i]) > 0;
+      }
+      shared[t] = all;
+    }
+    for (int64_t i = 0; i < (len[b] + block_size - 1) / block_size; ++i) seen.insert(tb[b * blocks + i]);
+  }
   // one thread while the caches are short, since a parallel region costs more than a few heads' work
   const int64_t grain = std::max<int64_t>(1, (1 << 15) / (std::min(blocks * block_size, PART) * dim * heads));
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), grain, [&](int64_t t0, int64_t t1) {
@@ -701,9 +718,13 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
         for (int64_t i = 0; i < run; ++i) sc.rows[s + i] = first + i;
         s += run;
       }
-      // the task's slots read whole and in order, each KV head's rows into a block of their own
+      // the task's slots read whole and in order, each KV head's rows into a block of their own; a task whose blocks
+      // an earlier sequence of the step reads too attends from the pool itself (rows sc.rows, kv_width apart)
+      const bool copied = !shared[t];
+      const int64_t* at = copied ? order.data() : sc.rows.data();
+      const int64_t stride = copied ? dim : kv_width;
       const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
-      for (int64_t s = 0; s < n; ++s) {
+      for (int64_t s = 0; copied && s < n; ++s) {
         const T* k = kp + sc.rows[s] * kv_width;
         const T* v = vp + sc.rows[s] * kv_width;
         for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
@@ -713,14 +734,15 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
       }
       for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
         gather_scales(HeadRows<T>{kp, vp, ks ? ks + kvh : nullptr, vs ? vs + kvh : nullptr, kv_width, kv_heads}, n, sc);
-        const HeadRows<T> pool{staged.data() + kvh * PART * dim, staged.data() + (kv_heads + kvh) * PART * dim,
-                               nullptr, nullptr, dim, kv_heads};
+        const HeadRows<T> pool{copied ? staged.data() + kvh * PART * dim : kp + kvh * dim,
+                               copied ? staged.data() + (kv_heads + kvh) * PART * dim : vp + kvh * dim, nullptr, nullptr,
+                               stride, kv_heads};
         // the group's query heads are consecutive
         const float* q = Stored<T>::scaled ? rotated.data() + (b * heads + kvh * group) * dim : in + b * width + kvh * group * dim;
         if constexpr (std::is_same_v<T, int8_t>) {
           sc.q16 = q16.data() + (b * heads + kvh * group) * dim, sc.q_scale = q_scale.data() + b * heads + kvh * group;
         }
-        group_scores(q, group, dim, scale, pool, order.data(), n, sc);
+        group_scores(q, group, dim, scale, pool, at, n, sc);
         const float* factor = sc.v_scales.empty() ? nullptr : sc.v_scales.data();
         float* y = o + b * heads * dim + kvh * group * dim;
         if (n == len[b]) {  // the whole sequence: its softmax, then the weighted sum
@@ -728,7 +750,7 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
             float* p = sc.p.data() + h * n;
             normalize_(p, n, 1.f / exponentiate_(p, n).second, factor);
           }
-          weighted_sum(sc.p.data(), group, pool.v, order.data(), dim, n, dim, y);
+          weighted_sum(sc.p.data(), group, pool.v, at, stride, n, dim, y);
           if constexpr (Stored<T>::scaled) rotate_heads(y, group, dim);
           continue;
         }
@@ -740,7 +762,7 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
           part[h * (dim + 2)] = top;
           part[h * (dim + 2) + 1] = total;
         }
-        weighted_sum(sc.p.data(), group, pool.v, order.data(), dim, n, dim, sc.sums.data());
+        weighted_sum(sc.p.data(), group, pool.v, at, stride, n, dim, sc.sums.data());
         for (int64_t h = 0; h < group; ++h) std::copy_n(sc.sums.data() + h * dim, dim, part + h * (dim + 2) + 2);
       }
     }
