@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if 16 % args.layers:
+        parser.error("--layers must divide 16: the 16 calls cycle through the pools")
     torch.set_num_threads(args.threads)
     builds = {"old": build(args.old), "new": build(args.new)}
     blob = pages.empty(256 << 20).fill_(1)

@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from rooftop import LLM, SamplingParams
 from rooftop.engine.calibrate import OpTimer
+from rooftop.enums import Phase
 
 
 def main() -> None:
@@ -41,7 +42,7 @@ def main() -> None:
             while eng.has_unfinished():
                 record = eng.step().record
                 seconds, _ = timer.reset()
-                if record.phase.name == "DECODE":
+                if record.phase is Phase.DECODE:
                     split.append((record.seconds, seconds["linears"], seconds["attention"], seconds["elementwise"]))
     step, lin, attn, elem = (statistics.median(column) * 1e3 for column in zip(*split, strict=True))
     print(

@@ -536,7 +536,7 @@ struct Scratch {
   std::vector<int64_t> rows;  // (count,): the keys' slots
   std::vector<float> k_scales, v_scales;  // (count,): their scales (quantized pools; V's times the widening's unit)
   std::vector<float> tile;  // (KEY_TILE, dim): a tile of keys widened to float32 (fp8 pools)
-  std::vector<int64_t> tile_rows;
+  std::vector<int64_t> in_order;  // 0, 1, 2, ...: the places of rows that lie one after another (a tile, a copy)
   std::vector<float> sums;  // (group, dim): a part's weighted sums of values
   const int16_t* q16 = nullptr;  // (group, dim): the group's queries as int16, and their scales (int8 pools)
   const float* q_scale = nullptr;
@@ -579,7 +579,7 @@ void group_scores(const float* q, int64_t group, int64_t dim, float scale, const
 #endif
       for (; j < dim; ++j) tile[s * dim + j] = widened(k[j]) * ks;
     }
-    key_scores(q, group, dim, scale, tile, sc.tile_rows.data(), dim, count, sc.p.data() + s0, n);
+    key_scores(q, group, dim, scale, tile, sc.in_order.data(), dim, count, sc.p.data() + s0, n);
   }
 }
 
@@ -695,6 +695,7 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
       }
       shared[t] = all;
     }
+    if (t == tasks.size()) break;  // the last sequence's blocks: no later one to share them
     for (int64_t i = 0; i < (len[b] + block_size - 1) / block_size; ++i) seen.insert(tb[b * blocks + i]);
   }
   // one thread while the caches are short, since a parallel region costs more than a few heads' work
@@ -702,12 +703,10 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), grain, [&](int64_t t0, int64_t t1) {
     const int64_t scaled = Stored<T>::scaled ? PART : 0;
     Scratch sc{std::vector<float>(group * PART),   std::vector<int64_t>(PART),       std::vector<float>(scaled),
-               std::vector<float>(scaled),         std::vector<float>(KEY_TILE * dim), std::vector<int64_t>(KEY_TILE),
+               std::vector<float>(scaled),         std::vector<float>(KEY_TILE * dim), std::vector<int64_t>(std::max(KEY_TILE, PART)),
                std::vector<float>(group * dim)};
-    for (int64_t s = 0; s < KEY_TILE; ++s) sc.tile_rows[s] = s;
+    std::iota(sc.in_order.begin(), sc.in_order.end(), 0);
     std::vector<T> staged(2 * kv_heads * PART * dim);  // (K and V, kv_heads, PART, dim): a task's rows by KV head
-    std::vector<int64_t> order(PART);  // the staged rows' places: 0, 1, 2, ...
-    std::iota(order.begin(), order.end(), 0);
     for (int64_t t = t0; t < t1; ++t) {
       const Task task = tasks[t];
       const int64_t b = task.b, n = task.count;
@@ -721,7 +720,7 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
       // the task's slots read whole and in order, each KV head's rows into a block of their own; a task whose blocks
       // an earlier sequence of the step reads too attends from the pool itself (rows sc.rows, kv_width apart)
       const bool copied = !shared[t];
-      const int64_t* at = copied ? order.data() : sc.rows.data();
+      const int64_t* at = copied ? sc.in_order.data() : sc.rows.data();
       const int64_t stride = copied ? dim : kv_width;
       const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
       for (int64_t s = 0; copied && s < n; ++s) {
