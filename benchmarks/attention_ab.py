@@ -7,6 +7,10 @@ Each directory holds the kernel sources (as for benchmarks/kernel_ab.py). 16 lay
 in float32, so each call reads its keys from DRAM, as a decode step does (the weights stream through the caches
 between two layers' attention); --layers 1 reads one layer's pool again and again, from the cache. The sequence's
 blocks are scattered over the pool, as after a server's churn. Both builds' outputs are compared first.
+
+--model FILE times them in the engine instead, where a kernel-alone gain may not hold: a decode after a prompt of each
+--context length (random token ids), the builds taking turns by step over the engine's own pool (--dtypes as its
+--kv-cache-dtype), the median microseconds of their calls.
 """
 
 from __future__ import annotations
@@ -38,6 +42,49 @@ def pools(dtype: torch.dtype, layers: int, gen: torch.Generator) -> list[tuple]:
     return made
 
 
+class Alternating:
+    """The engine's kernels with decode_attention from one build or the other, as `turn` says, each call timed."""
+
+    def __init__(self, kernels, builds: dict):
+        self.kernels, self.builds, self.turn = kernels, builds, next(iter(builds))
+        self.seconds: dict[str, list[float]] = {name: [] for name in builds}
+
+    def __getattr__(self, name: str):
+        if name != "decode_attention":
+            return getattr(self.kernels, name)
+        turn, call = self.turn, self.builds[self.turn].decode_attention
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = call(*args, **kwargs)
+            self.seconds[turn].append(time.perf_counter() - start)
+            return out
+
+        return timed
+
+
+def in_engine(builds: dict, model: str, dtype: str, context: int, steps: int = 60) -> None:
+    """One decode of `steps` tokens after `context` random prompt tokens, the builds taking turns by step."""
+    from rooftop import LLM, SamplingParams
+
+    kv = {"float32": "auto", "float8_e4m3fn": "fp8_e4m3"}.get(dtype, dtype)
+    llm = LLM(model=model, kv_cache_dtype=kv)
+    ops = llm.model.ops
+    alternating = Alternating(ops.kernels, builds)
+    ops.kernels = alternating
+    prompt = torch.randint(1000, 20000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm.engine.add_request("ab", prompt, SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True))
+    names = list(builds)
+    step = 0
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+        step += 1
+        alternating.turn = names[step % len(names)]
+    medians = {name: statistics.median(s) * 1e6 for name, s in alternating.seconds.items()}
+    cells = "  ".join(f"{name} {us:.0f} us a call" for name, us in medians.items())
+    print(f"{dtype} in the engine, {context}-token prompt: {cells}  new/old {medians['new'] / medians['old']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path)
@@ -47,11 +94,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", help="a model file: time the builds' calls in the engine's decode instead")
     args = parser.parse_args()
     if 16 % args.layers:
         parser.error("--layers must divide 16: the 16 calls cycle through the pools")
     torch.set_num_threads(args.threads)
     builds = {"old": build(args.old), "new": build(args.new)}
+    if args.model:
+        for dtype in args.dtypes.split(","):
+            for context in (int(c) for c in args.context.split(",")):
+                in_engine(builds, args.model, dtype, context)
+        return
     blob = pages.empty(256 << 20).fill_(1)
     gen = torch.Generator().manual_seed(0)
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
