@@ -293,6 +293,24 @@ def test_non_finite_logits_end_only_their_own_request(eng, monkeypatch):
     assert is_idle(eng.stats())
 
 
+def test_logits_too_large_to_sum_are_still_sampled(eng, monkeypatch):
+    """Finite logits whose row sum overflows float32 are finite: the request samples its argmax, with no error."""
+    logits = eng.model.logits
+
+    def huge(hidden, batch_invariant):
+        out = logits(hidden, batch_invariant)
+        out[:] = 3e38
+        out[0, 7] = 3.4e38
+        return out
+
+    eng.add_request("huge", "first prompt", PARAMS)
+    monkeypatch.setattr(eng.model, "logits", huge)
+    delta = eng.step().deltas[0]
+    monkeypatch.setattr(eng.model, "logits", logits)
+    assert not delta.finished and delta.new_token_ids == [7]
+    drain(eng)
+
+
 def test_threads_set_the_intra_op_pool_and_default_to_the_cores_we_may_use(tiny_gguf):
     import torch
 

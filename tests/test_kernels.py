@@ -437,6 +437,7 @@ def test_the_portable_loops_match_the_vector_kernels():
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
         lambda k: k.argmax_rows(x),
+        lambda k: k.finite_rows(x),
         lambda k: torch.tensor(k.stream_read(torch.arange(64 * 40, dtype=torch.uint8))),
         lambda k: torch.tensor(k.stream_read(torch.arange(64 * 41, dtype=torch.uint8), 2)),
     ):
@@ -486,6 +487,26 @@ def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans():
     for width in (1, 7, 8, 9, 49152):
         x = torch.randn(3, width, generator=gen)
         assert torch.equal(kernels.argmax_rows(x), x.argmax(-1))
+
+
+def test_finite_rows_is_torch_isfinite_all_at_any_width():
+    """The check before sampling: a NaN, +inf or -inf anywhere (the scalar tail too) makes a row non-finite; finite
+    values however large do not, where a row's sum overflows to inf (the check it replaced flagged those)."""
+    gen = torch.Generator().manual_seed(6)
+    rows = torch.randn(7, 1003, generator=gen)
+    rows[1, 17] = float("nan")
+    rows[2, 500] = float("inf")
+    rows[3, 0] = float("-inf")
+    rows[4, 1002] = float("nan")  # in the scalar tail
+    rows[5] = 3e38  # finite; its sum is inf
+    rows[6, :] = -0.0
+    expected = [True, False, False, False, False, True, True]
+    assert kernels.finite_rows(rows).tolist() == torch.isfinite(rows).all(-1).tolist() == expected
+    assert not torch.isfinite(rows[5].sum())
+    for width in (1, 7, 8, 9, 49152):
+        x = torch.randn(3, width, generator=gen)
+        x[1, width - 1] = float("inf")
+        assert kernels.finite_rows(x).tolist() == [True, False, True]
 
 
 def test_a_build_killed_midway_leaves_no_lock_that_hangs_the_next_start():

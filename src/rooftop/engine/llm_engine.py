@@ -21,7 +21,7 @@ from rooftop.engine.metrics import RequestMetrics, SpecDecodeCounts
 from rooftop.engine.output_processor import OutputProcessor
 from rooftop.engine.outputs import EngineStats, RequestDelta, RequestOutput, StepOutput, StepRecord
 from rooftop.engine.runner import run_step
-from rooftop.engine.sampler import SamplingRow, sample, token_logprob
+from rooftop.engine.sampler import SamplingRow, finite_rows, sample, token_logprob
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.scheduler import ScheduledSeq, Scheduler
 from rooftop.engine.sequence import Sequence
@@ -276,7 +276,7 @@ class LLMEngine:
         if logits is None:
             return []
         runs = sampling_runs(sampled)
-        finite = torch.isfinite(logits.sum(-1)).tolist()  # a NaN or inf anywhere in a row; isfinite(logits) took 0.1 ms
+        finite = finite_rows(logits)  # a NaN or inf anywhere in a row
         good, rows = [], []
         for i, first, count in runs:
             s = batch[i]

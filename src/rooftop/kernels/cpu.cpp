@@ -140,6 +140,32 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   return out;
 }
 
+// Whether each row holds only finite values (no NaN, no infinity), as torch.isfinite(logits).all(-1): the engine's
+// check before it samples a row. One pass, the rows one at a time: PyTorch's isfinite is several elementwise ops,
+// each a pass over the logits, and the sum it replaced also flagged finite rows whose sum overflowed.
+at::Tensor finite_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
+              "logits must be contiguous float32 (B, vocab)");
+  const int64_t b_count = logits.size(0), vocab = logits.size(1);
+  auto out = at::empty({b_count}, logits.options().dtype(at::kBool));
+  const float* in = logits.data_ptr<float>();
+  bool* o = out.data_ptr<bool>();
+  for (int64_t b = 0; b < b_count; ++b) {
+    const float* row = in + b * vocab;
+    bool finite = true;
+    int64_t i = 0;
+#ifdef ROOFTOP_AVX2
+    // x * 0 is 0 for every finite x, NaN for a NaN or an infinity
+    __m256 zeros = _mm256_setzero_ps();
+    for (; i + 8 <= vocab; i += 8) zeros = _mm256_or_ps(zeros, _mm256_mul_ps(_mm256_loadu_ps(row + i), _mm256_setzero_ps()));
+    finite = _mm256_movemask_ps(_mm256_cmp_ps(zeros, _mm256_setzero_ps(), _CMP_NEQ_UQ)) == 0;
+#endif
+    for (; i < vocab; ++i) finite = finite && std::isfinite(row[i]);
+    o[b] = finite;
+  }
+  return out;
+}
+
 // Decode attention over the paged KV pool, float32, bfloat16, float16, int8 or fp8 e4m3 (attention.cpp).
 at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
                             const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
@@ -176,6 +202,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("data"), py::arg("streams") = 1);
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");
+  m.def("finite_rows", &finite_rows, "torch.isfinite(logits).all(-1) for float32 rows");
   m.def("rope_", &rope_, "optional per-head RMSNorm, then RoPE, in place", py::arg("qkv"), py::arg("heads"),
         py::arg("head_dim"), py::arg("positions"), py::arg("cos"), py::arg("signed_sin"), py::arg("norm") = py::none(),
         py::arg("eps") = 1e-6);
