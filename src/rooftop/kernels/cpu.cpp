@@ -98,18 +98,24 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// f(row, vocab) for each row of float32 logits (B, vocab), as a (B,) tensor of `dtype` (Out its C++ type).
+template <typename Out, typename F>
+at::Tensor per_logit_row(const at::Tensor& logits, at::ScalarType dtype, F f) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.size(1) > 0,
+              "logits must be contiguous float32 (B, vocab)");
+  const int64_t b_count = logits.size(0), vocab = logits.size(1);
+  auto out = at::empty({b_count}, logits.options().dtype(dtype));
+  const float* in = logits.data_ptr<float>();
+  Out* o = out.data_ptr<Out>();
+  for (int64_t b = 0; b < b_count; ++b) o[b] = f(in + b * vocab, vocab);
+  return out;
+}
+
 // The index of each row's largest value, as torch.argmax gives it (the first of equal maxima; a NaN is the
 // largest, the first one): greedy decoding's pick. PyTorch's CPU argmax tracks an index per element; this finds
 // the maximum with vector compares, then its first index, in two passes over the row.
 at::Tensor argmax_rows(const at::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.size(1) > 0,
-              "logits must be contiguous float32 (B, vocab)");
-  const int64_t b_count = logits.size(0), vocab = logits.size(1);
-  auto out = at::empty({b_count}, logits.options().dtype(at::kLong));
-  const float* in = logits.data_ptr<float>();
-  int64_t* o = out.data_ptr<int64_t>();
-  for (int64_t b = 0; b < b_count; ++b) {
-    const float* row = in + b * vocab;
+  return per_logit_row<int64_t>(logits, at::kLong, [](const float* row, int64_t vocab) {
     float top = row[0];
     bool nan = false;
     int64_t i = 0;
@@ -135,23 +141,15 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
     } else {
       while (row[at] != top) ++at;
     }
-    o[b] = at;
-  }
-  return out;
+    return at;
+  });
 }
 
 // Whether each row holds only finite values (no NaN, no infinity), as torch.isfinite(logits).all(-1): the engine's
-// check before it samples a row. One pass, the rows one at a time: PyTorch's isfinite is several elementwise ops,
-// each a pass over the logits, and the sum it replaced also flagged finite rows whose sum overflowed.
+// check before it samples a row. One pass: PyTorch's isfinite is several elementwise ops, each a pass over the
+// logits, and the sum it replaced also flagged finite rows whose sum overflowed.
 at::Tensor finite_rows(const at::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
-              "logits must be contiguous float32 (B, vocab)");
-  const int64_t b_count = logits.size(0), vocab = logits.size(1);
-  auto out = at::empty({b_count}, logits.options().dtype(at::kBool));
-  const float* in = logits.data_ptr<float>();
-  bool* o = out.data_ptr<bool>();
-  for (int64_t b = 0; b < b_count; ++b) {
-    const float* row = in + b * vocab;
+  return per_logit_row<bool>(logits, at::kBool, [](const float* row, int64_t vocab) {
     bool finite = true;
     int64_t i = 0;
 #ifdef ROOFTOP_AVX2
@@ -161,9 +159,8 @@ at::Tensor finite_rows(const at::Tensor& logits) {
     finite = _mm256_movemask_ps(_mm256_cmp_ps(zeros, _mm256_setzero_ps(), _CMP_NEQ_UQ)) == 0;
 #endif
     for (; i < vocab; ++i) finite = finite && std::isfinite(row[i]);
-    o[b] = finite;
-  }
-  return out;
+    return finite;
+  });
 }
 
 // Decode attention over the paged KV pool, float32, bfloat16, float16, int8 or fp8 e4m3 (attention.cpp).
