@@ -45,8 +45,8 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def finite_rows(logits: torch.Tensor) -> list[bool]:
     """Whether each row's logits are all finite (no NaN, no infinity): rooftop's CPU kernel for float32 rows on the
-    CPU (one pass; right after a decode step PyTorch's isfinite and the sum it replaced took 0.14 ms, a step of the
-    bundled model is 4 ms), torch.isfinite elsewhere; the same answers."""
+    CPU (one pass, where PyTorch's isfinite is several, each run cold right after the forward: docs/PERFORMANCE.md),
+    torch.isfinite elsewhere; the same answers."""
     kernels = cpu.ops() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
     finite = torch.isfinite(logits).all(-1) if kernels is None else kernels.finite_rows(logits.contiguous())
     return finite.tolist()
