@@ -2,6 +2,7 @@
 made only when the model builds, the `<id:N>` placeholder, and the CLI."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,13 +10,13 @@ import torch
 from test_cli import assert_user_error, rooftop_in_process
 
 from rooftop import LLM, SamplingParams
-from rooftop.config import is_runnable
+from rooftop.config import RunConfig, is_runnable
 from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.loading import dummy
 from rooftop.loading.dummy import load_dummy
-from rooftop.loading.model_files import load_model
+from rooftop.loading.model_files import load_model, load_weights
 from rooftop.models.loader import build_model
 from rooftop.quant.weights import Int4Weight, Int8GroupWeight
 from rooftop.roofline.presets import PRESETS
@@ -213,3 +214,22 @@ def test_cli_rejects_a_bad_load_format_before_loading():
     assert_user_error(
         rooftop_in_process("generate", "hi", "--load-format", "safetensors"), "load_format must be one of auto, dummy"
     )
+
+
+def test_dummy_weights_too_big_for_the_device_are_refused_before_any_tensor(monkeypatch, no_tensors):
+    """dense-27b in bfloat16 is 54.5 GB: with less memory available the run stops with the analyzer's count before
+    the first tensor is made (it was built until the kernel killed the process). The memory is set here, so the test
+    holds on any host; int4's 17 GB fit in 20 GB, and on the meta device nothing is checked."""
+    monkeypatch.setattr(dummy, "available_bytes", lambda device: None if device.type == "meta" else 20 * 10**9)
+    args = ["generate", "Hi", "--model", "dense-27b", "--load-format", "dummy", "--no-roofline"]
+    assert_user_error(
+        rooftop_in_process(*args),
+        "dense-27b: its float weights take at least 54.5 GB (as bf16), but 20.0 GB of memory is available on cpu",
+        "--weights int4",
+        "`rooftop roofline -m dense-27b`",
+    )
+    with pytest.raises(ModelLoadError, match=r"its int8 weights take at least 28\.9 GB \(as q8_0\)"):
+        LLM(model="dense-27b", load_format="dummy", weights="int8")
+    run = RunConfig("dense-27b", "auto", "cpu", "int4", load_format="dummy")
+    assert load_weights(run, CPU, torch.float32).config.num_layers == 46  # fits: loads (lazily, no tensor made)
+    assert load_weights(replace(run, weights="float"), META, torch.bfloat16).config.num_layers == 46

@@ -28,6 +28,8 @@ from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import dequantize
 from rooftop.quant.linear import weight_policy
 from rooftop.quant.weights import GROUP, Int4Weight, Int8GroupWeight, Weight
+from rooftop.roofline.ops import weight_bytes
+from rooftop.roofline.precision import precision
 from rooftop.roofline.presets import find_preset
 
 # transformers' initializer_range: a random model's activations and logits stay in a sane range at any depth
@@ -36,6 +38,8 @@ STD = 0.02
 # of sqrt((16² - 1) / 12) ≈ 4.61 steps, q uniform in -127..127 one of sqrt((255² - 1) / 12) ≈ 73.6.
 INT4_SCALE = STD / 4.61
 INT8_SCALE = STD / 73.6
+# The fewest bytes a policy's weights take (the analyzer's count): floats at 16 bits, int8 as Q8_0, int4 as Q4_1
+SMALLEST_FORMAT = {"float": "bf16", "int8": "q8_0", "int4": "q4_1"}
 
 
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -245,6 +249,42 @@ def bundled_tokenizer(config: ModelConfig) -> Tokenizer:
     text prompts work on any vocabulary, and ids past SmolLM2's detokenize as `<id:N>`."""
     tokenizer = Tokenizer.from_gguf_metadata(read_gguf(bundled_model_path()).metadata)
     return replace(tokenizer, eos_token_ids=list(config.eos_token_ids))
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """The memory a model built now may take on `device`: a GPU's free memory, the host's MemAvailable (free pages
+    and the caches the kernel can drop) for the CPU; None where it is not known (the meta device)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_fits(loaded: LoadedModel, weights: str, device: torch.device, dtype: torch.dtype, ranks: int = 1) -> None:
+    """Refuse dummy weights that cannot fit on `device` before a tensor is made: the fewest bytes the `weights`
+    choice's tensors take there (SMALLEST_FORMAT, by the analyzer's count) against the memory available. A model too
+    big for this machine would otherwise be built tensor by tensor until the kernel killed the process, with no
+    message. Tensor-parallel ranks on the CPU share the host's memory; on GPUs each holds its share."""
+    available = available_bytes(device)
+    if available is None or not is_runnable(loaded.config):
+        return
+    policy = weight_policy(weights, loaded.native_format, device, dtype)
+    fmt = SMALLEST_FORMAT[policy]
+    need = weight_bytes(loaded.config, precision(fmt)) / (ranks if device.type == "cuda" else 1)
+    if need > available:
+        per = f" per GPU of {ranks}" if device.type == "cuda" and ranks > 1 else ""
+        raise ModelLoadError(
+            f"{loaded.source}: its {policy} weights take at least {need / 1e9:.1f} GB{per} (as {fmt}), but "
+            f"{available / 1e9:.1f} GB of memory is available on {device.type}; fewer bits per weight (--weights "
+            f"int4), tensor parallelism over GPUs or a bigger device would hold them, and `rooftop roofline -m "
+            f"{loaded.source}` analyzes the model without any"
+        )
 
 
 def load_dummy(
