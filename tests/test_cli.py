@@ -5,6 +5,7 @@ import sys
 
 import gguf
 import pytest
+import torch
 from gguf_factory import write_tiny_gguf
 from typer.testing import CliRunner
 
@@ -116,6 +117,19 @@ def test_chat_reports_a_too_long_turn_and_goes_on(tiny_gguf):
 )
 def test_invalid_sampling_options(tiny_gguf, args, words):
     assert_user_error(rooftop_in_process("generate", "hi", "--model", str(tiny_gguf), *args), *words)
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["probe"]])
+def test_a_device_rooftop_cannot_run_on_is_one_line(tiny_gguf, command):
+    """Every command that takes --device: an unknown device, or CUDA in a PyTorch without it, is refused by name
+    (they were tracebacks from torch.device or the first CUDA call)."""
+    model = ["--model", str(tiny_gguf)] if command[0] == "generate" else []
+    for device in ("tpu", "mps", "cuda:x"):
+        result = rooftop_in_process(*command, *model, "--device", device)
+        assert_user_error(result, f"device must be cpu, cuda or cuda:N; got '{device}'")
+    if not torch.cuda.is_available():
+        result = rooftop_in_process(*command, *model, "--device", "cuda")
+        assert_user_error(result, f"device cuda: this PyTorch ({torch.__version__})")
 
 
 def test_empty_prompt(tiny_gguf):

@@ -275,10 +275,13 @@ def test_ladder_stops_before_a_size_that_would_take_too_long():
 
 
 def test_unsupported_devices_are_refused():
-    with pytest.raises(InvalidRequestError):
-        probe.run_probe("meta", quick=True)
+    for device in ("meta", "tpu"):
+        with pytest.raises(InvalidRequestError, match=f"device must be cpu, cuda or cuda:N; got '{device}'"):
+            probe.run_probe(device, quick=True)
     if not torch.cuda.is_available():
-        with pytest.raises(InvalidRequestError, match="no CUDA device"):
+        with pytest.raises(
+            InvalidRequestError, match="device cuda: this PyTorch .* (was built without CUDA|sees no GPU)"
+        ):
             probe.run_probe("cuda", quick=True)
 
 

@@ -24,6 +24,7 @@ from rooftop.config import EngineConfig, RunConfig
 from rooftop.errors import InvalidRequestError, TensorParallelError, UnsupportedModelError
 from rooftop.loading.loaded import LoadedModel
 from rooftop.models.parallel import TPGroup, check_tensor_parallel
+from rooftop.roofline.probe import checked_device
 
 RUN_ENV = "ROOFTOP_TP_RUN"  # a spawned worker's RunConfig, as JSON
 MODEL_ENV = "ROOFTOP_TP_MODEL"  # "0": the group runs no model (the probe's)
@@ -78,7 +79,7 @@ def free_port() -> int:
 
 def rank_device(device: str, launch: Launch | None) -> torch.device:
     """The device a rank runs on: the CPU, or under tensor parallelism the GPU of its rank on this host."""
-    parsed = torch.device(device)
+    parsed = checked_device(device)
     if launch is None or parsed.type != "cuda":
         return parsed
     if parsed.index is not None:

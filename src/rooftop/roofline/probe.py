@@ -286,7 +286,7 @@ def run_probe(
     """Measure every roof of `device` ("cpu" or "cuda[:i]"); `quick` uses tiny sizes (about a second, for tests).
     The weight-only peaks are measured only by `engine` (the engine's linears), else left out, as is its read; the
     all-reduce only by `collectives` (a tensor-parallel group's)."""
-    device = _checked_device(device)
+    device = _probe_device(device)
     plan = _QUICK if quick else _PLANS[torch.device(device).type]
     step = on_step or (lambda description: None)
     start = time.perf_counter()
@@ -394,7 +394,7 @@ def load_or_run_probe(
     this torch, at least as thoroughly; else measure anew. Without `engine` (the analyzer) a cached probe is
     taken whichever kernels it timed. A new measurement keeps the cached probe's faster roofs (`keep_peaks`) where
     both are of this machine and equally thorough, unless `reset`."""
-    device = _checked_device(device)
+    device = _probe_device(device)
     path = cache_path(device, collectives.group() if collectives is not None else "")
     if not force and not reset:
         cached = read_cache(path)
@@ -537,13 +537,27 @@ def matches(cached: ProbeResult, identity: dict) -> bool:
     return all(getattr(cached, name) == value for name, value in identity.items())
 
 
-def _checked_device(device: str) -> str:
-    """ "cpu", "cuda" or "cuda:<i>"; anything else, or CUDA where torch sees none, is refused."""
-    parsed = torch.device(device)
-    if parsed.type not in ("cpu", "cuda"):
-        raise InvalidRequestError(f"rooftop probe measures cpu or cuda, not {device}")
+def checked_device(device: str) -> torch.device:
+    """`device` parsed, if rooftop can run on it here: the CPU, or a GPU this PyTorch build sees. The engine and the
+    probe both refuse anything else with one line."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise InvalidRequestError(f"device must be cpu, cuda or cuda:N; got {device!r}", "device")
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidRequestError(f"cannot probe {device}: torch {torch.__version__} sees no CUDA device")
+        why = "was built without CUDA" if torch.version.cuda is None else "sees no GPU"
+        raise InvalidRequestError(f"device {device}: this PyTorch ({torch.__version__}) {why}", "device")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise InvalidRequestError(f"device {device}: this host has {count} GPU(s) visible (cuda:0 .. cuda:{count - 1})")
+    return parsed
+
+
+def _probe_device(device: str) -> str:
+    """The probe's name for a checked device: "cpu", or "cuda:<i>" as given."""
+    parsed = checked_device(device)
     return "cpu" if parsed.type == "cpu" else str(parsed)
 
 
