@@ -330,6 +330,16 @@ def main(argv: list[str] | None = None) -> Path:
         f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB): {config.name}, layers {config.num_layers}, vocabulary {config.vocab_size}"
     )
     console.print("tensors per type: " + ", ".join(f"{n} {name}" for name, n in counts.most_common()))
+    asked = SINGLE.get(args.type)
+    fallen = [
+        f"{n} {name}" for name, n in counts.most_common() if asked is not None and name not in (asked.name, "F32")
+    ]
+    if fallen:
+        block = gguf.GGML_QUANT_SIZES[asked][0]
+        console.print(
+            f"note: {', '.join(fallen)} instead of {asked.name}: their rows are not whole {block}-value blocks, and "
+            "llama.cpp's quantizer falls back the same way"
+        )
     return path
 
 

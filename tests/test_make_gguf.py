@@ -176,3 +176,15 @@ def test_the_analyzer_costs_a_gguf_by_the_types_its_blocks_hold(tmp_path, qtype,
     r = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["roofline", "-m", str(path), "-H", "rtx4090", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["weights_format"] == name
+
+
+def test_a_k_quant_that_falls_back_says_so(tmp_path, capsys):
+    """SmolLM2's 576 inputs are not whole 256-value super-blocks: those matrices are Q5_0 in a --type q4_k file, as
+    llama.cpp writes them, and the script says so instead of leaving a "Q4_K" file that is mostly Q5_0."""
+    make_gguf.main(
+        ["--preset", "smollm2-135m", "--layers", "1", "--type", "q4_k", "--vocab", "1000"]
+        + ["--out", str(tmp_path / "m.gguf")]
+    )
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tensors per type: 7 Q5_0, 3 F32, 1 Q4_K" in out
+    assert "note: 7 Q5_0 instead of Q4_K: their rows are not whole 256-value blocks" in out
