@@ -1,5 +1,7 @@
 """Our GGUF header reader against gguf's GGUFReader, and its errors on broken files."""
 
+import re
+
 import numpy as np
 import pytest
 from gguf import GGUFReader
@@ -35,6 +37,18 @@ def test_truncated_header(tiny_gguf, tmp_path):
     path = tmp_path / "head.gguf"
     path.write_bytes(tiny_gguf.read_bytes()[:200])
     with pytest.raises(ModelLoadError, match="truncated GGUF header"):
+        read_gguf(path)
+
+
+def test_a_corrupt_length_is_not_called_truncated(tiny_gguf, tmp_path):
+    """The first key's length (after magic, version and the two counts) overwritten with 0xff bytes: no file could
+    hold that many, so the header is corrupt, not cut short."""
+    data = bytearray(tiny_gguf.read_bytes())
+    data[24:32] = b"\xff" * 8
+    path = tmp_path / "corrupt.gguf"
+    path.write_bytes(bytes(data))
+    message = f"corrupt GGUF header (it gives {2**64 - 1} bytes of data at byte 32, in a file of {len(data)} bytes)"
+    with pytest.raises(ModelLoadError, match=re.escape(message)):
         read_gguf(path)
 
 

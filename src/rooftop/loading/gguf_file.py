@@ -58,6 +58,11 @@ class _Cursor:
         self.buf, self.pos, self.path = buf, 0, path
 
     def take(self, n: int) -> bytes:
+        if n > len(self.buf):  # a length no file this size could hold: the bytes it was read from are not a length
+            raise ModelLoadError(
+                f"{self.path}: corrupt GGUF header (it gives {n} bytes of data at byte {self.pos}, in a file of "
+                f"{len(self.buf)} bytes)"
+            )
         if self.pos + n > len(self.buf):
             raise ModelLoadError(
                 f"{self.path}: truncated GGUF header (needs byte {self.pos + n}, file has {len(self.buf)})"
