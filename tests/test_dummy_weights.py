@@ -210,6 +210,13 @@ def test_cli_generate_runs_a_dummy_preset_and_says_so():
     assert "from smollm2-135m (dummy weights, seed 0)" in " ".join(r.stderr.split())
 
 
+def test_a_preset_name_without_dummy_weights_gets_the_option_named():
+    assert_user_error(
+        rooftop_in_process("generate", "hi", "--model", "smollm2-135m"),
+        "smollm2-135m: no such file or directory (smollm2-135m is a preset: --load-format dummy runs it",
+    )
+
+
 def test_cli_rejects_a_bad_load_format_before_loading():
     assert_user_error(
         rooftop_in_process("generate", "hi", "--load-format", "safetensors"), "load_format must be one of auto, dummy"

@@ -13,13 +13,17 @@ from rooftop.loading.dummy import check_fits, load_dummy
 from rooftop.loading.gguf import load_gguf
 from rooftop.loading.hf import load_hf_dir
 from rooftop.loading.loaded import LoadedModel
+from rooftop.roofline.presets import PRESETS
 
 
 def load_model(path: str | Path | None = None) -> LoadedModel:
     """Load `path` (a .gguf file or an HF directory); None loads the bundled SmolLM2-135M-Instruct."""
     path = Path(path) if path is not None else bundled_model_path()
     if not path.exists():
-        raise ModelLoadError(f"{path}: no such file or directory")
+        preset = (
+            f" ({path} is a preset: --load-format dummy runs it with random weights)" if str(path) in PRESETS else ""
+        )
+        raise ModelLoadError(f"{path}: no such file or directory{preset}")
     if path.is_dir():
         return load_hf_dir(path)
     return load_gguf(path)
