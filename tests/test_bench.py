@@ -57,6 +57,10 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "b.json").read_text())
+    machine = data["machine"]
+    assert f"{machine['model']}: weights {machine['weights_format']}, {machine['threads']} threads" in " ".join(
+        r.stdout.split()
+    )  # what ran, above the tables
     assert [row["prompt_tokens"] for row in data["ttft"]] == [4, 16]
     assert [row["batch"] for row in data["decode"]] == [1, 2]
     for row in data["ttft"]:

@@ -134,6 +134,10 @@ def bench(
                 steps=[vars(p) for p in result.points],
                 gaps=[{"step": label, **{f"{k}_s": v for k, v in parts.items()}} for label, parts in result.gaps],
             )
+            console.print(
+                f"{_model_name(report['machine'])}: weights {report['machine']['weights_format']}, "
+                f"{report['machine']['threads']} threads"
+            )
             _print_sweep(console, result)
             moved = max((r["achieved_bytes_per_s"] for r in result.decode), default=0.0)
             written = _write_plots(
@@ -150,9 +154,13 @@ def bench(
             err.print(f"results written to {json_path}")
 
 
+def _model_name(machine: dict) -> str:
+    return machine["model"] + (" (dummy weights)" if machine["load_format"] == "dummy" else "")
+
+
 def _print_quick(console: Console, machine: dict, s: dict) -> None:
     table = Table("model", "weights", "threads", "test", "t/s", "TPOT")
-    name = machine["model"] + (" (dummy weights)" if machine["load_format"] == "dummy" else "")
+    name = _model_name(machine)
     table.add_row(
         name,
         machine["weights_format"],
