@@ -240,3 +240,9 @@ def test_generate_takes_max_model_len(tiny_gguf):
     """An engine option serve always had: a context shorter than the model's refuses a prompt that does not fit."""
     args = ["generate", "a prompt of some length", "--model", str(tiny_gguf), "--raw", "--max-model-len", "8"]
     assert_user_error(rooftop_in_process(*args), "the context holds 8")
+
+
+def test_a_max_model_len_past_the_models_positions_is_refused(tiny_gguf):
+    """It was cut to the model's 64 positions without a word (an option silently ignored); vLLM refuses it too."""
+    args = ["generate", "hi", "--model", str(tiny_gguf), "--max-model-len", "100000"]
+    assert_user_error(rooftop_in_process(*args), "max_model_len 100000 is more than the model's 64 positions")

@@ -57,7 +57,13 @@ class LLMEngine:
         cuda = model.device.type == "cuda"
         if cuda:
             self.config = cuda_engine_config(self.config, model.dtype)
-        self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        if (self.config.max_model_len or 0) > mc.max_position_embeddings:  # vLLM refuses it too: RoPE has no row past
+            raise InvalidRequestError(
+                f"max_model_len {self.config.max_model_len} is more than the model's {mc.max_position_embeddings} "
+                "positions (max_position_embeddings)",
+                "max_model_len",
+            )
+        self.max_model_len = self.config.max_model_len or mc.max_position_embeddings
         spec = self.config.speculative_config
         if model.tp is not None and spec is not None and spec.method == "draft":
             raise UnsupportedModelError(
