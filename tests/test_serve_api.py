@@ -392,3 +392,15 @@ def test_an_engine_failure_fails_the_requests_in_flight_and_the_server_goes_on(l
         assert ok.status_code == 200
         assert metrics(url)['rooftop_requests_total{outcome="error"}'] == 1
         assert llm.engine.stats().kv_blocks_used == 0
+
+
+def test_the_start_line_names_the_weights_and_says_dummy(caplog):
+    """The server's log said only the model's name: nothing told a user whose weights were random."""
+    from rooftop import LLM
+    from rooftop.config import RunConfig
+
+    llm = LLM(model="smollm2-135m", load_format="dummy", kv_cache_bytes=8 << 20)
+    run = RunConfig("smollm2-135m", load_format="dummy")
+    with caplog.at_level("INFO", logger="rooftop.serve"), running_server(None, llm=llm, run=run):
+        pass
+    assert "serving smollm2-135m (bf16-fp32, dummy weights) on http://" in caplog.text

@@ -93,8 +93,14 @@ class ServerState:
         name = c.served_model_name or _file_name(c.run.model or llm.model_path)
         prompts = Prompts(llm.tokenizer, llm.max_model_len, llm.config.vocab_size)
         self.ready = Ready(llm, monitor, engine_loop, name, prompts)
+        weights = llm.precision.weights.name + (", dummy weights" if c.run.load_format == "dummy" else "")
         log.info(
-            "serving %s on http://%s:%d (dashboard at /; KV cache %s)", name, c.host, c.port, llm.engine.kv_cache_dtype
+            "serving %s (%s) on http://%s:%d (dashboard at /; KV cache %s)",
+            name,
+            weights,
+            c.host,
+            c.port,
+            llm.engine.kv_cache_dtype,
         )
 
     def require_ready(self) -> Ready:
