@@ -41,6 +41,8 @@ def test_generate_streams_text_and_reports(tiny_gguf):
     for field in ("prompt tokens", "output tokens", "TTFT", "TPOT", "prefill", "decode", "tok/s"):
         assert field in r.stderr
     assert "6 (length)" in r.stderr
+    # the phases' rates are forward passes alone, so they read faster than TPOT: the report says so
+    assert "prefill and decode: the model's forward passes alone; TTFT and TPOT include sampling" in r.stderr
 
 
 def test_a_decode_faster_than_the_probes_read_raises_it_for_later_runs(tiny_gguf, tiny_llm, tmp_path, monkeypatch):

@@ -112,6 +112,9 @@ def print_report(m: RequestMetrics, finish_reason: str | None) -> None:
             f"{spec.mean_accepted_length:.2f} tok / verify step ({spec.drafts} steps)",
         )
     err.print(table)
+    err.print(
+        "[dim]  prefill and decode: the model's forward passes alone; TTFT and TPOT include sampling and scheduling[/]"
+    )
 
 
 def print_phase_report(llm: LLM, since: float) -> None:
