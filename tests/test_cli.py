@@ -93,6 +93,14 @@ def test_chat_is_multi_turn_and_ends_on_eof(tiny_gguf):
     assert r.stdout.count(">>> ") == 4  # hi, the empty line, again, then EOF
 
 
+def test_chat_reset_says_so_and_forgets_the_history(tiny_gguf):
+    r = rooftop("chat", "--model", str(tiny_gguf), "-n", "2", "--stats", stdin="hi\nhi\n/reset\nhi\n")
+    assert r.returncode == 0, r.stderr
+    assert "history cleared" in r.stderr
+    prompts = [line.split()[2] for line in r.stderr.splitlines() if line.strip().startswith("prompt tokens")]
+    assert len(prompts) == 3 and prompts[2] == prompts[0] != prompts[1]  # after /reset, the first turn's prompt again
+
+
 def test_chat_exit_command(tiny_gguf):
     r = rooftop("chat", "--model", str(tiny_gguf), "-n", "4", "--stats", stdin="/exit\nnever sent\n")
     assert r.returncode == 0 and r.stdout.count(">>> ") == 1

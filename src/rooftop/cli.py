@@ -247,6 +247,7 @@ def chat(
             return
         if line.strip() == "/reset":
             messages = list(start)
+            err.print("[dim]history cleared[/]")
             continue
         if not line.strip():
             continue
