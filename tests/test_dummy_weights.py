@@ -2,7 +2,6 @@
 made only when the model builds, the `<id:N>` placeholder, and the CLI."""
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,13 +9,13 @@ import torch
 from test_cli import assert_user_error, rooftop_in_process
 
 from rooftop import LLM, SamplingParams
-from rooftop.config import RunConfig, is_runnable
+from rooftop.config import is_runnable
 from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.kernels import cpu
 from rooftop.loading import dummy
 from rooftop.loading.dummy import load_dummy
-from rooftop.loading.model_files import load_model, load_weights
+from rooftop.loading.model_files import load_model
 from rooftop.models.loader import build_model
 from rooftop.quant.weights import Int4Weight, Int8GroupWeight
 from rooftop.roofline.presets import PRESETS
@@ -237,6 +236,5 @@ def test_dummy_weights_too_big_for_the_device_are_refused_before_any_tensor(monk
     )
     with pytest.raises(ModelLoadError, match=r"its int8 weights take at least 28\.9 GB \(as q8_0\)"):
         LLM(model="dense-27b", load_format="dummy", weights="int8")
-    run = RunConfig("dense-27b", "auto", "cpu", "int4", load_format="dummy")
-    assert load_weights(run, CPU, torch.float32).config.num_layers == 46  # fits: loads (lazily, no tensor made)
-    assert load_weights(replace(run, weights="float"), META, torch.bfloat16).config.num_layers == 46
+    dummy.check_fits(load_dummy("dense-27b", "int4", CPU, torch.float32), "int4", CPU, torch.float32)  # 17 GB fit
+    dummy.check_fits(load_dummy("dense-27b", "float", META, torch.bfloat16), "float", META, torch.bfloat16)

@@ -25,6 +25,7 @@ from rooftop.engine.tool_prompt import tool_messages
 from rooftop.engine.tools import Function, check_tool_choice, check_tools, with_tool_grammar
 from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
+from rooftop.loading.dummy import check_fits
 from rooftop.loading.model_files import load_weights
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
@@ -155,10 +156,13 @@ class LLM:
         self.load_notes = loaded.notes
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
+        if launch is not None:
+            check_parallel_run(run, loaded)
+        if run.load_format == "dummy":  # made here, not read: refused before the first tensor if they cannot fit
+            check_fits(loaded, run.weights, self.device, self.dtype, run.tensor_parallel_size)
         if launch is None:
             model = build_model(loaded, self.dtype, self.device, run.weights)
         else:
-            check_parallel_run(run, loaded)
             if launch.rank != 0:  # one of torchrun's processes: serve rank 0's steps, then end the process
                 from rooftop.engine.tp_worker import serve_rank
 

@@ -9,7 +9,7 @@ import torch
 from rooftop.config import RunConfig
 from rooftop.errors import ModelLoadError
 from rooftop.loading.bundled import bundled_model_path
-from rooftop.loading.dummy import check_fits, load_dummy
+from rooftop.loading.dummy import load_dummy
 from rooftop.loading.gguf import load_gguf
 from rooftop.loading.hf import load_hf_dir
 from rooftop.loading.loaded import LoadedModel
@@ -31,9 +31,7 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
 
 def load_weights(run: RunConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """The run's model as a LoadedModel (config, tokenizer, tensors read when the model asks): its file, or seeded
-    random weights (load_format dummy), refused here if they cannot fit on `device`."""
+    random weights (load_format dummy)."""
     if run.load_format == "dummy":
-        loaded = load_dummy(run.model, run.weights, device, dtype, run.dummy_seed)
-        check_fits(loaded, run.weights, device, dtype, run.tensor_parallel_size)
-        return loaded
+        return load_dummy(run.model, run.weights, device, dtype, run.dummy_seed)
     return load_model(run.model)
