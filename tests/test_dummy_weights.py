@@ -238,3 +238,14 @@ def test_dummy_weights_too_big_for_the_device_are_refused_before_any_tensor(monk
         LLM(model="dense-27b", load_format="dummy", weights="int8")
     dummy.check_fits(load_dummy("dense-27b", "int4", CPU, torch.float32), "int4", CPU, torch.float32)  # 17 GB fit
     dummy.check_fits(load_dummy("dense-27b", "float", META, torch.bfloat16), "float", META, torch.bfloat16)
+
+
+def test_a_dummy_tensor_with_no_memory_left_for_it_is_refused_by_name(monkeypatch):
+    """Memory that runs out while the weights are made (check_fits passed: 1 TB then, 1 MB once building starts):
+    the first tensor that cannot be made stops the run by name instead of the kernel killing the process."""
+    left = iter([10**12])
+    monkeypatch.setattr(dummy, "available_bytes", lambda device: next(left, 10**6))
+    with pytest.raises(
+        ModelLoadError, match=r"model.embed_tokens.weight: making this dummy tensor needs 0.11 GB on cpu, and 0.00 GB"
+    ):
+        LLM(model="smollm2-135m", load_format="dummy")

@@ -8,6 +8,7 @@ allocates nothing until `build_model` takes each tensor, and on the meta device 
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, replace
 from functools import partial
@@ -173,6 +174,7 @@ def random_weight(
         return torch.ones(shape, dtype=dtype, device=device)
     if device.type == "meta":
         return torch.empty(shape, dtype=dtype, device=device)
+    check_room(name, shape, form, dtype, device)
     gen = torch.Generator(device=device if form == "float" else "cpu")
     gen.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # CPU generators keep a seed's low 32 bits only
     if form == "float":
@@ -264,6 +266,21 @@ def available_bytes(device: torch.device) -> int | None:
         return int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return None
+
+
+def check_room(name: str, shape: tuple[int, ...], form: str, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse one tensor the device has no memory left for (a float tensor in `dtype`; an integer form's levels a
+    byte each, with float32 scales per group): check_fits counts the weights as the model holds them, but while
+    they are made a tensor exists in its drawn form too, and the kernel kills a process that runs out, silently."""
+    available = available_bytes(device)
+    count = math.prod(shape)
+    need = count * dtype.itemsize if form == "float" else count + count // GROUP * 4 * (2 if form == "int4" else 1)
+    if available is not None and need > available:
+        raise ModelLoadError(
+            f"{name}: making this dummy tensor needs {need / 1e9:.2f} GB on {device.type}, and "
+            f"{available / 1e9:.2f} GB is left: the weights do not fit while they are made; fewer bits per weight "
+            "(--weights int4) or a bigger device would hold them"
+        )
 
 
 def check_fits(loaded: LoadedModel, weights: str, device: torch.device, dtype: torch.dtype, ranks: int = 1) -> None:
