@@ -331,9 +331,7 @@ def main(argv: list[str] | None = None) -> Path:
     )
     console.print("tensors per type: " + ", ".join(f"{n} {name}" for name, n in counts.most_common()))
     asked = SINGLE.get(args.type)
-    fallen = [
-        f"{n} {name}" for name, n in counts.most_common() if asked is not None and name not in (asked.name, "F32")
-    ]
+    fallen = [f"{n} {name}" for name, n in counts.most_common() if name not in (asked.name, "F32")] if asked else []
     if fallen:
         block = gguf.GGML_QUANT_SIZES[asked][0]
         console.print(

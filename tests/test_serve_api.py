@@ -403,4 +403,5 @@ def test_the_start_line_names_the_weights_and_says_dummy(caplog):
     run = RunConfig("smollm2-135m", load_format="dummy")
     with caplog.at_level("INFO", logger="rooftop.serve"), running_server(None, llm=llm, run=run):
         pass
-    assert "serving smollm2-135m (bf16-fp32, dummy weights) on http://" in caplog.text
+    weights = llm.precision.weights.name  # bf16-fp32 on rooftop's CPU kernels
+    assert f"serving smollm2-135m ({weights}, dummy weights) on http://" in caplog.text

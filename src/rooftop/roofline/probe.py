@@ -551,7 +551,9 @@ def checked_device(device: str) -> torch.device:
         raise InvalidRequestError(f"device {device}: this PyTorch ({torch.__version__}) {why}", "device")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         count = torch.cuda.device_count()
-        raise InvalidRequestError(f"device {device}: this host has {count} GPU(s) visible (cuda:0 .. cuda:{count - 1})")
+        raise InvalidRequestError(
+            f"device {device}: this host has {count} GPU(s) visible (cuda:0 .. cuda:{count - 1})", "device"
+        )
     return parsed
 
 
