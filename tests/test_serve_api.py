@@ -183,6 +183,32 @@ def test_n_choices_are_indexed_seeded_shared_and_counted(server):
     assert roles == [0, 1]
 
 
+def test_a_batch_of_prompts_gets_each_prompts_choices_in_order(server):
+    """OpenAI's batched completion: a list of prompts (text or token ids), each with its n choices; choice j of prompt
+    i at index i * n + j, each exactly that prompt alone with seed + j; usage counts each prompt once. Streamed, the
+    same texts under the same indexes."""
+    c = client(server)
+    prompts = ["The first prompt", "A second, longer prompt"]
+    body = {"model": "tiny-long", "max_tokens": 5, "temperature": 1.0, "seed": 7, "n": 2}
+    full = c.completions.create(prompt=prompts, **body, extra_body={"ignore_eos": True})
+    assert [ch.index for ch in full.choices] == [0, 1, 2, 3]
+    for i, prompt in enumerate(prompts):
+        alone = c.completions.create(prompt=prompt, **body, extra_body={"ignore_eos": True})
+        assert [ch.text for ch in alone.choices] == [ch.text for ch in full.choices[2 * i : 2 * i + 2]]
+    assert (full.usage.prompt_tokens, full.usage.completion_tokens) == (sum(map(len, prompts)), 20)
+    as_ids = [[ord(ch) + 3 for ch in p] for p in prompts]  # byte vocabulary: id = byte + 3 specials
+    by_ids = c.completions.create(prompt=as_ids, **body, extra_body={"ignore_eos": True})
+    assert [ch.text for ch in by_ids.choices] == [ch.text for ch in full.choices]
+    stream = c.completions.create(
+        prompt=prompts, **body, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}
+    )
+    texts = [""] * 4
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [ch.text for ch in full.choices] and chunk.usage.prompt_tokens == full.usage.prompt_tokens
+
+
 def test_logit_bias_forces_and_bans_tokens(server):
     """The tiny model's vocabulary is bytes (id = byte + 3): +100 on "z" makes every token "z"; -100 on the token
     greedy picks makes it pick another."""

@@ -85,7 +85,15 @@ CASES = [
         400,
         "and max_completion_tokens asks for 300 more",
     ),
-    ("a batch of prompts", TEXT, {"prompt": ["a", "b"]}, 400, "one prompt"),
+    ("an empty prompt in a batch", TEXT, {"prompt": ["a", ""]}, 400, "prompt 1 is empty"),
+    ("a batch past the bound", TEXT, {"prompt": ["a"] * 9, "n": 128}, 400, "at most 1024 completions (prompts x n)"),
+    (
+        "a batch with one prompt too long",
+        TEXT,
+        {"prompt": ["hi", "x" * 256]},
+        400,
+        "prompt 1 has 256 tokens; the context holds 256",
+    ),
     ("echo", TEXT, {"prompt": "a", "echo": True}, 400, "echo is not supported"),
     ("oversized body", TEXT, {"prompt": "x" * (70 << 10)}, 413, "the limit is 65536"),
 ]
@@ -131,7 +139,9 @@ PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the 
     "token id out of range": "prompt",
     "max_tokens past the context": "max_tokens",
     "max_completion_tokens past the context": "max_completion_tokens",
-    "a batch of prompts": "prompt",
+    "an empty prompt in a batch": "prompt",
+    "a batch past the bound": "prompt",
+    "a batch with one prompt too long": "prompt",
     "echo": "echo",
     "oversized body": None,
 }

@@ -74,8 +74,10 @@ class RequestStream:
 
 @dataclass
 class _Add:
-    request_ids: list[str]  # one per choice; the first computes the shared prompt, the others reuse its cache
-    prompt: list[int]
+    request_ids: list[
+        str
+    ]  # one per choice of each prompt: the first of a prompt computes it, the others reuse its cache
+    prompts: list[list[int]]  # each request's prompt
     params: list[SamplingParams]
     arrival: float
     loop: asyncio.AbstractEventLoop
@@ -125,17 +127,17 @@ class EngineLoop:
         self.thread.join(timeout)
 
     async def add(
-        self, request_ids: list[str], prompt: list[int], params: list[SamplingParams], arrival: float
+        self, request_ids: list[str], prompts: list[list[int]], params: list[SamplingParams], arrival: float
     ) -> RequestStream:
-        """Queue a request's choices (all or none); raises InvalidRequestError / PromptTooLongError /
-        QueueFullError before any token."""
+        """Queue a request's completions, each with its prompt and params (all or none); raises
+        InvalidRequestError / PromptTooLongError / QueueFullError before any token."""
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_ids, self)
         accepted = loop.create_future()
         with self._stopping:
             if self.stopped:
                 raise EngineStoppedError("the server is shutting down")
-            self.commands.put(_Add(request_ids, prompt, params, arrival, loop, stream, accepted))
+            self.commands.put(_Add(request_ids, prompts, params, arrival, loop, stream, accepted))
         try:
             await accepted
         except asyncio.CancelledError:  # the handler was cancelled while the engine thread took the request
@@ -204,10 +206,12 @@ class EngineLoop:
                     f"the server is busy: {self._queued()} requests are already waiting for a slot "
                     f"(max_waiting_requests {self.max_waiting}); retry later"
                 )
-            first = command.request_ids[0]
-            for request_id, params in zip(command.request_ids, command.params, strict=True):
-                shares = first if request_id != first else None
-                self.engine.add_request(request_id, command.prompt, params, command.arrival, shares)
+            computes: dict[tuple[int, ...], str] = {}  # a prompt's first request computes it
+            for request_id, prompt, params in zip(command.request_ids, command.prompts, command.params, strict=True):
+                first = computes.setdefault(tuple(prompt), request_id)
+                self.engine.add_request(
+                    request_id, prompt, params, command.arrival, None if first == request_id else first
+                )
                 added.append(request_id)
                 self.streams[request_id] = command
         except Exception as e:  # bad input (RooftopError) or a bug: either way this handler must hear of it

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import FinishReason
-from rooftop.errors import InvalidRequestError, PromptTooLongError
+from rooftop.errors import InvalidRequestError
 from rooftop.serve.engine_loop import (
     ClientGoneError,
     EngineFailedError,
@@ -94,24 +94,28 @@ async def chat_completions(request: Request) -> Response:
         ready.llm.tokenizer,
         body.include_usage,
         body.choices,
-        choice,
+        tool_choice=choice,
     )
-    return await respond(request, ready, out, ids, params, arrival, body)
+    return await respond(request, ready, out, [ids], params, arrival, body)
 
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     arrival = time.perf_counter()
     ready, body = await accept(request, CompletionRequest)
-    prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        ids = await ready.prompts.encode(prompt, "prompt")
-    else:
-        ids = ready.prompts.check_ids(prompt, "prompt")
-    params = body.to_sampling_params(default_max_tokens=min(16, room(ready, len(ids))))  # OpenAI's default: 16
+    prompts = []
+    for prompt in body.prompts():
+        if isinstance(prompt, str):
+            prompts.append(await ready.prompts.encode(prompt, "prompt"))
+        else:
+            prompts.append(ready.prompts.check_ids(prompt, "prompt"))
+    shortest_room = min(room(ready, len(ids)) for ids in prompts)
+    params = body.to_sampling_params(default_max_tokens=min(16, shortest_room))  # OpenAI's default: 16
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    out = Responses("text", request_id, ready.model_name, ready.llm.tokenizer, body.include_usage, body.choices)
-    return await respond(request, ready, out, ids, params, arrival, body)
+    out = Responses(
+        "text", request_id, ready.model_name, ready.llm.tokenizer, body.include_usage, body.choices, len(prompts)
+    )
+    return await respond(request, ready, out, prompts, params, arrival, body)
 
 
 def room(ready: Ready, prompt_tokens: int) -> int:
@@ -123,26 +127,36 @@ async def respond(
     request: Request,
     ready: Ready,
     out: Responses,
-    ids: list[int],
+    prompts: list[list[int]],
     params: SamplingParams,
     arrival: float,
     body: ChatCompletionRequest | CompletionRequest,
 ) -> Response:
+    """Queue each prompt's n choices (all or none) and answer as the body asked: streamed or whole."""
     context = ready.llm.max_model_len
-    if len(ids) < context < len(ids) + params.max_tokens:  # vLLM's and OpenAI's 400, not a silent cut at the context
-        field = body.max_tokens_field
-        raise ApiError(
-            400,
-            f"this model's context holds {context} tokens; the prompt has {len(ids)} and {field} asks for "
-            f"{params.max_tokens} more: lower {field} to at most {context - len(ids)}",
-            field,
-        )
-    request_ids = [out.id] if body.choices == 1 else [f"{out.id}-{i}" for i in range(body.choices)]
+    for i, ids in enumerate(prompts):
+        name = "the prompt" if len(prompts) == 1 else f"prompt {i}"
+        if len(ids) >= context:
+            raise ApiError(
+                400,
+                f"{name} has {len(ids)} tokens; the context holds {context}, with room needed for at least one "
+                "output token",
+                body.prompt_field,
+            )
+        if context < len(ids) + params.max_tokens:  # vLLM's and OpenAI's 400, not a silent cut at the context
+            field = body.max_tokens_field
+            raise ApiError(
+                400,
+                f"this model's context holds {context} tokens; {name} has {len(ids)} and {field} asks for "
+                f"{params.max_tokens} more: lower {field} to at most {context - len(ids)}",
+                field,
+            )
+    count = len(prompts) * body.choices
+    request_ids = [out.id] if count == 1 else [f"{out.id}-{i}" for i in range(count)]
+    per_request = [ids for ids in prompts for _ in range(body.choices)]
     try:
-        rs = await ready.engine_loop.add(request_ids, ids, body.choice_params(params), arrival)
-    except PromptTooLongError as e:
-        raise ApiError(400, str(e), body.prompt_field) from None
-    except InvalidRequestError as e:  # the prompt is checked by now: what is left is the KV pool's "lower max_tokens"
+        rs = await ready.engine_loop.add(request_ids, per_request, body.choice_params(params) * len(prompts), arrival)
+    except InvalidRequestError as e:  # the prompts are checked by now: what is left is the KV pool's "lower max_tokens"
         raise ApiError(400, str(e), e.param or body.max_tokens_field) from None
     except QueueFullError as e:
         raise ApiError(429, str(e)) from None

@@ -21,6 +21,7 @@ from rooftop.serve.formats import ResponseFormat, StructuredOutputs
 from rooftop.serve.messages import Message
 
 MAX_N = 128  # OpenAI's bound on n
+MAX_BATCH = 1024  # completions (prompts x n) one request may ask for: each is an engine request
 TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key
 
 
@@ -222,8 +223,9 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt: text or token ids (a list holding one of them is accepted too)."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each text or token ids: OpenAI's prompt is one of them or a batch (a list of them), and each
+        prompt of a batch gets its n choices."""
         if self.echo:
             raise InvalidRequestError("echo is not supported", "echo")
         if self.suffix:
@@ -235,13 +237,17 @@ class CompletionRequest(SamplingFields):
                 "best_of",
             )
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            if len(prompt) != 1:
-                raise InvalidRequestError(f"prompt must be one prompt; got a batch of {len(prompt)}", "prompt")
-            prompt = prompt[0]
-        if not prompt:
-            raise InvalidRequestError("prompt is empty", "prompt")
-        return prompt
+        batch = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
+        if len(batch) * self.choices > MAX_BATCH:
+            raise InvalidRequestError(
+                f"a request may ask for at most {MAX_BATCH} completions (prompts x n); got {len(batch)} x "
+                f"{self.choices}",
+                "prompt",
+            )
+        for i, one in enumerate(batch):
+            if not one:
+                raise InvalidRequestError("prompt is empty" if len(batch) == 1 else f"prompt {i} is empty", "prompt")
+        return batch
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         return self.sampling_params(self.max_tokens, default_max_tokens, self.logprobs)

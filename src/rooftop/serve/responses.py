@@ -20,15 +20,16 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def usage(outputs: list[RequestOutput]) -> dict:
-    """The prompt once and every choice's tokens (OpenAI's count); the prompt's cached tokens are the first
-    choice's (the others reuse what it computed)."""
-    prompt, completion = len(outputs[0].prompt_token_ids), sum(len(o.token_ids) for o in outputs)
+def usage(outputs: list[RequestOutput], choices: int) -> dict:
+    """Each prompt once and every choice's tokens (OpenAI's count), `outputs` holding each prompt's `choices` in
+    turn; a prompt's cached tokens are its first choice's (the others reuse what it computed)."""
+    firsts = outputs[::choices]
+    prompt, completion = sum(len(o.prompt_token_ids) for o in firsts), sum(len(o.token_ids) for o in outputs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": outputs[0].metrics.prefix_cache_hit_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(o.metrics.prefix_cache_hit_tokens for o in firsts)},
     }
 
 
@@ -59,8 +60,9 @@ def timings(m: RequestMetrics) -> dict:
 
 class Responses:
     """Builds the bodies of one request: its id, creation time and served model name stay the same in every chunk.
-    `choices` completions (n), each with its index; a chat whose tools may be called (`tool_choice` not none) has
-    each choice's tool calls read from its text (engine/tool_calls.py), streamed as OpenAI streams them."""
+    `choices` completions (n) of each of `prompts` prompts (a completion's batch), choice j of prompt i at index
+    i * n + j, as OpenAI numbers them; a chat whose tools may be called (`tool_choice` not none) has each choice's
+    tool calls read from its text (engine/tool_calls.py), streamed as OpenAI streams them."""
 
     def __init__(
         self,
@@ -70,15 +72,16 @@ class Responses:
         tokenizer: Tokenizer,
         include_usage: bool = False,
         choices: int = 1,
+        prompts: int = 1,
         tool_choice: ToolChoice | None = None,
     ):
         self.kind, self.id, self.model, self.tokenizer = kind, request_id, model, tokenizer  # kind: "chat" or "text"
         self.include_usage = include_usage  # streams then carry "usage": null until the usage chunk, as OpenAI's
         self.created = int(time.time())
-        self.choices = choices
+        self.choices, self.completions = choices, prompts * choices
         self.tool_choice = tool_choice if tool_choice is not None and tool_choice.mode != "none" else None
-        self.readers = [ToolCallReader() for _ in range(choices)] if self.tool_choice else []
-        self.text_offsets = [0] * choices
+        self.readers = [ToolCallReader() for _ in range(self.completions)] if self.tool_choice else []
+        self.text_offsets = [0] * self.completions
 
     def full(self, outputs: list[RequestOutput], logprobs: list[list[TokenLogprob]] | None) -> dict:
         """The non-streamed response; with n > 1 its `timings` are the first choice's."""
@@ -96,7 +99,7 @@ class Responses:
             choice["finish_reason"] = self.finish_reason(output, bool(calls))
             choices.append(choice)
         return {**self._head(chunk=False), "choices": choices} | {
-            "usage": usage(outputs),
+            "usage": usage(outputs, self.choices),
             "timings": timings(outputs[0].metrics),
         }
 
@@ -108,7 +111,7 @@ class Responses:
 
     def role_chunks(self) -> list[dict]:
         """A chat stream's first chunk of each choice: the assistant's role."""
-        return [self.chunk(i, {"role": "assistant"}) for i in range(self.choices)]
+        return [self.chunk(i, {"role": "assistant"}) for i in range(self.completions)]
 
     def delta_chunks(self, index: int, delta: RequestDelta, with_logprobs: bool) -> list[dict]:
         """The chunks of one step of choice `index`: its text (or tool-call pieces), its logprobs, and at its end the
@@ -146,7 +149,7 @@ class Responses:
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> dict:
         """stream_options.include_usage: the last chunk, with no choices."""
-        return {**self._head(chunk=True), "choices": [], "usage": usage(outputs)}
+        return {**self._head(chunk=True), "choices": [], "usage": usage(outputs, self.choices)}
 
     def _head(self, chunk: bool) -> dict:
         """OpenAI streams completions as text_completion objects too; chat chunks are chat.completion.chunk."""
