@@ -401,3 +401,20 @@ def test_no_read_is_raised_without_a_cached_probe_of_these_kernels(runs, result)
     probe.cache_path("cpu").write_text(json.dumps(other))
     assert engine_probe.keep_observed_read("cpu", 1 << 20, 1e15, "a decode") is None
     assert probe.cache_path("cpu").read_text() == json.dumps(other)  # left as it was
+
+
+def test_this_machine_is_costed_in_what_the_engine_computes_in(result):
+    """`roofline -H this`: activations and an auto KV cache in the dtype rooftop's engine runs the model in on the
+    probed device (float32 on a CPU, bfloat16 on a GPU), as `generate` attributes its run; a datasheet device keeps
+    the weights' compute width, and a KV cache asked for by name is that one."""
+    from rooftop.roofline.api import resolve_precision
+    from rooftop.roofline.catalog import find_hardware
+    from rooftop.roofline.precision import WEIGHT_FORMATS
+
+    q4_k = WEIGHT_FORMATS["q4_k"]
+    cpu = resolve_precision(None, None, q4_k, result.to_hardware())
+    assert (cpu.kv_bytes, cpu.activation_bytes) == (4, 4)
+    gpu = resolve_precision(None, "auto", q4_k, dataclasses.replace(result, device="cuda").to_hardware())
+    assert (gpu.kv_bytes, gpu.activation_bytes) == (2, 2)
+    assert resolve_precision(None, None, q4_k, find_hardware("h200")).kv_bytes == 2
+    assert resolve_precision(None, "bf16", q4_k, result.to_hardware()).kv_bytes == 2

@@ -41,6 +41,7 @@ class Hardware:
     source: str = ""
     notes: dict[str, str] = field(default_factory=dict)
     engine_formats: dict[str, str] = field(default_factory=dict)  # float/int8/int4 -> the engine's format here (probe)
+    engine_dtype: str | None = None  # what rooftop's engine computes in here (probe: fp32 on a CPU, else bf16)
     efficiency: Efficiency | None = None  # published engines' efficiencies here: the analyzer's expected times
 
     def peak(self, compute: str) -> float:
@@ -72,6 +73,7 @@ class Hardware:
             source=self.source,
             notes=self.notes,
             engine_formats=self.engine_formats,
+            engine_dtype=self.engine_dtype,
             efficiency=self.efficiency if compute_efficiency == memory_efficiency == 1.0 else None,
         )
 

@@ -157,12 +157,14 @@ class Precision:
         return self.embedding_format.bits_per_weight() / 8
 
 
-def precision(weights: str | WeightFormat = "bf16", kv: str | None = None) -> Precision:
-    """Precision from a format (or its name); the KV cache defaults to the activations' width (fp32 or bf16)."""
+def precision(weights: str | WeightFormat = "bf16", kv: str | None = None, activations: str | None = None) -> Precision:
+    """Precision from a format (or its name); the activations are `activations` (fp32 or bf16: what an engine
+    computes in on its device) where given, else of the weights' compute width (fp32 or bf16); the KV cache
+    defaults to the activations' width."""
     if isinstance(weights, str) and weights not in WEIGHT_FORMATS:
         raise InvalidRequestError(f"unknown weight format {weights!r} (known: {', '.join(WEIGHT_FORMATS)})")
     fmt = WEIGHT_FORMATS[weights] if isinstance(weights, str) else weights
-    activation_bytes = 4 if fmt.compute == "fp32" else 2
+    activation_bytes = 4 if (activations or fmt.compute) == "fp32" else 2
     kv = kv if kv and kv != "auto" else ("fp32" if activation_bytes == 4 else "bf16")
     if kv not in KV_BYTES:
         raise InvalidRequestError(f"unknown KV cache format {kv!r} (known: auto, {', '.join(KV_BYTES)})")
@@ -186,8 +188,8 @@ class CheckpointWeights:
     embedding: WeightFormat
     lm_head: WeightFormat
 
-    def precision(self, kv: str | None = None) -> Precision:
-        p = precision(self.linears, kv)
+    def precision(self, kv: str | None = None, activations: str | None = None) -> Precision:
+        p = precision(self.linears, kv, activations)
         return replace(
             p,
             embedding=None if self.embedding == self.linears else self.embedding,

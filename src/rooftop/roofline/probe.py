@@ -229,6 +229,7 @@ class ProbeResult:
             source=f"rooftop probe {self.date}",
             notes=notes,
             engine_formats=dict(self.engine_formats),
+            engine_dtype="fp32" if self.device == "cpu" else "bf16",  # the model's dtype the engine picks here
         )
 
     def to_dict(self) -> dict:
