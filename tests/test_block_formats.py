@@ -45,9 +45,10 @@ def random_blocks(qtype: QType, rows: int, cols: int, seed: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-def int8_activations(x: torch.Tensor) -> torch.Tensor:
-    """What the kernels dot the weights with: x rounded to int8 per group of 32 (scale max|x| / 127)."""
-    groups = x.reshape(x.shape[0], -1, 32)
+def int8_activations(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """What the kernels dot the weights with: x rounded to int8 per `group` inputs (scale max|x| / 127): 32, and for
+    a prefill chunk's rows of a K-quant 256 (llama.cpp's Q8_K)."""
+    groups = x.reshape(x.shape[0], -1, group)
     scale = groups.abs().amax(-1, keepdim=True) / 127
     return (torch.round(groups / torch.where(scale > 0, scale, 1)) * scale).reshape(x.shape)
 
@@ -79,7 +80,16 @@ def test_stored_blocks_run_exactly_as_gguf_decodes_them(qtype):
         bf16 = torch.bfloat16  # what a prefill chunk widens to where the host multiplies it natively
         assert torch.equal(lin.dequantize(bf16), reference.to(bf16))
         wide = lin(x, plan=RowPlan((rows,)))  # a prefill chunk: widened where the host does, else on the kernel
-        if widen_dtype() is None:
+        if widen_dtype() is None and qtype in (QType.Q4_K, QType.Q5_K, QType.Q6_K):  # activations per 256
+            exact = int8_activations(x, 256).double() @ reference.double().t() + lin.bias.double()
+            torch.testing.assert_close(wide, exact.float(), atol=1e-4, rtol=1e-4)
+            # a row's result is its own chunk's: beside another chunk, or beside decode rows (which keep scales per 32)
+            assert torch.equal(
+                lin(x, plan=RowPlan((rows - 4, 4))), torch.cat([wide[:-4], lin(x[-4:], plan=RowPlan((4,)))])
+            )
+            assert torch.equal(lin(x, plan=RowPlan((rows - 4,))), torch.cat([wide[:-4], lin(x[-4:])]))
+            assert not torch.equal(lin(x[-4:]), wide[-4:])
+        elif widen_dtype() is None:
             assert torch.equal(wide, lin(x))
         else:
             torch.testing.assert_close(wide, F.linear(x.to(bf16), reference.to(bf16)).float() + lin.bias)
@@ -129,6 +139,11 @@ def test_bad_blocks_are_refused_with_the_reason():
         kernels.tiled_linear(torch.randn(1, 512), lin.q, lin.dm, lin.kernel_format, 4, None, None)
     with pytest.raises(RuntimeError, match="row 4 of 4 rows"):
         lin.lookup(torch.tensor([0, 4]))
+    q4_0 = make_linear(
+        stored_blocks(random_blocks(QType.Q4_0, 4, 256, 7), QType.Q4_0, (4, 256)), None, "int4", stored=True
+    )
+    with pytest.raises(RuntimeError, match="super_blocks is for the K-quants .formats 5, 6, 7., not format 0"):
+        kernels.tiled_linear(torch.randn(1, 256), q4_0.q, q4_0.dm, q4_0.kernel_format, 4, None, None, True)
     with pytest.raises(RuntimeError, match=r"dm must be float16 \(ceil\(N/16\), K/256, 2, 16\)"):
         kernels.tiled_linear(
             torch.randn(1, 256), lin.q, lin.dm[:, :, :1].contiguous(), lin.kernel_format, 4, None, None

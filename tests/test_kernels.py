@@ -315,7 +315,8 @@ def tiled_calls() -> list:
     """tiled_linear (with a bias and a residual) and tiled_dequantize of every format, on random weights: Q4_1 and
     Q8_0 groups, and random blocks of every stored block format (48 rows: three tiles; K = 768: whole 256-blocks;
     224 for the 32-blocks: seven groups; 9 activation rows: a pass of 8 and a single; 1 to 4 rows: a decode's two
-    streams, tiles 0 and 1 together and tile 2 alone)."""
+    streams, tiles 0 and 1 together and tile 2 alone); the K-quants also in their prefill chunks' form (super_blocks:
+    activations per 256, each super-block summed in integers)."""
     from gguf import GGMLQuantizationType as QType
     from test_block_formats import random_blocks
 
@@ -334,12 +335,14 @@ def tiled_calls() -> list:
     for lin in linears:
         k = lin.q.shape[1] * 32
         x, residual = torch.randn(9, k, generator=gen), torch.randn(9, 48, generator=gen)
+        chunk_forms = (False, True) if lin.format.endswith("_k") else (False,)  # a prefill chunk's super-block sums
         for rows in (9, 4, 3, 2, 1):
-            calls.append(
-                lambda m, lin=lin, x=x[:rows], r=residual[:rows]: m.tiled_linear(
-                    x, lin.q, lin.dm, lin.kernel_format, 48, lin.bias, r
+            for super_blocks in chunk_forms:
+                calls.append(
+                    lambda m, lin=lin, x=x[:rows], r=residual[:rows], s=super_blocks: m.tiled_linear(
+                        x, lin.q, lin.dm, lin.kernel_format, 48, lin.bias, r, s
+                    )
                 )
-            )
         calls.append(lambda m, lin=lin: m.tiled_dequantize(lin.q, lin.dm, lin.kernel_format, 48))
     return calls
 

@@ -175,7 +175,8 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const 
 
 // GGUF's block formats in tiles of 16 output rows (tiles.cpp).
 at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n,
-                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual);
+                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+                        bool super_blocks);
 at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, bool bf16);
 at::Tensor tiled_rows(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, const at::Tensor& ids);
 int64_t stream_read(const at::Tensor& data, int64_t streams);
@@ -187,7 +188,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiled_linear", &tiled_linear, "x @ tiled block-format weights^T (+bias) (+residual)", py::arg("x"),
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bias") = py::none(),
-        py::arg("residual") = py::none());
+        py::arg("residual") = py::none(), py::arg("super_blocks") = false);
   m.def("tiled_dequantize", &tiled_dequantize, "tiled block-format weights -> float32 or bfloat16 (N, K)",
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bf16") = false);
   m.def("tiled_rows", &tiled_rows, "rows ids of tiled block-format weights as float32 (an embedding's lookup)",

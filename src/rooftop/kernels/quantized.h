@@ -28,11 +28,15 @@ constexpr int64_t GROUP = 32;
 
 // Activation rows quantized per group of 32: x ~= d * q. The sums of q come off the integer dots of formats whose
 // levels sit above the weights' value (Q4_0's 8, Q8_0's 128 under dpbusd: per 32; Q6_K's 32: per 16), and s = d *
-// sum(q) per 32 meets the minima of the formats that have one (Q4_1, Q5_1, the K-quants' dmin).
+// sum(q) per 32 meets the minima of the formats that have one (Q4_1, Q5_1).
+// The K-quants' rows take one d per 256 inputs instead (llama.cpp's Q8_K): a super-block's dots, each group's
+// times its integer sub-block scale, then add up in integers, and its minima meet the sums of q per 32 in an
+// integer dot too; each super-block costs one conversion to float, not each group.
 struct QuantizedRows {
   std::vector<int8_t> q;
-  std::vector<float> d, s;
+  std::vector<float> d, s;  // d per 32 (the K-quants': per 256); s per 32 (not the K-quants')
   std::vector<int32_t> sum, sum16;
+  std::vector<int32_t> sum_pairs;  // the K-quants': per 64 inputs, the two groups' sums as int16, the first's low
 };
 
 #ifdef ROOFTOP_AVX2
@@ -49,48 +53,82 @@ inline int32_t hsum_i32(__m256i v) {
 }
 #endif
 
-// One group of 32 floats to int8 levels q = round(v / d), d = max|v| / 127; returns d, the sums of q per 16 in
-// sums. The vector path rounds as nearbyint does (to nearest even) and computes the same d: the same bits.
-inline float quantize_group(const float* v, int8_t* q, int32_t sums[2]) {
+// max|v| over a group of 32 floats.
+inline float group_amax(const float* v) {
 #ifdef ROOFTOP_AVX2
   const __m256 sign = _mm256_set1_ps(-0.f);
   __m256 f[4];
-  for (int i = 0; i < 4; ++i) f[i] = _mm256_loadu_ps(v + 8 * i);
-  const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, f[0]), _mm256_andnot_ps(sign, f[1])),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, f[2]), _mm256_andnot_ps(sign, f[3])));
-  const float d = hmax(m) / 127.f;
-  const __m256 inv = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+  for (int i = 0; i < 4; ++i) f[i] = _mm256_andnot_ps(sign, _mm256_loadu_ps(v + 8 * i));
+  return hmax(_mm256_max_ps(_mm256_max_ps(f[0], f[1]), _mm256_max_ps(f[2], f[3])));
+#else
+  float amax = 0.f;
+  for (int64_t i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
+  return amax;
+#endif
+}
+
+// A group of 32 floats to int8 levels q = round(v * inv), and the sums of q per 16 in sums. The vector path rounds
+// as nearbyint does (to nearest even): the same bits.
+inline void group_levels(const float* v, float inv, int8_t* q, int32_t sums[2]) {
+#ifdef ROOFTOP_AVX2
+  const __m256 scale = _mm256_set1_ps(inv);
   __m256i qi[4];
-  for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(f[i], inv));
+  for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), scale));
   const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   sums[0] = hsum_i32(_mm256_add_epi32(qi[0], qi[1]));
   sums[1] = hsum_i32(_mm256_add_epi32(qi[2], qi[3]));
-  return d;
 #else
-  float amax = 0.f;
-  for (int64_t i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
-  const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
   sums[0] = sums[1] = 0;
   for (int64_t i = 0; i < GROUP; ++i) {
     const int level = static_cast<int>(std::nearbyint(v[i] * inv));
     q[i] = static_cast<int8_t>(level);
     sums[i / 16] += level;
   }
-  return d;
 #endif
 }
+
+inline float inverse(float d) { return d > 0.f ? 1.f / d : 0.f; }
 
 inline QuantizedRows quantize_rows(const float* x, int64_t rows, int64_t k) {
   const int64_t groups = rows * (k / GROUP);
   QuantizedRows out{std::vector<int8_t>(rows * k), std::vector<float>(groups), std::vector<float>(groups),
-                    std::vector<int32_t>(groups), std::vector<int32_t>(2 * groups)};
+                    std::vector<int32_t>(groups), std::vector<int32_t>(2 * groups), {}};
   for (int64_t g = 0; g < groups; ++g) {
     int32_t* sums = out.sum16.data() + 2 * g;
-    const float d = quantize_group(x + g * GROUP, out.q.data() + g * GROUP, sums);
+    const float d = group_amax(x + g * GROUP) / 127.f;  // d = max|v| / 127
+    group_levels(x + g * GROUP, inverse(d), out.q.data() + g * GROUP, sums);
     out.d[g] = d;
     out.sum[g] = sums[0] + sums[1];
     out.s[g] = d * static_cast<float>(out.sum[g]);
+  }
+  return out;
+}
+
+constexpr int64_t SUPER = 256;  // the K-quants' super-block: 8 groups
+
+// The K-quants' rows (k a multiple of SUPER): d = max|v| / 127 per 256 inputs, levels and sums per 32 and 16 as
+// above, and each pair of groups' sums packed as two int16 (|sum| <= 32 * 127) for the minima's vpdpwssd.
+inline QuantizedRows quantize_super_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t groups = rows * (k / GROUP), supers = rows * (k / SUPER);
+  QuantizedRows out{std::vector<int8_t>(rows * k), std::vector<float>(supers), {}, std::vector<int32_t>(groups),
+                    std::vector<int32_t>(2 * groups), std::vector<int32_t>(groups / 2)};
+  constexpr int64_t per = SUPER / GROUP;
+  for (int64_t b = 0; b < supers; ++b) {
+    const float* v = x + b * SUPER;
+    float amax = 0.f;
+    for (int64_t g = 0; g < per; ++g) amax = std::max(amax, group_amax(v + g * GROUP));
+    const float d = amax / 127.f;
+    out.d[b] = d;
+    for (int64_t g = b * per; g < (b + 1) * per; ++g) {
+      int32_t* sums = out.sum16.data() + 2 * g;
+      group_levels(x + g * GROUP, inverse(d), out.q.data() + g * GROUP, sums);
+      out.sum[g] = sums[0] + sums[1];
+    }
+    for (int64_t g = b * per; g < (b + 1) * per; g += 2) {
+      const uint32_t low = static_cast<uint16_t>(out.sum[g]), high = static_cast<uint16_t>(out.sum[g + 1]);
+      out.sum_pairs[g / 2] = static_cast<int32_t>(low | high << 16);
+    }
   }
   return out;
 }

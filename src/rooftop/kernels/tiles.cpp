@@ -27,6 +27,10 @@
 //   Q8_0: 8 chunks, chunk v holding inputs 4v + i as signed bytes.
 // dm, float16 per tile and scale block (a group; the K-quants' 256 inputs): 16 d, then (Q4_1, Q5_1, K-quants' dmin)
 // 16 of the second part.
+// A prefill chunk's rows of a K-quant may take the super-block form (super_blocks): activations with one scale per 256
+// inputs (quantize_super_rows), each group's integer dots times its integer sub-block scale summed over the
+// super-block in integers, the minima's integer dot with the activations' sums per 32 (vpdpwssd), and one conversion
+// to float per super-block: acc += float(sum)·(d·xd), then (Q4_K, Q5_K) acc += float(minima)·(-dmin·xd).
 // Every path (512-bit, 256-bit, plain loops) computes the same exact integer dots and the same float operations in
 // the same order: each row's result is bit for bit the same at any batch size and on any of them.
 
@@ -52,6 +56,10 @@ constexpr int parts(Format f) { return minimum(f) ? 2 : 1; }  // float16 vectors
 constexpr int64_t groups_per_scale(Format f) { return k_quant(f) ? 8 : 1; }
 constexpr int64_t sub_scales_at(Format f) { return 256 + 64 * planes(f); }
 constexpr int64_t group_bytes(Format f) { return nibbles(f) ? sub_scales_at(f) + (k_quant(f) ? 32 : 0) : 512; }
+// Activation rows per pass. Q4_K's and Q5_K's super-block sums take a register per row beside its float accumulator,
+// and their minima more at each super-block's end: at 8 rows a pass spilled, and ran slower than in passes of 4
+// (docs/PERFORMANCE.md).
+constexpr int64_t tile_rows(Format f, bool super) { return super && minimum(f) ? std::min(TILE_ROWS, 4) : TILE_ROWS; }
 
 struct Tiled {
   const uint8_t* q;  // (tiles, groups, group_bytes)
@@ -178,6 +186,22 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i u, const int8_t* x) {
   return acc;
 }
 
+// acc + the int16 pairs of u times the pair of int16 at x, broadcast: dpwssd with the broadcast in its memory operand,
+// as dpbusd_broadcast.
+inline __m512i dpwssd_broadcast(__m512i acc, __m512i u, const int32_t* x) {
+  __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const unaligned_int32*>(x)));
+  return acc;
+}
+
+// The dots of a group's 16 output rows with one activation row's 32 levels at x: p0 of inputs 0-15, p1 of 16-31.
+__attribute__((always_inline)) inline void dots512(const __m512i u[8], const int8_t* x, __m512i& p0, __m512i& p1) {
+  p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
+  for (int v = 0; v < 4; ++v) {
+    p0 = dpbusd_broadcast(p0, u[v], x + 4 * v);
+    p1 = dpbusd_broadcast(p1, u[v + 4], x + 16 + 4 * v);
+  }
+}
+
 // A tile's group as the dots take it: the 8 vectors of levels, and the scales a (inputs 0-15), a2 (16-31) and m.
 struct Group512 {
   __m512i u[8];
@@ -211,12 +235,8 @@ __attribute__((always_inline)) inline Group512 group512(const Tiled& w, int64_t 
 template <Format F>
 __attribute__((always_inline)) inline __m512 row512(__m512 acc, const Group512& q, const QuantizedRows& a, int64_t ag) {
   constexpr int c = F == Q8_0 ? 128 : offset(F);
-  const int8_t* x = a.q.data() + ag * GROUP;
-  __m512i p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();  // inputs 0-15 and 16-31
-  for (int v = 0; v < 4; ++v) {
-    p0 = dpbusd_broadcast(p0, q.u[v], x + 4 * v);
-    p1 = dpbusd_broadcast(p1, q.u[v + 4], x + 16 + 4 * v);
-  }
+  __m512i p0, p1;
+  dots512(q.u, a.q.data() + ag * GROUP, p0, p1);
   const __m512 xd = _mm512_set1_ps(a.d[ag]);
   if constexpr (F == Q6_K) {
     p0 = _mm512_sub_epi32(p0, _mm512_set1_epi32(c * a.sum16[2 * ag]));
@@ -232,15 +252,91 @@ __attribute__((always_inline)) inline __m512 row512(__m512 acc, const Group512& 
   }
 }
 
+// A K-quant tile's group: its levels, and its 16 rows' integer sub-block scales (Q6_K: of inputs 0-15, then 16-31).
+struct KGroup512 {
+  __m512i u[8];
+  __m512i sc, sc2;
+};
+
+template <Format F>
+__attribute__((always_inline)) inline KGroup512 k_group512(const Tiled& w, int64_t t, int64_t g) {
+  const uint8_t* b = w.group(F, t, g);
+  KGroup512 q;
+  unpack512<F>(b, q.u);
+  const auto bytes = [&](int at) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + sub_scales_at(F) + at)); };
+  if constexpr (F == Q6_K) {
+    q.sc = _mm512_cvtepi8_epi32(bytes(0)), q.sc2 = _mm512_cvtepi8_epi32(bytes(16));
+  } else {
+    q.sc = q.sc2 = _mm512_cvtepu8_epi32(bytes(0));
+  }
+  return q;
+}
+
+// sum + one activation row's group ag dotted with the group's 16 output rows, times their sub-block scales: integers.
+template <Format F>
+__attribute__((always_inline)) inline __m512i k_row512(__m512i sum, const KGroup512& q, const QuantizedRows& a, int64_t ag) {
+  __m512i p0, p1;
+  dots512(q.u, a.q.data() + ag * GROUP, p0, p1);
+  if constexpr (F == Q6_K) {
+    p0 = _mm512_sub_epi32(p0, _mm512_set1_epi32(offset(F) * a.sum16[2 * ag]));
+    p1 = _mm512_sub_epi32(p1, _mm512_set1_epi32(offset(F) * a.sum16[2 * ag + 1]));
+    return _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_mullo_epi32(p0, q.sc), _mm512_mullo_epi32(p1, q.sc2)));
+  }
+  return _mm512_add_epi32(sum, _mm512_mullo_epi32(_mm512_add_epi32(p0, p1), q.sc));
+}
+
+// The end of a K-quant super-block whose first group is `first`: each of the R rows from r0 adds its integer sum
+// times d times its own d, and (Q4_K, Q5_K) the minima's integer dot with its sums of q per 32, times -dmin and
+// its d; the sums start again.
 template <Format F, int R>
+__attribute__((always_inline)) inline void k_super512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t first,
+                                                      int64_t r0, __m512 acc[R], __m512i sum[R]) {
+  const at::Half* s = w.scales(F, t, first);
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  __m512 minus_dmin = _mm512_setzero_ps();
+  __m512i minima[4];  // lane o: row o's minima of groups 2j and 2j + 1, as two int16
+  if constexpr (minimum(F)) {
+    minus_dmin = _mm512_sub_ps(minus_dmin, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + TILE))));
+    const auto of = [&](int64_t g) {
+      return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.group(F, t, g) + sub_scales_at(F) + 16)));
+    };
+    for (int j = 0; j < 4; ++j) minima[j] = _mm512_or_si512(of(first + 2 * j), _mm512_slli_epi32(of(first + 2 * j + 1), 16));
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t ag = (r0 + r) * w.groups + first;
+    const __m512 xd = _mm512_set1_ps(a.d[ag / groups_per_scale(F)]);
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), _mm512_mul_ps(d, xd), acc[r]);
+    if constexpr (minimum(F)) {
+      __m512i m = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) m = dpwssd_broadcast(m, minima[j], a.sum_pairs.data() + ag / 2 + j);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(minus_dmin, xd), acc[r]);
+    }
+    sum[r] = _mm512_setzero_si512();
+  }
+}
+
+// Super: a K-quant's super-block sums in integers (activations quantized per 256, `quantize_super_rows`); else each
+// group's dots are scaled in floats.
+template <Format F, int R, bool Super>
 void tile512(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  __m512 d = _mm512_setzero_ps(), second = _mm512_setzero_ps();
-  for (int64_t g = 0; g < w.groups; ++g) {
-    fetch_ahead<F>(w, t, g);
-    const Group512 q = group512<F>(w, t, g, d, second);
-    for (int r = 0; r < R; ++r) acc[r] = row512<F>(acc[r], q, a, (r0 + r) * w.groups + g);
+  if constexpr (Super) {
+    __m512i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < w.groups; ++g) {
+      fetch_ahead<F>(w, t, g);
+      const KGroup512 q = k_group512<F>(w, t, g);
+      for (int r = 0; r < R; ++r) sum[r] = k_row512<F>(sum[r], q, a, (r0 + r) * w.groups + g);
+      if (g % groups_per_scale(F) == groups_per_scale(F) - 1) k_super512<F, R>(w, a, t, g + 1 - groups_per_scale(F), r0, acc, sum);
+    }
+  } else {
+    __m512 d = _mm512_setzero_ps(), second = _mm512_setzero_ps();
+    for (int64_t g = 0; g < w.groups; ++g) {
+      fetch_ahead<F>(w, t, g);
+      const Group512 q = group512<F>(w, t, g, d, second);
+      for (int r = 0; r < R; ++r) acc[r] = row512<F>(acc[r], q, a, (r0 + r) * w.groups + g);
+    }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
 }
@@ -343,11 +439,39 @@ inline __m256 sub_scales256(const uint8_t* p, __m256 d) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes)), d);
 }
 
+// A K-quant super-block's end for half h of a tile (output rows 8h..8h+7), as k_super512 does it at 512 bits.
+template <Format F, int R>
+inline void k_super256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t first, int64_t r0, int h,
+                       __m256 acc[R], __m256i sum[R]) {
+  const at::Half* s = w.scales(F, t, first) + 8 * h;
+  const __m256 d = half8(s);
+  __m256 minus_dmin = _mm256_setzero_ps();
+  __m256i minima[4];
+  if constexpr (minimum(F)) {
+    minus_dmin = _mm256_sub_ps(minus_dmin, half8(s + TILE));
+    const auto of = [&](int64_t g) {
+      return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.group(F, t, g) + sub_scales_at(F) + 16 + 8 * h)));
+    };
+    for (int j = 0; j < 4; ++j) minima[j] = _mm256_or_si256(of(first + 2 * j), _mm256_slli_epi32(of(first + 2 * j + 1), 16));
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t ag = (r0 + r) * w.groups + first;
+    const __m256 xd = _mm256_set1_ps(a.d[ag / groups_per_scale(F)]);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(d, xd), acc[r]);
+    if constexpr (minimum(F)) {
+      __m256i m = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) m = _mm256_add_epi32(m, _mm256_madd_epi16(minima[j], _mm256_set1_epi32(a.sum_pairs[ag / 2 + j])));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(minus_dmin, xd), acc[r]);
+    }
+    sum[r] = _mm256_setzero_si256();
+  }
+}
+
 // A tile at 256 bits is two halves of 8 output rows, both taken in one pass over the groups. Taken one after the
 // other, as they were, the second half's dots ran from the cache with no read of memory in flight (the first had
 // fetched every line), and a decode's linears read well below `stream_read` (docs/PERFORMANCE.md). At 3 or 4
 // rows the accumulators and the levels outgrow the 16 registers, and the pass is still the faster.
-template <Format F, int R>
+template <Format F, int R, bool Super>
 void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
 #ifdef ROOFTOP_DPBUSD256
   constexpr int c = F == Q8_0 ? 128 : offset(F);
@@ -355,14 +479,36 @@ void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
   constexpr int c = offset(F);
 #endif
   __m256 acc[2][R];
+  __m256i sum[2][R];  // Super: the super-block's integer sums
   for (int h = 0; h < 2; ++h)
-    for (int r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps(), sum[h][r] = _mm256_setzero_si256();
   for (int64_t g = 0; g < w.groups; ++g) {
     fetch_ahead<F>(w, t, g);
     const uint8_t* b = w.group(F, t, g);
     for (int h = 0; h < 2; ++h) {
       __m256i u[8];
       unpack256<F>(b, h, u);
+      if constexpr (Super) {
+        const auto bytes = [&](int at) {
+          return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + sub_scales_at(F) + at + 8 * h));
+        };
+        const __m256i sc = F == Q6_K ? _mm256_cvtepi8_epi32(bytes(0)) : _mm256_cvtepu8_epi32(bytes(0));
+        const __m256i sc2 = F == Q6_K ? _mm256_cvtepi8_epi32(bytes(16)) : sc;
+        for (int r = 0; r < R; ++r) {
+          const int64_t ag = (r0 + r) * w.groups + g;
+          const int8_t* x = a.q.data() + ag * GROUP;
+          __m256i p0 = dots16<F>(u, x), p1 = dots16<F>(u + 4, x + 16);
+          if constexpr (F == Q6_K) {
+            p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(c * a.sum16[2 * ag]));
+            p1 = _mm256_sub_epi32(p1, _mm256_set1_epi32(c * a.sum16[2 * ag + 1]));
+            sum[h][r] = _mm256_add_epi32(sum[h][r], _mm256_add_epi32(_mm256_mullo_epi32(p0, sc), _mm256_mullo_epi32(p1, sc2)));
+          } else {
+            sum[h][r] = _mm256_add_epi32(sum[h][r], _mm256_mullo_epi32(_mm256_add_epi32(p0, p1), sc));
+          }
+        }
+        if (g % groups_per_scale(F) == groups_per_scale(F) - 1) k_super256<F, R>(w, a, t, g + 1 - groups_per_scale(F), r0, h, acc[h], sum[h]);
+        continue;
+      }
       const at::Half* s = w.scales(F, t, g) + 8 * h;
       const __m256 d = half8(s);
       __m256 sa = d, sa2 = d, m = parts(F) == 2 ? half8(s + TILE) : _mm256_setzero_ps();
@@ -398,20 +544,39 @@ void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
 #endif
 
 // The plain loops: the same integers and the same FMAs, one output at a time.
-template <Format F, int R>
+template <Format F, int R, bool Super>
 void tile_plain(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
   constexpr int c = offset(F);
   for (int64_t o = 0; o < TILE; ++o) {
     for (int r = 0; r < R; ++r) {
       float acc = 0.f;
+      int32_t sum = 0, minima = 0;  // Super: the super-block's integer sums
       for (int64_t g = 0; g < w.groups; ++g) {
         const uint8_t* b = w.group(F, t, g);
-        float sa, sa2, m;
-        row_scales<F>(w, t, g, o, sa, sa2, m);
         const int64_t ag = (r0 + r) * w.groups + g;
         const int8_t* x = a.q.data() + ag * GROUP;
         int32_t dots[2] = {0, 0};
         for (int64_t k = 0; k < GROUP; ++k) dots[k / 16] += level<F>(b, o, k) * x[k];
+        if constexpr (Super) {
+          const uint8_t* sub = b + sub_scales_at(F);
+          if constexpr (F == Q6_K) {
+            sum += static_cast<int8_t>(sub[o]) * (dots[0] - c * a.sum16[2 * ag]) +
+                   static_cast<int8_t>(sub[TILE + o]) * (dots[1] - c * a.sum16[2 * ag + 1]);
+          } else {
+            sum += sub[o] * (dots[0] + dots[1]);
+            minima += sub[TILE + o] * a.sum[ag];
+          }
+          if (g % groups_per_scale(F) == groups_per_scale(F) - 1) {
+            const at::Half* s = w.scales(F, t, g);
+            const float xd = a.d[ag / groups_per_scale(F)];
+            acc = std::fma(static_cast<float>(sum), static_cast<float>(s[o]) * xd, acc);
+            if constexpr (minimum(F)) acc = std::fma(static_cast<float>(minima), (0.f - static_cast<float>(s[TILE + o])) * xd, acc);
+            sum = minima = 0;
+          }
+          continue;
+        }
+        float sa, sa2, m;
+        row_scales<F>(w, t, g, o, sa, sa2, m);
         if constexpr (F == Q6_K) {
           acc = std::fma(static_cast<float>(dots[0] - c * a.sum16[2 * ag]), sa * a.d[ag], acc);
           acc = std::fma(static_cast<float>(dots[1] - c * a.sum16[2 * ag + 1]), sa2 * a.d[ag], acc);
@@ -425,38 +590,38 @@ void tile_plain(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, f
   }
 }
 
-template <Format F, int R>
+template <Format F, int R, bool Super>
 void tile(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, float* out) {
 #if defined(ROOFTOP_AVX512)
-  tile512<F, R>(w, a, t, r0, out);
+  tile512<F, R, Super>(w, a, t, r0, out);
 #elif defined(ROOFTOP_AVX2)
-  tile256<F, R>(w, a, t, r0, out);
+  tile256<F, R, Super>(w, a, t, r0, out);
 #else
-  tile_plain<F, R>(w, a, t, r0, out);
+  tile_plain<F, R, Super>(w, a, t, r0, out);
 #endif
 }
 
-template <Format F>
+template <Format F, bool Super>
 void tile_any(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, int64_t count, float* out) {
   switch (count) {
-    case 1: return tile<F, 1>(w, a, t, r0, out);
-    case 2: return tile<F, 2>(w, a, t, r0, out);
-    case 3: return tile<F, 3>(w, a, t, r0, out);
+    case 1: return tile<F, 1, Super>(w, a, t, r0, out);
+    case 2: return tile<F, 2, Super>(w, a, t, r0, out);
+    case 3: return tile<F, 3, Super>(w, a, t, r0, out);
 #ifdef ROOFTOP_AVX512
-    case 5: return tile<F, 5>(w, a, t, r0, out);
-    case 6: return tile<F, 6>(w, a, t, r0, out);
-    case 7: return tile<F, 7>(w, a, t, r0, out);
-    case 8: return tile<F, 8>(w, a, t, r0, out);
+    case 5: return tile<F, 5, Super>(w, a, t, r0, out);
+    case 6: return tile<F, 6, Super>(w, a, t, r0, out);
+    case 7: return tile<F, 7, Super>(w, a, t, r0, out);
+    case 8: return tile<F, 8, Super>(w, a, t, r0, out);
 #endif
-    default: return tile<F, 4>(w, a, t, r0, out);
+    default: return tile<F, 4, Super>(w, a, t, r0, out);
   }
 }
 
-template <Format F>
+template <Format F, bool Super>
 at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional<at::Tensor>& bias,
                         const c10::optional<at::Tensor>& residual) {
   const int64_t rows = x.size(0), k = x.size(1), n = w.n, tiles = (n + TILE - 1) / TILE;
-  const QuantizedRows a = quantize_rows(x.data_ptr<float>(), rows, k);
+  const QuantizedRows a = Super ? quantize_super_rows(x.data_ptr<float>(), rows, k) : quantize_rows(x.data_ptr<float>(), rows, k);
   auto out = at::empty({rows, n}, x.options());
   const float* b = bias ? bias->data_ptr<float>() : nullptr;
   const float* res = residual ? residual->data_ptr<float>() : nullptr;
@@ -478,7 +643,7 @@ at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional
 #ifdef ROOFTOP_AVX512
     // A few rows (a decode at a small batch) read the weights with little work per byte: a single stream per thread
     // left the read well below what the memory gave in its fast minutes, two streams (the range's halves) follow it.
-    if (rows >= 1 && rows <= PAIR_ROWS) {
+    if (!Super && rows >= 1 && rows <= PAIR_ROWS) {
       const int64_t half = (t1 - t0) / 2;
       for (int64_t t = t0; t < t0 + half; ++t) {
         tile_pair_any<F>(w, a, t, t + half, rows, acc);
@@ -489,9 +654,9 @@ at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional
     }
 #endif
     for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
-        const int64_t count = std::min<int64_t>(TILE_ROWS, rows - r0);
-        tile_any<F>(w, a, t, r0, count, acc);
+      for (int64_t r0 = 0; r0 < rows; r0 += tile_rows(F, Super)) {
+        const int64_t count = std::min<int64_t>(tile_rows(F, Super), rows - r0);
+        tile_any<F, Super>(w, a, t, r0, count, acc);
         store(t, r0, count, acc);
       }
     }
@@ -623,12 +788,25 @@ auto by_format(int64_t format, Fn&& fn) {
 }  // namespace
 
 // x (rows, K) float32 @ tiled weights^T (+bias) (+residual): q and dm as the layout above says, N output rows.
+// super_blocks (the K-quants only: a prefill chunk's rows, issue 10's per-sequence rule): the activations take one
+// scale per 256 inputs, llama.cpp's Q8_K, and each super-block's dots, times their integer sub-block scales, add up
+// in integers, with one conversion to float per super-block instead of one per group: a prefill's many rows run
+// faster. A decode's few rows keep scales per 32: read from DRAM, their calls in this form streamed the weights
+// slower (docs/PERFORMANCE.md).
 at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n,
-                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+                        bool super_blocks) {
   check_linear_inputs(x, bias, residual, n);
   const Tiled w = check_tiled(q, dm, format, n);
   TORCH_CHECK(x.size(1) == w.groups * GROUP, "x has ", x.size(1), " inputs, the weights ", w.groups * GROUP);
-  return by_format(format, [&](auto f) { return tiled_linear<decltype(f)::value>(w, x, bias, residual); });
+  TORCH_CHECK(!super_blocks || format >= Q4_K, "super_blocks is for the K-quants (formats 5, 6, 7), not format ", format);
+  return by_format(format, [&](auto f) {
+    constexpr Format F = decltype(f)::value;
+    if constexpr (k_quant(F)) {
+      if (super_blocks) return tiled_linear<F, true>(w, x, bias, residual);
+    }
+    return tiled_linear<F, false>(w, x, bias, residual);
+  });
 }
 
 // The sum of `data`'s bytes as 64-bit words, read as the tiled linears read their weights: each thread's range as

@@ -30,7 +30,7 @@ from rooftop.kernels import cpu
 from rooftop.quant.cuda_linear import CudaInt4Linear, CudaInt8Linear, runs_tinygemm
 from rooftop.quant.gguf_blocks import q4_0_as_int4
 from rooftop.quant.rows import NARROW, WIDEN_ROWS, RowPlan, by_plan, with_residual
-from rooftop.quant.tiles import TILE_FORMATS, tile_blocks, tile_bytes, tile_nibbles, tile_scales
+from rooftop.quant.tiles import SUPER_BLOCK_FORMATS, TILE_FORMATS, tile_blocks, tile_bytes, tile_nibbles, tile_scales
 from rooftop.quant.weights import (
     BLOCK_FORMATS,
     GROUP,
@@ -451,7 +451,8 @@ def _like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 class _KernelLinear:
     """What the kernel linears share: the narrow rows run the kernel, widened groups (a `RowPlan`) one matmul in
-    `widen_dtype` where the host widens; where it does not, every row runs the kernel."""
+    `widen_dtype` where the host widens; where it does not, every row runs the kernel, a widened group (a prefill
+    chunk) in the kernel's form for chunks (`kernel`'s chunk)."""
 
     bias: torch.Tensor | None
 
@@ -460,8 +461,10 @@ class _KernelLinear:
         return None if widen_dtype() is None else WIDEN_ROWS
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
-        if not plan.widen or widen_dtype() is None:
+        if not plan.widen:
             return self.narrow(x, residual)
+        if widen_dtype() is None:
+            return by_plan(x, residual, plan, functools.partial(self.narrow, chunk=True), self.narrow)
         wide = self.dequantize(widen_dtype())
 
         def widened(rows: torch.Tensor, res: torch.Tensor | None) -> torch.Tensor:
@@ -470,11 +473,11 @@ class _KernelLinear:
 
         return by_plan(x, residual, plan, widened, self.narrow)
 
-    def narrow(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def narrow(self, x: torch.Tensor, residual: torch.Tensor | None, chunk: bool = False) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
-            return self.kernel(x, residual)  # the engine's activations
+            return self.kernel(x, residual, chunk)  # the engine's activations
         res = None if residual is None else _float_rows(residual)
-        return _like(self.kernel(_float_rows(x), res), x)
+        return _like(self.kernel(_float_rows(x), res, chunk), x)
 
 
 @dataclass
@@ -494,8 +497,12 @@ class TiledLinear(_KernelLinear):
     def kernel_format(self) -> int:
         return TILE_FORMATS.index(self.format)
 
-    def kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        return cpu.ops().tiled_linear(x, self.q, self.dm, self.kernel_format, self.out_features, self.bias, residual)
+    def kernel(self, x: torch.Tensor, residual: torch.Tensor | None, chunk: bool = False) -> torch.Tensor:
+        """x @ W^T (+ bias) (+ residual) on the kernel. A prefill chunk's rows of a K-quant take one activation
+        scale per 256 and sum each super-block in integers (tiles.cpp's super_blocks): the faster form for many
+        rows; a decode's rows keep scales per 32, which streamed the weights faster."""
+        fmt, super_blocks = self.kernel_format, chunk and self.format in SUPER_BLOCK_FORMATS
+        return cpu.ops().tiled_linear(x, self.q, self.dm, fmt, self.out_features, self.bias, residual, super_blocks)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Float32 rows `ids` of the weight, decoded as `dequantize` decodes them: an embedding table's lookup."""
