@@ -1,5 +1,6 @@
 """Our GGUF header reader against gguf's GGUFReader, and its errors on broken files."""
 
+import os
 import re
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from gguf import GGUFReader
 
 from rooftop.errors import ModelLoadError, UnsupportedModelError
-from rooftop.loading.gguf_file import read_gguf
+from rooftop.loading.gguf_file import read_gguf, release_pages
 
 
 def assert_same_as_gguf_reader(path):
@@ -88,3 +89,37 @@ def test_zero_alignment_is_refused(tmp_path):
     w.close()
     with pytest.raises(ModelLoadError, match="invalid general.alignment 0"):
         read_gguf(path)
+
+
+def mapped_kb(path) -> int:
+    """This process's resident kB of its mappings of `path` (Linux's /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header: address range, perms, offset, dev, inode, path
+            inside = fields[-1] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_a_tensor_read_lets_its_file_pages_go_and_reads_the_same_after(tmp_path):
+    """Loading holds each tensor's bytes mapped only while it is read: a mapped page stays resident until the file
+    is closed, and the peak of a load was the file beside its converted weights."""
+    import gguf
+
+    path = tmp_path / "big.gguf"
+    values = np.random.default_rng(0).standard_normal((512, 2048)).astype(np.float32)  # 4 MiB
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("blk.0.ffn_up.weight", values)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    t = read_gguf(path).tensors[0]
+    checksum = float(t.data.view(np.float32).sum())
+    assert mapped_kb(path) >= 4000
+    release_pages(t)
+    assert mapped_kb(path) <= 8  # at most the pages shared with the header
+    assert float(t.data.view(np.float32).sum()) == checksum  # read again from the page cache

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as QType
 from rooftop.config import ModelConfig
 from rooftop.errors import ModelLoadError, RooftopError
 from rooftop.loading.gguf_config import config_from_gguf
-from rooftop.loading.gguf_file import TensorInfo, read_gguf
+from rooftop.loading.gguf_file import TensorInfo, read_gguf, release_pages
 from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import Shard, shard_tensor
 from rooftop.loading.tokenizer import Tokenizer
@@ -129,8 +129,14 @@ def read_matrix(t: TensorInfo) -> Weight:
 def read_tensor(t: TensorInfo, config: ModelConfig, name: str, shard: Shard | None = None) -> Weight:
     """One tensor under its HF layout: quantized matrices in a form the kernels run, everything else as float32.
     With `shard`, only those rows or columns of the file are read (Q and K rows by whole heads: llama.cpp's row
-    order is undone within each head)."""
-    t = shard_tensor(t, shard)
+    order is undone within each head). The file's pages of the tensor are let go after (`release_pages`)."""
+    try:
+        return _read_tensor(shard_tensor(t, shard), config, name)
+    finally:
+        release_pages(t)
+
+
+def _read_tensor(t: TensorInfo, config: ModelConfig, name: str) -> Weight:
     if config.architecture in ("qwen3_5", "qwen3_next") and (hf := hybrid_tensor(t, name)) is not None:
         return hf
     w = read_matrix(t) if len(t.shape) == 2 else dequantize(t.data, t.qtype, t.shape, t.name)

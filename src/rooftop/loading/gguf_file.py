@@ -91,6 +91,21 @@ class _Cursor:
         raise ModelLoadError(f"{self.path}: unknown GGUF value type {vtype} at byte {self.pos}")
 
 
+def release_pages(t: TensorInfo) -> None:
+    """Unmap the whole pages of `t`'s bytes from this process (MADV_DONTNEED) once the model has read them: what it
+    keeps is a copy in the form it runs, while a page mapped stays resident until the file is closed, so a load
+    held the file's pages beside the converted weights and its peak resident memory was both. A page read again is
+    mapped again from the page cache, so nothing that still views the file sees other bytes."""
+    buf = getattr(t.data.base, "obj", None)  # np.frombuffer over the mapping: a memoryview of it
+    if not isinstance(buf, mmap.mmap) or buf.closed or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = t.data.ctypes.data - np.frombuffer(buf, dtype=np.uint8).ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (start + t.data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        buf.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
 def read_gguf(path: Path) -> GGUFFile:
     """Parse the header of `path`; raise ModelLoadError on anything that is not a whole GGUF v2/v3 file."""
     try:

@@ -47,10 +47,12 @@ def tile_planes(high: torch.Tensor, bits: int) -> torch.Tensor:
     (the unpacked nibbles' vector v is inputs 4v..4v+3)."""
     n, k = high.shape
     per_plane = 8 // bits
-    h = _padded_rows(high.to(torch.int32)).view(-1, TILE, k // GROUP, bits, per_plane, 4)  # tile, o, g, p, v', i
+    h = _padded_rows(high.to(torch.uint8)).view(-1, TILE, k // GROUP, bits, per_plane, 4)  # tile, o, g, p, v', i
     h = h.permute(0, 2, 3, 1, 5, 4)  # tile, group, plane, o, i, v'
-    packed = (h << (bits * torch.arange(per_plane, dtype=torch.int32))).sum(-1)
-    return packed.to(torch.uint8).reshape(-1, k // GROUP, 64 * bits).contiguous()
+    packed = h[..., 0].clone()
+    for v in range(1, per_plane):  # in bytes: a wider sum's intermediates took several times the matrix
+        packed |= h[..., v] << (bits * v)
+    return packed.reshape(-1, k // GROUP, 64 * bits).contiguous()
 
 
 def tile_bytes(q: torch.Tensor) -> torch.Tensor:
