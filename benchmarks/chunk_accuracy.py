@@ -1,5 +1,5 @@
 """What a long prompt's prefill form costs in accuracy: a K-quant file's teacher-forced logits over long chunks of
-text, prefilled as one chunk (a K-quant's rows then take activations per 256 and integer super-block sums:
+text, prefilled as one chunk (its Q4_K and Q6_K rows then take activations per 256 and integer super-block sums:
 kernels/tiles.cpp's super_blocks) and in chunks below WIDEN_ROWS (every row as a decode's: activations per 32),
 each against the same file's float path.
 
@@ -37,7 +37,7 @@ def logits(llm: LLM, ids: list[int], chunk: int) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a GGUF file whose tensors include K-quants")
+    parser.add_argument("model", help="a GGUF file whose tensors include Q4_K or Q6_K")
     parser.add_argument("--tokens", type=int, default=384, help="tokens per chunk of text (at least WIDEN_ROWS)")
     parser.add_argument("--chunks", type=int, default=8)
     args = parser.parse_args()

@@ -19,9 +19,10 @@ from rooftop.quant.weights import GROUP, BlockWeight
 
 TILE = 16  # output rows per tile
 TILE_FORMATS = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # tiles.cpp's Format ids
-# the K-quants: super-blocks of 256, whose prefill chunks the kernel runs with one activation scale per 256
-# (tiles.cpp's super_blocks)
-SUPER_BLOCK_FORMATS = ("q4_k", "q5_k", "q6_k")
+# The K-quants whose prefill chunks run with one activation scale per 256 (tiles.cpp's super_blocks). Not Q5_K: its
+# bit planes' unpacking outweighs what the form saves, and it gained nothing to pay for the coarser rounding
+# (docs/PERFORMANCE.md).
+SUPER_BLOCK_FORMATS = ("q4_k", "q6_k")
 PLANES = {"q5_0": 1, "q5_1": 1, "q5_k": 1, "q6_k": 2}  # bits of a level above its low four
 ROWS_AT_ONCE = 4096  # rows repacked together: bounds the intermediate tensors of a large embedding
 
