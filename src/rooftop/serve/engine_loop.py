@@ -74,10 +74,9 @@ class RequestStream:
 
 @dataclass
 class _Add:
-    request_ids: list[
-        str
-    ]  # one per choice of each prompt: the first of a prompt computes it, the others reuse its cache
-    prompts: list[list[int]]  # each request's prompt
+    # one per choice of each prompt: the first of a prompt computes it, the others reuse its cache
+    request_ids: list[str]
+    prompts: list[list[int]]  # each request's prompt, one list object per prompt
     params: list[SamplingParams]
     arrival: float
     loop: asyncio.AbstractEventLoop
@@ -206,9 +205,9 @@ class EngineLoop:
                     f"the server is busy: {self._queued()} requests are already waiting for a slot "
                     f"(max_waiting_requests {self.max_waiting}); retry later"
                 )
-            computes: dict[tuple[int, ...], str] = {}  # a prompt's first request computes it
+            computes: dict[int, str] = {}  # a prompt's first request computes it (its choices share the list)
             for request_id, prompt, params in zip(command.request_ids, command.prompts, command.params, strict=True):
-                first = computes.setdefault(tuple(prompt), request_id)
+                first = computes.setdefault(id(prompt), request_id)
                 self.engine.add_request(
                     request_id, prompt, params, command.arrival, None if first == request_id else first
                 )
