@@ -295,7 +295,15 @@ class EngineConfig:
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DEFAULT_CHUNK = 256  # batch-invariant prefill chunks (and prefix-cache reuse) in tokens; docs/PERFORMANCE.md
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")  # vLLM's --kv-cache-dtype names
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU (the reference), bfloat16 on a GPU
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: `auto_dtype`
+
+
+def auto_dtype(device_type: str) -> str:
+    """What --dtype auto runs a model in on a device type ("cpu", "cuda"): float32 on the CPU (the reference
+    precision), bfloat16 on an accelerator. The engine, its probe and the analyzer's `-H this` all ask here."""
+    return "float32" if device_type == "cpu" else "bfloat16"
+
+
 LOAD_FORMATS = ("auto", "dummy")  # vLLM's --load-format values: read the file's weights, or make seeded random ones
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from rooftop.config import EngineConfig, RunConfig
+from rooftop.config import EngineConfig, RunConfig, auto_dtype
 from rooftop.engine.distributed import check_parallel_run, launch_of, rank_device, rank_threads
 from rooftop.engine.lead import Lead, lead_group
 from rooftop.engine.llm_engine import LLMEngine
@@ -76,10 +76,8 @@ def available_cores() -> int:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """ "auto" is float32 on CPU (the reference precision) and bfloat16 on an accelerator."""
-    if dtype == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return TORCH_DTYPES[dtype]
+    """ "auto" is `auto_dtype` of the device."""
+    return TORCH_DTYPES[auto_dtype(device.type) if dtype == "auto" else dtype]
 
 
 class LLM:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rooftop.config import auto_dtype
 from rooftop.kernels import cpu, pages
 from rooftop.quant import cuda_linear
 from rooftop.quant.linear import linear_format, make_linear, packs_float32
@@ -39,7 +40,7 @@ class EngineKernels:
 
     def flops(self, kind: str, device: str, plan: Plan) -> tuple[float | None, str]:
         k, n = plan.weight_only_k, plan.weight_only_n
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the activations each device's model runs
+        dtype = getattr(torch, auto_dtype(torch.device(device).type))  # the activations each device's model runs
         if kind == "float32" and device != "cpu":
             return None, "not timed on CUDA: its float32 linears are torch.mm's cuBLAS call"
         try:
@@ -74,7 +75,7 @@ class EngineKernels:
     def formats(self, device: str) -> dict[str, str]:
         """The block linears of each policy at the activations the device's model runs (float32 on the CPU,
         bfloat16 on CUDA), as the probe times them."""
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        dtype = getattr(torch, auto_dtype(torch.device(device).type))
         return {policy: linear_format(policy, torch.device(device), dtype) for policy in WEIGHT_POLICIES}
 
     def read_bandwidth(self, size: int, device: str, plan: Plan) -> float | None:

@@ -25,8 +25,10 @@ from typing import Protocol
 
 import torch
 
+from rooftop.config import auto_dtype
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.hardware import GIGA, Hardware
+from rooftop.roofline.precision import FLOAT_DTYPES
 from rooftop.roofline.report import si
 
 # The descriptions passed to `on_step`, in order, one per measurement; a progress bar's total is their count.
@@ -229,7 +231,7 @@ class ProbeResult:
             source=f"rooftop probe {self.date}",
             notes=notes,
             engine_formats=dict(self.engine_formats),
-            engine_dtype="fp32" if self.device == "cpu" else "bf16",  # the model's dtype the engine picks here
+            engine_dtype=FLOAT_DTYPES[auto_dtype(torch.device(self.device).type)],
         )
 
     def to_dict(self) -> dict:
