@@ -1,5 +1,7 @@
 """Typed errors: every bad input a user can give ends in one of these, with a message that names the problem."""
 
+from __future__ import annotations
+
 
 class RooftopError(Exception):
     """Base of every error rooftop raises on purpose; the CLI prints its message on one line."""
@@ -24,6 +26,13 @@ class InvalidRequestError(RooftopError, ValueError):
 
 class PromptTooLongError(InvalidRequestError):
     """The prompt does not fit in the model's context."""
+
+    @classmethod
+    def of(cls, tokens: int, context: int, name: str = "the prompt") -> PromptTooLongError:
+        """The engine's refusal of a prompt of `tokens` tokens (`name`: which prompt, in a batch)."""
+        return cls(
+            f"{name} has {tokens} tokens; the context holds {context}, with room needed for at least one output token"
+        )
 
 
 class TensorParallelError(RooftopError):

@@ -158,10 +158,7 @@ class LLMEngine:
         params = params or SamplingParams()
         ids, text = self._tokenize(prompt)
         if len(ids) >= self.max_model_len:
-            raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens; the context holds {self.max_model_len}, "
-                "with room needed for at least one output token"
-            )
+            raise PromptTooLongError.of(len(ids), self.max_model_len)
         longest = min(len(ids) + params.max_tokens, self.max_model_len)
         if self._blocks.blocks_needed(longest) > self._blocks.num_blocks:
             raise InvalidRequestError(

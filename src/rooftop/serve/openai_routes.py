@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.enums import FinishReason
-from rooftop.errors import InvalidRequestError
+from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.serve.engine_loop import (
     ClientGoneError,
     EngineFailedError,
@@ -136,13 +136,8 @@ async def respond(
     context = ready.llm.max_model_len
     for i, ids in enumerate(prompts):
         name = "the prompt" if len(prompts) == 1 else f"prompt {i}"
-        if len(ids) >= context:
-            raise ApiError(
-                400,
-                f"{name} has {len(ids)} tokens; the context holds {context}, with room needed for at least one "
-                "output token",
-                body.prompt_field,
-            )
+        if len(ids) >= context:  # the engine's check, here to name the prompt of a batch
+            raise ApiError(400, str(PromptTooLongError.of(len(ids), context, name)), body.prompt_field)
         if context < len(ids) + params.max_tokens:  # vLLM's and OpenAI's 400, not a silent cut at the context
             field = body.max_tokens_field
             raise ApiError(
