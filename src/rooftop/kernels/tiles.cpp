@@ -29,8 +29,9 @@
 // 16 of the second part.
 // A prefill chunk's rows of a K-quant may take the super-block form (super_blocks; quant/tiles.py says which):
 // activations with one scale per 256 inputs (quantize_super_rows), each group's integer dots times its integer
-// sub-block scale summed over the super-block in integers, the minima's integer dot with the activations' sums per 32 (vpdpwssd), and one conversion
-// to float per super-block: acc += float(sum)·(d·xd), then (Q4_K, Q5_K) acc += float(minima)·(-dmin·xd).
+// sub-block scale summed over the super-block in integers, the minima's integer dot with the activations' sums per
+// 32 (vpdpwssd), and one conversion to float per super-block: acc += float(sum)·(d·xd), then (Q4_K, Q5_K)
+// acc += float(minima)·(-dmin·xd).
 // Every path (512-bit, 256-bit, plain loops) computes the same exact integer dots and the same float operations in
 // the same order: each row's result is bit for bit the same at any batch size and on any of them.
 
