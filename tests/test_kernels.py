@@ -530,6 +530,30 @@ def test_a_build_killed_midway_leaves_no_lock_that_hangs_the_next_start():
     assert "left by an interrupted build" in done.stderr and not (directory / "lock").exists()
 
 
+def test_a_start_runs_the_ninja_package_whatever_other_ninja_path_finds_first(tmp_path):
+    """Two ninja versions (the package's in .venv/bin, a system one) keep build logs the other cannot read: a start
+    from an activated shell and one from .venv/bin/python each compiled every kernel again (~45 s, shown as the
+    model's load). A start must run the package's ninja even with another first on PATH (here one that fails and
+    leaves a mark)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("ninja")
+    if cpu.ops() is None:
+        pytest.skip("rooftop's CPU kernels do not build here")
+    mark = tmp_path / "ran"
+    other = tmp_path / "bin" / "ninja"
+    other.parent.mkdir()
+    other.write_text(f"#!/bin/sh\ntouch {mark}\nexit 1\n")
+    other.chmod(0o755)
+    env = {**os.environ, "PATH": f"{other.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    start = [sys.executable, "-c", "from rooftop.kernels import cpu; assert cpu.ops() is not None"]
+    done = subprocess.run(start, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr
+    assert not mark.exists()
+
+
 def test_a_start_says_when_it_compiles_the_kernels_and_when_it_waits_for_another_that_does(
     tmp_path, monkeypatch, capsys
 ):

@@ -16,7 +16,6 @@ import fcntl
 import functools
 import hashlib
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,13 +61,8 @@ def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleTyp
     revision's sources, for benchmarks/kernel_ab.py)."""
     from torch.utils import cpp_extension
 
-    if shutil.which("ninja") is None:  # PyTorch builds with ninja; the pip package's binary is not on PATH by itself
-        with contextlib.suppress(ImportError):
-            import ninja
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     directory_of_build = build_directory(name)
-    with build_lock(directory_of_build):
+    with build_lock(directory_of_build), packaged_ninja():
         if not (directory_of_build / f"{name}.so").exists():
             print(
                 f"rooftop: compiling its CPU kernels for this machine ({name}; once, ~30 s on 2 cores)", file=sys.stderr
@@ -81,6 +75,25 @@ def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleTyp
             build_directory=str(directory_of_build),
             verbose=False,
         )
+
+
+@contextlib.contextmanager
+def packaged_ninja() -> Iterator[None]:
+    """PATH with the `ninja` package's binary first, for a build: PyTorch runs whichever `ninja` PATH finds first, and
+    two versions (the package's, in .venv/bin, and a system one) keep build logs the other cannot read, so every
+    switch between them (an activated shell, then `make test`'s .venv/bin/python) compiled every kernel again
+    (~45 s, reported as the model's load). Without the package, PATH is left as it is."""
+    try:
+        import ninja
+    except ImportError:
+        yield
+        return
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
 
 
 def build_directory(name: str) -> Path:
