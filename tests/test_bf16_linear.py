@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType as T
+from gguf_factory import write_tiny_gguf
 from test_hf_models import SHAPE, write_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -125,6 +127,46 @@ def test_a_bf16_checkpoint_runs_as_bf16_fp32_under_auto_and_agrees_with_transfor
     torch.testing.assert_close(logits, expected, atol=1e-3, rtol=1e-4)
     greedy = SamplingParams(max_tokens=8, temperature=0)
     assert auto.generate([ids], greedy)[0].token_ids == float32.generate([ids], greedy)[0].token_ids
+
+
+def test_an_untied_bf16_checkpoint_keeps_its_table_and_linears_in_bf16_as_read(tmp_path):
+    """A bf16 checkpoint's matrices stay bfloat16 from the file to the model under `auto` (widened to float32, checked
+    value by value and narrowed again, they were most of a bf16 file's load), an untied embedding table too: half a
+    float32 table, its rows the file's values widened as they are looked up."""
+    torch.manual_seed(1)
+    hf = LlamaForCausalLM(LlamaConfig(**SHAPE, tie_word_embeddings=False))
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.4)
+    hf.to(torch.bfloat16).save_pretrained(tmp_path)
+    write_tokenizer(tmp_path)
+    reference = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    model = LLM(model=str(tmp_path)).engine.model
+    assert model.embed.dtype == torch.bfloat16
+    assert torch.equal(model.embed, reference.model.embed_tokens.weight.bfloat16())
+    assert isinstance(model.lm_head, Bf16Linear) and torch.equal(
+        model.lm_head.weight, reference.lm_head.weight.bfloat16()
+    )
+    ids = [1, 5, 9, 33, 70, 2, 8, 120]
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0]
+    cache = KVCache(model.config, capacity=64, dtype=torch.float32, device="cpu")
+    torch.testing.assert_close(model.logits(model.forward(torch.tensor(ids), cache, 0)), expected, atol=1e-3, rtol=1e-4)
+
+
+def test_a_bf16_gguf_runs_its_matrices_as_the_file_holds_them(tmp_path):
+    """A GGUF's BF16 matrices are read as bfloat16 (not through float32) and run as bf16-fp32 under `auto`, each
+    linear's weight the file's values (llama's Q and K rows unpermuted), the greedy tokens those of float32."""
+    path = tmp_path / "bf16.gguf"
+    weights = write_tiny_gguf(path, qtype=lambda name: T.BF16)
+    auto, float32 = LLM(model=str(path)), LLM(model=str(path), weights="float")
+    model = auto.engine.model
+    assert auto.precision.weights.name == "bf16-fp32" and model.embed is model.lm_head.weight
+    assert torch.equal(model.embed, torch.from_numpy(weights["model.embed_tokens.weight"]).bfloat16())
+    fused = torch.cat([torch.from_numpy(weights[f"model.layers.1.mlp.{n}_proj.weight"]) for n in ("gate", "up")])
+    assert torch.equal(model.layers[1].mlp.gate_up.weight, fused.bfloat16())
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    assert auto.generate([[1, 7, 30]], greedy)[0].token_ids == float32.generate([[1, 7, 30]], greedy)[0].token_ids
 
 
 def test_bf16_fp32_is_not_an_exact_choice_and_says_how_to_get_it(bf16_checkpoint):

@@ -15,7 +15,7 @@ from rooftop.loading.gguf_file import TensorInfo, read_gguf, release_pages
 from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import Shard, shard_tensor
 from rooftop.loading.tokenizer import Tokenizer
-from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize, q4_1_parts, q8_0_parts, stored_blocks
+from rooftop.quant.gguf_blocks import STORED_TYPES, bf16_values, dequantize, q4_1_parts, q8_0_parts, stored_blocks
 from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight, quantize_int4
 
 GROUP_TYPES = (QType.Q4_1, QType.Q8_0)
@@ -117,11 +117,18 @@ def converted(t: TensorInfo) -> bool:
 
 def read_matrix(t: TensorInfo) -> Weight:
     """A 2-D tensor as the engine keeps it: Q4_1/Q8_0 as integer groups, the stored block formats as their rows of
-    blocks, the rarer quantized types converted to Q4_1 (one tensor in float32 at a time), float types as float32."""
+    blocks, the rarer quantized types converted to Q4_1 (one tensor in float32 at a time), BF16 as bfloat16 (the
+    model's tensors widen it where they hold float32; a bf16-fp32 linear holds it as it is), the other float types as
+    float32."""
     if t.qtype in GROUP_TYPES:
         return group_weight(t)
     if t.qtype in STORED_TYPES:
         return stored_blocks(t.data, t.qtype, t.shape, t.name)
+    if t.qtype == QType.BF16:
+        values = bf16_values(t.data)
+        if values.numel() != t.numel:
+            raise ModelLoadError(f"{t.name}: holds {values.numel()} values, its shape {tuple(t.shape)} needs {t.numel}")
+        return values.reshape(t.shape)
     values = dequantize(t.data, t.qtype, t.shape, t.name)
     return quantize_int4(values) if converted(t) else values
 

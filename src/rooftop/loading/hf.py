@@ -31,10 +31,11 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def _read(f: Path, name: str, shard: Shard | None = None) -> torch.Tensor:
-    """A tensor as float32, or only its rows or columns `shard` (safetensors reads just those bytes)."""
+    """A tensor as float32, bfloat16 as it is (the model's tensors widen it where they hold float32: models/tensors.py),
+    or only its rows or columns `shard` (safetensors reads just those bytes)."""
     with safe_open(f, framework="pt") as opened:
         if shard is None:
-            return opened.get_tensor(name).float()
+            return _widened(opened.get_tensor(name))
         part = opened.get_slice(name)
         size = part.get_shape()[shard.dim]
         if size != shard.total:
@@ -42,7 +43,11 @@ def _read(f: Path, name: str, shard: Shard | None = None) -> torch.Tensor:
                 f"tensor {name} has {size} along dimension {shard.dim}, the config implies {shard.total}"
             )
         rows = slice(shard.start, shard.stop)
-        return (part[rows] if shard.dim == 0 else part[:, rows]).float()
+        return _widened(part[rows] if shard.dim == 0 else part[:, rows])
+
+
+def _widened(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.bfloat16 else t.float()
 
 
 # A multimodal checkpoint (Qwen3.5's Qwen3_5ForConditionalGeneration) keeps its language model under this prefix,
@@ -60,7 +65,8 @@ def text_model_name(name: str) -> str | None:
 
 
 def load_hf_dir(path: Path) -> LoadedModel:
-    """Load an HF directory's config and tokenizer; its tensors are read (as float32) when the model asks."""
+    """Load an HF directory's config and tokenizer; its tensors are read (as float32, or bfloat16) when the model
+    asks."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model directory?)")
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}

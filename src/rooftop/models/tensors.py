@@ -11,7 +11,7 @@ from rooftop.errors import ModelLoadError
 from rooftop.loading.loaded import LazyWeights
 from rooftop.loading.shard import Shard, shard_weight
 from rooftop.models.parallel import RowParallel, TPGroup, split
-from rooftop.quant.linear import Linear, as_stored, make_linear
+from rooftop.quant.linear import Linear, as_stored, make_linear, runs_bf16
 from rooftop.quant.weights import Weight, to_float
 
 Part = tuple[int, int] | None  # rows or columns start:stop of a tensor one rank reads; None: all of them
@@ -77,7 +77,22 @@ class Tensors:
             raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
         if not isinstance(w, torch.Tensor) and not self.keep_groups:
             w = w.dequantize()
-        return w.to(device=self.device, dtype=self.dtype).contiguous() if isinstance(w, torch.Tensor) else w
+        if not isinstance(w, torch.Tensor):
+            return w
+        return w.contiguous() if self.keeps_bf16(w) else w.to(device=self.device, dtype=self.dtype).contiguous()
+
+    def keeps_bf16(self, w: torch.Tensor) -> bool:
+        """Whether a bf16 checkpoint's matrix stays bfloat16 as it was read: where `auto` holds it as a bf16-fp32
+        linear (`runs_bf16`), or as the lookup table of a float32 model (rows widened as they are looked up). Widened
+        to float32 here, each such matrix was checked value by value and narrowed again: most of a bf16 file's load."""
+        return (
+            self.stored
+            and self.policy == "float"
+            and self.dtype == torch.float32
+            and self.device.type == "cpu"
+            and w.dtype == torch.bfloat16
+            and runs_bf16(w)
+        )
 
     def cat(self, *parts: Weight | None) -> Weight | list[Weight] | None:
         """Fused projections: one matrix from several, kept in their common form when they share one; the parts
@@ -89,4 +104,6 @@ class Tensors:
             return type(parts[0]).cat(list(parts))
         if self.stored and any(as_stored(t, self.policy, self.device) for t in parts):
             return list(parts)
+        if all(isinstance(t, torch.Tensor) and self.keeps_bf16(t) for t in parts):
+            return torch.cat(parts, dim=0)
         return torch.cat([to_float(t).to(device=self.device, dtype=self.dtype) for t in parts], dim=0).contiguous()

@@ -171,6 +171,11 @@ def stored_blocks(raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: s
     return BlockWeight(torch.from_numpy(flat.reshape(rows, row_bytes).copy()), STORED_TYPES[qtype], cols)
 
 
+def bf16_values(raw: np.ndarray) -> torch.Tensor:
+    """A BF16 tensor's values as they are (flat bfloat16), copied out of the file once."""
+    return torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.int16).copy()).view(torch.bfloat16)
+
+
 def dequantize(raw: np.ndarray, qtype: QType, shape: tuple[int, ...], name: str = "tensor") -> torch.Tensor:
     """Decode one GGUF tensor to float32 (float16/bfloat16 are widened) with the given torch-order shape."""
     numel = int(np.prod(shape))
@@ -179,8 +184,7 @@ def dequantize(raw: np.ndarray, qtype: QType, shape: tuple[int, ...], name: str 
     elif qtype == QType.F16:
         out = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.float16).astype(np.float32))
     elif qtype == QType.BF16:
-        bits = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.int16).copy())
-        out = bits.view(torch.bfloat16).float()
+        out = bf16_values(raw).float()
     elif qtype == QType.Q8_0:
         d, q = q8_0_parts(raw, numel)
         out = d * q.float()

@@ -292,15 +292,14 @@ class Bf16Linear:
 
 
 def runs_bf16(w: torch.Tensor) -> bool:
-    """Whether `auto` holds a float linear as `Bf16Linear`: on the CPU with rooftop's kernels, a float32 matrix
-    (inputs a multiple of 32) whose every value is a bfloat16, as a bf16 checkpoint's are once read as float32."""
+    """Whether `auto` holds a float linear as `Bf16Linear`: on the CPU with rooftop's kernels, a matrix (inputs a
+    multiple of 32) in bfloat16, as a bf16 checkpoint's are read, or in float32 with every value a bfloat16."""
     return (
         w.device.type == "cpu"
-        and w.dtype == torch.float32
         and w.dim() == 2
         and w.shape[1] % GROUP == 0
         and cpu.ops() is not None
-        and holds_bf16(w)
+        and (w.dtype == torch.bfloat16 or (w.dtype == torch.float32 and holds_bf16(w)))
     )
 
 
