@@ -115,8 +115,10 @@ def test_quick_mode_on_the_bundled_model(tmp_path):
         ):
             assert d[key] > 0, (phase, key)
         # the bundled model's 97 MB partly stay in a server CPU's last-level cache, so its decode can read faster than
-        # the probe's DRAM roof (it did here once the 512-bit kernels landed); this bound still catches a unit error
-        assert d["pct_of_compute_roof"] < 110 and d["pct_of_bandwidth_roof"] < 400
+        # the probe's DRAM roof (it did here once the 512-bit kernels landed); and the session's probe is timed once,
+        # so a slow moment then leaves a low compute roof that a later prefill passes (135% in CI on a shared Zen 3
+        # host; 43-68% of a probe timed in a quiet one). These bounds still catch a unit error.
+        assert d["pct_of_compute_roof"] < 400 and d["pct_of_bandwidth_roof"] < 400
     assert data["decode"]["measured_tpot_s"] > 0 and data["decode"]["predicted_tpot_s"] > 0
     # the sentence names the roof the work meets first; what bounds the phase may also be the host (over half of a
     # short decode's time: one stall in 7 steps of ~5 ms does it on a shared host)
