@@ -125,10 +125,7 @@ def read_matrix(t: TensorInfo) -> Weight:
     if t.qtype in STORED_TYPES:
         return stored_blocks(t.data, t.qtype, t.shape, t.name)
     if t.qtype == QType.BF16:
-        values = bf16_values(t.data)
-        if values.numel() != t.numel:
-            raise ModelLoadError(f"{t.name}: holds {values.numel()} values, its shape {tuple(t.shape)} needs {t.numel}")
-        return values.reshape(t.shape)
+        return bf16_values(t.data, t.shape, t.name)
     values = dequantize(t.data, t.qtype, t.shape, t.name)
     return quantize_int4(values) if converted(t) else values
 

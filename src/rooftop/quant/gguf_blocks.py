@@ -10,6 +10,7 @@ and the high nibbles weights 16..31.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import gguf
@@ -171,9 +172,18 @@ def stored_blocks(raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: s
     return BlockWeight(torch.from_numpy(flat.reshape(rows, row_bytes).copy()), STORED_TYPES[qtype], cols)
 
 
-def bf16_values(raw: np.ndarray) -> torch.Tensor:
-    """A BF16 tensor's values as they are (flat bfloat16), copied out of the file once."""
-    return torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.int16).copy()).view(torch.bfloat16)
+def bf16_values(raw: np.ndarray, shape: tuple[int, ...], name: str = "tensor") -> torch.Tensor:
+    """A BF16 tensor's values as they are (bfloat16, the given torch-order shape), copied out of the file once."""
+    bits = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.int16).copy())
+    return _shaped(bits.view(torch.bfloat16), shape, name)
+
+
+def _shaped(values: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
+    if values.numel() != math.prod(shape):
+        raise ModelLoadError(
+            f"{name}: holds {values.numel()} values, its shape {tuple(shape)} needs {math.prod(shape)}"
+        )
+    return values.reshape(shape)
 
 
 def dequantize(raw: np.ndarray, qtype: QType, shape: tuple[int, ...], name: str = "tensor") -> torch.Tensor:
@@ -184,7 +194,7 @@ def dequantize(raw: np.ndarray, qtype: QType, shape: tuple[int, ...], name: str 
     elif qtype == QType.F16:
         out = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.float16).astype(np.float32))
     elif qtype == QType.BF16:
-        out = bf16_values(raw).float()
+        out = bf16_values(raw, shape, name).float()
     elif qtype == QType.Q8_0:
         d, q = q8_0_parts(raw, numel)
         out = d * q.float()
@@ -206,6 +216,4 @@ def dequantize(raw: np.ndarray, qtype: QType, shape: tuple[int, ...], name: str 
     else:
         supported = ", ".join(t.name for t in supported_types())
         raise UnsupportedModelError(f"{name}: GGUF tensor type {qtype.name} is not supported (supported: {supported})")
-    if out.numel() != numel:
-        raise ModelLoadError(f"{name}: holds {out.numel()} values, its shape {tuple(shape)} needs {numel}")
-    return out.reshape(shape)
+    return _shaped(out, shape, name)
