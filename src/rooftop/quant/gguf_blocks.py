@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import gguf
 import numpy as np
@@ -89,74 +88,6 @@ def q8_0_parts(raw: np.ndarray, numel: int) -> tuple[torch.Tensor, torch.Tensor]
     blocks = _blocks(raw, QType.Q8_0, numel)
     q = np.ascontiguousarray(blocks[:, 2:]).view(np.int8)
     return _scale(blocks, 0), torch.from_numpy(q)
-
-
-@dataclass
-class Levels:
-    """A matrix in one of BLOCK_FORMATS decoded to the parts rooftop's tiled kernels hold (quant/tiles.py): unsigned
-    levels u, the float16 scales per block (d, and m or the K-quants' dmin) and the K-quants' byte scales per group
-    of 32 (Q4_K, Q5_K: 6-bit scale and minimum; Q6_K: the int8 scales of inputs 0-15 and 16-31). w = a·(u - c) + m
-    as kernels/tiles.cpp says."""
-
-    u: torch.Tensor  # (N, K) uint8
-    halves: tuple[torch.Tensor, ...]  # float16 (N, blocks) each
-    sub: tuple[torch.Tensor, ...] = ()  # uint8 or int8 (N, K / 32) each
-
-
-def _half(b: torch.Tensor, at: int) -> torch.Tensor:
-    """The float16 at byte `at` of each block of (N, blocks, bytes)."""
-    return b[..., at : at + 2].contiguous().view(torch.float16)[..., 0]
-
-
-def _fifth_bits(b: torch.Tensor, at: int) -> torch.Tensor:
-    """Q5_0/Q5_1's 32-bit mask at byte `at` as (N, blocks, 32) bits, bit i the fifth bit of weight i."""
-    mask = b[..., at : at + 4].contiguous().view(torch.int32).to(torch.int64)  # little-endian, as the file is
-    return ((mask >> torch.arange(32)) & 1).to(torch.uint8)
-
-
-def _nibble_pairs(qs: torch.Tensor) -> torch.Tensor:
-    """(..., 16) bytes -> (..., 32): low nibbles first, then high."""
-    return torch.cat([qs & 15, qs >> 4], dim=-1)
-
-
-def _k4_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K's 12 bytes of packed 6-bit scales and minima (bytes 4-15) -> (N, blocks, 8) each."""
-    s = b[..., 4:16].reshape(*b.shape[:-1], 3, 4)
-    low, mins, high = s[..., 0, :], s[..., 1, :], s[..., 2, :]
-    scale = torch.cat([low & 63, (high & 15) | ((low >> 2) & 48)], dim=-1)
-    minimum = torch.cat([mins & 63, (high >> 4) | ((mins >> 2) & 48)], dim=-1)
-    return scale, minimum
-
-
-def block_levels(w: BlockWeight) -> Levels:
-    """The levels and scales of a stored block-format matrix, as gguf's dequantizer reads the bytes."""
-    rows, k = w.shape
-    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[QType[w.format.upper()]]
-    b = w.q.reshape(rows, k // block_weights, block_bytes)
-    if w.format == "q4_0":
-        return Levels(_nibble_pairs(b[..., 2:]).reshape(rows, k), (_half(b, 0),))
-    if w.format in ("q5_0", "q5_1"):
-        at = 2 if w.format == "q5_0" else 4
-        u = _nibble_pairs(b[..., at + 4 :]) | (_fifth_bits(b, at) << 4)
-        halves = (_half(b, 0),) if w.format == "q5_0" else (_half(b, 0), _half(b, 2))
-        return Levels(u.reshape(rows, k), halves)
-    if w.format in ("q4_k", "q5_k"):
-        qs = b[..., -128:].reshape(rows, -1, 4, 1, 32)  # per 64 weights: group 2p low nibbles, 2p + 1 high
-        u = torch.cat([qs & 15, qs >> 4], dim=3).reshape(rows, -1, 8, 32)
-        if w.format == "q5_k":  # bit j of byte l: the fifth bit of weight l of group j
-            qh = b[..., 16:48].reshape(rows, -1, 1, 32)
-            u = u | (((qh >> torch.arange(8, dtype=torch.uint8).view(8, 1)) & 1) << 4)
-        scale, minimum = _k4_scales(b)
-        return Levels(
-            u.reshape(rows, k), (_half(b, 0), _half(b, 2)), (scale.reshape(rows, -1), minimum.reshape(rows, -1))
-        )
-    # q6_k: per half of 128 weights, 64 bytes of low nibbles (groups 0-1 low, 2-3 high) and 32 of 2-bit pairs
-    ql = b[..., :128].reshape(rows, -1, 2, 1, 64)
-    low = torch.cat([ql & 15, ql >> 4], dim=3).reshape(rows, -1, 2, 4, 32)
-    qh = b[..., 128:192].reshape(rows, -1, 2, 1, 32)
-    high = (qh >> (2 * torch.arange(4, dtype=torch.uint8)).view(4, 1)) & 3
-    scales = b[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1)  # one per 16 weights
-    return Levels((low | (high << 4)).reshape(rows, k), (_half(b, 208),), (scales[:, 0::2], scales[:, 1::2]))
 
 
 def stored_blocks(raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: str = "tensor") -> BlockWeight:

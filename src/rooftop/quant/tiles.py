@@ -1,20 +1,20 @@
-"""The layout of kernels/tiles.cpp: a matrix's levels and scales repacked in tiles of 16 output rows, so that one
+"""The layout of kernels/tiles.h: a matrix's levels and scales repacked in tiles of 16 output rows, so that one
 integer dot instruction multiplies four inputs of a row of activations with four weights of each of 16 output rows.
 
-Every GGUF block format reads as w = a·(u - c) + m (kernels/tiles.cpp says a, c and m per format); a tile's group
-of 32 inputs holds the 16 rows' low four bits of u (`tile_nibbles`), the higher bits of the 5- and 6-bit formats as
-bit planes (`tile_planes`) and the K-quants' sub-block scales (`tile_sub_scales`); its float16 scales sit beside it
-(`tile_scales`). Nothing is requantized: the file's levels and scales are rearranged, the K-quants' packed 6-bit
-scales widened to a byte each (Q4_K: 4.625 bits per weight instead of 4.5). The tiles are written into 2 MiB pages
-where the host gives them (kernels/pages.py): every decode step streams them.
+Every GGUF block format reads as w = a·(u - c) + m (kernels/tiles.h says a, c and m per format); a tile's group
+of 32 inputs holds the 16 rows' low four bits of u, the higher bits of the 5- and 6-bit formats as bit planes and
+the K-quants' sub-block scales; its float16 scales sit beside it. Nothing is requantized: the file's levels and
+scales are rearranged, the K-quants' packed 6-bit scales widened to a byte each (Q4_K: 4.625 bits per weight
+instead of 4.5). A file's block formats are repacked by the kernels (`tile_blocks`, kernels/repack.cpp); the
+groups rooftop quantizes itself (Q4_1's levels, Q8_0's bytes) here, in PyTorch's ops. The tiles are written into
+2 MiB pages where the host gives them (kernels/pages.py): every decode step streams them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rooftop.kernels import pages
-from rooftop.quant.gguf_blocks import block_levels
+from rooftop.kernels import cpu, pages
 from rooftop.quant.weights import GROUP, BlockWeight
 
 TILE = 16  # output rows per tile
@@ -24,7 +24,8 @@ TILE_FORMATS = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k") 
 # (docs/PERFORMANCE.md).
 SUPER_BLOCK_FORMATS = ("q4_k", "q6_k")
 PLANES = {"q5_0": 1, "q5_1": 1, "q5_k": 1, "q6_k": 2}  # bits of a level above its low four
-ROWS_AT_ONCE = 4096  # rows repacked together: bounds the intermediate tensors of a large embedding
+MINIMA = ("q4_1", "q5_1", "q4_k", "q5_k")  # formats whose scale blocks hold a second float16 (m, or dmin)
+K_QUANTS = ("q4_k", "q5_k", "q6_k")  # super-blocks of 256, with sub-block scales per 32 in each tile's group
 
 
 def _padded_rows(t: torch.Tensor) -> torch.Tensor:
@@ -42,20 +43,6 @@ def tile_nibbles(u: torch.Tensor) -> torch.Tensor:
     return pages.copy((v[..., 0] | (v[..., 1] << 4)).reshape(-1, k // GROUP, 256))
 
 
-def tile_planes(high: torch.Tensor, bits: int) -> torch.Tensor:
-    """(N, K) high bits of the levels (u >> 4, below 2**bits) -> (ceil(N / 16), K / 32, 64 * bits) bytes: per tile
-    and group, `bits` planes of 64 bytes; byte 4o + i of plane p holds, `bits` bits each, vectors 8p / bits ..
-    (the unpacked nibbles' vector v is inputs 4v..4v+3)."""
-    n, k = high.shape
-    per_plane = 8 // bits
-    h = _padded_rows(high.to(torch.uint8)).view(-1, TILE, k // GROUP, bits, per_plane, 4)  # tile, o, g, p, v', i
-    h = h.permute(0, 2, 3, 1, 5, 4)  # tile, group, plane, o, i, v'
-    packed = h[..., 0].clone()
-    for v in range(1, per_plane):  # in bytes: a wider sum's intermediates took several times the matrix
-        packed |= h[..., v] << (bits * v)
-    return packed.reshape(-1, k // GROUP, 64 * bits).contiguous()
-
-
 def tile_bytes(q: torch.Tensor) -> torch.Tensor:
     """(N, K) int8 -> Q8_0's (ceil(N / 16), K / 32, 512) bytes: per tile and group, 8 chunks of 64 bytes, byte 4o + i
     of chunk m holding row o's input 4m + i."""
@@ -70,24 +57,14 @@ def tile_scales(*scales: torch.Tensor) -> torch.Tensor:
     return pages.copy(v.view(-1, TILE, len(scales), v.shape[-1]).permute(0, 3, 2, 1))
 
 
-def tile_sub_scales(*per_group: torch.Tensor) -> torch.Tensor:
-    """Per-group (N, K / 32) byte scales -> (ceil(N / 16), K / 32, 16 * parts) bytes: each part's 16 rows in turn."""
-    v = _padded_rows(torch.stack([s.contiguous().view(torch.uint8) for s in per_group], dim=1))  # (N', parts, G)
-    return (
-        v.view(-1, TILE, len(per_group), v.shape[-1]).permute(0, 3, 2, 1).reshape(-1, v.shape[-1], 16 * len(per_group))
-    )
-
-
 def tile_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """A matrix in a GGUF block format as tiles.cpp's (q, dm), its rows decoded and repacked ROWS_AT_ONCE at a time."""
-    qs, dms = [], []
-    for start in range(0, w.shape[0], ROWS_AT_ONCE):
-        levels = block_levels(BlockWeight(w.q[start : start + ROWS_AT_ONCE], w.format, w.k))
-        parts = [tile_nibbles(levels.u)]
-        if w.format in PLANES:
-            parts.append(tile_planes(levels.u >> 4, PLANES[w.format]))
-        if levels.sub:
-            parts.append(tile_sub_scales(*levels.sub))
-        qs.append(torch.cat(parts, dim=-1))
-        dms.append(tile_scales(*levels.halves))
-    return pages.cat(qs), pages.cat(dms)
+    """A matrix in a GGUF block format as tiles.h's (q, dm): (ceil(N / 16), K / 32, group bytes) uint8 and
+    (ceil(N / 16), scale blocks, parts, 16) float16, written by the kernels straight into their pages."""
+    n, k = w.shape
+    tiles, groups = -(-n // TILE), k // GROUP
+    group_bytes = 256 + 64 * PLANES.get(w.format, 0) + (32 if w.format in K_QUANTS else 0)
+    blocks, parts = (k // 256 if w.format in K_QUANTS else groups), (2 if w.format in MINIMA else 1)
+    q = pages.empty(tiles * groups * group_bytes)
+    dm = pages.empty(tiles * blocks * parts * TILE * 2).view(torch.float16)
+    cpu.ops().tile_blocks(w.q.contiguous(), TILE_FORMATS.index(w.format), k, q, dm)
+    return q.view(tiles, groups, group_bytes), dm.view(tiles, blocks, parts, TILE)
