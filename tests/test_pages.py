@@ -1,5 +1,6 @@
 """The tiled weights in 2 MiB pages (kernels/pages.py): same values, aligned, madvised; ordinary copies where the
-kernel gives none; the linears' outputs those of their copies in 4 KiB pages; the load's freed heap handed back."""
+kernel gives none; the linears' outputs those of their copies in 4 KiB pages; the load's freed heap handed back; a
+KV pool's memory taken as its tokens are written."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
 
+from rooftop.config import ModelConfig
 from rooftop.kernels import cpu, pages
+from rooftop.models.kv_cache import KVPool
 from rooftop.quant.gguf_blocks import stored_blocks
 from rooftop.quant.gguf_quantize import quantize
 from rooftop.quant.linear import BlockLinear, Q8Linear
@@ -120,3 +123,21 @@ def test_the_heap_pages_a_load_freed_go_back_to_the_kernel():
     pages.release_freed()
     assert before - resident_bytes() > 20_000_000
     libc.free(chunks[-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
+def test_a_kv_pool_takes_memory_as_its_tokens_are_written_not_at_the_start(dtype):
+    config = ModelConfig(
+        "llama", 8, 1024, 8, num_layers=8, num_heads=8, num_kv_heads=8, head_dim=128, max_position_embeddings=4096
+    )
+    before = resident_bytes()
+    pool = KVPool(config, 2048, 16, dtype, torch.device("cpu"))  # 32768 tokens: 512 MiB of float32 K and V
+    assert pool.nbytes >= 256 << 20
+    assert resident_bytes() - before < 16 << 20  # torch.zeros wrote all of it
+    one_block = torch.ones(16, 8, 128).to(dtype)
+    pool.k[3, 160:176] = one_block  # a block of one layer's keys: its pages, not the pool's
+    assert resident_bytes() - before < 16 << 20
+    assert torch.equal(pool.k[3, 160:176], one_block)
+    assert pool.k[3, :160].count_nonzero() == 0 and pool.v[3, 160:176].count_nonzero() == 0
+    if pool.k_scale is not None:
+        assert pool.k_scale.count_nonzero() == 0

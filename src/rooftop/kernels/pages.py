@@ -1,4 +1,5 @@
-"""Host memory in 2 MiB pages for what a CPU decode step streams: the tiled weights, and the probe's read of memory.
+"""Host memory for what the engine holds large: 2 MiB pages for what a CPU decode step streams (the tiled weights,
+and the probe's read of memory), and zeros given page by page as they are first written (the KV pool).
 
 A decode step reads every weight once, front to back. In 4 KiB pages that stream crosses a page every 64 cache
 lines, each crossing a TLB miss whose walk, in a virtual machine, goes through the guest's and the host's page
@@ -62,6 +63,19 @@ def empty(nbytes: int) -> torch.Tensor:
     if whole := nbytes // HUGE_PAGE * HUGE_PAGE:  # not the tail: its first touch would take a whole 2 MiB page
         region.madvise(mmap.MADV_HUGEPAGE, start, whole)
     return raw[start : start + nbytes]
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.zeros(shape) whose memory the OS gives on first touch, on the CPU: an anonymous mapping reads as zeros
+    until written, so a KV pool reserved for many tokens holds memory only for the pages its tokens have been
+    written to, and a start does not write zeros over all of it first (torch.zeros does, and a process then held
+    its whole pool from the start). The pages are the kernel's default size (THP_SETTING decides). Elsewhere (CUDA,
+    where memory is not given lazily) torch.zeros."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(region, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def _fits(nbytes: int, device: torch.device) -> bool:

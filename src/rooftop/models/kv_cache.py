@@ -15,6 +15,7 @@ import torch
 
 from rooftop.config import ModelConfig
 from rooftop.enums import Phase
+from rooftop.kernels import pages
 
 
 class KVPool:
@@ -38,12 +39,12 @@ class KVPool:
     ):
         shape = (config.num_full_attention_layers, num_blocks * block_size, config.num_kv_heads, config.head_dim)
         self.dtype = dtype
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = pages.zeros(shape, dtype, device)  # memory taken as tokens are written, not all at the start
+        self.v = pages.zeros(shape, dtype, device)
         self.num_blocks, self.block_size = num_blocks, block_size
         if dtype in QUANTIZED_KV:
-            self.k_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
-            self.v_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device)
+            self.k_scale = pages.zeros(shape[:-1], torch.float32, device)
+            self.v_scale = pages.zeros(shape[:-1], torch.float32, device)
             layers = range(shape[0])
             self.k_layers = tuple(ScaledPool(self.k[i], self.k_scale[i], act_dtype) for i in layers)
             self.v_layers = tuple(ScaledPool(self.v[i], self.v_scale[i], act_dtype) for i in layers)
