@@ -349,6 +349,33 @@ def test_a_pool_too_small_for_the_warm_up_skips_it(tiny_llm):
     assert eng.warm_up_seconds == 0 and is_idle(eng.stats())
 
 
+def test_a_models_load_shows_its_layers_built_on_a_terminal(tiny_gguf, monkeypatch):
+    """The load's bar: the layers built out of all, drawn while the model is built and removed after; off a
+    terminal nothing is drawn."""
+    import io
+
+    from rich.console import Console
+
+    import rooftop.engine.progress as progress
+    from rooftop import LLM
+
+    screen = io.StringIO()
+    monkeypatch.setattr(progress, "Console", lambda stderr: Console(file=screen, force_terminal=True, width=160))
+    shown = []
+    monkeypatch.setattr(
+        progress.LoadProgress, "__exit__", lambda self, *exc: shown.append(self) or self.progress.stop()
+    )
+    llm = LLM(model=tiny_gguf)
+    task = shown[0].progress.tasks[0]
+    assert task.total == llm.config.num_layers == 2 and task.completed == 2
+    assert "Loading the model's layers" in screen.getvalue() and "2/2" in screen.getvalue()
+    screen.seek(0)
+    screen.truncate()
+    monkeypatch.setattr(progress, "Console", lambda stderr: Console(file=screen, force_terminal=False))
+    LLM(model=tiny_gguf)
+    assert screen.getvalue() == "" and shown[1].progress.tasks[0].completed == 2
+
+
 def test_generate_shows_vllms_progress_bar_on_a_terminal(tiny_llm, monkeypatch):
     """`use_tqdm` (vLLM's name): prompts finished out of all and the tokens per second, counted as each request
     finishes; off, or off a terminal, nothing is drawn. Anything but a bool is refused by name."""

@@ -56,8 +56,7 @@ def weight_formats_line(bytes_by_format: dict[str, int], conversions: dict[str, 
 
 def load(run: RunConfig) -> LLM:
     t0 = time.perf_counter()
-    with err.status("loading model (a machine's first run also builds rooftop's CPU kernels: about a minute)..."):
-        llm = LLM.from_config(run)
+    llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
     c = llm.config
     dummy = f" (dummy weights, seed {run.dummy_seed})" if run.load_format == "dummy" else ""
     err.print(

@@ -63,8 +63,8 @@ def bench(
             raise InvalidRequestError("--reps must be >= 1 and --output-len >= 2")
         quick = pp is not None or tg is not None
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
-        with err.status("loading model and this machine's roofs..."):
-            llm = LLM.from_config(run)
+        llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
+        with err.status("reading this machine's roofs (measured once, then cached)..."):
             probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
             hw = probe.to_hardware(working_set=llm.weight_bytes)
         with err.status("calibrating this model's ops (once per model and format; cached)...") as status:

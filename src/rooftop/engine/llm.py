@@ -18,7 +18,7 @@ from rooftop.engine.distributed import check_parallel_run, launch_of, rank_devic
 from rooftop.engine.lead import Lead, lead_group
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.outputs import RequestDelta, RequestOutput, StepOutput, StepRecord
-from rooftop.engine.progress import PromptProgress
+from rooftop.engine.progress import LoadProgress, PromptProgress
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.tool_calls import parse_tool_calls
 from rooftop.engine.tool_prompt import tool_messages
@@ -158,16 +158,20 @@ class LLM:
             check_parallel_run(run, loaded)
         if run.load_format == "dummy":  # made here, not read: refused before the first tensor if they cannot fit
             check_fits(loaded, run.weights, self.device, self.dtype, run.tensor_parallel_size)
-        if launch is None:
-            model = build_model(loaded, self.dtype, self.device, run.weights)
-        else:
-            if launch.rank != 0:  # one of torchrun's processes: serve rank 0's steps, then end the process
-                from rooftop.engine.tp_worker import serve_rank
+        if launch is not None and launch.rank != 0:  # one of torchrun's processes: serve rank 0's steps, then end
+            from rooftop.engine.tp_worker import serve_rank
 
-                raise SystemExit(serve_rank(run, launch))
-            self.lead, model = lead_group(
-                run, launch, self.device, lambda tp: build_model(loaded, self.dtype, self.device, run.weights, tp)
-            )
+            raise SystemExit(serve_rank(run, launch))
+        with LoadProgress(self.config.num_layers) as progress:
+            if launch is None:
+                model = build_model(loaded, self.dtype, self.device, run.weights, on_layer=progress.on_layer)
+            else:
+                self.lead, model = lead_group(
+                    run,
+                    launch,
+                    self.device,
+                    lambda tp: build_model(loaded, self.dtype, self.device, run.weights, tp, progress.on_layer),
+                )
         self.engine = LLMEngine(model, self.tokenizer, run.engine)
         self.step_records: deque[StepRecord] = deque(maxlen=STEP_HISTORY)  # the steps this LLM ran, oldest first
         self._request_ids = itertools.count()

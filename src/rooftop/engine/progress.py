@@ -1,6 +1,7 @@
-"""`LLM.generate`'s progress bar (vLLM's `use_tqdm`): prompts finished out of all, with the input and output
-tokens per second so far, on stderr. Fed by the engine's steps, so a request counts when it finishes, whatever
-order the batch finishes in."""
+"""rooftop's progress bars, on stderr where it is a terminal and removed when done: `LLM.generate`'s (vLLM's
+`use_tqdm`): prompts finished out of all, with the input and output tokens per second so far, fed by the engine's
+steps, so a request counts when it finishes, whatever order the batch finishes in; and a model's load, its layers
+built out of all (vLLM shows its checkpoint's shards)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rooftop.engine.outputs import StepOutput
 
 
+def _bar(title: str, *columns) -> Progress:
+    """A bar of `title`, done out of all, the time so far and `columns`."""
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn(title),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        *columns,
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,  # no refresh thread where nothing would be drawn
+        redirect_stdout=False,  # the caller's prints stay on stdout
+        redirect_stderr=False,
+    )
+
+
 class PromptProgress:
     """A bar over `ids`' requests; `on_step` takes each engine step. Drawn only on a terminal, on a console of its
     own (beside any the caller shows), and removed when done, as rooftop's other bars are."""
@@ -21,19 +39,7 @@ class PromptProgress:
         self.prefilled: set[str] = set()  # requests whose prompt has been computed (they have a token)
         self.input_tokens = self.output_tokens = 0
         self.started = time.perf_counter()
-        console = Console(stderr=True)
-        self.progress = Progress(
-            TextColumn("Processed prompts"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[speed]}"),
-            console=console,
-            transient=True,
-            disable=not console.is_terminal,  # no refresh thread where nothing would be drawn
-            redirect_stdout=False,  # the caller's prints stay on stdout
-            redirect_stderr=False,
-        )
+        self.progress = _bar("Processed prompts", TextColumn("{task.fields[speed]}"))
         self.task = self.progress.add_task("", total=len(ids), speed="")
 
     def __enter__(self) -> PromptProgress:
@@ -56,3 +62,22 @@ class PromptProgress:
         seconds = max(time.perf_counter() - self.started, 1e-9)
         speed = f"input {self.input_tokens / seconds:.1f} tok/s, output {self.output_tokens / seconds:.1f} tok/s"
         self.progress.update(self.task, advance=finished, speed=speed)
+
+
+class LoadProgress:
+    """A bar over a model's `layers` while it is built; `on_layer` takes each one built. A large file's load is
+    mostly its layers' weights read and put in the form they run in, and nothing else is printed meanwhile."""
+
+    def __init__(self, layers: int):
+        self.progress = _bar("Loading the model's layers")
+        self.task = self.progress.add_task("", total=layers)
+
+    def __enter__(self) -> LoadProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def on_layer(self) -> None:
+        self.progress.advance(self.task)

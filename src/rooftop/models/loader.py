@@ -3,6 +3,8 @@ which form each weight keeps (float in the run's dtype, or a file's 4/8-bit grou
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, check_runnable
@@ -188,9 +190,11 @@ def build_model(
     device: torch.device | str,
     weights: str = "auto",
     tp: TPGroup | None = None,
+    on_layer: Callable[[], None] | None = None,
 ) -> Transformer:
     """The model of `loaded` in `dtype` on `device`, its linears as the `weights` choice (WEIGHT_CHOICES) runs here;
-    with `tp`, this rank's part of it, read from the file as the rank's rows and columns only."""
+    with `tp`, this rank's part of it, read from the file as the rank's rows and columns only. `on_layer` is called
+    as each layer is built (a progress bar's)."""
     c, device = loaded.config, torch.device(device)
     check_runnable(c)
     policy = weight_policy(weights, loaded.native_format, device, dtype)
@@ -198,7 +202,7 @@ def build_model(
         check_tensor_parallel(c, tp.size)
     t = Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp)
     try:
-        return _build(loaded, t, dtype, device, policy)
+        return _build(loaded, t, dtype, device, policy, on_layer)
     except ShardError as e:  # a format's blocks that this many ranks would cut: which sizes keep them whole
         block = e.block
         sizes = tensor_parallel_sizes(
@@ -212,7 +216,14 @@ def build_model(
         ) from None
 
 
-def _build(loaded: LoadedModel, t: Tensors, dtype: torch.dtype, device: torch.device, policy: str) -> Transformer:
+def _build(
+    loaded: LoadedModel,
+    t: Tensors,
+    dtype: torch.dtype,
+    device: torch.device,
+    policy: str,
+    on_layer: Callable[[], None] | None,
+) -> Transformer:
     c, tp = loaded.config, t.tp
     vocab = None if tp is None else vocab_rows(c.vocab_size, tp.rank, tp.size)
     # a lookup table, in the file's form (under tensor parallelism: this rank's rows of the vocabulary)
@@ -239,6 +250,8 @@ def _build(loaded: LoadedModel, t: Tensors, dtype: torch.dtype, device: torch.de
         else:
             blocks.append(_decoder_block(t, c, i))
         pages.release_freed()  # the layer's intermediates: else the next layer's pile on above them
+        if on_layer is not None:
+            on_layer()
     local = rank_config(c, 1 if tp is None else tp.size)
     ops = choose_ops(local, dtype, device, cos, sin)
     return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy, loaded.conversions, tp)
