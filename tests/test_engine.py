@@ -417,3 +417,32 @@ def test_a_second_warm_up_keeps_what_requests_left(tiny_llm):
     before = eng.stats()
     eng.warm_up()
     assert eng.stats() == before and before.prefix_queries > 0
+
+
+def test_generate_returns_vllms_outputs_and_n_outputs_per_prompt(tiny_llm):
+    """vLLM's `output.outputs[i]` (CompletionOutput): one per `n`, each its own request with output i seeded with
+    seed + i, exactly what that request alone gives; the first's fields flattened beside them. n outside [1, 128],
+    or n > 1 on the engine's one-output paths, is refused by name."""
+    one = tiny_llm.generate(["hello"], PARAMS, use_tqdm=False)[0]
+    assert [(c.index, c.text, c.token_ids, c.finish_reason) for c in one.outputs] == [
+        (0, one.text, one.token_ids, one.finish_reason)
+    ]
+    assert one.outputs[0].cumulative_logprob is None
+    sampled = SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=7, ignore_eos=True, logprobs=0)
+    outs = tiny_llm.generate(["hello", "bye"], sampled, use_tqdm=False)
+    assert len(outs) == 2 and all(len(o.outputs) == 3 for o in outs)
+    for prompt, out in zip(["hello", "bye"], outs, strict=True):
+        assert [c.index for c in out.outputs] == [0, 1, 2]
+        assert out.text == out.outputs[0].text and out.token_ids == out.outputs[0].token_ids
+        for i, c in enumerate(out.outputs):
+            alone = SamplingParams(max_tokens=6, temperature=1.0, seed=7 + i, ignore_eos=True, logprobs=0)
+            assert c.token_ids == tiny_llm.generate([prompt], alone, use_tqdm=False)[0].token_ids
+            assert c.cumulative_logprob == pytest.approx(sum(t.logprob for t in c.logprobs))
+        assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # different seeds, different samples
+    for bad in (0, 129, 1.5):
+        with pytest.raises(InvalidRequestError, match=r"n must be in \[1, 128\]"):
+            SamplingParams(n=bad)
+    with pytest.raises(InvalidRequestError, match="seed \\+ n - 1 must be at most"):
+        SamplingParams(n=2, seed=2**64 - 1)
+    with pytest.raises(InvalidRequestError, match="the engine and LLM.stream take one output per request"):
+        tiny_llm.stream("hello", SamplingParams(n=2))

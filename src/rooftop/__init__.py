@@ -3,7 +3,7 @@
 from rooftop.config import EngineConfig, RunConfig
 from rooftop.engine.llm import LLM, StreamChunk
 from rooftop.engine.metrics import RequestMetrics
-from rooftop.engine.outputs import RequestOutput
+from rooftop.engine.outputs import CompletionOutput, RequestOutput
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.structured import StructuredOutputsParams
 from rooftop.engine.tool_calls import ToolCall, parse_tool_calls
@@ -26,6 +26,7 @@ __all__ = [
     "ToolCall",
     "parse_tool_calls",
     "RequestOutput",
+    "CompletionOutput",
     "RequestMetrics",
     "StreamChunk",
     "FinishReason",

@@ -80,6 +80,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return TORCH_DTYPES[auto_dtype(device.type) if dtype == "auto" else dtype]
 
 
+def gathered(outputs: list[RequestOutput]) -> RequestOutput:
+    """A prompt's n requests' outputs as one: the first's, with every one of them as its `outputs`."""
+    if len(outputs) > 1:
+        outputs[0].outputs = [o.completion(i) for i, o in enumerate(outputs)]
+    return outputs[0]
+
+
 class LLM:
     """Run a model on prompts or chats: `LLM().generate(["Hello"], SamplingParams(max_tokens=32))`.
 
@@ -214,8 +221,10 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """One output per prompt, in order; all prompts run concurrently. A prompt is text or token ids.
-        `use_tqdm` (vLLM's name): a progress bar of the prompts finished, on stderr where it is a terminal."""
+        """One output per prompt, in order; all prompts run concurrently. A prompt is text or token ids. A prompt's
+        `n` outputs (SamplingParams.n) run as n requests sharing its computed prompt, gathered in its output's
+        `outputs` (vLLM's). `use_tqdm` (vLLM's name): a progress bar of the requests finished, on stderr where it is
+        a terminal."""
         if not isinstance(use_tqdm, bool):
             raise InvalidRequestError(f"use_tqdm must be True or False, not {use_tqdm!r}", "use_tqdm")
         if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
@@ -226,10 +235,15 @@ class LLM:
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         arrival = time.perf_counter()
         ids: list[str] = []
+        groups: list[list[str]] = []  # each prompt's requests, one per output
         try:
             for prompt, p in zip(prompts, params_list, strict=True):
-                ids.append(f"generate-{next(self._request_ids)}")
-                self.engine.add_request(ids[-1], as_prompt(prompt), p, arrival)
+                groups.append([])
+                for choice in p.choices():
+                    ids.append(f"generate-{next(self._request_ids)}")
+                    first = groups[-1][0] if groups[-1] else None
+                    self.engine.add_request(ids[-1], as_prompt(prompt), choice, arrival, shares_prompt_with=first)
+                    groups[-1].append(ids[-1])
             outputs = {}
             with PromptProgress(ids) if use_tqdm else contextlib.nullcontext() as progress:
                 on_step = progress.on_step if progress else None
@@ -237,7 +251,7 @@ class LLM:
                     for delta in self._deltas(request_id, on_step):
                         if delta.output is not None:
                             outputs[request_id] = delta.output
-            return [outputs[i] for i in ids]
+            return [gathered([outputs[i] for i in group]) for group in groups]
         finally:  # an error (or Ctrl-C) midway frees every request this call started
             for request_id in ids:
                 self.engine.abort(request_id)

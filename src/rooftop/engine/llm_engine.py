@@ -156,6 +156,12 @@ class LLMEngine:
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
+        if params.n != 1:  # one sequence per request: n outputs are n requests (SamplingParams.choices)
+            raise InvalidRequestError(
+                f"n={params.n} asks for {params.n} outputs of one prompt: LLM.generate and the server run them as "
+                f"{params.n} requests (SamplingParams.choices); the engine and LLM.stream take one output per request",
+                "n",
+            )
         ids, text = self._tokenize(prompt)
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError.of(len(ids), self.max_model_len)

@@ -12,8 +12,25 @@ from rooftop.roofline.ops import StepShape
 
 
 @dataclass
+class CompletionOutput:
+    """One of a prompt's n outputs, as vLLM's `RequestOutput.outputs` holds them. `cumulative_logprob` is the sum of
+    its tokens' log-probabilities where they were asked for (`SamplingParams.logprobs`), else None."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        return sum(t.logprob for t in self.logprobs) if self.logprobs else None
+
+
+@dataclass
 class RequestOutput:
-    """What `LLM.generate` returns for one prompt (vLLM's fields, flattened to one completion)."""
+    """What `LLM.generate` returns for one prompt: vLLM's fields (`outputs`: one CompletionOutput per each of
+    `SamplingParams.n`), and the first output's text, tokens, finish reason and logprobs flattened beside them."""
 
     request_id: str
     prompt: str | None
@@ -25,6 +42,15 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
     tool_calls: list[ToolCall] | None = None  # LLM.chat with tools: the calls read from `text` (which keeps them)
+    outputs: list[CompletionOutput] = field(default_factory=list)  # all n; just this one's where left empty
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            self.outputs = [self.completion(0)]
+
+    def completion(self, index: int) -> CompletionOutput:
+        """This request's output as output `index` of a prompt's n."""
+        return CompletionOutput(index, self.text, self.token_ids, self.finish_reason, self.logprobs)
 
     @property
     def finished(self) -> bool:

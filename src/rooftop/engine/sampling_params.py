@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rooftop.engine.structured import StructuredOutputsParams
 from rooftop.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+MAX_N = 128  # outputs per prompt: OpenAI's bound on n
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a token's bias: -100 bans it, 100 all but forces it
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
@@ -17,8 +18,10 @@ class SamplingParams:
     """temperature 0 is greedy; top_k 0, top_p 1, min_p 0, repetition_penalty 1 and presence/frequency_penalty 0
     switch those off. `logprobs` k records each output token's log-probability and the k most likely alternatives.
     `logit_bias` maps token ids to a bias in [-100, 100] added to their logits before anything else (OpenAI's).
-    `structured_outputs` constrains every token to a grammar (engine/structured.py)."""
+    `structured_outputs` constrains every token to a grammar (engine/structured.py). `n` outputs are generated
+    for the prompt, as n requests sharing its computed prompt (`choices`)."""
 
+    n: int = 1
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
@@ -46,6 +49,11 @@ class SamplingParams:
                 raise InvalidRequestError(message, param)
 
         check(
+            isinstance(self.n, int) and not isinstance(self.n, bool) and 1 <= self.n <= MAX_N,
+            "n",
+            f"n must be in [1, {MAX_N}], got {self.n!r}",
+        )
+        check(
             isinstance(self.max_tokens, int) and self.max_tokens >= 1,
             "max_tokens",
             f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
@@ -69,6 +77,11 @@ class SamplingParams:
             self.seed is None or (isinstance(self.seed, int) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]),
             "seed",
             f"seed must be an integer in [-2**63, 2**64 - 1] (a torch generator's range), got {self.seed!r}",
+        )
+        check(
+            not isinstance(self.seed, int) or self.seed + self.n - 1 <= SEED_RANGE[1],
+            "seed",
+            f"seed + n - 1 must be at most 2**64 - 1 (output i is seeded with seed + i), got seed {self.seed}",
         )
         check(
             self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
@@ -100,6 +113,11 @@ class SamplingParams:
             "ignore_eos cannot be combined with structured_outputs: a complete output ends at EOS, the only token "
             "its grammar allows there",
         )
+
+    def choices(self) -> list[SamplingParams]:
+        """The params of each of the n outputs, one engine request each: the same, n = 1, and output i of a seeded
+        request seeded with seed + i (vLLM's rule), so each is reproducible and none repeats another."""
+        return [replace(self, n=1, seed=None if self.seed is None else self.seed + i) for i in range(self.n)]
 
     @property
     def greedy(self) -> bool:

@@ -150,7 +150,7 @@ async def respond(
     request_ids = [out.id] if count == 1 else [f"{out.id}-{i}" for i in range(count)]
     per_request = [ids for ids in prompts for _ in range(body.choices)]
     try:
-        rs = await ready.engine_loop.add(request_ids, per_request, body.choice_params(params) * len(prompts), arrival)
+        rs = await ready.engine_loop.add(request_ids, per_request, params.choices() * len(prompts), arrival)
     except InvalidRequestError as e:  # the prompts are checked by now: what is left is the KV pool's "lower max_tokens"
         raise ApiError(400, str(e), e.param or body.max_tokens_field) from None
     except QueueFullError as e:

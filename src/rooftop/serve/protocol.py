@@ -9,10 +9,9 @@ OpenAI's `tools` and `tool_choice` (engine/tools.py), each becoming part of the 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any, ClassVar
 
-from rooftop.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
+from rooftop.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from rooftop.engine.structured import StructuredOutputsParams
 from rooftop.engine.tools import Function, ToolChoice, check_tool_choice, check_tools, with_tool_grammar
 from rooftop.errors import InvalidRequestError
@@ -20,7 +19,6 @@ from rooftop.serve.body import Body, Float
 from rooftop.serve.formats import ResponseFormat, StructuredOutputs
 from rooftop.serve.messages import Message
 
-MAX_N = 128  # OpenAI's bound on n
 MAX_BATCH = 1024  # completions (prompts x n) one request may ask for: each is an engine request
 TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key
 
@@ -74,14 +72,8 @@ class SamplingFields(Body):
         for name, why in self.UNSUPPORTED.items():
             if getattr(self, name) is not None:
                 raise InvalidRequestError(f"{name} is not supported: {why}", name)
-        if not 1 <= self.choices <= MAX_N:
-            raise InvalidRequestError(f"n must be in [1, {MAX_N}], got {self.n}", "n")
-        if self.choices > 1 and isinstance(self.seed, int) and self.seed + self.choices - 1 > SEED_RANGE[1]:
-            raise InvalidRequestError(
-                f"seed + n - 1 must be at most 2**64 - 1 (choice i is seeded with seed + i), got seed {self.seed}",
-                "seed",
-            )
         return SamplingParams(
+            n=self.choices,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             temperature=_or(self.temperature, 1.0),
             top_p=_or(self.top_p, 1.0),
@@ -109,13 +101,6 @@ class SamplingFields(Body):
                 f"logit_bias keys are token ids written as integers, got {bad[0]!r:.40}", "logit_bias"
             )
         return {int(k): v for k, v in self.logit_bias.items()}
-
-    def choice_params(self, params: SamplingParams) -> list[SamplingParams]:
-        """The n choices' params: the same, but choice i of a seeded request is seeded with seed + i (vLLM's rule),
-        so each choice is reproducible and none repeats another."""
-        if params.seed is None:
-            return [params] * self.choices
-        return [replace(params, seed=params.seed + i) for i in range(self.choices)]
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """From response_format or structured_outputs; a body with both (response_format not "text") is refused."""
