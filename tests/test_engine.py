@@ -402,6 +402,10 @@ def test_generate_shows_vllms_progress_bar_on_a_terminal(tiny_llm, monkeypatch):
     screen.truncate()
     assert [o.token_ids for o in tiny_llm.generate(prompts, PARAMS, use_tqdm=False)] == [o.token_ids for o in outs]
     assert screen.getvalue() == "" and len(shown) == 1
+    tiny_llm.generate(prompts, SamplingParams(n=2, max_tokens=6, temperature=0, ignore_eos=True))
+    twice = shown[1]  # a prompt counts once, when both of its outputs are done
+    assert twice.progress.tasks[0].completed == 3 and twice.progress.tasks[0].total == 3
+    assert twice.output_tokens == 3 * 2 * 6 and "3/3" in screen.getvalue()
     with pytest.raises(InvalidRequestError, match="use_tqdm must be True or False, not 'yes'"):
         tiny_llm.generate(prompts, PARAMS, use_tqdm="yes")
 

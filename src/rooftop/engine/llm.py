@@ -223,8 +223,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """One output per prompt, in order; all prompts run concurrently. A prompt is text or token ids. A prompt's
         `n` outputs (SamplingParams.n) run as n requests sharing its computed prompt, gathered in its output's
-        `outputs` (vLLM's). `use_tqdm` (vLLM's name): a progress bar of the requests finished, on stderr where it is
-        a terminal."""
+        `outputs` (vLLM's). `use_tqdm` (vLLM's name): a progress bar of the prompts finished, on stderr where it is a
+        terminal."""
         if not isinstance(use_tqdm, bool):
             raise InvalidRequestError(f"use_tqdm must be True or False, not {use_tqdm!r}", "use_tqdm")
         if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
@@ -245,7 +245,7 @@ class LLM:
                     self.engine.add_request(ids[-1], as_prompt(prompt), choice, arrival, shares_prompt_with=first)
                     groups[-1].append(ids[-1])
             outputs = {}
-            with PromptProgress(ids) if use_tqdm else contextlib.nullcontext() as progress:
+            with PromptProgress(groups) if use_tqdm else contextlib.nullcontext() as progress:
                 on_step = progress.on_step if progress else None
                 for request_id in ids:
                     for delta in self._deltas(request_id, on_step):

@@ -31,16 +31,18 @@ def _bar(title: str, *columns) -> Progress:
 
 
 class PromptProgress:
-    """A bar over `ids`' requests; `on_step` takes each engine step. Drawn only on a terminal, on a console of its
-    own (beside any the caller shows), and removed when done, as rooftop's other bars are."""
+    """A bar over prompts, each its `groups` entry's requests (one per output, SamplingParams.n): a prompt is done
+    when all of them are; `on_step` takes each engine step. Drawn only on a terminal, on a console of its own
+    (beside any the caller shows), and removed when done, as rooftop's other bars are."""
 
-    def __init__(self, ids: list[str]):
-        self.ids = set(ids)
+    def __init__(self, groups: list[list[str]]):
+        self.prompt_of = {request_id: i for i, group in enumerate(groups) for request_id in group}
+        self.left = [len(group) for group in groups]  # each prompt's requests not finished yet
         self.prefilled: set[str] = set()  # requests whose prompt has been computed (they have a token)
         self.input_tokens = self.output_tokens = 0
         self.started = time.perf_counter()
         self.progress = _bar("Processed prompts", TextColumn("{task.fields[speed]}"))
-        self.task = self.progress.add_task("", total=len(ids), speed="")
+        self.task = self.progress.add_task("", total=len(groups), speed="")
 
     def __enter__(self) -> PromptProgress:
         self.progress.start()
@@ -52,13 +54,16 @@ class PromptProgress:
     def on_step(self, step: StepOutput) -> None:
         finished = 0
         for delta in step.deltas:
-            if delta.request_id not in self.ids:
+            prompt = self.prompt_of.get(delta.request_id)
+            if prompt is None:
                 continue
             if delta.request_id not in self.prefilled:
                 self.prefilled.add(delta.request_id)
                 self.input_tokens += delta.metrics.prompt_tokens
             self.output_tokens += len(delta.new_token_ids)
-            finished += delta.finished
+            if delta.finished:
+                self.left[prompt] -= 1
+                finished += self.left[prompt] == 0
         seconds = max(time.perf_counter() - self.started, 1e-9)
         speed = f"input {self.input_tokens / seconds:.1f} tok/s, output {self.output_tokens / seconds:.1f} tok/s"
         self.progress.update(self.task, advance=finished, speed=speed)
