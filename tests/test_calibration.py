@@ -329,8 +329,11 @@ def test_a_quick_calibration_times_moe_and_hybrid_layers(architecture, tmp_path,
     hw = load_or_run_probe(quick=True).to_hardware()
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
     cal = calibration_run.calibrate(llm, hw, quick=True)
-    for key in ("decode.linears", "decode.attention", "decode.elementwise", "prefill.attention", "decode.host"):
+    for key in ("decode.linears", "decode.attention", "decode.elementwise", "prefill.attention"):
         assert key in cal.curves and cal.curves[key].points[-1][1] > 0, key
+    # the host's share is a difference of two runs' medians, clamped at zero: one batch's can land on zero in a
+    # noisy minute (old and new builds alike, 2 of 52 here); every batch's together cannot, where the host is timed
+    assert max(y for _, y in cal.curves["decode.host"].points) > 0
     llm.generate("a few words", SamplingParams(max_tokens=3, temperature=0))
     record = llm.step_records[-1]
     step = attribute_step(llm.config, llm.precision, record.shape, record.seconds, hw, record.around_seconds, cal)
