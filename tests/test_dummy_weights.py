@@ -120,12 +120,12 @@ def test_smollm2_preset_generates_greedily(weights, fmt):
 
 def test_dummy_floats_take_the_checkpoints_values_so_auto_runs_the_real_weights_path(tmp_path):
     """A preset's checkpoints are bf16 (as the analyzer costs them), and so is a config.json that says so: their
-    dummy floats are bf16 values, which `auto` holds as bf16-fp32 on the CPU as it would the real weights; a
+    dummy floats are bfloat16 tensors, which `auto` holds as bf16-fp32 on the CPU as it would the real weights; a
     config.json in float32 keeps float32 draws, and `--weights float` float32 linears."""
     name = "model.layers.0.mlp.up_proj.weight"
     preset = load_dummy("smollm2-135m", "auto", CPU, torch.float32).weights[name]
-    assert preset.dtype == torch.float32 and torch.equal(preset, preset.bfloat16().float())
-    assert 0.01 < preset.std() < 0.03
+    assert preset.dtype == torch.bfloat16  # as a bf16 checkpoint's tensor is read: the model widens it where needed
+    assert 0.01 < preset.float().std() < 0.03
     if cpu.ops() is not None:  # the kernel bf16-fp32 runs on
         assert LLM(model="smollm2-135m", load_format="dummy").precision.weights.name == "bf16-fp32"
     fp32 = write_config(tmp_path / "config.json", tiny_config(torch_dtype="float32"))

@@ -165,8 +165,9 @@ def random_weight(
 ) -> Weight:
     """One tensor, from a generator seeded by `seed` and the tensor's name: the same whatever order the model
     asks in. Floats are made on `device` in `dtype` (random values differ between a CPU and a CUDA generator),
-    rounded to `values` where given (the checkpoint's own float dtype: a bf16 checkpoint's values held in
-    float32); on the meta device only the shape exists. A `shard` is cut from the whole tensor, so every rank's
+    rounded to `values` where given and returned in it, as a checkpoint's tensor of that dtype is read (a bf16
+    checkpoint's: the model keeps it bfloat16 where it runs bf16-fp32, and widens it elsewhere); on the meta device
+    only the shape exists. A `shard` is cut from the whole tensor, so every rank's
     part is the part of the weights a single device gets."""
     if shard is not None:
         return shard_weight(random_weight(name, shape, form, dtype, device, seed, values=values), shard, name)
@@ -179,7 +180,7 @@ def random_weight(
     gen.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # CPU generators keep a seed's low 32 bits only
     if form == "float":
         w = torch.normal(0.0, STD, shape, generator=gen, dtype=dtype, device=device)
-        return w if values is None else w.to(values).to(dtype)
+        return w if values is None else w.to(values)  # held as a checkpoint's tensor is read: the model widens it
     rows, cols = shape
     if form == "int4":
         q = torch.randint(0, 16, shape, dtype=torch.uint8, generator=gen)
