@@ -164,10 +164,10 @@ def random_weight(
     values: torch.dtype | None = None,
 ) -> Weight:
     """One tensor, from a generator seeded by `seed` and the tensor's name: the same whatever order the model
-    asks in. Floats are made on `device` in `dtype` (random values differ between a CPU and a CUDA generator),
-    rounded to `values` where given and returned in it, as a checkpoint's tensor of that dtype is read (a bf16
-    checkpoint's: the model keeps it bfloat16 where it runs bf16-fp32, and widens it elsewhere); on the meta device
-    only the shape exists. A `shard` is cut from the whole tensor, so every rank's
+    asks in. Floats are made on `device` (random values differ between a CPU and a CUDA generator) in `values`, the
+    checkpoint's own float dtype, where given, as a checkpoint's tensor of that dtype is read (a bf16 checkpoint's:
+    the model keeps it bfloat16 where it runs bf16-fp32, and widens it elsewhere), else in `dtype`; on the meta
+    device only the shape exists. A `shard` is cut from the whole tensor, so every rank's
     part is the part of the weights a single device gets."""
     if shard is not None:
         return shard_weight(random_weight(name, shape, form, dtype, device, seed, values=values), shard, name)
@@ -175,12 +175,12 @@ def random_weight(
         return torch.ones(shape, dtype=dtype, device=device)
     if device.type == "meta":
         return torch.empty(shape, dtype=dtype, device=device)
-    check_room(name, shape, form, dtype, device)
+    check_room(name, shape, form, values or dtype, device)
     gen = torch.Generator(device=device if form == "float" else "cpu")
     gen.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # CPU generators keep a seed's low 32 bits only
     if form == "float":
-        w = torch.normal(0.0, STD, shape, generator=gen, dtype=dtype, device=device)
-        return w if values is None else w.to(values)  # held as a checkpoint's tensor is read: the model widens it
+        # drawn in the checkpoint's dtype and held in it, as a file's tensor is read: the model widens it where needed
+        return torch.normal(0.0, STD, shape, generator=gen, dtype=values or dtype, device=device)
     rows, cols = shape
     if form == "int4":
         q = torch.randint(0, 16, shape, dtype=torch.uint8, generator=gen)
