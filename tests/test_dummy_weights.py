@@ -250,3 +250,25 @@ def test_a_dummy_tensor_with_no_memory_left_for_it_is_refused_by_name(monkeypatc
         ModelLoadError, match=r"model.embed_tokens.weight: making this dummy tensor needs 0.06 GB on cpu, and 0.00 GB"
     ):
         LLM(model="smollm2-135m", load_format="dummy")
+
+
+@pytest.mark.parametrize("form", ["float", "int4", "int8"])
+def test_a_dummy_tensor_is_the_same_on_any_number_of_threads(form):
+    """The CPU draws a matrix's blocks of rows on several threads, each block from its own generator: the values
+    are the seed's and the shape's, not the threads'. Rows past the last whole block, and a tensor of fewer rows
+    than a block, are drawn too."""
+    threads = torch.get_num_threads()
+    made = []
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            made.append(dummy.random_weight("w", (2 * dummy.DRAW_ROWS + 5, 64), form, torch.float32, CPU, 3))
+    finally:
+        torch.set_num_threads(threads)
+    one, three = (w if form == "float" else w.q for w in made)
+    assert torch.equal(one, three)
+    blocks = one.split(dummy.DRAW_ROWS)
+    assert not torch.equal(blocks[0], blocks[1])  # each block its own draw
+    assert blocks[-1].float().std() > 0
+    small = dummy.random_weight("w", (7, 64), "float", torch.float32, CPU, 3, values=torch.bfloat16)
+    assert small.dtype == torch.bfloat16 and small.float().std() > 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -33,6 +35,7 @@ from rooftop.roofline.ops import weight_bytes
 from rooftop.roofline.precision import precision
 from rooftop.roofline.presets import find_preset
 
+DRAW_ROWS = 1024  # rows of a matrix drawn from one generator on the CPU (`drawn`)
 # transformers' initializer_range: a random model's activations and logits stay in a sane range at any depth
 STD = 0.02
 # Group scales that give integer weights the same spread: (q - 8) with q uniform in 0..15 has a standard deviation
@@ -176,18 +179,45 @@ def random_weight(
     if device.type == "meta":
         return torch.empty(shape, dtype=dtype, device=device)
     check_room(name, shape, form, values or dtype, device)
-    gen = torch.Generator(device=device if form == "float" else "cpu")
-    gen.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # CPU generators keep a seed's low 32 bits only
+    key = f"{seed}:{name}"
     if form == "float":
         # drawn in the checkpoint's dtype and held in it, as a file's tensor is read: the model widens it where needed
-        return torch.normal(0.0, STD, shape, generator=gen, dtype=values or dtype, device=device)
+        out = torch.empty(shape, dtype=values or dtype, device=device)
+        return drawn(out, key, lambda gen, rows: torch.normal(0.0, STD, rows.shape, generator=gen, out=rows))
     rows, cols = shape
     if form == "int4":
-        q = torch.randint(0, 16, shape, dtype=torch.uint8, generator=gen)
+        q = drawn(
+            torch.empty(shape, dtype=torch.uint8),
+            key,
+            lambda gen, r: torch.randint(0, 16, r.shape, generator=gen, out=r),
+        )
         scale = torch.full((rows, cols // GROUP), INT4_SCALE)
         return Int4Weight(q, scale, scale / 2)  # (q - 8)·s + s/2: centred on 0
-    q = torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen)
+    q = drawn(
+        torch.empty(shape, dtype=torch.int8),
+        key,
+        lambda gen, r: torch.randint(-127, 128, r.shape, generator=gen, out=r),
+    )
     return Int8GroupWeight(q, torch.full((rows, cols // GROUP), INT8_SCALE))
+
+
+def drawn(out: torch.Tensor, key: str, fill: Callable[[torch.Generator, torch.Tensor], object]) -> torch.Tensor:
+    """`out` filled by `fill(generator, rows)`: on the CPU DRAW_ROWS rows at a time, each block from a generator of
+    its own seeded by `key` and its first row, the blocks shared among as many threads as PyTorch's ops use (a CPU
+    generator draws on one core: an 8B's weights took most of a minute); elsewhere in one call. The values depend on
+    `key` and the shape alone, never on the threads."""
+    if out.device.type != "cpu":
+        fill(_generator(key, out.device), out)
+        return out
+    starts = range(0, max(1, out.shape[0]), DRAW_ROWS)
+    with ThreadPoolExecutor(torch.get_num_threads()) as pool:
+        list(pool.map(lambda r: fill(_generator(f"{key}:{r}", out.device), out[r : r + DRAW_ROWS]), starts))
+    return out
+
+
+def _generator(key: str, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    return gen.manual_seed(zlib.crc32(key.encode()))  # CPU generators keep a seed's low 32 bits only
 
 
 @dataclass
