@@ -170,8 +170,8 @@ def random_weight(
     asks in. Floats are made on `device` (random values differ between a CPU and a CUDA generator) in `values`, the
     checkpoint's own float dtype, where given, as a checkpoint's tensor of that dtype is read (a bf16 checkpoint's:
     the model keeps it bfloat16 where it runs bf16-fp32, and widens it elsewhere), else in `dtype`; on the meta
-    device only the shape exists. A `shard` is cut from the whole tensor, so every rank's
-    part is the part of the weights a single device gets."""
+    device only the shape exists. A `shard` is cut from the whole tensor, so every rank's part is the part of the
+    weights a single device gets."""
     if shard is not None:
         return shard_weight(random_weight(name, shape, form, dtype, device, seed, values=values), shard, name)
     if form == "norm":
