@@ -554,6 +554,17 @@ def test_a_start_runs_the_ninja_package_whatever_other_ninja_path_finds_first(tm
     assert not mark.exists()
 
 
+def test_two_checkouts_with_the_same_sources_build_apart(tmp_path, monkeypatch):
+    """ninja names each source by its path: two checkouts (or environments) of the same sources built in one folder
+    found each other's build out of date, and each switch compiled every kernel again. Each sources' folder builds in
+    its own; the same folder, however named, in the same one."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    here = cpu.build_directory("rooftop_cpu_x")
+    assert here == cpu.build_directory("rooftop_cpu_x", cpu.SOURCES[0].parent / ".." / "kernels")
+    assert here != cpu.build_directory("rooftop_cpu_x", tmp_path / "another" / "kernels")
+    assert here.parent.parent == tmp_path and here.name.startswith("rooftop_cpu_x-")
+
+
 def test_a_start_says_when_it_compiles_the_kernels_and_when_it_waits_for_another_that_does(
     tmp_path, monkeypatch, capsys
 ):

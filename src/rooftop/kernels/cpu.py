@@ -61,7 +61,7 @@ def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleTyp
     revision's sources, for benchmarks/kernel_ab.py)."""
     from torch.utils import cpp_extension
 
-    directory_of_build = build_directory(name)
+    directory_of_build = build_directory(name, directory or SOURCES[0].parent)
     with build_lock(directory_of_build), packaged_ninja():
         if not (directory_of_build / f"{name}.so").exists():
             print(
@@ -96,14 +96,18 @@ def packaged_ninja() -> Iterator[None]:
         os.environ["PATH"] = path
 
 
-def build_directory(name: str) -> Path:
-    """Where module `name` is built: under PyTorch's extensions root (TORCH_EXTENSIONS_DIR where set, as PyTorch
-    has it), in a folder per Python and torch version (a build is for one ABI)."""
+def build_directory(name: str, sources: Path = SOURCES[0].parent) -> Path:
+    """Where module `name` is built from the kernel sources in `sources`: under PyTorch's extensions root
+    (TORCH_EXTENSIONS_DIR where set, as PyTorch has it), in a folder per Python and torch version (a build is for one
+    ABI) and per sources' folder. ninja's build file names each source by its path: two checkouts or environments
+    with the same sources, built in one folder, found each other's build out of date, and every start that switched
+    between them compiled every kernel again (~45 s, shown as the model's load)."""
     from torch.utils import cpp_extension
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     version = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
-    return Path(root) / f"rooftop-{version}" / name
+    place = hashlib.sha256(str(sources.resolve()).encode()).hexdigest()[:8]
+    return Path(root) / f"rooftop-{version}" / f"{name}-{place}"
 
 
 @contextlib.contextmanager
