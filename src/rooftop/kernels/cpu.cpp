@@ -181,8 +181,9 @@ at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t f
 at::Tensor tiled_rows(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, const at::Tensor& ids);
 int64_t stream_read(const at::Tensor& data, int64_t streams);
 
-// A GGUF block-format matrix repacked in tiles at load (repack.cpp).
+// A GGUF block-format matrix repacked in tiles at load, and the shapes it fills (repack.cpp).
 void tile_blocks(const at::Tensor& blocks, int64_t format, int64_t k, at::Tensor& q, at::Tensor& dm);
+std::pair<std::vector<int64_t>, std::vector<int64_t>> tiled_shapes(int64_t format, int64_t n, int64_t k);
 
 // bfloat16 weights, float32 activations (bf16.cpp).
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
@@ -198,6 +199,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("ids"));
   m.def("tile_blocks", &tile_blocks, "a GGUF block-format matrix's rows of blocks -> tiled q and dm, written in place",
         py::arg("blocks"), py::arg("format"), py::arg("k"), py::arg("q"), py::arg("dm"));
+  m.def("tiled_shapes", &tiled_shapes, "the shapes of q and dm for n rows of k inputs in a tiled format",
+        py::arg("format"), py::arg("n"), py::arg("k"));
   m.def("bf16_linear", &bf16_linear, "x @ bfloat16 weights^T (+bias) (+residual), float32, in a fixed order",
         py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("residual") = py::none(),
         py::arg("loops") = false);

@@ -119,8 +119,8 @@ void tile_blocks(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* q, uint16
 }  // namespace
 
 // A block-format matrix's rows of blocks (uint8 (N, bytes per row), as the file holds them) -> tiles.h's tiles,
-// written into q (uint8, ceil(N / 16) * K / 32 * group_bytes) and dm (float16, ceil(N / 16) * scale blocks * parts
-// * 16), which the caller allocates where it wants them (2 MiB pages).
+// written into q and dm (`tiled_shapes`' numbers of uint8 and float16), which the caller allocates where it wants them
+// (2 MiB pages).
 void tile_blocks(const at::Tensor& blocks, int64_t format, int64_t k, at::Tensor& q, at::Tensor& dm) {
   TORCH_CHECK(format == Q4_0 || format == Q5_0 || format == Q5_1 || (format >= Q4_K && format <= Q6_K),
               "format must be 0 (Q4_0), 3 (Q5_0), 4 (Q5_1), 5 (Q4_K), 6 (Q5_K) or 7 (Q6_K), not ", format);
@@ -128,15 +128,22 @@ void tile_blocks(const at::Tensor& blocks, int64_t format, int64_t k, at::Tensor
     constexpr Format F = decltype(f)::value;
     if constexpr (stored(F)) {
       TORCH_CHECK(k > 0 && k % block_weights(F) == 0, "k must be a positive multiple of ", block_weights(F));
-      const int64_t n = blocks.size(0), tiles = (n + TILE - 1) / TILE, scale_blocks = k / block_weights(F);
+      const int64_t n = blocks.size(0), row_bytes = k / block_weights(F) * block_bytes(F);
       TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
-                      blocks.size(1) == scale_blocks * block_bytes(F),
-                  "blocks must be contiguous uint8 (N, ", scale_blocks * block_bytes(F), ")");
-      TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.numel() == tiles * (k / GROUP) * group_bytes(F),
-                  "q must be contiguous uint8 of ", tiles * (k / GROUP) * group_bytes(F), " bytes");
-      TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.numel() == tiles * scale_blocks * parts(F) * TILE,
-                  "dm must be contiguous float16 of ", tiles * scale_blocks * parts(F) * TILE, " values");
+                      blocks.size(1) == row_bytes,
+                  "blocks must be contiguous uint8 (N, ", row_bytes, ")");
+      const auto [q_shape, dm_shape] = tile_shapes(F, n, k);
+      TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.sizes() == q_shape, "q must be contiguous uint8 ",
+                  at::IntArrayRef(q_shape));
+      TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.sizes() == dm_shape,
+                  "dm must be contiguous float16 ", at::IntArrayRef(dm_shape));
       tile_blocks<F>(blocks.data_ptr<uint8_t>(), n, k, q.data_ptr<uint8_t>(), reinterpret_cast<uint16_t*>(dm.data_ptr<at::Half>()));
     }
   });
+}
+
+// The shapes tile_blocks writes for N rows of K inputs in `format`: q's and dm's.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> tiled_shapes(int64_t format, int64_t n, int64_t k) {
+  TORCH_CHECK(format >= Q4_0 && format <= Q6_K, "format must be a tiles.h Format id (0-7), not ", format);
+  return tile_shapes(static_cast<Format>(format), n, k);
 }

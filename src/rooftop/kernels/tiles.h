@@ -23,6 +23,8 @@
 
 #include "quantized.h"
 
+#include <utility>
+
 namespace {
 
 constexpr int64_t TILE = 16;  // output rows per tile: one 512-bit vector of int32 lanes
@@ -38,6 +40,13 @@ constexpr int parts(Format f) { return minimum(f) ? 2 : 1; }  // float16 vectors
 constexpr int64_t groups_per_scale(Format f) { return k_quant(f) ? 8 : 1; }
 constexpr int64_t sub_scales_at(Format f) { return 256 + 64 * planes(f); }
 constexpr int64_t group_bytes(Format f) { return nibbles(f) ? sub_scales_at(f) + (k_quant(f) ? 32 : 0) : 512; }
+
+// The shapes of N rows of K inputs in tiles: q (tiles, K / 32 groups, group bytes) uint8 and dm (tiles, scale
+// blocks, parts, 16) float16.
+inline std::pair<std::vector<int64_t>, std::vector<int64_t>> tile_shapes(Format f, int64_t n, int64_t k) {
+  const int64_t tiles = (n + TILE - 1) / TILE, groups = k / GROUP;
+  return {{tiles, groups, group_bytes(f)}, {tiles, groups / groups_per_scale(f), parts(f), TILE}};
+}
 
 // fn(std::integral_constant<Format, F>{}) for the format id (TORCH_CHECKed by the caller).
 template <typename Fn>

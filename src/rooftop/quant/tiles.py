@@ -12,6 +12,8 @@ groups rooftop quantizes itself (Q4_1's levels, Q8_0's bytes) here, in PyTorch's
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rooftop.kernels import cpu, pages
@@ -23,9 +25,6 @@ TILE_FORMATS = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k") 
 # bit planes' unpacking outweighs what the form saves, and it gained nothing to pay for the coarser rounding
 # (docs/PERFORMANCE.md).
 SUPER_BLOCK_FORMATS = ("q4_k", "q6_k")
-PLANES = {"q5_0": 1, "q5_1": 1, "q5_k": 1, "q6_k": 2}  # bits of a level above its low four
-MINIMA = ("q4_1", "q5_1", "q4_k", "q5_k")  # formats whose scale blocks hold a second float16 (m, or dmin)
-K_QUANTS = ("q4_k", "q5_k", "q6_k")  # super-blocks of 256, with sub-block scales per 32 in each tile's group
 
 
 def _padded_rows(t: torch.Tensor) -> torch.Tensor:
@@ -58,13 +57,11 @@ def tile_scales(*scales: torch.Tensor) -> torch.Tensor:
 
 
 def tile_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """A matrix in a GGUF block format as tiles.h's (q, dm): (ceil(N / 16), K / 32, group bytes) uint8 and
-    (ceil(N / 16), scale blocks, parts, 16) float16, written by the kernels straight into their pages."""
-    n, k = w.shape
-    tiles, groups = -(-n // TILE), k // GROUP
-    group_bytes = 256 + 64 * PLANES.get(w.format, 0) + (32 if w.format in K_QUANTS else 0)
-    blocks, parts = (k // 256 if w.format in K_QUANTS else groups), (2 if w.format in MINIMA else 1)
-    q = pages.empty(tiles * groups * group_bytes)
-    dm = pages.empty(tiles * blocks * parts * TILE * 2).view(torch.float16)
-    cpu.ops().tile_blocks(w.q.contiguous(), TILE_FORMATS.index(w.format), k, q, dm)
-    return q.view(tiles, groups, group_bytes), dm.view(tiles, blocks, parts, TILE)
+    """A matrix in a GGUF block format as tiles.h's (q, dm), in the shapes the kernels give for it, written by them
+    straight into their pages."""
+    ops, fmt = cpu.ops(), TILE_FORMATS.index(w.format)
+    q_shape, dm_shape = ops.tiled_shapes(fmt, *w.shape)
+    q = pages.empty(math.prod(q_shape)).view(q_shape)
+    dm = pages.empty(2 * math.prod(dm_shape)).view(torch.float16).view(dm_shape)
+    ops.tile_blocks(w.q.contiguous(), fmt, w.k, q, dm)
+    return q, dm
