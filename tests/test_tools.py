@@ -207,21 +207,25 @@ def valid_calls(calls, names) -> None:
 
 @pytest.mark.slow
 def test_required_and_named_tool_choices_call_defined_functions_with_valid_arguments(llm):
-    """Greedy and seeded: `required` makes the output calls only (exactly one without parallel calls), a named
-    function one call of it; every call's arguments validate against its parameters ($refs included)."""
+    """Greedy and seeded (two outputs each, n=2): `required` makes the output calls only (exactly one without
+    parallel calls), a named function one call of it; every call's arguments validate against its parameters ($refs
+    included). Each of the n outputs carries the calls read from its own text."""
     named = {"type": "function", "function": {"name": "add"}}
     runs = [("required", False, None), ("required", True, 3), (named, True, None), (named, True, 4)]
     for choice, parallel, seed in runs:
-        params = SamplingParams(max_tokens=48, temperature=0 if seed is None else 1.0, seed=seed)
-        out = llm.chat(ASK, params, tools=TOOLS, tool_choice=choice, parallel_tool_calls=parallel)[0]
-        content, calls = parse_tool_calls(out.text)
-        assert out.tool_calls is not None and [c.name for c in out.tool_calls] == [c.name for c in calls]
-        if out.finish_reason == "stop":
-            assert content is None and calls and (parallel or len(calls) == 1)
-            valid_calls(calls, ["add"] if choice is named else ["add", "get_weather"])
-            assert choice is not named or len(calls) == 1
-        else:
-            assert out.finish_reason == "length" and len(out.token_ids) == 48
+        n = 1 if seed is None else 2
+        params = SamplingParams(max_tokens=48, temperature=0 if seed is None else 1.0, seed=seed, n=n)
+        request = llm.chat(ASK, params, tools=TOOLS, tool_choice=choice, parallel_tool_calls=parallel)[0]
+        assert len(request.outputs) == n and request.tool_calls is request.outputs[0].tool_calls
+        for out in request.outputs:
+            content, calls = parse_tool_calls(out.text)
+            assert out.tool_calls is not None and [c.name for c in out.tool_calls] == [c.name for c in calls]
+            if out.finish_reason == "stop":
+                assert content is None and calls and (parallel or len(calls) == 1)
+                valid_calls(calls, ["add"] if choice is named else ["add", "get_weather"])
+                assert choice is not named or len(calls) == 1
+            else:
+                assert out.finish_reason == "length" and len(out.token_ids) == 48
 
 
 @pytest.mark.slow

@@ -278,7 +278,9 @@ class LLM:
         outputs = self.generate([self.apply_chat_template(c, offered) for c in conversations], params, use_tqdm)
         if choice.mode != "none":
             for output in outputs:
-                output.tool_calls = parse_tool_calls(output.text)[1]
+                for completion in output.outputs:
+                    completion.tool_calls = parse_tool_calls(completion.text)[1]
+                output.tool_calls = output.outputs[0].tool_calls
         return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamChunk]:

@@ -21,6 +21,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: FinishReason | None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None  # LLM.chat with tools: the calls read from `text` (which keeps them)
 
     @property
     def cumulative_logprob(self) -> float | None:
@@ -41,7 +42,7 @@ class RequestOutput:
     metrics: RequestMetrics
     error: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
-    tool_calls: list[ToolCall] | None = None  # LLM.chat with tools: the calls read from `text` (which keeps them)
+    tool_calls: list[ToolCall] | None = None  # output 0's (CompletionOutput.tool_calls)
     outputs: list[CompletionOutput] = field(default_factory=list)  # all n; just this one's where left empty
 
     def __post_init__(self) -> None:
@@ -50,7 +51,7 @@ class RequestOutput:
 
     def completion(self, index: int) -> CompletionOutput:
         """This request's output as output `index` of a prompt's n."""
-        return CompletionOutput(index, self.text, self.token_ids, self.finish_reason, self.logprobs)
+        return CompletionOutput(index, self.text, self.token_ids, self.finish_reason, self.logprobs, self.tool_calls)
 
     @property
     def finished(self) -> bool:
