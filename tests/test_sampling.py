@@ -109,6 +109,29 @@ def test_a_flat_top_p_nucleus_beyond_the_candidates_is_exact():
     assert len(kept) == int(0.9 * len(logits)) + 1 or len(kept) == int(0.9 * len(logits))
 
 
+def nucleus(logits: torch.Tensor, top_p: float) -> set[int]:
+    """The top-p support by sorting the whole row: the reference."""
+    probs, ids = torch.sort(logits.softmax(-1), descending=True)
+    return set(ids[(probs.cumsum(-1) - probs) < top_p].tolist())
+
+
+def test_a_nucleus_of_thousands_is_found_exactly_without_sorting_the_vocabulary():
+    """A row whose nucleus needs thousands of tokens (a real model at temperature 1, top_p 0.95) is filtered
+    exactly, from a topk a few times the nucleus, not the whole vocabulary; a row with top-k but no top-p beside it
+    needs nothing more than its k (it had sent the batch to a full sort at every step)."""
+    from rooftop.engine.sampler import candidates
+
+    logits = torch.randn(2, 49152, generator=torch.Generator().manual_seed(6)) * 4
+    params = [SamplingParams(top_p=0.95), SamplingParams(top_k=40)]
+    c = candidates(logits, params)
+    expected = nucleus(logits[0], 0.95)
+    assert 256 < len(expected) < 8192 and c.ids.shape[1] < logits.shape[1] // 2
+    assert set(c.ids[0][c.keep[0]].tolist()) == expected
+    assert set(c.ids[1][c.keep[1]].tolist()) == set(torch.topk(logits[1], 40).indices.tolist())
+    narrow = torch.randn(2, 49152, generator=torch.Generator().manual_seed(7)) * 20  # nuclei of a few tokens
+    assert candidates(narrow, params).ids.shape[1] == 256
+
+
 def test_same_seed_same_draws():
     logits = torch.randn(1000, generator=torch.Generator().manual_seed(2))
     params = SamplingParams(temperature=1.0)

@@ -34,6 +34,7 @@ def apply_presence_frequency_penalties(
 
 
 TOP_P_CANDIDATES = 256
+WIDEN = 8  # candidates taken next when a row's top_p is not covered (`_wider`)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -122,8 +123,9 @@ class Candidates:
 def candidates(logits: torch.Tensor, params: list[SamplingParams], width: int | None = None) -> Candidates:
     """Temperature, then top-k, top-p and min-p, for all rows at once, on the few hundred most likely tokens when
     every row has top-k or top-p (the nucleus is nearly always there: ranking 256 with topk instead of sorting all
-    49152 logits saved 5 ms, a third of a step); on the whole vocabulary when a row has neither, or when the top
-    candidates do not cover a row's top_p. top-p counts the probabilities top-k left; min-p is relative to the top."""
+    49152 logits saved 5 ms, a third of a step), on more of them (`_wider`) when those do not cover a row's top_p;
+    on the whole vocabulary when a row has neither. top-p counts the probabilities top-k left; min-p is relative to
+    the top."""
     vocab = logits.shape[-1]
     scaled = logits / _column([p.temperature for p in params], logits)
     ks = [p.top_k if p.top_k < vocab else 0 for p in params]
@@ -149,14 +151,30 @@ def candidates(logits: torch.Tensor, params: list[SamplingParams], width: int | 
         probs = whole if not any(ks) else torch.where(_column(ks, cand) > 0, masked.softmax(-1), whole)
     if nucleus:
         top_p = _column([p.top_p if p.top_p < 1.0 else float("inf") for p in params], probs)
-        if width < vocab and bool((probs.sum(-1, keepdim=True) < top_p).any()):
-            return candidates(logits, params, vocab)
+        if width < vocab:
+            # what each row's top_p still needs beyond its candidates (a row with top-k has all it keeps among them)
+            need = _column(
+                [p.top_p if p.top_p < 1.0 and not k else 0.0 for k, p in zip(ks, params, strict=True)], probs
+            )
+            short = (need - probs.sum(-1, keepdim=True)).clamp(min=0.0)
+            if bool((short > 0).any()):
+                return candidates(logits, params, _wider(width, probs, short, vocab))
         keep &= (probs.cumsum(-1) - probs) < top_p  # drop a token once those ranked above it cover top_p
         keep[:, 0] = True  # the most likely stays, even for a top_p that float32 rounds to 0
     min_p = [p.min_p for p in params]
     if any(min_p):
         keep &= probs >= _column(min_p, probs) * probs.amax(-1, keepdim=True)
     return Candidates(cand, ids, keep, probs)
+
+
+def _wider(width: int, probs: torch.Tensor, short: torch.Tensor, vocab: int) -> int:
+    """The next candidate width for rows whose top_p is `short` of being covered: WIDEN times as many, and no fewer
+    than the shortfall needs at the last candidate's probability (no token outside the candidates is likelier). A
+    nucleus of thousands of tokens (a real model at temperature 1 and top_p 0.95, one step in five) is then found by
+    one wider topk, not by sorting the vocabulary; beyond half of it, sorting is the cheaper."""
+    last = probs[:, -1:].clamp(min=torch.finfo(probs.dtype).tiny)
+    wider = max(WIDEN * width, width + int((short / last).ceil().max()))
+    return vocab if wider > vocab // 2 else wider
 
 
 def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
