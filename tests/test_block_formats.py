@@ -95,6 +95,35 @@ def test_stored_blocks_run_exactly_as_gguf_decodes_them(qtype):
             torch.testing.assert_close(wide, F.linear(x.to(bf16), reference.to(bf16)).float() + lin.bias)
 
 
+@needs_kernels
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.Q5_0], ids=lambda t: t.name)
+def test_tiles_are_made_from_the_rows_where_they_are_in_the_matrixs_order(qtype):
+    """A file's rows are viewed, not copied; a row order and a fusion are noted and the tiles made from the rows
+    where they are are those of the matrix copied out in that order. A column shard's strided rows too."""
+    from rooftop.quant.tiles import tile_blocks
+    from rooftop.quant.weights import BlockWeight
+
+    k = 512
+    a, b = random_blocks(qtype, 24, k, seed=1), random_blocks(qtype, 8, k, seed=2)
+    wa, wb = stored_blocks(a, qtype, (24, k)), stored_blocks(b, qtype, (8, k))
+    assert wa.parts[0].data_ptr() == a.ctypes.data  # a view of the file's bytes
+    perm = torch.randperm(24, generator=torch.Generator().manual_seed(3))
+    fused = BlockWeight.cat([wa.rows(perm), wb, wa.rows(perm[:5])])
+    rows = np.concatenate([a[perm.numpy()], b, a[perm[:5].numpy()]])
+    assert fused.shape == (37, k) and torch.equal(fused.q, torch.from_numpy(rows))
+    copied = BlockWeight((fused.q.clone(),), fused.format, k)
+    for mine, theirs in zip(tile_blocks(fused), tile_blocks(copied), strict=True):
+        assert torch.equal(mine, theirs)
+    half = GGML_QUANT_SIZES[qtype][1] * (k // 2 // GGML_QUANT_SIZES[qtype][0])
+    strided = BlockWeight((wa.parts[0][:, :half],), wa.format, k // 2)
+    assert not strided.parts[0].is_contiguous()
+    contiguous = BlockWeight((strided.q.contiguous(),), wa.format, k // 2)
+    for mine, theirs in zip(tile_blocks(strided), tile_blocks(contiguous), strict=True):
+        assert torch.equal(mine, theirs)
+    with pytest.raises(RuntimeError, match="order holds row 32 of 32"):
+        tile_blocks(BlockWeight(fused.parts[:2], fused.format, k, torch.tensor([0, 32])))
+
+
 @pytest.mark.parametrize(
     "qtype", [QType.Q2_K, QType.Q3_K, QType.IQ4_NL, QType.IQ4_XS, QType.TQ2_0], ids=lambda t: t.name
 )

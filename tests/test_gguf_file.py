@@ -123,3 +123,22 @@ def test_a_tensor_read_lets_its_file_pages_go_and_reads_the_same_after(tmp_path)
     release_pages(t)
     assert mapped_kb(path) <= 8  # at most the pages shared with the header
     assert float(t.data.view(np.float32).sum()) == checksum  # read again from the page cache
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_a_built_model_holds_none_of_the_files_pages(tmp_path):
+    """A block format's rows are tiled straight from the file's mapping (no copy), so the pages the tiles were read
+    from stay mapped until let go: each layer lets them go once built, and the model holds none at the end."""
+    import torch
+    from gguf import GGMLQuantizationType as QType
+    from gguf_factory import write_tiny_gguf
+
+    from rooftop.loading.gguf import load_gguf
+    from rooftop.models.loader import build_model
+
+    path = tmp_path / "q4_k.gguf"
+    write_tiny_gguf(path, qtype=QType.Q4_K)
+    loaded = load_gguf(path)
+    data = sum(t.data.nbytes for t in read_gguf(path).tensors) // 1024
+    build_model(loaded, torch.float32, "cpu")
+    assert mapped_kb(path) <= 16 < data // 8  # the header's pages at most

@@ -35,9 +35,11 @@ def reference(name: str):
 
 
 def same(a, b) -> bool:
-    """Two weights equal in every field (tensors bit for bit)."""
+    """Two weights equal in every field (tensors bit for bit); block weights in their rows, however they are held."""
     if isinstance(a, torch.Tensor):
         return torch.equal(a, b)
+    if isinstance(a, BlockWeight):
+        return isinstance(b, BlockWeight) and (a.format, a.k) == (b.format, b.k) and torch.equal(a.q, b.q)
     return type(a) is type(b) and all(
         same(x, y) if isinstance(x, torch.Tensor) else x == y
         for x, y in zip(vars(a).values(), vars(b).values(), strict=True)
@@ -139,6 +141,6 @@ def test_a_split_inside_a_quantized_block_is_refused():
     t, _ = gguf_tensor(QType.Q4_K, (64, 256))
     with pytest.raises(ShardError, match="Q4_K blocks of 256 weights; columns 0:128 are not whole blocks"):
         shard_tensor(t, Shard(1, 0, 128, 256))
-    blocks = BlockWeight(torch.zeros(4, 144, dtype=torch.uint8), "q4_k", 256)
+    blocks = BlockWeight((torch.zeros(4, 144, dtype=torch.uint8),), "q4_k", 256)
     with pytest.raises(ShardError, match="blocks of 256"):
         shard_weight(blocks, Shard(1, 128, 256, 256), "w")

@@ -182,7 +182,8 @@ at::Tensor tiled_rows(const at::Tensor& q, const at::Tensor& dm, int64_t format,
 int64_t stream_read(const at::Tensor& data, int64_t streams);
 
 // A GGUF block-format matrix repacked in tiles at load, and the shapes it fills (repack.cpp).
-void tile_blocks(const at::Tensor& blocks, int64_t format, int64_t k, at::Tensor& q, at::Tensor& dm);
+void tile_blocks(const std::vector<at::Tensor>& parts, const c10::optional<at::Tensor>& order, int64_t format, int64_t k,
+                 at::Tensor& q, at::Tensor& dm);
 std::pair<std::vector<int64_t>, std::vector<int64_t>> tiled_shapes(int64_t format, int64_t n, int64_t k);
 
 // bfloat16 weights, float32 activations (bf16.cpp).
@@ -198,7 +199,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiled_rows", &tiled_rows, "rows ids of tiled block-format weights as float32 (an embedding's lookup)",
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("ids"));
   m.def("tile_blocks", &tile_blocks, "a GGUF block-format matrix's rows of blocks -> tiled q and dm, written in place",
-        py::arg("blocks"), py::arg("format"), py::arg("k"), py::arg("q"), py::arg("dm"));
+        py::arg("parts"), py::arg("order"), py::arg("format"), py::arg("k"), py::arg("q"), py::arg("dm"));
   m.def("tiled_shapes", &tiled_shapes, "the shapes of q and dm for n rows of k inputs in a tiled format",
         py::arg("format"), py::arg("n"), py::arg("k"));
   m.def("bf16_linear", &bf16_linear, "x @ bfloat16 weights^T (+bias) (+residual), float32, in a fixed order",

@@ -2,6 +2,10 @@
 // tile's group decodes its 16 rows' levels and sub-block scales from the blocks as gguf's dequantizer reads them,
 // then interleaves them. In PyTorch's byte ops (a decode to levels, then a permute per part) this took most of a
 // 1B model's load; here each weight's bytes are read once and each tile's written once (docs/PERFORMANCE.md).
+//
+// The rows are read where they are: in the file's mapping, in the order the model wants them (llama.cpp's Q/K row
+// order undone) and from several matrices fused into one (Q, K, V; gate and up), so no copy of the rows is made
+// on the way to the tiles.
 
 #include "tiles.h"
 
@@ -65,11 +69,11 @@ inline void row_group(const uint8_t* row, int64_t g, uint8_t u[GROUP], uint8_t s
 
 // One tile's group from its `rows` rows of blocks (the rest of the 16 are zeros): the layout tiles.h gives.
 template <Format F>
-void tile_group(const uint8_t* rows_of_blocks, int64_t row_bytes, int64_t rows, int64_t g, uint8_t* out) {
+void tile_group(const uint8_t* const* rows_of_blocks, int64_t rows, int64_t g, uint8_t* out) {
   uint8_t u[TILE][GROUP] = {}, sub[2][TILE] = {};
   for (int64_t o = 0; o < rows; ++o) {
     uint8_t s[2] = {0, 0};
-    row_group<F>(rows_of_blocks + o * row_bytes, g, u[o], s);
+    row_group<F>(rows_of_blocks[o], g, u[o], s);
     sub[0][o] = s[0], sub[1][o] = s[1];
   }
   for (int j = 0; j < 4; ++j) {
@@ -93,21 +97,22 @@ void tile_group(const uint8_t* rows_of_blocks, int64_t row_bytes, int64_t rows, 
   }
 }
 
+// `row[r]`: where output row r's blocks start.
 template <Format F>
-void tile_blocks(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* q, uint16_t* dm) {
-  const int64_t row_bytes = k / block_weights(F) * block_bytes(F), groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+void tile_blocks(const std::vector<const uint8_t*>& row, int64_t k, uint8_t* q, uint16_t* dm) {
+  const int64_t n = static_cast<int64_t>(row.size()), groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
   const int64_t scale_blocks = k / block_weights(F);
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const uint8_t* first = blocks + t * TILE * row_bytes;
+      const uint8_t* const* first = row.data() + t * TILE;
       const int64_t rows = std::min(TILE, n - t * TILE);
-      for (int64_t g = 0; g < groups; ++g) tile_group<F>(first, row_bytes, rows, g, q + (t * groups + g) * group_bytes(F));
+      for (int64_t g = 0; g < groups; ++g) tile_group<F>(first, rows, g, q + (t * groups + g) * group_bytes(F));
       for (int64_t b = 0; b < scale_blocks; ++b) {
         uint16_t* out = dm + (t * scale_blocks + b) * parts(F) * TILE;
         for (int part = 0; part < parts(F); ++part) {
           for (int64_t o = 0; o < TILE; ++o) {
             uint16_t bits = 0;  // the padding rows' scales are zero
-            if (o < rows) std::memcpy(&bits, first + o * row_bytes + b * block_bytes(F) + half_at(F, part), 2);
+            if (o < rows) std::memcpy(&bits, first[o] + b * block_bytes(F) + half_at(F, part), 2);
             out[part * TILE + o] = bits;
           }
         }
@@ -118,26 +123,44 @@ void tile_blocks(const uint8_t* blocks, int64_t n, int64_t k, uint8_t* q, uint16
 
 }  // namespace
 
-// A block-format matrix's rows of blocks (uint8 (N, bytes per row), as the file holds them) -> tiles.h's tiles,
-// written into q and dm (`tiled_shapes`' numbers of uint8 and float16), which the caller allocates where it wants them
-// (2 MiB pages).
-void tile_blocks(const at::Tensor& blocks, int64_t format, int64_t k, at::Tensor& q, at::Tensor& dm) {
+// A block-format matrix's rows of blocks -> tiles.h's tiles, written into q and dm (`tiled_shapes`' numbers of uint8
+// and float16), which the caller allocates where it wants them (2 MiB pages). The rows are those of `parts` (uint8
+// (N_i, bytes per row) each, as the file holds them: any row stride, bytes in a row contiguous) stacked, taken in
+// `order` where it is given (row r of the matrix is row order[r] of the stack).
+void tile_blocks(const std::vector<at::Tensor>& parts, const c10::optional<at::Tensor>& order, int64_t format, int64_t k,
+                 at::Tensor& q, at::Tensor& dm) {
   TORCH_CHECK(format == Q4_0 || format == Q5_0 || format == Q5_1 || (format >= Q4_K && format <= Q6_K),
               "format must be 0 (Q4_0), 3 (Q5_0), 4 (Q5_1), 5 (Q4_K), 6 (Q5_K) or 7 (Q6_K), not ", format);
   by_format(format, [&](auto f) {
     constexpr Format F = decltype(f)::value;
     if constexpr (stored(F)) {
       TORCH_CHECK(k > 0 && k % block_weights(F) == 0, "k must be a positive multiple of ", block_weights(F));
-      const int64_t n = blocks.size(0), row_bytes = k / block_weights(F) * block_bytes(F);
-      TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
-                      blocks.size(1) == row_bytes,
-                  "blocks must be contiguous uint8 (N, ", row_bytes, ")");
+      const int64_t row_bytes = k / block_weights(F) * block_bytes(F);
+      std::vector<const uint8_t*> stacked;
+      for (const at::Tensor& p : parts) {
+        TORCH_CHECK(p.scalar_type() == at::kByte && p.dim() == 2 && p.size(1) == row_bytes && p.stride(1) == 1,
+                    "each part must be uint8 (N, ", row_bytes, ") with contiguous rows");
+        for (int64_t r = 0; r < p.size(0); ++r) stacked.push_back(p.data_ptr<uint8_t>() + r * p.stride(0));
+      }
+      std::vector<const uint8_t*> row = stacked;
+      if (order.has_value()) {
+        const at::Tensor o = order->contiguous();
+        TORCH_CHECK(o.scalar_type() == at::kLong && o.dim() == 1, "order must be int64 (N)");
+        row.resize(o.size(0));
+        const int64_t* at = o.data_ptr<int64_t>();
+        for (int64_t r = 0; r < o.size(0); ++r) {
+          TORCH_CHECK(at[r] >= 0 && at[r] < static_cast<int64_t>(stacked.size()), "order holds row ", at[r], " of ",
+                      stacked.size());
+          row[r] = stacked[at[r]];
+        }
+      }
+      const int64_t n = static_cast<int64_t>(row.size());
       const auto [q_shape, dm_shape] = tile_shapes(F, n, k);
       TORCH_CHECK(q.scalar_type() == at::kByte && q.is_contiguous() && q.sizes() == q_shape, "q must be contiguous uint8 ",
                   at::IntArrayRef(q_shape));
       TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.sizes() == dm_shape,
                   "dm must be contiguous float16 ", at::IntArrayRef(dm_shape));
-      tile_blocks<F>(blocks.data_ptr<uint8_t>(), n, k, q.data_ptr<uint8_t>(), reinterpret_cast<uint16_t*>(dm.data_ptr<at::Half>()));
+      tile_blocks<F>(row, k, q.data_ptr<uint8_t>(), reinterpret_cast<uint16_t*>(dm.data_ptr<at::Half>()));
     }
   });
 }

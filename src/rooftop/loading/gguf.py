@@ -205,7 +205,7 @@ def load_gguf(path: Path) -> LoadedModel:
         raise ModelLoadError(f"{path}: the GGUF tokenizer data is invalid ({type(e).__name__}: {e})") from None
     return LoadedModel(
         config,
-        LazyWeights(readers),
+        LazyWeights(readers, gguf_file.release_pages),
         tokenizer,
         str(path),
         native_format(tensors),

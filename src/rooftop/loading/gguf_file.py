@@ -51,6 +51,12 @@ class TensorInfo:
 class GGUFFile:
     metadata: dict
     tensors: list[TensorInfo]
+    mapping: mmap.mmap  # the whole file, read-only: the tensors' bytes are views of it
+
+    def release_pages(self) -> None:
+        """Unmap every page of the file from this process, as `release_pages` does for one tensor's: a model's
+        tiles are made from views of the file, whose pages then stay mapped (and counted) until let go."""
+        _dont_need(self.mapping, 0, len(self.mapping))
 
 
 class _Cursor:
@@ -97,12 +103,15 @@ def release_pages(t: TensorInfo) -> None:
     held the file's pages beside the converted weights and its peak resident memory was both. A page read again is
     mapped again from the page cache, so nothing that still views the file sees other bytes."""
     buf = getattr(t.data.base, "obj", None)  # np.frombuffer over the mapping: a memoryview of it
-    if not isinstance(buf, mmap.mmap) or buf.closed or not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    start = t.data.ctypes.data - np.frombuffer(buf, dtype=np.uint8).ctypes.data
+    if isinstance(buf, mmap.mmap) and not buf.closed:
+        _dont_need(buf, t.data.ctypes.data - np.frombuffer(buf, dtype=np.uint8).ctypes.data, t.data.nbytes)
+
+
+def _dont_need(buf: mmap.mmap, start: int, nbytes: int) -> None:
+    """MADV_DONTNEED on the whole pages of bytes start:start + nbytes of `buf` (where the OS has it)."""
     first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-    last = (start + t.data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    if last > first:
+    last = (start + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first and hasattr(mmap, "MADV_DONTNEED"):
         buf.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
@@ -152,4 +161,4 @@ def read_gguf(path: Path) -> GGUFFile:
             )
         data = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=begin)
         tensors.append(TensorInfo(name, tuple(reversed(dims)), qtype, data))
-    return GGUFFile(metadata, tensors)
+    return GGUFFile(metadata, tensors, buf)

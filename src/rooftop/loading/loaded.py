@@ -16,8 +16,15 @@ class LazyWeights(Mapping[str, Weight]):
     tensors at a time, so loading never holds the whole model widened to float32. Each reader takes the part of
     its tensor to read (a `Shard`, under tensor parallelism) or None for all of it."""
 
-    def __init__(self, readers: dict[str, Callable[[Shard | None], Weight]]):
-        self._readers = readers
+    def __init__(self, readers: dict[str, Callable[[Shard | None], Weight]], release: Callable[[], None] | None = None):
+        self._readers, self._release = readers, release
+
+    def release_pages(self) -> None:
+        """Let go of the file's pages that reading mapped (a GGUF's tiles are made from views of its mapping):
+        called as each layer is built, so a load holds one layer's pages of the file, not the whole file beside
+        the model. Nothing changes for a view read after: its pages are mapped again from the page cache."""
+        if self._release is not None:
+            self._release()
 
     def __getitem__(self, name: str) -> Weight:
         return self._readers[name](None)

@@ -87,7 +87,7 @@ def shard_weight(w: Weight, shard: Shard | None, name: str) -> Weight:
     if isinstance(w, BlockWeight):
         block, block_bytes = gguf.GGML_QUANT_SIZES[QType[w.format.upper()]]
         first, last = _blocks(name, w.format.upper(), block, shard)
-        return BlockWeight(w.q[:, first * block_bytes : last * block_bytes].contiguous(), w.format, n)
+        return BlockWeight((w.q[:, first * block_bytes : last * block_bytes],), w.format, n)  # rows stay strided
     first, last = _blocks(name, type(w).__name__, 32, shard)
     cols = slice(shard.start, shard.stop)
     groups = slice(first, last)

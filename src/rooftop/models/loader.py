@@ -9,7 +9,7 @@ import torch
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, check_runnable
 from rooftop.kernels import pages
-from rooftop.loading.loaded import LoadedModel
+from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import ShardError
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
@@ -250,6 +250,8 @@ def _build(
         else:
             blocks.append(_decoder_block(t, c, i))
         pages.release_freed()  # the layer's intermediates: else the next layer's pile on above them
+        if isinstance(loaded.weights, LazyWeights):
+            loaded.weights.release_pages()  # the file's, that the layer's tiles were made from
         if on_layer is not None:
             on_layer()
     local = rank_config(c, 1 if tp is None else tp.size)

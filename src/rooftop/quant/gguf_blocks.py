@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import gguf
 import numpy as np
@@ -91,7 +92,8 @@ def q8_0_parts(raw: np.ndarray, numel: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def stored_blocks(raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: str = "tensor") -> BlockWeight:
-    """A matrix of one of STORED_TYPES as its rows of blocks, copied out of the file unchanged."""
+    """A matrix of one of STORED_TYPES as its rows of blocks, unchanged, where they are: a view of the file's
+    read-only mapping (nothing writes a BlockWeight's rows; the tiles are made from them)."""
     rows, cols = shape
     block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     if cols % block_weights:
@@ -100,7 +102,9 @@ def stored_blocks(raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: s
     row_bytes = cols // block_weights * block_bytes
     if flat.size != rows * row_bytes:
         raise ModelLoadError(f"{name}: {qtype.name} tensor holds {flat.size} bytes, expected {rows * row_bytes}")
-    return BlockWeight(torch.from_numpy(flat.reshape(rows, row_bytes).copy()), STORED_TYPES[qtype], cols)
+    with warnings.catch_warnings():  # torch's warning that the view is of read-only memory
+        warnings.simplefilter("ignore", UserWarning)
+        return BlockWeight((torch.from_numpy(flat.reshape(rows, row_bytes)),), STORED_TYPES[qtype], cols)
 
 
 def bf16_values(raw: np.ndarray, shape: tuple[int, ...], name: str = "tensor") -> torch.Tensor:

@@ -58,10 +58,10 @@ def tile_scales(*scales: torch.Tensor) -> torch.Tensor:
 
 def tile_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """A matrix in a GGUF block format as tiles.h's (q, dm), in the shapes the kernels give for it, written by them
-    straight into their pages."""
+    straight into their pages from the rows where they are, in the matrix's order."""
     ops, fmt = cpu.ops(), TILE_FORMATS.index(w.format)
     q_shape, dm_shape = ops.tiled_shapes(fmt, *w.shape)
     q = pages.empty(math.prod(q_shape)).view(q_shape)
     dm = pages.empty(2 * math.prod(dm_shape)).view(torch.float16).view(dm_shape)
-    ops.tile_blocks(w.q.contiguous(), fmt, w.k, q, dm)
+    ops.tile_blocks(list(w.parts), w.order, fmt, w.k, q, dm)
     return q, dm

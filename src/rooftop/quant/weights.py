@@ -74,15 +74,29 @@ BLOCK_FORMATS = ("q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 class BlockWeight(_Groups):
     """A matrix in one of BLOCK_FORMATS: each row is the file's row of blocks (super-blocks of 256 weights with
     their packed sub-block scales for the K-quants, blocks of 32 for Q4_0/Q5_0/Q5_1), unchanged. The float values come
-    from gguf's own dequantizer."""
+    from gguf's own dequantizer.
 
-    q: torch.Tensor  # (N, bytes per row) uint8: the rows of blocks (named q so rows/cat apply as to the others)
+    The rows stay where they are, in the file's mapping: a row order (`rows`) and a fusion (`cat`) are noted, not
+    made, and the tiles are then made from the file's rows in that order (quant/tiles.py). An 8B's rows were copied
+    out of the file, reordered and concatenated on the way to the tiles, 4.5 GB written twice at load."""
+
+    parts: tuple[torch.Tensor, ...]  # (N_i, bytes per row) uint8 each, any row stride: the matrix's rows, stacked
     format: str  # one of BLOCK_FORMATS
     k: int  # weights per row
+    order: torch.Tensor | None = None  # int64: row r of the matrix is row order[r] of the stack; None: in order
+
+    @property
+    def q(self) -> torch.Tensor:
+        """(N, bytes per row) uint8, the matrix's rows in order: a view where it is one part in order, else a copy."""
+        if len(self.parts) == 1 and self.order is None:
+            return self.parts[0]
+        stacked = torch.cat(self.parts)
+        return stacked if self.order is None else stacked[self.order]
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.q.shape[0], self.k)
+        rows = sum(p.shape[0] for p in self.parts) if self.order is None else self.order.shape[0]
+        return (rows, self.k)
 
     def lookup(self, rows: torch.Tensor | slice) -> torch.Tensor:
         raw = self.q[rows].numpy()
@@ -90,13 +104,20 @@ class BlockWeight(_Groups):
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(*raw.shape[:-1], self.k)
 
     def rows(self, order: torch.Tensor) -> BlockWeight:
-        return BlockWeight(self.q[order], self.format, self.k)
+        return BlockWeight(self.parts, self.format, self.k, order if self.order is None else self.order[order])
 
     @classmethod
     def cat(cls, weights: list[BlockWeight]) -> BlockWeight:
         if len({(w.format, w.k) for w in weights}) != 1:
             raise ValueError("only matrices of one block format and width concatenate")
-        return cls(torch.cat([w.q for w in weights]), weights[0].format, weights[0].k)
+        orders, start = [], 0
+        for w in weights:
+            stacked = sum(p.shape[0] for p in w.parts)
+            orders.append(start + (torch.arange(stacked) if w.order is None else w.order))
+            start += stacked
+        parts = tuple(p for w in weights for p in w.parts)
+        ordered = all(w.order is None for w in weights)
+        return cls(parts, weights[0].format, weights[0].k, None if ordered else torch.cat(orders))
 
 
 GroupWeight = Int4Weight | Int8GroupWeight | BlockWeight
