@@ -53,6 +53,24 @@ def test_a_corrupt_length_is_not_called_truncated(tiny_gguf, tmp_path):
         read_gguf(path)
 
 
+def test_a_vocabulary_cut_short_or_with_a_corrupt_length_says_so(tiny_gguf, tmp_path):
+    """Inside a string array (the vocabulary, read in one loop): a file that ends mid-way is truncated, a length no
+    file could hold is corrupt, with the byte it was read at."""
+    data = tiny_gguf.read_bytes()
+    key = b"tokenizer.ggml.tokens"
+    first = data.index(key) + len(key) + 4 + 4 + 8  # the value type, the element type, the count
+    second = first + 8 + int.from_bytes(data[first : first + 8], "little")
+    assert read_gguf(tiny_gguf).metadata["tokenizer.ggml.tokens"][0] == data[first + 8 : second].decode()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[: first + 100])
+    with pytest.raises(ModelLoadError, match="truncated GGUF header"):
+        read_gguf(path)
+    path.write_bytes(data[:second] + b"\xff" * 8 + data[second + 8 :])
+    message = f"corrupt GGUF header (it gives {2**64 - 1} bytes of data at byte {second + 8}, in a file of {len(data)}"
+    with pytest.raises(ModelLoadError, match=re.escape(message)):
+        read_gguf(path)
+
+
 def test_truncated_tensor_data(tiny_gguf, tmp_path):
     path = tmp_path / "body.gguf"
     path.write_bytes(tiny_gguf.read_bytes()[:-10])
