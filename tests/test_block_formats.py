@@ -120,6 +120,8 @@ def test_tiles_are_made_from_the_rows_where_they_are_in_the_matrixs_order(qtype)
     contiguous = BlockWeight((strided.q.contiguous(),), wa.format, k // 2)
     for mine, theirs in zip(tile_blocks(strided), tile_blocks(contiguous), strict=True):
         assert torch.equal(mine, theirs)
+    ids = torch.tensor([[3, 0], [23, 7]])  # an embedding's lookup through the row order: those rows alone
+    assert torch.equal(wa.rows(perm).lookup(ids), torch.from_numpy(gguf.quants.dequantize(a[perm[ids].numpy()], qtype)))
     with pytest.raises(RuntimeError, match="order holds row 32 of 32"):
         tile_blocks(BlockWeight(fused.parts[:2], fused.format, k, torch.tensor([0, 32])))
 

@@ -130,6 +130,9 @@ def test_a_nucleus_of_thousands_is_found_exactly_without_sorting_the_vocabulary(
     assert set(c.ids[1][c.keep[1]].tolist()) == set(torch.topk(logits[1], 40).indices.tolist())
     narrow = torch.randn(2, 49152, generator=torch.Generator().manual_seed(7)) * 20  # nuclei of a few tokens
     assert candidates(narrow, params).ids.shape[1] == 256
+    empty = torch.cat([logits[:1], torch.full((1, 49152), float("-inf"))])  # a row with no token: NaN probabilities
+    c = candidates(empty, [params[0], params[0]])
+    assert set(c.ids[0][c.keep[0]].tolist()) == expected
 
 
 def test_same_seed_same_draws():

@@ -156,7 +156,7 @@ def candidates(logits: torch.Tensor, params: list[SamplingParams], width: int | 
             need = _column(
                 [p.top_p if p.top_p < 1.0 and not k else 0.0 for k, p in zip(ks, params, strict=True)], probs
             )
-            short = (need - probs.sum(-1, keepdim=True)).clamp(min=0.0)
+            short = (need - probs.sum(-1, keepdim=True)).clamp(min=0.0)  # NaN for a row of logits all -inf
             if bool((short > 0).any()):
                 return candidates(logits, params, _wider(width, probs, short, vocab))
         keep &= (probs.cumsum(-1) - probs) < top_p  # drop a token once those ranked above it cover top_p
@@ -173,7 +173,8 @@ def _wider(width: int, probs: torch.Tensor, short: torch.Tensor, vocab: int) -> 
     nucleus of thousands of tokens (a real model at temperature 1 and top_p 0.95, one step in five) is then found by
     one wider topk, not by sorting the vocabulary; beyond half of it, sorting is the cheaper."""
     last = probs[:, -1:].clamp(min=torch.finfo(probs.dtype).tiny)
-    wider = max(WIDEN * width, width + int((short / last).ceil().max()))
+    needed = torch.where(short > 0, short / last, 0.0)  # none for rows covered, nor for a NaN row
+    wider = max(WIDEN * width, width + int(needed.ceil().max()))
     return vocab if wider > vocab // 2 else wider
 
 

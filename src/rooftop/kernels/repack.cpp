@@ -138,14 +138,15 @@ void tile_blocks(const std::vector<at::Tensor>& parts, const c10::optional<at::T
       const int64_t row_bytes = k / block_weights(F) * block_bytes(F);
       std::vector<const uint8_t*> stacked;
       for (const at::Tensor& p : parts) {
-        TORCH_CHECK(p.scalar_type() == at::kByte && p.dim() == 2 && p.size(1) == row_bytes && p.stride(1) == 1,
-                    "each part must be uint8 (N, ", row_bytes, ") with contiguous rows");
+        TORCH_CHECK(p.device().is_cpu() && p.scalar_type() == at::kByte && p.dim() == 2 && p.size(1) == row_bytes &&
+                        p.stride(1) == 1,
+                    "each part must be uint8 (N, ", row_bytes, ") on the CPU with contiguous rows");
         for (int64_t r = 0; r < p.size(0); ++r) stacked.push_back(p.data_ptr<uint8_t>() + r * p.stride(0));
       }
       std::vector<const uint8_t*> row = stacked;
       if (order.has_value()) {
         const at::Tensor o = order->contiguous();
-        TORCH_CHECK(o.scalar_type() == at::kLong && o.dim() == 1, "order must be int64 (N)");
+        TORCH_CHECK(o.device().is_cpu() && o.scalar_type() == at::kLong && o.dim() == 1, "order must be int64 (N) on the CPU");
         row.resize(o.size(0));
         const int64_t* at = o.data_ptr<int64_t>();
         for (int64_t r = 0; r < o.size(0); ++r) {

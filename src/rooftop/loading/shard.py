@@ -75,7 +75,8 @@ def shard_tensor(t: TensorInfo, shard: Shard | None) -> TensorInfo:
 
 
 def shard_weight(w: Weight, shard: Shard | None, name: str) -> Weight:
-    """A weight already in memory, cut to its part (a copy, so the whole can be freed)."""
+    """A weight already in memory, cut to its part: a copy, so the whole can be freed; a BlockWeight's rows stay
+    where they are (the file's mapping), its part noted as a row order or viewed as its columns' blocks."""
     if shard is None:
         return w
     _check_total(name, w.shape[shard.dim], shard)

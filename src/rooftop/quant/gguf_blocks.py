@@ -93,7 +93,8 @@ def q8_0_parts(raw: np.ndarray, numel: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def stored_blocks(raw: np.ndarray, qtype: QType, shape: tuple[int, int], name: str = "tensor") -> BlockWeight:
     """A matrix of one of STORED_TYPES as its rows of blocks, unchanged, where they are: a view of the file's
-    read-only mapping (nothing writes a BlockWeight's rows; the tiles are made from them)."""
+    read-only mapping (nothing writes a BlockWeight's rows; the tiles are made from them), or a copy where the rows
+    are not one after another (a column shard's)."""
     rows, cols = shape
     block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     if cols % block_weights:

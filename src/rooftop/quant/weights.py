@@ -93,13 +93,22 @@ class BlockWeight(_Groups):
         stacked = torch.cat(self.parts)
         return stacked if self.order is None else stacked[self.order]
 
+    def _rows(self, rows: torch.Tensor | slice) -> torch.Tensor:
+        """Rows `rows` of the matrix: through the order and from the one part they lie in, where there is one part
+        (an embedding's lookup, a shard's rows), never a copy of the whole."""
+        if self.order is None and len(self.parts) == 1:
+            return self.parts[0][rows]
+        if len(self.parts) == 1:
+            return self.parts[0][self.order[rows]]
+        return self.q[rows]
+
     @property
     def shape(self) -> tuple[int, int]:
         rows = sum(p.shape[0] for p in self.parts) if self.order is None else self.order.shape[0]
         return (rows, self.k)
 
     def lookup(self, rows: torch.Tensor | slice) -> torch.Tensor:
-        raw = self.q[rows].numpy()
+        raw = self._rows(rows).numpy()
         values = gguf.quants.dequantize(raw.reshape(-1, raw.shape[-1]), gguf.GGMLQuantizationType[self.format.upper()])
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(*raw.shape[:-1], self.k)
 
