@@ -7,9 +7,9 @@
 // values together.
 //
 // One task per (KV head, QUERY_ROWS rows of the chunk): its query vectors (each row's heads of that KV head) pass
-// over the keys up to the last row's position, KEY_BLOCK keys at a time. The block's keys are transposed once so
-// that QUERIES_AT_ONCE query vectors' scores over it are register-blocked FMAs (a broadcast query value times a
-// vector of keys); then each query's online softmax (its running maximum m, sum l and weighted sum of values, as
+// over the keys up to the last row's position, KEY_BLOCK keys at a time. Each block's keys are transposed once per
+// chunk (HeadMajor, beside each head's values one after another) so that QUERIES_AT_ONCE query vectors' scores over
+// it are register-blocked FMAs (a broadcast query value times a vector of keys); then each query's online softmax (its running maximum m, sum l and weighted sum of values, as
 // flash attention keeps them) takes the block, and the same queries' weighted sums add the block's value rows,
 // each row loaded once for all of them. Keys past a query's position get weight 0, and a block wholly past it is
 // skipped. Plain loops (no AVX2, or a head dim not a whole number of vectors) do the same arithmetic one query and
@@ -18,6 +18,7 @@
 #include "exp.h"
 
 #include <limits>
+#include <optional>
 
 namespace {
 
@@ -75,6 +76,47 @@ struct Chunk {
   const float* value(int64_t s, int64_t h) const { return values + (s * kv_heads + h) * dim; }
 };
 
+struct HeadMajor;  // the vector loops' copy of a chunk's keys and values (below; none without AVX2)
+
+#ifdef ROOFTOP_AVX2
+constexpr int64_t KEY_BLOCK = 4 * W;  // keys per block: four vectors of scores per query
+
+// Each KV head's keys in blocks of KEY_BLOCK, each block transposed (dim, KEY_BLOCK) and zero past the last key,
+// and its values one after another: made once per chunk. Each task had transposed every block it read, and a block
+// is read by every task of the rows after it; and a block's value rows, read where they lie (a position's heads
+// apart), fell into a few sets of the L1 cache and were fetched again for each pair of queries.
+struct HeadMajor {
+  int64_t blocks;  // per head
+  std::vector<float> kt, values;  // (kv_heads, blocks, dim, KEY_BLOCK), (kv_heads, cached + n, dim)
+
+  explicit HeadMajor(const Chunk& c)
+      : blocks((c.cached + c.n + KEY_BLOCK - 1) / KEY_BLOCK),
+        kt(c.kv_heads * blocks * c.dim * KEY_BLOCK),
+        values(c.kv_heads * (c.cached + c.n) * c.dim) {
+    const int64_t total = c.cached + c.n;
+    at::parallel_for(0, c.kv_heads * blocks, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t h = t / blocks, k0 = (t % blocks) * KEY_BLOCK, width = std::min(KEY_BLOCK, total - k0);
+        float* block = kt.data() + t * c.dim * KEY_BLOCK;
+        for (int64_t j = 0; j < KEY_BLOCK; ++j) {
+          const float* key = j < width ? c.key(k0 + j, h) : nullptr;
+          for (int64_t d = 0; d < c.dim; ++d) block[d * KEY_BLOCK + j] = key ? key[d] : 0.f;
+        }
+        for (int64_t j = 0; j < width; ++j)
+          std::copy_n(c.value(k0 + j, h), c.dim, values.data() + (h * total + k0 + j) * c.dim);
+      }
+    });
+  }
+
+  const float* key_block(const Chunk& c, int64_t h, int64_t k0) const {
+    return kt.data() + (h * blocks + k0 / KEY_BLOCK) * c.dim * KEY_BLOCK;
+  }
+  const float* value(const Chunk& c, int64_t s, int64_t h) const {
+    return values.data() + (h * (c.cached + c.n) + s) * c.dim;
+  }
+};
+#endif
+
 // Each query's state over the blocks so far: running maximum, sum of weights, weighted sum of values (dim each;
 // one spare row that the vector loops' missing queries write to).
 struct Running {
@@ -100,20 +142,25 @@ inline bool softmax_block(Running& run, int64_t r, int64_t dim, float* s, int64_
 }
 
 #ifdef ROOFTOP_AVX2
-constexpr int64_t KEY_BLOCK = 4 * W;  // keys per block: four vectors of scores per query
+// v, held in a register: a vector loaded once for several queries' multiply-adds. GCC otherwise folds the load into
+// each of them, and at 256 bits the loads, two a cycle, and not the multiply-adds then bound the loop.
+inline Vec in_register(Vec v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
 
 // sums[g][d0 .. d0 + PARTS * W) = correction[g] * (the same) + sum_j w[g][j] * (value row k0 + j): each value row
 // loaded once for all the queries, their sums in registers (PARTS a constant, so that they stay there).
 template <int PARTS>
-void add_values(const Chunk& c, int64_t h, int64_t k0, int64_t width, int64_t d0, const float (*w)[KEY_BLOCK],
-                const float* correction, float* const* sums) {
+void add_values(const Chunk& c, const HeadMajor& hm, int64_t h, int64_t k0, int64_t width, int64_t d0,
+                const float (*w)[KEY_BLOCK], const float* correction, float* const* sums) {
   Vec y[QUERIES_AT_ONCE][PARTS];
   for (int g = 0; g < QUERIES_AT_ONCE; ++g)
     for (int v = 0; v < PARTS; ++v) y[g][v] = mul(load(sums[g] + d0 + v * W), splat(correction[g]));
   for (int64_t j = 0; j < width; ++j) {
-    const float* row = c.value(k0 + j, h) + d0;
+    const float* row = hm.value(c, k0 + j, h) + d0;
     Vec val[PARTS];
-    for (int v = 0; v < PARTS; ++v) val[v] = load(row + v * W);
+    for (int v = 0; v < PARTS; ++v) val[v] = in_register(load(row + v * W));
     for (int g = 0; g < QUERIES_AT_ONCE; ++g) {
       const Vec p = splat(w[g][j]);
       for (int v = 0; v < PARTS; ++v) y[g][v] = fma(p, val[v], y[g][v]);
@@ -123,9 +170,10 @@ void add_values(const Chunk& c, int64_t h, int64_t k0, int64_t width, int64_t d0
     for (int v = 0; v < PARTS; ++v) store(sums[g] + d0 + v * W, y[g][v]);
 }
 
-// The task's query vectors over keys [k0, k0 + width): transposed keys kt (dim, KEY_BLOCK), scores, softmax, values.
-void attend_block(const Chunk& c, int64_t h, int64_t i0, int64_t queries, int64_t k0, int64_t width, const float* kt,
-                  Running& run) {
+// The task's query vectors over keys [k0, k0 + width): scores against the block's transposed keys, softmax, values.
+void attend_block(const Chunk& c, const HeadMajor& hm, int64_t h, int64_t i0, int64_t queries, int64_t k0,
+                  int64_t width, Running& run) {
+  const float* kt = hm.key_block(c, h, k0);
   alignas(64) float s[QUERIES_AT_ONCE][KEY_BLOCK];
   for (int64_t r0 = 0; r0 < queries; r0 += QUERIES_AT_ONCE) {
     const int64_t count = std::min<int64_t>(QUERIES_AT_ONCE, queries - r0);
@@ -135,13 +183,17 @@ void attend_block(const Chunk& c, int64_t h, int64_t i0, int64_t queries, int64_
     for (int g = 0; g < QUERIES_AT_ONCE; ++g)
       for (int v = 0; v < 4; ++v) acc[g][v] = splat(0.f);
     for (int64_t d = 0; d < c.dim; ++d) {
-      const Vec k[4] = {load(kt + d * KEY_BLOCK), load(kt + d * KEY_BLOCK + W), load(kt + d * KEY_BLOCK + 2 * W),
-                        load(kt + d * KEY_BLOCK + 3 * W)};
+      const Vec k[4] = {in_register(load(kt + d * KEY_BLOCK)), in_register(load(kt + d * KEY_BLOCK + W)),
+                        in_register(load(kt + d * KEY_BLOCK + 2 * W)), in_register(load(kt + d * KEY_BLOCK + 3 * W))};
       for (int g = 0; g < QUERIES_AT_ONCE; ++g) {
         const Vec x = splat(qs[g][d]);
         for (int v = 0; v < 4; ++v) acc[g][v] = fma(x, k[v], acc[g][v]);
       }
     }
+    // The scores, scaled, leave the registers once, here: read below at a query index known only at run time, the
+    // accumulators had lived in memory, and GCC stored all of them at every step of the loop above.
+    for (int g = 0; g < QUERIES_AT_ONCE; ++g)
+      for (int v = 0; v < 4; ++v) store(s[g] + v * W, mul(acc[g][v], splat(c.scale)));
     // Each query's softmax over the block, in registers: the scores' maximum, the weights e^(score - maximum) (0
     // past the query's position), their sum; `correction` rescales what its earlier blocks summed.
     float correction[QUERIES_AT_ONCE] = {};
@@ -155,13 +207,9 @@ void attend_block(const Chunk& c, int64_t h, int64_t i0, int64_t queries, int64_
         continue;
       }
       any = true;
+      if (valid < KEY_BLOCK) std::fill(s[g] + valid, s[g] + KEY_BLOCK, NEG_INF);  // keys past the query's position
       Vec x[4];
-      for (int v = 0; v < 4; ++v) x[v] = mul(acc[g][v], splat(c.scale));
-      if (valid < KEY_BLOCK) {  // the block's keys past the query's position (or past its end) take no part
-        for (int v = 0; v < 4; ++v) store(s[g] + v * W, x[v]);
-        std::fill(s[g] + valid, s[g] + KEY_BLOCK, NEG_INF);
-        for (int v = 0; v < 4; ++v) x[v] = load(s[g] + v * W);
-      }
+      for (int v = 0; v < 4; ++v) x[v] = load(s[g] + v * W);
       const float m_new = std::max(run.m[r], reduce_max(vmax(vmax(x[0], x[1]), vmax(x[2], x[3]))));
       correction[g] = run.m[r] == NEG_INF ? 0.f : std::exp(run.m[r] - m_new);
       for (int v = 0; v < 4; ++v) store(s[g] + v * W, exp_v(sub(x[v], splat(m_new))));
@@ -175,31 +223,24 @@ void attend_block(const Chunk& c, int64_t h, int64_t i0, int64_t queries, int64_
     for (int g = 0; g < QUERIES_AT_ONCE; ++g) sums[g] = run.acc.data() + (g < count ? r0 + g : queries) * c.dim;
     for (int64_t d0 = 0; d0 < c.dim; d0 += 4 * W) {
       switch ((c.dim - d0) / W) {
-        case 1: add_values<1>(c, h, k0, width, d0, s, correction, sums); break;
-        case 2: add_values<2>(c, h, k0, width, d0, s, correction, sums); break;
-        case 3: add_values<3>(c, h, k0, width, d0, s, correction, sums); break;
-        default: add_values<4>(c, h, k0, width, d0, s, correction, sums);
+        case 1: add_values<1>(c, hm, h, k0, width, d0, s, correction, sums); break;
+        case 2: add_values<2>(c, hm, h, k0, width, d0, s, correction, sums); break;
+        case 3: add_values<3>(c, hm, h, k0, width, d0, s, correction, sums); break;
+        default: add_values<4>(c, hm, h, k0, width, d0, s, correction, sums);
       }
     }
   }
 }
 #endif
 
-// One task: KV head h, rows [i0, i1) of the chunk.
-void attend_rows(const Chunk& c, int64_t h, int64_t i0, int64_t i1) {
+// One task: KV head h, rows [i0, i1) of the chunk (hm: the head-major copy, where the vector loops run).
+void attend_rows(const Chunk& c, [[maybe_unused]] const HeadMajor* hm, int64_t h, int64_t i0, int64_t i1) {
   const int64_t queries = (i1 - i0) * c.group(), end = c.seen(i1 - 1);
   Running run(queries, c.dim);
 #ifdef ROOFTOP_AVX2
-  if (c.dim % W == 0) {
-    std::vector<float> kt(c.dim * KEY_BLOCK);
-    for (int64_t k0 = 0; k0 < end; k0 += KEY_BLOCK) {
-      const int64_t width = std::min(KEY_BLOCK, end - k0);
-      for (int64_t j = 0; j < KEY_BLOCK; ++j) {
-        const float* key = j < width ? c.key(k0 + j, h) : nullptr;
-        for (int64_t d = 0; d < c.dim; ++d) kt[d * KEY_BLOCK + j] = key ? key[d] : 0.f;
-      }
-      attend_block(c, h, i0, queries, k0, width, kt.data(), run);
-    }
+  if (hm != nullptr) {
+    for (int64_t k0 = 0; k0 < end; k0 += KEY_BLOCK)
+      attend_block(c, *hm, h, i0, queries, k0, std::min(KEY_BLOCK, end - k0), run);
   } else
 #endif
   {
@@ -250,12 +291,17 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const 
   auto out = at::empty({n, heads, dim}, q.options());
   const Chunk c{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), out.data_ptr<float>(), n,
                 cached, heads, keys.size(1), dim, q.stride(0), static_cast<float>(scale)};
+  const HeadMajor* hm = nullptr;
+#ifdef ROOFTOP_AVX2
+  std::optional<HeadMajor> head_major;
+  if (dim % W == 0) hm = &head_major.emplace(c);
+#endif
   const int64_t blocks = (n + QUERY_ROWS - 1) / QUERY_ROWS;
   // KV head outer: each thread's share of tasks holds every length of the causal triangle.
   at::parallel_for(0, c.kv_heads * blocks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t h = t / blocks, i0 = (t % blocks) * QUERY_ROWS;
-      attend_rows(c, h, i0, std::min(n, i0 + QUERY_ROWS));
+      attend_rows(c, hm, h, i0, std::min(n, i0 + QUERY_ROWS));
     }
   });
   return out;
