@@ -170,8 +170,8 @@ def candidates(logits: torch.Tensor, params: list[SamplingParams], width: int | 
 def _wider(width: int, probs: torch.Tensor, short: torch.Tensor, vocab: int) -> int:
     """The next candidate width for rows whose top_p is `short` of being covered: WIDEN times as many, and no fewer
     than the shortfall needs at the last candidate's probability (no token outside the candidates is likelier). A
-    nucleus of thousands of tokens (a real model at temperature 1 and top_p 0.95, one step in five) is then found by
-    one wider topk, not by sorting the vocabulary; beyond half of it, sorting is the cheaper."""
+    nucleus of thousands of tokens (a real model at temperature 1 and top_p 0.95 has them at times) is then found by
+    one wider topk, not by sorting the vocabulary; beyond half of it, sorting is the cheaper (docs/PERFORMANCE.md)."""
     last = probs[:, -1:].clamp(min=torch.finfo(probs.dtype).tiny)
     needed = torch.where(short > 0, short / last, 0.0)  # none for rows covered, nor for a NaN row
     wider = max(WIDEN * width, width + int(needed.ceil().max()))

@@ -9,11 +9,12 @@
 // One task per (KV head, QUERY_ROWS rows of the chunk): its query vectors (each row's heads of that KV head) pass
 // over the keys up to the last row's position, KEY_BLOCK keys at a time. Each block's keys are transposed once per
 // chunk (HeadMajor, beside each head's values one after another) so that QUERIES_AT_ONCE query vectors' scores over
-// it are register-blocked FMAs (a broadcast query value times a vector of keys); then each query's online softmax (its running maximum m, sum l and weighted sum of values, as
-// flash attention keeps them) takes the block, and the same queries' weighted sums add the block's value rows,
-// each row loaded once for all of them. Keys past a query's position get weight 0, and a block wholly past it is
-// skipped. Plain loops (no AVX2, or a head dim not a whole number of vectors) do the same arithmetic one query and
-// one value at a time; the sums' order differs, so the paths agree to float32's rounding, not bit for bit.
+// it are register-blocked FMAs (a broadcast query value times a vector of keys); then each query's online softmax
+// (its running maximum m, sum l and weighted sum of values, as flash attention keeps them) takes the block, and the
+// same queries' weighted sums add the block's value rows, each row loaded once for all of them. Keys past a query's
+// position get weight 0, and a block wholly past it is skipped. Plain loops (no AVX2, or a head dim not a whole
+// number of vectors) do the same arithmetic one query and one value at a time; the sums' order differs, so the paths
+// agree to float32's rounding, not bit for bit.
 
 #include "exp.h"
 
