@@ -146,6 +146,24 @@ def test_calibration_is_cached_per_model_and_settings(tiny_llm, tmp_path, monkey
     assert calibration_run.cache_path(tiny_llm, faster) != path  # other roofs: other curves
 
 
+def test_a_benchs_own_prompt_is_calibrated_and_cached_apart(tiny_llm, tmp_path, monkeypatch):
+    """`rooftop bench --pp N`'s quick calibration times a prompt of N tokens and the decode after it: a quick plan's
+    longest prompt (128 tokens) and decode context (32) carried to N over-predicted a 1B's pp4096 by a third and its
+    decode there by twice (docs/BENCHMARKS.md)."""
+    hw = load_or_run_probe(quick=True).to_hardware()
+    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
+    plain = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True)
+    steps = calibration_run.QUICK["steps"]
+    runs = calibration_run._runs(tiny_llm, tiny_llm.engine, calibration_run.QUICK, at_prompt=40)
+    assert runs[-1] == ("decode at batch 1, 40 tokens of context", 1, 40, steps + 1)
+    at = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True, at_prompt=40)
+    assert at.identity["at_prompt"] == "40" and "at_prompt" not in plain.identity
+    assert calibration_run.cache_path(tiny_llm, hw, at_prompt=40) != calibration_run.cache_path(tiny_llm, hw)
+    assert 40 in dict(at.curves["prefill.host"].points)  # its prompt, against its tokens
+    assert 40 not in dict(plain.curves["prefill.host"].points)
+    assert len(at.curves["decode.attention"].points) > len(plain.curves["decode.attention"].points)
+
+
 def test_the_op_timer_puts_every_patched_op_back(tiny_llm):
     ops, call = tiny_llm.model.ops, FloatLinear.__call__
     timer = calibration_run.OpTimer(tiny_llm.device)
@@ -159,8 +177,8 @@ def test_the_op_timer_puts_every_patched_op_back(tiny_llm):
 def test_the_calibration_takes_the_op_timers_own_cost_out_of_the_steps(tiny_llm, tmp_path, monkeypatch):
     """Timing every op costs Python per call (half a millisecond of a 4 ms decode step of the bundled model): a timer
     made to cost 2 ms a call must leave the expected forward pass of a decode and of a prompt near the untimed
-    step's, not calls x 2 ms above it. Decodes run again untimed; prompts give back calls x the cost per call that
-    the decodes measured."""
+    step's, not calls x 2 ms above it. Each step gives back its calls x the timer's cost per call, measured on a
+    small op through the timer and bare."""
     import time
 
     wrap = calibration_run.OpTimer.wrap

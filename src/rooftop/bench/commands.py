@@ -64,22 +64,27 @@ def bench(
         quick = pp is not None or tg is not None
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
-        with err.status("reading this machine's roofs (measured once, then cached)..."):
-            probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
-            hw = probe.to_hardware(working_set=llm.weight_bytes)
-        with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
-            # on an engine set up as the measurements' are (no chunking of the longest prompt, room for the largest
-            # batch); quick mode measures batch 1 only: the quick calibration's shapes
-            engine = fresh_engine(llm, (pp or 512) if quick else max(lens), 1 if quick else max(batches))
-            calibration = load_or_calibrate(
-                llm, hw, quick=quick, on_progress=lambda s: status.update(f"calibrating: {s}"), engine=engine
-            )
-            del engine  # its KV pool
         needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
         if needed > llm.max_model_len:
             raise InvalidRequestError(
                 f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}"
             )
+        with err.status("reading this machine's roofs (measured once, then cached)..."):
+            probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
+            hw = probe.to_hardware(working_set=llm.weight_bytes)
+        with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
+            # on an engine set up as the measurements' are (no chunking of the longest prompt, room for the largest
+            # batch); quick mode measures batch 1 only: the quick calibration's shapes and its own prompt, decoded
+            engine = fresh_engine(llm, (pp or 512) if quick else max(lens), 1 if quick else max(batches))
+            calibration = load_or_calibrate(
+                llm,
+                hw,
+                quick=quick,
+                on_progress=lambda s: status.update(f"calibrating: {s}"),
+                engine=engine,
+                at_prompt=(pp or 512) if quick else None,
+            )
+            del engine  # its KV pool
         report = {"machine": machine_info(llm, hw, probe.cpu_model)}
         console = Console(highlight=False)
         with Progress(console=err, transient=True) as progress:

@@ -138,10 +138,13 @@ def calibrate(
     quick: bool = False,
     on_progress: Callable[[str], None] = lambda _: None,
     engine: LLMEngine | None = None,
+    at_prompt: int | None = None,
 ) -> Calibration:
     """Run and time the calibration steps on `engine` (default: `llm`'s own; it must be idle): its settings — the
     chunk size, the batch limit — decide which kernels its steps run, so the bench calibrates on the engine it
-    measures with."""
+    measures with. `at_prompt`: a prompt of that many tokens and a decode after it are timed too (`rooftop bench
+    --pp N`'s own shapes), where the plan's shapes stop short of it: a kernel's efficiency at 4,096 tokens is not
+    its efficiency at 128 carried over (docs/BENCHMARKS.md)."""
     eng = engine or llm.engine
     if eng.has_unfinished():
         raise InvalidRequestError("calibration needs an idle engine: finish or abort its requests first")
@@ -149,7 +152,7 @@ def calibrate(
     config, p = llm.config, llm.precision
     timer = OpTimer(llm.device)
     samples: dict[str, list[tuple[float, float]]] = {}
-    runs = _runs(llm, eng, plan)
+    runs = _runs(llm, eng, plan, at_prompt)
     gen = torch.Generator().manual_seed(0)
     vocab = min(config.vocab_size, llm.tokenizer.vocab_size)
     # warm up: kernels built, every weight page touched, the allocator's and the CPU's caches in their running
@@ -159,7 +162,9 @@ def calibrate(
     # a replayed graph calls no op from Python: the timed runs run eagerly
     graphs, eng.decode_graphs = eng.decode_graphs, None
     taken: dict[str, dict] = {}  # per run, its steps grouped by shape over every pass
-    costs: list[float] = []  # the op timer's seconds per call, from the decode runs run both ways
+    # what the timer adds per call, taken back out of every step on the CPU; on CUDA its host time mostly hides
+    # behind the queue of a prompt's kernels, and each decode run runs again untimed (`_untimed_forward`)
+    cost = timer_cost_per_call(timer) if llm.device.type == "cpu" else 0.0
     try:
         for done in range(plan["passes"]):
             for label, batch, prompt_len, output_len in runs:
@@ -168,18 +173,16 @@ def calibrate(
                 prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()
                 with timer.installed(llm):
                     groups = _timed_steps(eng, [prompt] * batch, output_len, timer, config, p, hw)
-                if output_len > 1:
-                    costs += _untimed_forward(eng, graphs, [prompt] * batch, output_len, groups)
+                if output_len > 1 and llm.device.type == "cuda":
+                    _untimed_forward(eng, graphs, [prompt] * batch, output_len, groups)
                 for key, steps in groups.items():
                     taken.setdefault(label, {}).setdefault(key, []).extend(steps)
     finally:
         eng.decode_graphs = graphs
-    # on CUDA the timer's host time mostly hides behind the queue of a prompt's kernels: taken out on the CPU only
-    cost = timer_cost_per_call(costs) if llm.device.type == "cpu" else 0.0
     for groups in taken.values():
         _add_samples(samples, groups, cost)
     curves = {key: Curve.through(points) for key, points in samples.items()}
-    return Calibration(curves, identity(llm, hw, eng), quick)
+    return Calibration(curves, identity(llm, hw, eng, at_prompt), quick)
 
 
 def _timed_steps(eng: LLMEngine, prompts: list[list[int]], output_len: int, timer: OpTimer, config, p, hw) -> dict:
@@ -197,11 +200,10 @@ def _timed_steps(eng: LLMEngine, prompts: list[list[int]], output_len: int, time
     return groups
 
 
-def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_len: int, groups: dict) -> list[float]:
-    """The run again without the timer, each decode step's forward pass taking the place of the timed one (the
-    classes stay the timed run's): on CUDA from the engine's graphs where it has them, whose forward pass has no
-    host time between ops; else eagerly, without the timer's own cost. Returns what the timer cost per call in each
-    decode shape of an eager run, for the steps that are not run twice (the prompts: `timer_cost_per_call`)."""
+def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_len: int, groups: dict) -> None:
+    """On CUDA, the run again without the timer, each decode step's forward pass taking the place of the timed one
+    (the classes stay the timed run's): from the engine's graphs where it has them, whose forward pass has no host
+    time between ops; else eagerly, without the timer's own cost."""
     eng.decode_graphs = graphs
     try:
         untimed: dict[tuple, list[float]] = {}
@@ -212,30 +214,45 @@ def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_le
                 )
     finally:
         eng.decode_graphs = None
-    costs = []
     for key, taken in groups.items():
         if key in untimed:
             forward = median(untimed[key])
-            if graphs is None:
-                costs.append((median(step[2] for step in taken) - forward) / max(1, median(s[4] for s in taken)))
             for step in taken:
                 step[2] = forward
-    return costs
 
 
-def timer_cost_per_call(costs: list[float]) -> float:
-    """The op timer's seconds per timed call: the median of what a decode step's forward pass took with it over
-    without it, per call (never below zero). Each sample is two medians of a handful of steps, taken seconds apart
-    on a shared host, so one can be off by the host's mood: the median of all of them is what is taken out of each
-    prompt's step, calls times it."""
-    return max(0.0, median(costs)) if costs else 0.0
+def timer_cost_per_call(timer: OpTimer, rounds: int = 9) -> float:
+    """What `timer` adds to a call beyond the op it clocks, on the CPU: calls of a small op (an add over 256 KiB,
+    a step's op leaves the caches about as warm) through its wrapper against the same calls bare, in alternating
+    rounds, the median of the rounds' differences. It was the difference of each decode run's forward pass timed
+    and run again untimed, per call: two medians of a handful of steps taken seconds apart, whose noise on a 25 ms
+    step of a 1B model moved its host time between 0 and 8 ms from one quick calibration to the next; a call of
+    the small op costs the timer somewhat less than one inside a step does (docs/BENCHMARKS.md)."""
+    x = torch.zeros(64 * 1024)
+    bare, clock = x.add_, time.perf_counter
+    timed = timer.wrap(bare, "elementwise")
+    start = clock()
+    for _ in range(8):
+        timed(1.0)
+    n = max(8, min(2000, int(0.004 / max(clock() - start, 1e-9) * 8)))  # rounds of ~4 ms each way
+    differences = []
+    for _ in range(rounds):
+        began = clock()
+        for _ in range(n):
+            bare(1.0)
+        middle = clock()
+        for _ in range(n):
+            timed(1.0)
+        differences.append((clock() - middle - (middle - began)) / n)
+    timer.reset()
+    return max(0.0, median(differences))
 
 
 def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict, cost: float) -> None:
     """Each group's point on its phase's curves: every class's seconds against its roofline seconds (a decode's
     linears against its rows), the host's inside and around the forward pass against the step's sequences (a
-    prefill's inside: against its tokens). A prompt's forward pass, timed once, gives back what the timer cost it,
-    `cost` per call; a decode's is already its untimed run's."""
+    prefill's inside: against its tokens). Each step's forward pass gives back what the timer cost it, `cost` per
+    call (0 on CUDA, where a decode's forward pass is already its untimed run's)."""
     for (phase, seqs, tokens, _), taken in groups.items():
         for name in CLASSES:
             roof = median(r[name] for r, _, _, _, _ in taken)
@@ -244,15 +261,15 @@ def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict, co
                 samples.setdefault(key, []).append(
                     (tokens if key in ROWS_KEYED else roof, median(c[name] for _, c, _, _, _ in taken))
                 )
-        own = cost if phase is Phase.PREFILL else 0.0
-        host = median(forward - calls * own - sum(c.values()) for _, c, forward, _, calls in taken)
+        host = median(forward - calls * cost - sum(c.values()) for _, c, forward, _, calls in taken)
         key = f"{phase}.host"
         samples.setdefault(key, []).append((tokens if key in TOKENS_KEYED else seqs, max(0.0, host)))
         samples.setdefault(f"{phase}.around", []).append((seqs, median(a for _, _, _, a, _ in taken)))
 
 
-def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int]]:
-    """(label, batch, prompt tokens, output tokens) of each calibration run, within the engine's limits."""
+def _runs(llm: LLM, eng: LLMEngine, plan: dict, at_prompt: int | None = None) -> list[tuple[str, int, int, int]]:
+    """(label, batch, prompt tokens, output tokens) of each calibration run, within the engine's limits; with
+    `at_prompt`, a prompt of that length decoded after at batch 1 (its prefill a prompt's point too)."""
     limits, kv_tokens = eng.config, eng.stats().kv_cache_tokens
     room = min(llm.max_model_len, kv_tokens) - plan["steps"] - 2
     runs = [
@@ -270,6 +287,8 @@ def _runs(llm: LLM, eng: LLMEngine, plan: dict) -> list[tuple[str, int, int, int
     long = plan["long"] * limits.chunk_size
     if plan["long"] and long <= min(room, LONGEST, kv_tokens):
         runs.append((f"a prompt of {long} tokens, in chunks of {limits.chunk_size}", 1, long, 1))
+    if at_prompt and at_prompt <= room and at_prompt not in plan["contexts"]:
+        runs.append((f"decode at batch 1, {at_prompt} tokens of context", 1, at_prompt, plan["steps"] + 1))
     return runs
 
 
@@ -295,10 +314,10 @@ def _run(eng, prompts: list[list[int]], output_len: int, timer: OpTimer | None =
     return results
 
 
-def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
+def identity(llm: LLM, hw: Hardware, eng: LLMEngine, at_prompt: int | None = None) -> dict[str, str]:
     """What a calibration depends on: the machine (as the probe names it) and the roofs its curves are drawn
-    against, the model file, the formats it runs in, the engine settings that change a step's kernels, and the
-    kernels' build."""
+    against, the model file, the formats it runs in, the engine settings that change a step's kernels, the
+    kernels' build, and a prompt length timed beyond the plan (`calibrate`'s `at_prompt`)."""
     engine = eng.config
     machine = probe.identity(str(llm.device) if llm.device.type == "cuda" else "cpu", None)
     source = Path(llm.model_path)
@@ -327,23 +346,25 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine) -> dict[str, str]:
         # the rows a float decode's calls are padded to, timed per process (quant/linear.py)
         "float_narrow_rows": str(linears.float_narrow_rows(llm.dtype)) if llm.device.type == "cpu" else "",
         "procedure": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8],  # this file: what was measured
-    }
+    } | ({"at_prompt": str(at_prompt)} if at_prompt else {})
 
 
-def cache_path(llm: LLM, hw: Hardware, engine: LLMEngine | None = None) -> Path:
+def cache_path(llm: LLM, hw: Hardware, engine: LLMEngine | None = None, at_prompt: int | None = None) -> Path:
     """Beside the probe's cache: calibration-<hash of the identity>.json."""
-    ident = identity(llm, hw, engine or llm.engine)
+    ident = identity(llm, hw, engine or llm.engine, at_prompt)
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return probe.cache_path().with_name(f"calibration-{key}.json")
 
 
-def cached_calibration(llm: LLM, hw: Hardware, engine: LLMEngine | None = None) -> Calibration | None:
+def cached_calibration(
+    llm: LLM, hw: Hardware, engine: LLMEngine | None = None, at_prompt: int | None = None
+) -> Calibration | None:
     """The cached calibration of this model and engine here (quick or full), or None: for a server, which starts
     without running one (its engine may already be serving, or held, by the time a calibration would run)."""
     eng = engine or llm.engine
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        cached = Calibration.from_dict(json.loads(cache_path(llm, hw, eng).read_text()))
-        if cached.identity == identity(llm, hw, eng):
+        cached = Calibration.from_dict(json.loads(cache_path(llm, hw, eng, at_prompt).read_text()))
+        if cached.identity == identity(llm, hw, eng, at_prompt):
             return cached
     return None
 
@@ -355,14 +376,16 @@ def load_or_calibrate(
     quick: bool = False,
     on_progress: Callable[[str], None] = lambda _: None,
     engine: LLMEngine | None = None,
+    at_prompt: int | None = None,
 ) -> Calibration:
-    """The cached calibration of this model here (a full one serves a quick request too), else calibrate and cache."""
+    """The cached calibration of this model here (a full one serves a quick request too), else calibrate and cache
+    (`at_prompt`: as `calibrate`'s, cached apart)."""
     eng = engine or llm.engine
-    path = cache_path(llm, hw, eng)
-    cached = None if force else cached_calibration(llm, hw, eng)
+    path = cache_path(llm, hw, eng, at_prompt)
+    cached = None if force else cached_calibration(llm, hw, eng, at_prompt)
     if cached is not None and (quick or not cached.quick):
         return cached
-    result = calibrate(llm, hw, quick, on_progress, eng)
+    result = calibrate(llm, hw, quick, on_progress, eng, at_prompt)
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
