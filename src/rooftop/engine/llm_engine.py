@@ -29,6 +29,7 @@ from rooftop.engine.speculative import accepted_run, make_proposer, sampling_run
 from rooftop.engine.structured import GrammarCompiler
 from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, PromptTooLongError, UnsupportedModelError
+from rooftop.kernels import pages
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.kv_cache import KV_DTYPES, KVPool, kv_dtype_name, kv_storage_dtype
 from rooftop.models.transformer import Transformer
@@ -57,6 +58,8 @@ class LLMEngine:
         cuda = model.device.type == "cuda"
         if cuda:
             self.config = cuda_engine_config(self.config, model.dtype)
+        else:
+            pages.keep_freed_memory()  # the steps' activations reuse pages, not fault in new ones (kernels/pages.py)
         if (self.config.max_model_len or 0) > mc.max_position_embeddings:  # vLLM refuses it too: RoPE has no row past
             raise InvalidRequestError(
                 f"max_model_len {self.config.max_model_len} is more than the model's {mc.max_position_embeddings} "

@@ -1,5 +1,6 @@
 """Host memory for what the engine holds large: 2 MiB pages for what a CPU decode step streams (the tiled weights,
-and the probe's read of memory), and zeros given page by page as they are first written (the KV pool).
+and the probe's read of memory), zeros given page by page as they are first written (the KV pool), and a malloc
+that keeps the steps' activations' pages once it has them (`keep_freed_memory`).
 
 A decode step reads every weight once, front to back. In 4 KiB pages that stream crosses a page every 64 cache
 lines, each crossing a TLB miss whose walk, in a virtual machine, goes through the guest's and the host's page
@@ -20,12 +21,14 @@ import ctypes
 import functools
 import math
 import mmap
+import platform
 from pathlib import Path
 
 import torch
 
 HUGE_PAGE = 2 << 20
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
 
 def thp_setting() -> str | None:
@@ -107,3 +110,18 @@ def release_freed() -> None:
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve every allocation from its heap and keep up to 2 GiB freed at the heap's top, where
+    the process runs on glibc; whether it does. PyTorch's CPU allocator is malloc, and glibc maps each block over
+    32 MiB afresh and unmaps it when freed, so every large activation of a prefill (a 2,048-token chunk of a 1B's
+    gate and up projections is 134 MB) was new pages that the kernel faulted in one by one and zeroed: ~800,000 page
+    faults and 2.5 s of system time in a 26 s prefill of a 1B here (docs/PERFORMANCE.md). Kept in the heap, a step's
+    activations land in the pages the step before freed. llama.cpp allocates its compute buffers once; vLLM's CPU
+    backend asks for tcmalloc. The cost: the process keeps the memory of its largest step's activations after it."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(libc.mallopt(M_MMAP_MAX, 0))
