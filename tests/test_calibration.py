@@ -148,8 +148,8 @@ def test_calibration_is_cached_per_model_and_settings(tiny_llm, tmp_path, monkey
 
 def test_a_benchs_own_prompt_is_calibrated_and_cached_apart(tiny_llm, tmp_path, monkeypatch):
     """`rooftop bench --pp N`'s quick calibration times a prompt of N tokens and the decode after it: a quick plan's
-    longest prompt (128 tokens) and decode context (32) carried to N over-predicted a 1B's pp4096 by a third and its
-    decode there by twice (docs/BENCHMARKS.md)."""
+    longest prompt (128 tokens) and decode context (32), carried to a long N, over-predicted the decode after it
+    (docs/BENCHMARKS.md)."""
     hw = load_or_run_probe(quick=True).to_hardware()
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
     plain = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True)

@@ -225,9 +225,9 @@ def timer_cost_per_call(timer: OpTimer, rounds: int = 9) -> float:
     """What `timer` adds to a call beyond the op it clocks, on the CPU: calls of a small op (an add over 256 KiB,
     a step's op leaves the caches about as warm) through its wrapper against the same calls bare, in alternating
     rounds, the median of the rounds' differences. It was the difference of each decode run's forward pass timed
-    and run again untimed, per call: two medians of a handful of steps taken seconds apart, whose noise on a 25 ms
-    step of a 1B model moved its host time between 0 and 8 ms from one quick calibration to the next; a call of
-    the small op costs the timer somewhat less than one inside a step does (docs/BENCHMARKS.md)."""
+    and run again untimed, per call: two medians of a handful of steps taken seconds apart, whose noise on a large
+    model's step swamped the timer's cost and swung the host time it left from one quick calibration to the next.
+    A call of the small op costs the timer somewhat less than one inside a step does (docs/BENCHMARKS.md)."""
     x = torch.zeros(64 * 1024)
     bare, clock = x.add_, time.perf_counter
     timed = timer.wrap(bare, "elementwise")
