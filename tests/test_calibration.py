@@ -11,6 +11,7 @@ from rooftop import SamplingParams
 from rooftop.engine import calibrate as calibration_run
 from rooftop.engine.probe import load_or_run_probe
 from rooftop.enums import Phase
+from rooftop.errors import InvalidRequestError
 from rooftop.quant.linear import FloatLinear
 from rooftop.roofline.attribution import PhaseAttribution, advice, attribute_phases, attribute_step
 from rooftop.roofline.calibration import CLASSES, Calibration, Curve, Gap, class_roofline, op_class
@@ -162,6 +163,8 @@ def test_a_benchs_own_prompt_is_calibrated_and_cached_apart(tiny_llm, tmp_path, 
     assert 40 in dict(at.curves["prefill.host"].points)  # its prompt, against its tokens
     assert 40 not in dict(plain.curves["prefill.host"].points)
     assert len(at.curves["decode.attention"].points) > len(plain.curves["decode.attention"].points)
+    with pytest.raises(InvalidRequestError, match="calibrating at a 60-token prompt needs 65 tokens"):
+        calibration_run._runs(tiny_llm, tiny_llm.engine, calibration_run.QUICK, at_prompt=60)
 
 
 def test_the_op_timer_puts_every_patched_op_back(tiny_llm):

@@ -151,6 +151,8 @@ def test_once_an_engine_runs_on_the_cpu_a_large_block_lands_in_pages_freed_befor
     was new pages faulted in one by one (16,384 for 64 MiB). With an engine on the CPU (`tiny_llm`'s) the heap keeps
     them."""
     assert tiny_llm.device.type == "cpu"
+    assert pages.keep_freed_memory.cache_info().currsize == 1  # asked for by the engine (with huge pages a fresh
+    # mapping of 64 MiB faults in 32 pages, so the count below alone would not show it)
 
     def faults() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

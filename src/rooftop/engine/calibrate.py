@@ -159,12 +159,12 @@ def calibrate(
     # state (the first timed runs came out slower than the same shapes later without it)
     warm = min(256, eng.config.chunk_size, llm.max_model_len, eng.stats().kv_cache_tokens) - plan["steps"] - 4
     _run(eng, [torch.randint(vocab, (warm,), generator=gen).tolist()], plan["steps"] + 2)
-    # a replayed graph calls no op from Python: the timed runs run eagerly
-    graphs, eng.decode_graphs = eng.decode_graphs, None
-    taken: dict[str, dict] = {}  # per run, its steps grouped by shape over every pass
     # what the timer adds per call, taken back out of every step on the CPU; on CUDA its host time mostly hides
     # behind the queue of a prompt's kernels, and each decode run runs again untimed (`_untimed_forward`)
     cost = timer_cost_per_call(timer) if llm.device.type == "cpu" else 0.0
+    # a replayed graph calls no op from Python: the timed runs run eagerly
+    graphs, eng.decode_graphs = eng.decode_graphs, None
+    taken: dict[str, dict] = {}  # per run, its steps grouped by shape over every pass
     try:
         for done in range(plan["passes"]):
             for label, batch, prompt_len, output_len in runs:
@@ -222,28 +222,32 @@ def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_le
 
 
 def timer_cost_per_call(timer: OpTimer, rounds: int = 9) -> float:
-    """What `timer` adds to a call beyond the op it clocks, on the CPU: calls of a small op (an add over 256 KiB,
-    a step's op leaves the caches about as warm) through its wrapper against the same calls bare, in alternating
-    rounds, the median of the rounds' differences. It was the difference of each decode run's forward pass timed
+    """What `timer` adds to a call beyond the op it clocks, on the CPU: calls of a small op (an add over 64 KiB,
+    under PyTorch's grain for a parallel region, whose wake-ups would jitter by more than the cost) through its
+    wrapper against the same calls bare, in rounds that alternate which goes first, the median of the rounds'
+    differences. It was the difference of each decode run's forward pass timed
     and run again untimed, per call: two medians of a handful of steps taken seconds apart, whose noise on a large
     model's step swamped the timer's cost and swung the host time it left from one quick calibration to the next.
     A call of the small op costs the timer somewhat less than one inside a step does (docs/BENCHMARKS.md)."""
-    x = torch.zeros(64 * 1024)
+    x = torch.zeros(16 * 1024)
     bare, clock = x.add_, time.perf_counter
     timed = timer.wrap(bare, "elementwise")
     start = clock()
     for _ in range(8):
         timed(1.0)
     n = max(8, min(2000, int(0.004 / max(clock() - start, 1e-9) * 8)))  # rounds of ~4 ms each way
-    differences = []
-    for _ in range(rounds):
+
+    def seconds(fn: Callable) -> float:
         began = clock()
         for _ in range(n):
-            bare(1.0)
-        middle = clock()
-        for _ in range(n):
-            timed(1.0)
-        differences.append((clock() - middle - (middle - began)) / n)
+            fn(1.0)
+        return clock() - began
+
+    differences = []
+    for i in range(rounds):
+        first, second = (bare, timed) if i % 2 else (timed, bare)
+        took = {first: seconds(first), second: seconds(second)}
+        differences.append((took[timed] - took[bare]) / n)
     timer.reset()
     return max(0.0, median(differences))
 
@@ -287,7 +291,12 @@ def _runs(llm: LLM, eng: LLMEngine, plan: dict, at_prompt: int | None = None) ->
     long = plan["long"] * limits.chunk_size
     if plan["long"] and long <= min(room, LONGEST, kv_tokens):
         runs.append((f"a prompt of {long} tokens, in chunks of {limits.chunk_size}", 1, long, 1))
-    if at_prompt and at_prompt <= room and at_prompt not in plan["contexts"]:
+    if at_prompt and at_prompt > room:
+        raise InvalidRequestError(
+            f"calibrating at a {at_prompt}-token prompt needs {at_prompt + plan['steps'] + 2} tokens of context and KV "
+            f"cache; the engine holds {room + plan['steps'] + 2}"
+        )
+    if at_prompt and at_prompt not in plan["contexts"]:
         runs.append((f"decode at batch 1, {at_prompt} tokens of context", 1, at_prompt, plan["steps"] + 1))
     return runs
 
@@ -379,7 +388,7 @@ def load_or_calibrate(
     at_prompt: int | None = None,
 ) -> Calibration:
     """The cached calibration of this model here (a full one serves a quick request too), else calibrate and cache
-    (`at_prompt`: as `calibrate`'s, cached apart)."""
+    (`at_prompt`: as `calibrate`'s, cached apart: a calibration without it, full or quick, does not serve it)."""
     eng = engine or llm.engine
     path = cache_path(llm, hw, eng, at_prompt)
     cached = None if force else cached_calibration(llm, hw, eng, at_prompt)

@@ -36,6 +36,7 @@ from rooftop.engine.llm import available_cores, resolve_dtype
 from rooftop.engine.llm_engine import pool_from_spec
 from rooftop.engine.runner import execute
 from rooftop.errors import RooftopError, TensorParallelError
+from rooftop.kernels import pages
 from rooftop.loading.model_files import load_weights
 from rooftop.models.kv_cache import KVPool
 from rooftop.models.loader import build_model
@@ -81,6 +82,8 @@ def serve_rank(run: RunConfig, launch: Launch, with_model: bool = True) -> int:
 
 def _serve(model: Transformer | None, plans: object, rank: int, device: torch.device) -> int:
     pools: dict[int, KVPool] = {}
+    if device.type == "cpu":
+        pages.keep_freed_memory()  # this rank's steps, as rank 0's engine does (kernels/pages.py)
     while True:
         try:
             message = receive(plans)
