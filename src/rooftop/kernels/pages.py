@@ -115,13 +115,14 @@ def release_freed() -> None:
 @functools.cache
 def keep_freed_memory() -> bool:
     """Have glibc's malloc serve allocations from its heaps instead of a mapping per large block, and keep up to 2
-    GiB freed at the main heap's top, where the process runs on glibc; whether it does. (A thread other than the
-    main one allocates from an arena of 64 MiB heaps: a block larger than that is still mapped on its own there.) PyTorch's CPU allocator is malloc, and glibc maps each block over
-    32 MiB afresh and unmaps it when freed, so every large activation of a prefill (a 2,048-token chunk of a 1B's
-    gate and up projections is 134 MB) was new pages that the kernel faulted in one by one and zeroed, at every
-    layer of every step (what that cost: docs/PERFORMANCE.md). Kept in the heap, a step's activations land in the
-    pages the step before freed. llama.cpp allocates its compute buffers once; vLLM's CPU
-    backend asks for tcmalloc. The cost: the process keeps the memory of its largest step's activations after it."""
+    GiB freed at the main heap's top, where the process runs on glibc; whether it does. PyTorch's CPU allocator is
+    malloc, and glibc maps each block over 32 MiB afresh and unmaps it when freed, so every large activation of a
+    prefill (a 2,048-token chunk of a 1B's gate and up projections is 134 MB) was new pages that the kernel faulted
+    in one by one and zeroed, at every layer of every step (what that cost: docs/PERFORMANCE.md). Kept in the heap,
+    a step's activations land in the pages the step before freed. A thread other than the main one allocates from
+    an arena of 64 MiB heaps: a block larger than that is still mapped on its own there. llama.cpp allocates its
+    compute buffers once; vLLM's CPU backend asks for tcmalloc. The cost: the process keeps the memory of its
+    largest step's activations after it."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)
