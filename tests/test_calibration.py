@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from rooftop import SamplingParams
 from rooftop.engine import calibrate as calibration_run
@@ -181,7 +182,11 @@ def test_the_calibration_takes_the_op_timers_own_cost_out_of_the_steps(tiny_llm,
     """Timing every op costs Python per call (half a millisecond of a 4 ms decode step of the bundled model): a timer
     made to cost 2 ms a call must leave the expected forward pass of a decode and of a prompt near the untimed
     step's, not calls x 2 ms above it. Each step gives back its calls x the timer's cost per call, measured on a
-    small op through the timer and bare."""
+    small op through the timer and bare.
+
+    The cost is a busy wait on one thread: after a 2 ms sleep an op's worker threads had gone to sleep too, and on a
+    busy host waking them took milliseconds inside the clocked op (a loaded run expected 70 ms of linears), which is
+    the sleep's doing, not the timer's; a real timer's microseconds never let them sleep."""
     import time
 
     wrap = calibration_run.OpTimer.wrap
@@ -191,7 +196,9 @@ def test_the_calibration_takes_the_op_timers_own_cost_out_of_the_steps(tiny_llm,
 
         def slower(*args, **kwargs):
             if not self._depth:  # a call the timer counts: its cost outside what it clocks for the op
-                time.sleep(0.002)
+                until = time.perf_counter() + 0.002
+                while time.perf_counter() < until:
+                    pass
             return timed(*args, **kwargs)
 
         return slower
@@ -199,7 +206,12 @@ def test_the_calibration_takes_the_op_timers_own_cost_out_of_the_steps(tiny_llm,
     monkeypatch.setattr(calibration_run.OpTimer, "wrap", costly)
     hw = load_or_run_probe(quick=True).to_hardware()
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
-    cal = calibration_run.calibrate(tiny_llm, hw, quick=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cal = calibration_run.calibrate(tiny_llm, hw, quick=True)
+    finally:
+        torch.set_num_threads(threads)
     timer = calibration_run.OpTimer(tiny_llm.device)
     with timer.installed(tiny_llm):  # how many calls a step of each phase times: about 20 in this 2-layer model
         calibration_run._run(tiny_llm.engine, [[5] * 16], 3, timer)
