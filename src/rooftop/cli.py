@@ -200,6 +200,8 @@ def generate(
         started = time.perf_counter()
         output = stream_to_stdout(llm, text, params)
         print_report(output.metrics, output.finish_reason)
+        if output.finish_reason == "error":  # the engine ended the request (e.g. non-finite logits): say why, exit 1
+            raise RooftopError(f"generation failed: {output.error}")
         if roofline:
             print_phase_report(llm, started)
 
@@ -260,6 +262,10 @@ def chat(
         except KeyboardInterrupt:
             messages.pop()
             err.print("\n[dim]interrupted[/]")
+            continue
+        if output.finish_reason == "error":
+            messages.pop()
+            err.print(f"[bold red]error:[/] generation failed: {escape(str(output.error))} (try /reset)")
             continue
         messages.append({"role": "assistant", "content": output.text})
         if stats:
