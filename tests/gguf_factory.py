@@ -128,3 +128,13 @@ def write_tiny_gguf(
     w.write_tensors_to_file()
     w.close()
     return weights
+
+
+def with_nan_output_norm(source: Path, path: Path) -> Path:
+    """`source` (a float32 file) copied to `path` with its final norm's weights NaN: every logit is NaN, which the
+    engine refuses to sample (the request ends with an error)."""
+    data = bytearray(source.read_bytes())
+    norm = next(t for t in gguf.GGUFReader(source).tensors if t.name == "output_norm.weight")
+    data[norm.data_offset : norm.data_offset + norm.n_bytes] = b"\xff" * norm.n_bytes  # float32 NaNs
+    path.write_bytes(data)
+    return path

@@ -5,9 +5,11 @@ import subprocess
 import sys
 
 import pytest
+from gguf_factory import with_nan_output_norm
 
 from rooftop import SamplingParams
 from rooftop.engine.probe import load_or_run_probe
+from rooftop.errors import RooftopError
 from rooftop.roofline.attribution import attribute_phases, attribute_step
 from rooftop.roofline.predict import time_step
 
@@ -91,6 +93,17 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
 def test_bad_sweep_lists(tiny_gguf):
     r = rooftop("bench", "-m", str(tiny_gguf), "--batch-sizes", "1,x")
     assert r.returncode == 1 and "--batch-sizes must be comma-separated integers" in r.stderr
+
+
+def test_a_request_the_engine_ends_with_an_error_fails_the_benchmark(tiny_gguf, tmp_path):
+    """A run cut short by the engine (here: non-finite logits at the first token) is no measurement of its shape:
+    it was timed and reported as one."""
+    from rooftop import LLM
+    from rooftop.bench.measure import run_batch
+
+    llm = LLM(model=with_nan_output_norm(tiny_gguf, tmp_path / "nan.gguf"))
+    with pytest.raises(RooftopError, match="the benchmark's request failed: the model produced non-finite logits"):
+        run_batch(llm, [[5] * 8], 4)
 
 
 @pytest.mark.slow

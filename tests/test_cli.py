@@ -6,7 +6,7 @@ import sys
 import gguf
 import pytest
 import torch
-from gguf_factory import write_tiny_gguf
+from gguf_factory import with_nan_output_norm, write_tiny_gguf
 from typer.testing import CliRunner
 
 from rooftop.cli import app
@@ -166,27 +166,26 @@ def test_truncated_gguf(tiny_gguf, tmp_path):
     assert_user_error(rooftop_in_process("generate", "hi", "--model", str(path)), str(path))
 
 
-def nan_output_norm(tiny_gguf, tmp_path):
-    """The tiny file with its final norm's weights NaN: every logit is NaN, which the engine refuses to sample."""
-    path = tmp_path / "nan.gguf"
-    data = bytearray(tiny_gguf.read_bytes())
-    norm = next(t for t in gguf.GGUFReader(tiny_gguf).tensors if t.name == "output_norm.weight")
-    data[norm.data_offset : norm.data_offset + norm.n_bytes] = b"\xff" * norm.n_bytes  # float32 NaNs
-    path.write_bytes(data)
-    return path
-
-
 def test_generate_fails_with_the_engines_reason_when_the_model_gives_non_finite_logits(tiny_gguf, tmp_path):
     """It exited 0 with an empty answer and only "(error)" in the report."""
     result = rooftop_in_process(
-        "generate", "hi", "--raw", "-n", "4", "--no-roofline", "--model", str(nan_output_norm(tiny_gguf, tmp_path))
+        "generate",
+        "hi",
+        "--raw",
+        "-n",
+        "4",
+        "--no-roofline",
+        "--model",
+        str(with_nan_output_norm(tiny_gguf, tmp_path / "nan.gguf")),
     )
     assert_user_error(result, "generation failed", "non-finite logits")
     assert "0 (error)" in result.stderr  # the report still comes first
 
 
 def test_chat_says_why_a_turn_failed_and_goes_on(tiny_gguf, tmp_path):
-    r = rooftop_in_process("chat", "--model", str(nan_output_norm(tiny_gguf, tmp_path)), "-n", "2", stdin="hi\nagain\n")
+    r = rooftop_in_process(
+        "chat", "--model", str(with_nan_output_norm(tiny_gguf, tmp_path / "nan.gguf")), "-n", "2", stdin="hi\nagain\n"
+    )
     assert r.returncode == 0 and "Traceback" not in r.stderr
     assert r.stderr.count("generation failed: the model produced non-finite logits (try /reset)") == 2
     assert r.stdout.count(">>> ") == 3  # both turns, then EOF

@@ -14,6 +14,7 @@ from rooftop.engine.llm import LLM
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.outputs import StepRecord
 from rooftop.engine.sampling_params import SamplingParams
+from rooftop.errors import RooftopError
 from rooftop.roofline.hardware import Hardware
 
 FILLER = "The history of the printing press is a long story of ideas, metal and ink. "
@@ -58,6 +59,9 @@ def run_batch(llm: LLM, prompts: list[list[int]], output_len: int) -> Run:
         step = eng.step()
         if step.record is not None:
             records.append(step.record)
+        for d in step.deltas:
+            if d.finish_reason == "error":  # a run cut short is no measurement of the requested shape
+                raise RooftopError(f"the benchmark's request failed: {d.output.error}")
         ttfts += [d.metrics.ttft for d in step.deltas if d.finished]
     return Run(records, ttfts)
 
