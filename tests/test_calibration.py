@@ -3,6 +3,7 @@ the calibration's curves and expected times by hand on synthetic timings, the de
 measured time, the calibration run on a real engine (quick mode), its cache, and the advice per phase."""
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -399,3 +400,21 @@ def test_the_servers_steps_get_their_expected_time_from_a_cached_calibration(tin
     monitor._record_step(record, 1)
     expected = cal.expected(tiny_llm.config, tiny_llm.precision, record.shape, hw).total_s
     assert metrics.step_expected_seconds.labels(phase=record.phase)._value.get() == pytest.approx(expected)
+
+
+def test_the_calibrate_command_labels_each_curves_points_by_what_they_are_drawn_against(
+    tiny_gguf, tmp_path, monkeypatch
+):
+    """A decode's linears are drawn against rows and a prefill's host time against tokens: the table called the
+    first seconds and the second sequences."""
+    from typer.testing import CliRunner
+
+    from rooftop.cli import app
+
+    result = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["calibrate", "-m", str(tiny_gguf), "--quick"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[1]: line for line in result.stderr.splitlines() if line.strip().startswith("│")}
+    assert re.search(r"decode\.linears .* at 1 row .* at \d+ rows", rows["decode.linears"])
+    assert re.search(r"at 1 token .* at \d+ tokens", rows["prefill.host"])
+    assert re.search(r"at 1 seq .* at \d+ seqs", rows["decode.host"])
+    assert re.search(r"\(roofline .*\(roofline ", rows["prefill.linears"])

@@ -21,6 +21,7 @@ from rooftop.engine.outputs import RequestOutput
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.errors import RooftopError
 from rooftop.roofline import commands as roofline_commands
+from rooftop.roofline.calibration import ROWS_KEYED, TOKENS_KEYED
 from rooftop.roofline.report import seconds
 from rooftop.serve import commands as serve_commands
 
@@ -272,6 +273,16 @@ def chat(
             print_report(output.metrics, output.finish_reason)
 
 
+def curve_cell(key: str, x: float, y: float) -> str:
+    """One point of a calibration curve as its table shows it: the measured seconds at what the curve is drawn
+    against (a decode's linears: its rows; a prefill's host time: its tokens; the other host curves: sequences; the
+    op classes: their roofline seconds)."""
+    noun = "row" if key in ROWS_KEYED else "token" if key in TOKENS_KEYED else "seq"
+    if key in ROWS_KEYED or key in TOKENS_KEYED or key.endswith(("host", "around")):
+        return f"{seconds(y)} at {x:g} {noun}{'' if x == 1 else 's'}"
+    return f"{seconds(y)} (roofline {seconds(x)})"
+
+
 @app.command()
 @with_run_config
 def calibrate(
@@ -295,14 +306,11 @@ def calibrate(
             hw = probe.to_hardware(working_set=llm.weight_bytes)
         with err.status("calibrating...") as status:
             cal = load_or_calibrate(llm, hw, force, quick, lambda s: status.update(f"calibrating: {s}"))
-    table = Table("curve", "points", "smallest: measured (of its roofline)", "largest: measured (of its roofline)")
+    table = Table("curve", "points", "first point: measured", "last point: measured")
     for key, curve in sorted(cal.curves.items()):
-        (x0, y0), (x1, y1) = curve.points[0], curve.points[-1]
-        if key.endswith(("host", "around")):
-            cells = (f"{seconds(y0)} at {x0:g} seqs", f"{seconds(y1)} at {x1:g} seqs")
-        else:
-            cells = (f"{seconds(y0)} ({seconds(x0)})", f"{seconds(y1)} ({seconds(x1)})")
-        table.add_row(key, str(len(curve.points)), *cells)
+        table.add_row(
+            key, str(len(curve.points)), *(curve_cell(key, x, y) for x, y in (curve.points[0], curve.points[-1]))
+        )
     err.print(table)
     err.print(f"[dim]cached in {cache_path(llm, hw)}{' (quick)' if cal.quick else ''}[/]")
 
