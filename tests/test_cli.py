@@ -1,5 +1,6 @@
 """The `rooftop` command as a user runs it: streaming output, the report, chat, and one-line errors."""
 
+import json
 import subprocess
 import sys
 
@@ -211,6 +212,15 @@ def test_unsupported_tokenizer(tmp_path):
 
 def test_hf_directory_without_config(tmp_path):
     assert_user_error(rooftop_in_process("generate", "hi", "--model", str(tmp_path)), "config.json")
+
+
+def test_a_config_without_weights_points_at_dummy_weights(tmp_path):
+    """A config.json (or a directory holding only one) has no weights to read: the error says what runs it."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64}
+    config |= {"num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for model in (tmp_path / "config.json", tmp_path):
+        assert_user_error(rooftop_in_process("generate", "hi", "--model", str(model)), "--load-format dummy")
 
 
 def test_help_lists_the_commands():

@@ -26,7 +26,9 @@ def _weight_files(path: Path) -> list[Path]:
         return [path / s for s in shards]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(f"{path}: no *.safetensors weights")
+        config = (path / "config.json").is_file()
+        hint = " (it has a config.json: --load-format dummy runs its model with random weights)" if config else ""
+        raise ModelLoadError(f"{path}: no *.safetensors weights{hint}")
     return files
 
 

@@ -26,6 +26,11 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
         raise ModelLoadError(f"{path}: no such file or directory{preset}")
     if path.is_dir():
         return load_hf_dir(path)
+    if path.suffix == ".json":  # read as a GGUF, it failed on the magic: say what the file is and what runs it
+        raise ModelLoadError(
+            f"{path}: a model's config holds no weights (--load-format dummy runs its model with random weights; a "
+            "Hugging Face directory with *.safetensors loads its weights)"
+        )
     return load_gguf(path)
 
 
