@@ -431,3 +431,13 @@ def test_the_start_line_names_the_weights_and_says_dummy(caplog):
         pass
     weights = llm.precision.weights.name  # bf16-fp32 on rooftop's CPU kernels
     assert f"serving smollm2-135m ({weights}, dummy weights) on http://" in caplog.text
+
+
+def test_the_default_served_name_is_the_models_name_never_a_path_nor_config_json():
+    from rooftop.serve.state import served_name
+
+    assert served_name("/models/SmolLM2-135M.Q4_1.gguf") == "SmolLM2-135M.Q4_1"
+    assert served_name("/models/tinyllama/config.json") == "tinyllama"  # it served "config.json"
+    assert served_name("my-llama.json") == "my-llama"
+    assert served_name("/models/Qwen3-0.6B") == "Qwen3-0.6B"
+    assert served_name("llama-3.2-1b") == "llama-3.2-1b"

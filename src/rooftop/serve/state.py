@@ -90,7 +90,7 @@ class ServerState:
         if llm.lead is not None:  # a rank that dies while the server is idle stops it too
             llm.lead.on_failure.append(engine_loop.fail)
         engine_loop.start()
-        name = c.served_model_name or _file_name(c.run.model or llm.model_path)
+        name = c.served_model_name or served_name(c.run.model or llm.model_path)
         prompts = Prompts(llm.tokenizer, llm.max_model_len, llm.config.vocab_size)
         self.ready = Ready(llm, monitor, engine_loop, name, prompts)
         weights = llm.precision.weights.name + (", dummy weights" if c.run.load_format == "dummy" else "")
@@ -143,10 +143,13 @@ class ServerState:
             self.ready.engine_loop.stop()
 
 
-def _file_name(model: str) -> str:
-    """The served name by default: the model file's name without .gguf, or the directory's name; never a path."""
+def served_name(model: str) -> str:
+    """The served name by default: the model file's name without .gguf, a config.json's directory's name (a model's
+    config is named config.json, whatever the model), the directory's name, or a preset's; never a path."""
     path = Path(model)
-    return path.stem if path.suffix == ".gguf" else path.name
+    if path.name == "config.json" and path.parent.name:
+        return path.parent.name
+    return path.stem if path.suffix in (".gguf", ".json") else path.name
 
 
 def _basic_password(authorization: str) -> str:
