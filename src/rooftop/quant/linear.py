@@ -661,11 +661,15 @@ def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.d
         if fmt == choice:
             return policy
     here = ", ".join(f"{policy} as {fmt}" for policy, fmt in runs.items())
-    stored = f"; a GGUF's own {choice} tensors run as stored with --weights auto" if choice in BLOCK_FORMATS else ""
-    if choice == Bf16Linear.format:
-        stored = "; a bf16 checkpoint's weights run as bf16-fp32 on the CPU with --weights auto"
+    if choice in BLOCK_FORMATS and device.type == "cpu" and cpu.ops() is not None:  # it runs them, from a file only
+        raise UnsupportedModelError(
+            f"rooftop's engine makes no {choice} weights out of others on {device.type} (it makes {here}); a "
+            f"GGUF's own {choice} tensors run as stored with --weights auto"
+        )
+    stored = "; a bf16 checkpoint's weights run as bf16-fp32 on the CPU with --weights auto"
     raise UnsupportedModelError(
-        f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here}){stored}"
+        f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here})"
+        + (stored if choice == Bf16Linear.format else "")
     )
 
 
