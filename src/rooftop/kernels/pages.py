@@ -120,7 +120,8 @@ def keep_freed_memory() -> bool:
     prefill (a 2,048-token chunk of a 1B's gate and up projections is 134 MB) was new pages that the kernel faulted
     in one by one and zeroed, at every layer of every step (what that cost: docs/PERFORMANCE.md). Kept in the heap,
     a step's activations land in the pages the step before freed. A thread other than the main one allocates from
-    an arena of 64 MiB heaps: a block larger than that is still mapped on its own there. llama.cpp allocates its
+    an arena of 64 MiB heaps, which glibc gives back as blocks of tens of MiB are freed: there they still fault in
+    again (docs/PERFORMANCE.md). llama.cpp allocates its
     compute buffers once; vLLM's CPU backend asks for tcmalloc. The cost: the process keeps the memory of its
     largest step's activations after it."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
