@@ -123,15 +123,16 @@ def resolve_precision(
 ) -> Precision:
     """The one place the analyzer decides what the weights are: a `--weights` choice (WEIGHT_CHOICES) is the exact
     format it means on `hw`; none or auto is what the file holds: a GGUF's format, else what a config.json's
-    quantization_config or torch_dtype says (checkpoint_weights), else bf16. The activations are what rooftop's
-    engine computes in on a probed device (`hw.engine_dtype`), else of the weights' compute width; the KV cache is
-    `kv` (default: the activations' width), a linear-attention state `state_dtype`."""
+    quantization_config or torch_dtype says (checkpoint_weights), else bf16, as the engine runs it on a probed
+    device (`hw.engine_auto`: a bf16 checkpoint as bf16-fp32 on rooftop's CPU kernels). The activations are what
+    rooftop's engine computes in on a probed device (`hw.engine_dtype`), else of the weights' compute width; the KV
+    cache is `kv` (default: the activations' width), a linear-attention state `state_dtype`."""
     auto = weights is None or check_weight_choice(weights) == "auto"
     held = checkpoint_weights(config) if auto and file_format is None and config is not None else None
     p = (
-        held.precision(kv, hw.engine_dtype)
+        held.as_run(hw.engine_auto).precision(kv, hw.engine_dtype)
         if held is not None
-        else precision(weight_format(weights, file_format, hw.engine_formats), kv, hw.engine_dtype)
+        else precision(weight_format(weights, file_format, hw.engine_formats, hw.engine_auto), kv, hw.engine_dtype)
     )
     return p.with_state(state_dtype)
 

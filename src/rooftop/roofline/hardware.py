@@ -41,6 +41,9 @@ class Hardware:
     source: str = ""
     notes: dict[str, str] = field(default_factory=dict)
     engine_formats: dict[str, str] = field(default_factory=dict)  # float/int8/int4 -> the engine's format here (probe)
+    # a float file's format -> what the engine runs it as under --weights auto here (probe: precision.auto_formats);
+    # empty on a datasheet device, where a file's weights are costed as stored
+    engine_auto: dict[str, str] = field(default_factory=dict)
     engine_dtype: str | None = None  # what rooftop's engine computes in here (probe: fp32 on a CPU, else bf16)
     efficiency: Efficiency | None = None  # published engines' efficiencies here: the analyzer's expected times
 
@@ -73,6 +76,7 @@ class Hardware:
             source=self.source,
             notes=self.notes,
             engine_formats=self.engine_formats,
+            engine_auto=self.engine_auto,
             engine_dtype=self.engine_dtype,
             efficiency=self.efficiency if compute_efficiency == memory_efficiency == 1.0 else None,
         )

@@ -70,9 +70,12 @@ WEIGHT_CHOICES = ("auto", *WEIGHT_POLICIES, *(name for name in WEIGHT_FORMATS if
 # does not run int4 off the CPU: the common layout stands in).
 DATASHEET_FORMATS = {"float": "bf16", "int8": "int8", "int4": "int4"}
 WEIGHTS_HELP = (
-    "auto (the file's own format), float (the run's dtype), int8 or int4 (as rooftop's engine runs them: Q8_0 / Q4_1 "
-    "groups of 32 on its CPU kernels, else int8 per row / int4 per 32; on a datasheet device int8 per row, int4 per "
-    f"128), or an exact format: {', '.join(WEIGHT_CHOICES[4:])} (the engine refuses one it cannot run here)"
+    "auto (the file's own format as rooftop's engine runs it: a bf16 checkpoint as bf16-fp32 on its CPU kernels, "
+    "other floats in the run's dtype; on a datasheet device as stored), float (the run's dtype), int8 or int4 (as "
+    "rooftop's engine runs them: Q8_0 / Q4_1 groups of 32 on its CPU kernels, else int8 per row / int4 per 32; on a "
+    "datasheet device int8 per row, int4 per 128), or an exact format: "
+    f"{', '.join(WEIGHT_CHOICES[4:])} (the engine refuses one it does not make here; a file's own block formats "
+    "run as stored under auto)"
 )
 
 
@@ -94,16 +97,43 @@ def check_weight_choice(choice: str) -> str:
 
 
 def weight_format(
-    choice: str | None, file_format: WeightFormat | None, engine_formats: dict[str, str]
+    choice: str | None,
+    file_format: WeightFormat | None,
+    engine_formats: dict[str, str],
+    engine_auto: dict[str, str] | None = None,
 ) -> str | WeightFormat:
     """The exact format the analyzer models for a `--weights` choice: auto (or none) is the file's format, else
-    bf16; float/int8/int4 are what the engine's linears are on this device (`engine_formats`, from the probe), else
-    DATASHEET_FORMATS; an exact format is itself."""
+    bf16, as the engine runs it on this device (`engine_auto`, `as_run`); float/int8/int4 are what the engine's
+    linears are on this device (`engine_formats`, from the probe), else DATASHEET_FORMATS; an exact format is itself."""
     if choice is None or check_weight_choice(choice) == "auto":
-        return file_format or "bf16"
+        return as_run(file_format or "bf16", engine_auto or {})
     if choice in WEIGHT_POLICIES:
         return engine_formats.get(choice, DATASHEET_FORMATS[choice])
     return choice
+
+
+def auto_formats(float_format: str | None, cpu_kernels: bool) -> dict[str, str]:
+    """What rooftop's engine runs a float checkpoint's linears as under `--weights auto` on a device it was probed
+    on, by the file's format: the float policy's format there (`float_format`: the weights converted to the run's
+    dtype), except a bf16 checkpoint's on rooftop's CPU kernels (`cpu_kernels`), which stay bfloat16 with float32
+    math (quant.linear.runs_bf16 -> Bf16Linear, bf16-fp32; the engine widens the rare matrix whose inputs are no
+    multiple of 32, which this leaves out). Without the engine's float format (a datasheet device, or the
+    analyzer's own probe, which builds no linears) a file's floats stay as they are: {}. A bf16 file costed as
+    bf16 on a CPU would run at its bf16 matmul peak, which most CPUs emulate, not at the float32 one the engine's
+    math runs at."""
+    if float_format is None:
+        return {}
+    run = dict.fromkeys(FLOAT_DTYPES.values(), float_format)
+    if cpu_kernels:
+        run["bf16"] = "bf16-fp32"
+    return run
+
+
+def as_run(fmt: str | WeightFormat, engine_auto: dict[str, str]) -> str | WeightFormat:
+    """`fmt` (a file's format, or its name) as the engine runs it under auto (`auto_formats`): a float format
+    it converts is the one it runs; any other (quantized, mixed) runs as stored."""
+    name = fmt if isinstance(fmt, str) else fmt.name
+    return engine_auto.get(name, fmt)
 
 
 @dataclass(frozen=True)
@@ -187,6 +217,15 @@ class CheckpointWeights:
     linears: WeightFormat
     embedding: WeightFormat
     lm_head: WeightFormat
+
+    def as_run(self, engine_auto: dict[str, str]) -> CheckpointWeights:
+        """The formats the engine holds them in under auto (`auto_formats`): a float checkpoint's linears and
+        tables converted alike (a bf16 one's lookup table stays bfloat16 beside its bf16-fp32 linears); a
+        quantized checkpoint's as the config says (the float rule is only the float policy's)."""
+        if self.linears.name not in engine_auto:
+            return self
+        held = (self.linears, self.embedding, self.lm_head)
+        return CheckpointWeights(*(WEIGHT_FORMATS[engine_auto.get(f.name, f.name)] for f in held))
 
     def precision(self, kv: str | None = None, activations: str | None = None) -> Precision:
         p = precision(self.linears, kv, activations)

@@ -28,7 +28,7 @@ import torch
 from rooftop.config import auto_dtype
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.hardware import GIGA, Hardware
-from rooftop.roofline.precision import FLOAT_DTYPES
+from rooftop.roofline.precision import FLOAT_DTYPES, auto_formats
 from rooftop.roofline.report import si
 
 # The descriptions passed to `on_step`, in order, one per measurement; a progress bar's total is their count.
@@ -231,8 +231,16 @@ class ProbeResult:
             source=f"rooftop probe {self.date}",
             notes=notes,
             engine_formats=dict(self.engine_formats),
+            engine_auto=auto_formats(self.engine_formats.get("float"), self.runs_cpu_kernels),
             engine_dtype=FLOAT_DTYPES[auto_dtype(torch.device(self.device).type)],
         )
+
+    @property
+    def runs_cpu_kernels(self) -> bool:
+        """Whether the engine's linears were timed on rooftop's CPU kernels: the engine's probe names them where it
+        builds them (rooftop.engine.probe's `kernels`: on the CPU where they loaded), which is where the engine holds
+        a bf16 checkpoint's linears as bf16-fp32 (quant.linear.runs_bf16)."""
+        return self.device == "cpu" and self.weight_only_kernels.startswith("rooftop ")
 
     def to_dict(self) -> dict:
         data = asdict(self)
