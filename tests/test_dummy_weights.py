@@ -4,8 +4,12 @@ made only when the model builds, the `<id:N>` placeholder, and the CLI."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf_factory import write_tiny_gguf
 from test_cli import assert_user_error, rooftop_in_process
 
 from rooftop import LLM, SamplingParams
@@ -16,8 +20,10 @@ from rooftop.kernels import cpu
 from rooftop.loading import dummy
 from rooftop.loading.dummy import load_dummy
 from rooftop.loading.model_files import load_model
+from rooftop.loading.shard import Shard
 from rooftop.models.loader import build_model
-from rooftop.quant.weights import Int4Weight, Int8GroupWeight
+from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize
+from rooftop.quant.weights import BlockWeight, Int4Weight, Int8GroupWeight
 from rooftop.roofline.presets import PRESETS
 
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -272,3 +278,95 @@ def test_a_dummy_tensor_is_the_same_on_any_number_of_threads(form):
     assert blocks[-1].float().std() > 0
     small = dummy.random_weight("w", (7, 64), "float", torch.float32, CPU, 3, values=torch.bfloat16)
     assert small.dtype == torch.bfloat16 and small.float().std() > 0
+
+
+def q4_k_m_like(name: str) -> T:
+    """A mixed file as llama.cpp's Q4_K_M lays one out (Q8_0 embedding, Q6_K for half the V and down matrices), with
+    a Q5_0, a Q4_1 and a Q3_K (converted to Q4_1 at load) besides."""
+    special = {
+        "token_embd.weight": T.Q8_0,
+        "blk.0.attn_v.weight": T.Q6_K,
+        "blk.1.ffn_down.weight": T.Q6_K,
+        "blk.0.attn_k.weight": T.Q5_0,
+        "blk.1.attn_k.weight": T.Q4_1,
+        "blk.1.attn_output.weight": T.Q3_K,
+    }
+    return special.get(name, T.Q4_K)
+
+
+@pytest.mark.parametrize("types", [T.Q4_K, q4_k_m_like], ids=["q4_k", "q4_k_m"])
+def test_a_gguf_dummy_holds_each_matrix_in_the_form_a_load_of_the_file_gives_it(tmp_path, types):
+    """The file's block formats as BlockWeight, its Q8_0/Q4_1 (and what is converted to Q4_1) as integer groups, its
+    floats as float tensors: built, the dummy runs and reports the formats the real file does."""
+    path = tmp_path / "model.gguf"
+    write_tiny_gguf(path, qtype=types)
+    real, made = load_model(path), load_dummy(path, "auto", CPU, torch.float32)
+    assert made.conversions == real.conversions
+    for name, w in real.weights.items():
+        d = made.weights[name]
+        assert (type(d), getattr(d, "format", None), d.shape) == (type(w), getattr(w, "format", None), w.shape), name
+        assert not isinstance(d, torch.Tensor) or d.dtype == w.dtype
+    q_proj = made.weights["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(q_proj, BlockWeight) and q_proj.format == "q4_k"
+    real_llm, dummy_llm = LLM(model=path), LLM(model=path, load_format="dummy")
+    assert dummy_llm.precision.weights.name == real_llm.precision.weights.name
+    assert dummy_llm.model.bytes_by_format() == real_llm.model.bytes_by_format()
+    assert dummy_llm.model.conversions == real_llm.model.conversions
+    if cpu.ops() is not None:  # the kernels that run the blocks as stored
+        assert real_llm.precision.weights.name == ("q4_k" if types == T.Q4_K else "q4_k+q6_k+q4_1+q5_0")
+    assert len(dummy_llm.generate([[5, 6, 7]], GREEDY)[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("qtype", list(STORED_TYPES), ids=lambda t: t.name)
+def test_random_blocks_decode_to_finite_weights_centred_on_zero_with_dummy_spread(qtype):
+    """gguf's own dequantizer reads the random blocks as weights of mean about 0 and standard deviation about STD,
+    in every row's worth of blocks: no NaN or infinite scale, no offset a deep random model would pile up."""
+    fmt = STORED_TYPES[qtype]
+    w = dummy.random_weight("w", (dummy.DRAW_ROWS + 16, 512), fmt, torch.float32, CPU, 0)
+    assert isinstance(w, BlockWeight) and w.format == fmt and w.shape == (dummy.DRAW_ROWS + 16, 512)
+    assert w.q.shape[1] == 512 // GGML_QUANT_SIZES[qtype][0] * GGML_QUANT_SIZES[qtype][1]
+    values = dequantize(w.q.numpy(), qtype, w.shape)
+    assert torch.isfinite(values).all()
+    assert abs(values.mean()) < 0.05 * dummy.STD and 0.8 * dummy.STD < values.std() < 1.25 * dummy.STD
+    assert values.mean(1).abs().max() < 0.25 * dummy.STD  # no row offset
+    assert torch.equal(w.dequantize(), values)
+
+
+def test_random_blocks_are_the_seeds_and_the_names():
+    make = lambda name, seed: dummy.random_weight(name, (40, 256), "q4_k", torch.float32, CPU, seed).q  # noqa: E731
+    one = make("blk.q", 1)
+    assert torch.equal(one, make("blk.q", 1))
+    assert not torch.equal(one, make("blk.k", 1)) and not torch.equal(one, make("blk.q", 2))
+
+
+def test_a_shard_of_random_blocks_is_the_part_of_the_whole():
+    """Under tensor parallelism a rank's rows or whole blocks of columns are cut from the same whole matrix."""
+    whole = dummy.random_weight("w", (32, 512), "q6_k", torch.float32, CPU, 0).dequantize()
+    rows = dummy.random_weight("w", (32, 512), "q6_k", torch.float32, CPU, 0, Shard(0, 16, 32, 32))
+    columns = dummy.random_weight("w", (32, 512), "q6_k", torch.float32, CPU, 0, Shard(1, 256, 512, 512))
+    assert torch.equal(rows.dequantize(), whole[16:]) and torch.equal(columns.dequantize(), whole[:, 256:])
+
+
+def test_a_bf16_gguf_dummy_runs_as_the_file_does(tmp_path):
+    """A BF16 file's matrices are drawn in bfloat16 as its tensors are read, so `auto` holds them as the real load
+    does (bf16-fp32 on the CPU where the kernels built); on the meta device only the shapes exist."""
+    path = tmp_path / "bf16.gguf"
+    write_tiny_gguf(path, qtype=T.BF16)
+    name = "model.layers.0.mlp.up_proj.weight"
+    up = load_dummy(path, "auto", CPU, torch.float32).weights[name]
+    assert up.dtype == torch.bfloat16 and 0.01 < up.float().std() < 0.03
+    real, made = LLM(model=path), LLM(model=path, load_format="dummy")
+    assert made.precision.weights.name == real.precision.weights.name
+    if cpu.ops() is not None:
+        assert made.precision.weights.name == "bf16-fp32"
+    model = build_model(load_dummy(path, "auto", META, torch.float32), torch.float32, META)
+    assert model.layers[0].linears()[0].weight.device.type == "meta"
+
+
+def test_a_float32_gguf_dummy_keeps_its_float_draws(tiny_gguf):
+    """An F32 file's matrices are float draws in the model's dtype, as they were: its quantized policies quantize
+    them at build, as they do the file's."""
+    name = "model.layers.0.self_attn.q_proj.weight"
+    w = load_dummy(tiny_gguf, "int4", CPU, torch.float32).weights[name]
+    assert isinstance(w, torch.Tensor) and w.dtype == torch.float32
+    assert np.isclose(w.std().item(), dummy.STD, rtol=0.2)

@@ -1,5 +1,7 @@
 """Dummy weights (vLLM's `--load-format dummy`): a model's config from a preset, a config.json, a Hugging Face
 directory's config.json or a GGUF header, and seeded random weights made when the model asks for each tensor.
+From a GGUF each matrix is made in the form a real load of the file gives it (its block format's random bytes, its
+integer groups, its float dtype), so the weight policy, the kernels and the report run as they would on the file.
 
 No weight file is read, so a model whose weights are not here can still be run (its speed, its memory, what the
 engine does with its shapes) and one too big for this machine can still be built and analyzed: the LoadedModel
@@ -12,25 +14,27 @@ import math
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QType
 
 from rooftop.config import FULL_ATTENTION, ModelConfig, is_runnable
 from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.loading.bundled import bundled_model_path
-from rooftop.loading.gguf import native_format
+from rooftop.loading.gguf import GROUP_TYPES, conversions, converted, hf_name, native_format, split_experts
 from rooftop.loading.gguf_config import config_from_gguf
-from rooftop.loading.gguf_file import read_gguf
+from rooftop.loading.gguf_file import TensorInfo, read_gguf
 from rooftop.loading.hf_config import read_hf_config, read_json
 from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import Shard, shard_weight
 from rooftop.loading.tokenizer import Tokenizer
-from rooftop.quant.gguf_blocks import dequantize
+from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize
 from rooftop.quant.linear import weight_policy
-from rooftop.quant.weights import GROUP, Int4Weight, Int8GroupWeight, Weight
+from rooftop.quant.weights import BLOCK_FORMATS, GROUP, BlockWeight, Int4Weight, Int8GroupWeight, Weight
 from rooftop.roofline.ops import weight_bytes
 from rooftop.roofline.precision import precision
 from rooftop.roofline.presets import find_preset
@@ -42,8 +46,47 @@ STD = 0.02
 # of sqrt((16² - 1) / 12) ≈ 4.61 steps, q uniform in -127..127 one of sqrt((255² - 1) / 12) ≈ 73.6.
 INT4_SCALE = STD / 4.61
 INT8_SCALE = STD / 73.6
+CPU = torch.device("cpu")
 # The fewest bytes a policy's weights take (the analyzer's count): floats at 16 bits, int8 as Q8_0, int4 as Q4_1
 SMALLEST_FORMAT = {"float": "bf16", "int8": "q8_0", "int4": "q4_1"}
+
+
+def _level_std(levels: int) -> float:
+    """The standard deviation of a level drawn uniformly from `levels` values (what random bytes give)."""
+    return math.sqrt((levels * levels - 1) / 12)
+
+
+def _halves(*values: float) -> tuple[bytes, ...]:
+    """Float16 fields' bytes, one per block of a cycle."""
+    return tuple(torch.tensor([v], dtype=torch.float16).view(torch.uint8).numpy().tobytes() for v in values)
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A field of a block format that random bytes would make wrong (a float16 scale: NaN, infinity, or a spread far
+    from STD's): the bytes it holds instead at `offset`, block after block, repeating `cycle`."""
+
+    offset: int
+    cycle: tuple[bytes, ...]
+
+
+# Step sizes that give each format's levels (uniform random bits) a standard deviation of STD
+_Q4, _Q5, _Q6 = STD / _level_std(16), STD / _level_std(32), STD / _level_std(64)
+# Q4_K's and Q5_K's 12 bytes of 6-bit sub-block scales and mins, all 1 (packed as gguf_quantize's
+# _pack_scales_mins_6bit packs them: 0-3 scales, 4-7 mins, 8-11 the low nibbles of scales and mins 4-7)
+_K_SCALES = bytes([1] * 8 + [0x11] * 4)
+# Each stored format's fixed fields, set so its values centre on 0: the symmetric formats' levels (d·(q - 8),
+# d·(q - 16), Q6_K's d·sc·(q - 32)) average -d/2, cancelled by a scale that alternates in sign block by block (or
+# sub-block by sub-block: Q6_K's int8 scales) as llama.cpp's own signed scales do; the asymmetric ones' minimum
+# is minus the levels' mean (Q5_1: m = -15.5·d; Q4_K, Q5_K: dmin·m = 7.5·d·sc, 15.5·d·sc).
+BLOCK_FIELDS = {
+    "q4_0": (Fixed(0, _halves(_Q4, -_Q4)),),
+    "q5_0": (Fixed(0, _halves(_Q5, -_Q5)),),
+    "q5_1": (Fixed(0, _halves(_Q5)), Fixed(2, _halves(-15.5 * _Q5))),
+    "q4_k": (Fixed(0, _halves(_Q4)), Fixed(2, _halves(7.5 * _Q4)), Fixed(4, (_K_SCALES,))),
+    "q5_k": (Fixed(0, _halves(_Q5)), Fixed(2, _halves(15.5 * _Q5)), Fixed(4, (_K_SCALES,))),
+    "q6_k": (Fixed(192, (bytes([1, 255] * 8),)), Fixed(208, _halves(_Q6))),
+}
 
 
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -156,6 +199,19 @@ def tensor_form(name: str, shape: tuple[int, ...], policy: str, device: torch.de
     return policy
 
 
+def file_form(t: TensorInfo) -> str:
+    """What a GGUF's matrix is made as, following read_matrix: its block format (q4_k, ...), "int8" for Q8_0, "int4"
+    for Q4_1 and for the types converted to it at load, "bf16" for BF16 (drawn and held as bfloat16), "float" for the
+    other float types."""
+    if t.qtype in STORED_TYPES:
+        return STORED_TYPES[t.qtype]
+    if t.qtype in GROUP_TYPES:
+        return "int8" if t.qtype == QType.Q8_0 else "int4"
+    if t.qtype == QType.BF16:
+        return "bf16"
+    return "int4" if converted(t) else "float"
+
+
 def random_weight(
     name: str,
     shape: tuple[int, ...],
@@ -170,16 +226,19 @@ def random_weight(
     asks in. Floats are made on `device` (random values differ between a CPU and a CUDA generator) in `values`, the
     checkpoint's own float dtype, where given, as a checkpoint's tensor of that dtype is read (a bf16 checkpoint's:
     the model keeps it bfloat16 where it runs bf16-fp32, and widens it elsewhere), else in `dtype`; on the meta
-    device only the shape exists. A `shard` is cut from the whole tensor, so every rank's part is the part of the
-    weights a single device gets."""
+    device only the shape exists. Integer groups and a block format's rows (`form` one of BLOCK_FORMATS) are made
+    on the CPU, where a file's are read. A `shard` is cut from the whole tensor, so every rank's part is the part of
+    the weights a single device gets."""
     if shard is not None:
         return shard_weight(random_weight(name, shape, form, dtype, device, seed, values=values), shard, name)
     if form == "norm":
         return torch.ones(shape, dtype=dtype, device=device)
     if device.type == "meta":
         return torch.empty(shape, dtype=dtype, device=device)
-    check_room(name, shape, form, values or dtype, device)
+    check_room(name, shape, form, values or dtype, device if form == "float" else CPU)
     key = f"{seed}:{name}"
+    if form in BLOCK_FORMATS:
+        return random_blocks(shape, form, key)
     if form == "float":
         # drawn in the checkpoint's dtype and held in it, as a file's tensor is read: the model widens it where needed
         out = torch.empty(shape, dtype=values or dtype, device=device)
@@ -199,6 +258,43 @@ def random_weight(
         lambda gen, r: torch.randint(-127, 128, r.shape, generator=gen, out=r),
     )
     return Int8GroupWeight(q, torch.full((rows, cols // GROUP), INT8_SCALE))
+
+
+def random_blocks(shape: tuple[int, ...], fmt: str, key: str) -> BlockWeight:
+    """A matrix in block format `fmt` as a file's rows of blocks: random bytes (uniform levels and high bits), then
+    the format's scale fields (BLOCK_FIELDS) written over them, so the values are finite, centred on 0 with a
+    spread of about STD, and the bytes are made at the generator's speed, never as floats."""
+    rows, cols = shape
+    block, block_bytes = GGML_QUANT_SIZES[QType[fmt.upper()]]
+    blocks = cols // block
+    fixed = [(f.offset, _cycled(f.cycle, blocks)) for f in BLOCK_FIELDS[fmt]]
+
+    def fill(gen: torch.Generator, part: torch.Tensor) -> None:
+        _random_bytes(gen, part)
+        laid = part.view(part.shape[0], blocks, block_bytes)
+        for offset, values in fixed:
+            laid[:, :, offset : offset + values.shape[1]] = values
+
+    out = drawn(torch.empty((rows, blocks * block_bytes), dtype=torch.uint8), key, fill)
+    return BlockWeight((out,), fmt, cols)
+
+
+def _cycled(cycle: tuple[bytes, ...], blocks: int) -> torch.Tensor:
+    """A field's bytes for each of `blocks` blocks (blocks, field bytes), `cycle` repeated."""
+    one = torch.frombuffer(bytearray(b"".join(cycle)), dtype=torch.uint8).reshape(len(cycle), -1)
+    return one.repeat(-(-blocks // len(cycle)), 1)[:blocks]
+
+
+def _random_bytes(gen: torch.Generator, out: torch.Tensor) -> None:
+    """`out` (contiguous uint8) filled with uniform random bytes, drawn 8 at a time (a 64-bit draw costs what a
+    byte's does): in place where its bytes are whole aligned words, else into words copied over; the same bytes
+    either way."""
+    flat = out.view(-1)
+    whole = flat.numel() % 8 == 0 and flat.storage_offset() % 8 == 0
+    words = flat.view(torch.int64) if whole else torch.empty(-(-flat.numel() // 8), dtype=torch.int64)
+    words.random_(-(2**63), None, generator=gen)
+    if not whole:
+        flat.copy_(words.view(torch.uint8)[: flat.numel()])
 
 
 def drawn(out: torch.Tensor, key: str, fill: Callable[[torch.Generator, torch.Tensor], object]) -> torch.Tensor:
@@ -229,6 +325,8 @@ class Source:
     native_format: str = "float"  # a GGUF's closest weight format (what --weights auto then makes)
     tokenizer: Tokenizer | None = None  # the file's own, where it has one
     float_dtype: str | None = None  # the checkpoint's float dtype where the config does not say (a preset's)
+    forms: dict[str, str] = field(default_factory=dict)  # a GGUF's: HF name -> each matrix's form (file_form)
+    conversions: dict[str, str] = field(default_factory=dict)  # a GGUF's matrices converted at load, as reported
 
     @property
     def values(self) -> torch.dtype | None:
@@ -240,15 +338,20 @@ class Source:
 
 
 def _gguf_source(path: Path) -> Source:
-    """A GGUF's config, weight format and tokenizer, all from its header; `rope_freqs` (a config value GGUF stores
-    as a tensor of a few hundred bytes) is the one tensor read."""
+    """A GGUF's config, weight format, tokenizer and each matrix's type, all from its header, under the names
+    load_gguf gives them (an expert stack split per expert); `rope_freqs` (a config value GGUF stores as a tensor of
+    a few hundred bytes) is the one tensor read."""
     gguf_file = read_gguf(path)
     config = config_from_gguf(gguf_file)
-    for t in gguf_file.tensors:
+    tensors = [part for t in gguf_file.tensors for part in split_experts(t)]
+    forms = {}
+    for t in tensors:
         if t.name == "rope_freqs.weight":
             config.rope_freq_factors = dequantize(t.data, t.qtype, t.shape, t.name).tolist()
+        elif len(t.shape) == 2 and (name := hf_name(t.name)) is not None:
+            forms[name] = file_form(t)
     tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
-    return Source(config, str(path), native_format(gguf_file.tensors), tokenizer)
+    return Source(config, str(path), native_format(tensors), tokenizer, forms=forms, conversions=conversions(tensors))
 
 
 def _hf_source(path: Path) -> Source:
@@ -299,13 +402,24 @@ def available_bytes(device: torch.device) -> int | None:
         return None
 
 
-def check_room(name: str, shape: tuple[int, ...], form: str, dtype: torch.dtype, device: torch.device) -> None:
-    """Refuse one tensor the device has no memory left for (a float tensor in `dtype`; an integer form's levels a
-    byte each, with float32 scales per group): check_fits counts the weights as the model holds them, but while
-    they are made a tensor exists in its drawn form too, and the kernel kills a process that runs out, silently."""
-    available = available_bytes(device)
+def made_bytes(shape: tuple[int, ...], form: str, dtype: torch.dtype) -> int:
+    """The bytes a tensor takes as it is made: a float tensor in `dtype`; an integer form's levels a byte each, with
+    float32 scales per group; a block format's rows of blocks as the file holds them."""
     count = math.prod(shape)
-    need = count * dtype.itemsize if form == "float" else count + count // GROUP * 4 * (2 if form == "int4" else 1)
+    if form == "float":
+        return count * dtype.itemsize
+    if form in BLOCK_FORMATS:
+        block, block_bytes = GGML_QUANT_SIZES[QType[form.upper()]]
+        return count // block * block_bytes
+    return count + count // GROUP * 4 * (2 if form == "int4" else 1)
+
+
+def check_room(name: str, shape: tuple[int, ...], form: str, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse one tensor the device has no memory left for (made_bytes): check_fits counts the weights as the model
+    holds them, but while they are made a tensor exists in its drawn form too, and the kernel kills a process that
+    runs out, silently."""
+    available = available_bytes(device)
+    need = made_bytes(shape, form, dtype)
     if available is not None and need > available:
         raise ModelLoadError(
             f"{name}: making this dummy tensor needs {need / 1e9:.2f} GB on {device.type}, and "
@@ -339,21 +453,34 @@ def load_dummy(
     model: str | Path | None, weights: str, device: torch.device, dtype: torch.dtype, seed: int = 0
 ) -> LoadedModel:
     """`model`'s config and tokenizer, and a reader per tensor that makes it at random when the model asks, in the
-    form the `weights` choice runs on `device` (int4/int8 groups as integers with group scales, floats in `dtype`).
-    Loading reads no weight file and allocates no tensor; a model the engine does not run loads its config (and no
-    tensors), and `build_model` refuses it."""
+    form the `weights` choice runs on `device` (int4/int8 groups as integers with group scales, floats in `dtype`),
+    and a GGUF's matrices in the form a load of the file gives them (file_form), whatever the choice: the choice
+    then acts on them as on the file's. Loading reads no weight file and allocates no tensor; a model the engine
+    does not run loads its config (and no tensors), and `build_model` refuses it."""
     return dummy_weights(find_source(model), weights, device, dtype, seed)
+
+
+def made_as(
+    source: Source, name: str, shape: tuple[int, ...], policy: str, device: torch.device
+) -> tuple[str, torch.dtype | None]:
+    """A tensor's form and float values (random_weight's): a GGUF's matrix as its file holds it (a BF16 one drawn
+    in bfloat16, other float types in the model's dtype, which the file's float32 is converted to), anything else
+    as the policy runs it (tensor_form) in the checkpoint's values; so is a matrix the file holds under another
+    name (Qwen3-Next's fused in_proj_qkvz, which its GGUFs split)."""
+    form = source.forms.get(name) if len(shape) == 2 else None
+    if form is None:
+        return tensor_form(name, shape, policy, device), source.values
+    return ("float", torch.bfloat16) if form == "bf16" else (form, None)
 
 
 def dummy_weights(source: Source, weights: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
     """load_dummy for a source already in hand (e.g. a preset's config changed in code, as benchmarks/moe.py does)."""
     policy = weight_policy(weights, source.native_format, device, dtype)
-    values = source.values
-    readers = {
-        name: partial(
-            random_weight, name, shape, tensor_form(name, shape, policy, device), dtype, device, seed, values=values
-        )
-        for name, shape in tensor_shapes(source.config).items()
-    }
+    readers = {}
+    for name, shape in tensor_shapes(source.config).items():
+        form, values = made_as(source, name, shape, policy, device)
+        readers[name] = partial(random_weight, name, shape, form, dtype, device, seed, values=values)
     tokenizer = source.tokenizer or bundled_tokenizer(source.config)
-    return LoadedModel(source.config, LazyWeights(readers), tokenizer, source.name, source.native_format)
+    return LoadedModel(
+        source.config, LazyWeights(readers), tokenizer, source.name, source.native_format, source.conversions
+    )
