@@ -139,6 +139,7 @@ def test_serve_over_two_ranks_streams_what_the_engine_computes_and_stops_with_50
     generate = [sys.executable, "-m", "rooftop", "generate", prompt, "-m", str(long_gguf), "-tp", "2", "--raw"]
     cli = subprocess.run([*generate, "-n", "12", "-t", "0", "--no-roofline"], capture_output=True, text=True)
     assert cli.returncode == 0, cli.stderr
+    assert "on cpu split over 2 ranks, weights" in cli.stderr  # the model line says how it runs
     expected = cli.stdout.removesuffix("\n")
     with serving(long_gguf, "--kv-cache-bytes", str(KV), "--distributed-timeout", "30") as (url, server):
         assert stream(url, {"prompt": prompt, "max_tokens": 12, "ignore_eos": False})[0] == expected

@@ -60,9 +60,10 @@ def load(run: RunConfig) -> LLM:
     llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
     c = llm.config
     dummy = f" (dummy weights, seed {run.dummy_seed})" if run.load_format == "dummy" else ""
+    ranks = f" split over {llm.tensor_parallel_size} ranks" if llm.tensor_parallel_size > 1 else ""
     err.print(
         f"[dim]{escape(c.name or c.architecture)} ({c.architecture}, {c.num_layers} layers, d={c.hidden_size}) from "
-        f"{escape(llm.model_path)}{dummy}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}, "
+        f"{escape(llm.model_path)}{dummy}, {str(llm.dtype).removeprefix('torch.')} on {llm.device}{ranks}, "
         f"weights {llm.precision.weights.name}, "
         f"loaded in {time.perf_counter() - t0:.1f} s[/]"
     )
