@@ -347,6 +347,22 @@ def test_a_gguf_of_the_same_weights_runs_as_the_safetensors(tiny, tiny_next, tmp
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_a_dummy_of_the_gguf_holds_the_tensors_a_load_of_it_holds(tiny, tiny_next, tmp_path, arch):
+    """--load-format dummy on a hybrid GGUF lays its tensors out as the file does (Qwen3-Next's in_proj split into
+    in_proj_qkv and in_proj_z, Qwen3.5's value heads tiled), so the model builds the file's path, and it runs."""
+    from rooftop import LLM, SamplingParams
+    from rooftop.loading.dummy import load_dummy
+
+    _, model = tiny if arch == "qwen35" else tiny_next
+    file = write_hybrid_gguf(tmp_path / f"{arch}.gguf", model, arch)
+    real, made = load_model(file), load_dummy(file, "auto", torch.device("cpu"), torch.float32)
+    assert made.linear_value_order == real.linear_value_order
+    assert {n: w.shape for n, w in made.weights.items()} == {n: w.shape for n, w in real.weights.items()}
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    assert len(LLM(model=file, load_format="dummy").generate([[5, 6, 7]], params)[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
 def test_llama_cpp_reads_the_written_gguf_as_transformers_runs_the_weights(tiny, tiny_next, tmp_path, arch):
     """The writer above follows llama.cpp's converter: llama.cpp itself (the bench extra) gives transformers'
     logits on the file, so rooftop's reading of it is a reading of llama.cpp's layout."""

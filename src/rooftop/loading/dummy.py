@@ -25,7 +25,15 @@ from gguf import GGMLQuantizationType as QType
 from rooftop.config import FULL_ATTENTION, ModelConfig, is_runnable
 from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.loading.bundled import bundled_model_path
-from rooftop.loading.gguf import GROUP_TYPES, conversions, converted, hf_name, native_format, split_experts
+from rooftop.loading.gguf import (
+    GROUP_TYPES,
+    conversions,
+    converted,
+    hf_name,
+    linear_value_order,
+    native_format,
+    split_experts,
+)
 from rooftop.loading.gguf_config import config_from_gguf
 from rooftop.loading.gguf_file import TensorInfo, read_gguf
 from rooftop.loading.hf_config import read_hf_config, read_json
@@ -89,11 +97,11 @@ BLOCK_FIELDS = {
 }
 
 
-def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(config: ModelConfig, from_gguf: bool = False) -> dict[str, tuple[int, ...]]:
     """Every tensor `build_model` takes, under its Hugging Face name: lm_head only when the embeddings are not tied,
     q/k norms for qk_norm (Qwen3), q/k/v biases for attention_bias (Qwen2), the router and each expert's MLP for
-    Qwen3-MoE, Qwen3.5's and Qwen3-Next's layer types. Nothing for a model the engine does not run: it would build
-    none, and the analyzer needs only the config."""
+    Qwen3-MoE, Qwen3.5's and Qwen3-Next's layer types (`from_gguf`: Qwen3-Next's as its GGUFs hold them). Nothing
+    for a model the engine does not run: it would build none, and the analyzer needs only the config."""
     if not is_runnable(config):
         return {}
     d, qs, kvs = config.hidden_size, config.q_size, config.kv_size
@@ -103,7 +111,7 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(config.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         if config.architecture in ("qwen3_5", "qwen3_next"):
-            shapes |= _hybrid_shapes(config, i)
+            shapes |= _hybrid_shapes(config, i, from_gguf)
             continue
         shapes |= {
             p + "input_layernorm.weight": (d,),
@@ -126,9 +134,10 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _hybrid_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+def _hybrid_shapes(config: ModelConfig, i: int, from_gguf: bool) -> dict[str, tuple[int, ...]]:
     """Layer i of Qwen3.5 or Qwen3-Next: Gated DeltaNet or gated attention (q_proj twice as wide: each head's gate),
-    then the MLP (Qwen3-Next: router, experts, shared expert and its gate)."""
+    then the MLP (Qwen3-Next: router, experts, shared expert and its gate). Qwen3-Next's in_proj_qkvz is split in
+    its GGUFs (`from_gguf`) into in_proj_qkv and in_proj_z, as llama.cpp's converter writes it."""
     d, p, la = config.hidden_size, f"model.layers.{i}.", config.linear_attention
     shapes = {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
     if config.is_moe:
@@ -150,7 +159,13 @@ def _hybrid_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
             a + "k_norm.weight": (hd,),
         }
     a, heads, value_dim = p + "linear_attn.", la.num_value_heads, la.num_value_heads * la.value_head_dim
-    if config.architecture == "qwen3_next":
+    if config.architecture == "qwen3_next" and from_gguf:
+        projections = {
+            a + "in_proj_qkv.weight": (la.conv_channels, d),
+            a + "in_proj_z.weight": (value_dim, d),
+            a + "in_proj_ba.weight": (2 * heads, d),
+        }
+    elif config.architecture == "qwen3_next":
         projections = {
             a + "in_proj_qkvz.weight": (la.conv_channels + value_dim, d),
             a + "in_proj_ba.weight": (2 * heads, d),
@@ -325,6 +340,7 @@ class Source:
     native_format: str = "float"  # a GGUF's closest weight format (what --weights auto then makes)
     tokenizer: Tokenizer | None = None  # the file's own, where it has one
     float_dtype: str | None = None  # the checkpoint's float dtype where the config does not say (a preset's)
+    from_gguf: bool = False  # a GGUF's header: its tensors are laid out as llama.cpp's converter writes them
     forms: dict[str, str] = field(default_factory=dict)  # a GGUF's: HF name -> each matrix's form (file_form)
     conversions: dict[str, str] = field(default_factory=dict)  # a GGUF's matrices converted at load, as reported
 
@@ -351,7 +367,15 @@ def _gguf_source(path: Path) -> Source:
         elif len(t.shape) == 2 and (name := hf_name(t.name)) is not None:
             forms[name] = file_form(t)
     tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
-    return Source(config, str(path), native_format(tensors), tokenizer, forms=forms, conversions=conversions(tensors))
+    return Source(
+        config,
+        str(path),
+        native_format(tensors),
+        tokenizer,
+        from_gguf=True,
+        forms=forms,
+        conversions=conversions(tensors),
+    )
 
 
 def _hf_source(path: Path) -> Source:
@@ -465,8 +489,7 @@ def made_as(
 ) -> tuple[str, torch.dtype | None]:
     """A tensor's form and float values (random_weight's): a GGUF's matrix as its file holds it (a BF16 one drawn
     in bfloat16, other float types in the model's dtype, which the file's float32 is converted to), anything else
-    as the policy runs it (tensor_form) in the checkpoint's values; so is a matrix the file holds under another
-    name (Qwen3-Next's fused in_proj_qkvz, which its GGUFs split)."""
+    as the policy runs it (tensor_form) in the checkpoint's values."""
     form = source.forms.get(name) if len(shape) == 2 else None
     if form is None:
         return tensor_form(name, shape, policy, device), source.values
@@ -477,10 +500,17 @@ def dummy_weights(source: Source, weights: str, device: torch.device, dtype: tor
     """load_dummy for a source already in hand (e.g. a preset's config changed in code, as benchmarks/moe.py does)."""
     policy = weight_policy(weights, source.native_format, device, dtype)
     readers = {}
-    for name, shape in tensor_shapes(source.config).items():
+    for name, shape in tensor_shapes(source.config, source.from_gguf).items():
         form, values = made_as(source, name, shape, policy, device)
         readers[name] = partial(random_weight, name, shape, form, dtype, device, seed, values=values)
     tokenizer = source.tokenizer or bundled_tokenizer(source.config)
+    order = linear_value_order(source.config) if source.from_gguf else "grouped"
     return LoadedModel(
-        source.config, LazyWeights(readers), tokenizer, source.name, source.native_format, source.conversions
+        source.config,
+        LazyWeights(readers),
+        tokenizer,
+        source.name,
+        source.native_format,
+        source.conversions,
+        linear_value_order=order,
     )

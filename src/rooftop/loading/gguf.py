@@ -182,6 +182,11 @@ def conversions(tensors: list[TensorInfo]) -> dict[str, str]:
     return {hf_name(t.name): f"{t.qtype.name} -> {CONVERTED_TO}" for t in tensors if converted(t) and hf_name(t.name)}
 
 
+def linear_value_order(config: ModelConfig) -> str:
+    """How a GGUF holds a linear-attention layer's value heads: Qwen3.5's converted files keep them tiled."""
+    return "tiled" if config.architecture == "qwen3_5" else "grouped"
+
+
 def load_gguf(path: Path) -> LoadedModel:
     """Read a GGUF file's config and tokenizer now, and its tensors (under HF names and layout) when the model
     asks for each: quantized matrices in a form the kernels run (read_matrix), the rest as float32."""
@@ -210,5 +215,5 @@ def load_gguf(path: Path) -> LoadedModel:
         str(path),
         native_format(tensors),
         conversions(tensors),
-        linear_value_order="tiled" if config.architecture == "qwen3_5" else "grouped",
+        linear_value_order=linear_value_order(config),
     )
