@@ -321,6 +321,16 @@ def test_bad_speculative_options_are_refused_by_name(options, message):
         EngineConfig(speculative_config=options)
 
 
+def test_vllms_other_spellings_of_a_method_are_rooftops():
+    """vLLM infers the method from `model` where none is given, and calls a draft model's method draft_model."""
+    draft = SpeculativeConfig("draft", 3, model="d.gguf")
+    for options in ({"model": "d.gguf"}, {"method": "draft_model", "model": "d.gguf"}):
+        assert EngineConfig(speculative_config=options | {"num_speculative_tokens": 3}).speculative_config == draft
+    for model in ("ngram", "[ngram]"):
+        config = EngineConfig(speculative_config={"model": model, "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+        assert config.speculative_config == SpeculativeConfig("ngram", 3, prompt_lookup_max=3)
+
+
 def test_a_config_value_and_a_dict_are_the_same():
     assert EngineConfig(speculative_config=NGRAM).speculative_config == SpeculativeConfig(**NGRAM)
 

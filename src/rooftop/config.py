@@ -222,10 +222,23 @@ class SpeculativeConfig:
             raise InvalidRequestError(
                 f"unknown speculative_config keys {unknown}; known: {', '.join(sorted(known))}", "speculative_config"
             )
-        missing = [name for name in ("method", "num_speculative_tokens") if name not in options]
+        missing = [name for name in ("method", "num_speculative_tokens") if name not in vllm_method(options)]
         if missing:
             raise InvalidRequestError(f"speculative_config needs {' and '.join(missing)}", "speculative_config")
-        return cls(**options)
+        return cls(**vllm_method(options))
+
+
+def vllm_method(options: dict) -> dict:
+    """vLLM's other spellings of a method, as rooftop's: "draft_model" is "draft", and without a method a `model`
+    names it ("ngram" or "[ngram]", vLLM's older form, for ngram; any other, a draft model's path)."""
+    method, model = options.get("method"), options.get("model")
+    if method == "draft_model":
+        return options | {"method": "draft"}
+    if method is None and model in ("ngram", "[ngram]"):
+        return {k: v for k, v in options.items() if k != "model"} | {"method": "ngram"}
+    if method is None and model is not None:
+        return options | {"method": "draft"}
+    return options
 
 
 @dataclass
