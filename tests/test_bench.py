@@ -56,13 +56,15 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
         str(tmp_path),
         "--html",
         str(tmp_path / "b.html"),
+        "--kv-cache-dtype",
+        "int8",
     )
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "b.json").read_text())
     machine = data["machine"]
-    assert f"{machine['model']}: weights {machine['weights_format']}, {machine['threads']} threads" in " ".join(
-        r.stdout.split()
-    )  # what ran, above the tables
+    assert machine["kv_cache_dtype"] == "int8"  # two files of one model tell their KV caches apart
+    ran = f"{machine['model']}: weights {machine['weights_format']}, KV cache int8, {machine['threads']} threads"
+    assert ran in " ".join(r.stdout.split())  # what ran, above the tables
     assert [row["prompt_tokens"] for row in data["ttft"]] == [4, 16]
     assert [row["batch"] for row in data["decode"]] == [1, 2]
     for row in data["ttft"]:
@@ -110,9 +112,10 @@ def test_a_request_the_engine_ends_with_an_error_fails_the_benchmark(tiny_gguf, 
 def test_quick_mode_on_the_bundled_model(tmp_path):
     r = rooftop("bench", "--pp", "32", "--tg", "8", "--reps", "2", "--json", str(tmp_path / "q.json"))
     assert r.returncode == 0, r.stderr
-    for text in ("pp32", "tg8", "PREFILL", "DECODE", "% of bandwidth roof", "decode reached"):
+    for text in ("pp32", "tg8", "PREFILL", "DECODE", "% of bandwidth roof", "decode reached", "KV cache", "float32"):
         assert text in r.stdout, text
     data = json.loads((tmp_path / "q.json").read_text())
+    assert data["machine"]["kv_cache_dtype"] == "float32"
     assert data["prefill_tokens_per_s"] > 0 and data["decode_tokens_per_s"] > 0 and data["tpot_s"] > 0
     for phase in ("prefill", "decode"):
         d = data[phase]

@@ -140,8 +140,8 @@ def bench(
                 gaps=[{"step": label, **{f"{k}_s": v for k, v in parts.items()}} for label, parts in result.gaps],
             )
             console.print(
-                f"{_model_name(report['machine'])}: weights {report['machine']['weights_format']}, "
-                f"{report['machine']['threads']} threads"
+                f"{_model_name(report['machine'])}: weights {report['machine']['weights_format']}, KV cache "
+                f"{report['machine']['kv_cache_dtype']}, {report['machine']['threads']} threads"
             )
             _print_sweep(console, result)
             moved = max((r["achieved_bytes_per_s"] for r in result.decode), default=0.0)
@@ -164,11 +164,12 @@ def _model_name(machine: dict) -> str:
 
 
 def _print_quick(console: Console, machine: dict, s: dict) -> None:
-    table = Table("model", "weights", "threads", "test", "t/s", "TPOT")
-    name = _model_name(machine)
+    table = Table("model", "weights", "KV cache", "threads", "test", "t/s", "TPOT")
+    name, kv = _model_name(machine), machine["kv_cache_dtype"]
     table.add_row(
         name,
         machine["weights_format"],
+        kv,
         str(machine["threads"]),
         f"pp{s['prompt_tokens']}",
         f"{s['prefill_tokens_per_s']:.2f} ± {s['prefill_tokens_per_s_stdev']:.2f}",
@@ -178,6 +179,7 @@ def _print_quick(console: Console, machine: dict, s: dict) -> None:
         table.add_row(
             name,
             machine["weights_format"],
+            kv,
             str(machine["threads"]),
             f"tg{s['output_tokens']}",
             f"{s['decode_tokens_per_s']:.2f} ± {s['decode_tokens_per_s_stdev']:.2f}",

@@ -84,5 +84,6 @@ def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:
         "load_format": llm.run_config.load_format,  # "dummy": random weights, the speed of the shapes only
         "dtype": str(llm.dtype).removeprefix("torch."),
         "weights_format": llm.precision.weights.name,
+        "kv_cache_dtype": llm.engine.kv_cache_dtype,  # what the KV pool stores (--kv-cache-dtype auto: the dtype's)
         "roofs": {"name": hw.name, "peak_flops_per_s": hw.peak_flops, "bandwidth_bytes_per_s": hw.memory_bandwidth},
     }
