@@ -1,6 +1,7 @@
 """Tools and structured output through `rooftop serve` and the openai client, on the bundled model: a tool-calling
-round trip, tool calls streamed as OpenAI streams them, tool_choice modes, bad tool definitions refused by name,
-`chat.completions.parse` with a Pydantic model, and a streamed chat held to a schema."""
+round trip, tool calls streamed as OpenAI streams them, a call cut by max_tokens (streamed or not, and sent back),
+tool_choice modes, bad tool definitions refused by name, `chat.completions.parse` with a Pydantic model, and a
+streamed chat held to a schema."""
 
 from __future__ import annotations
 
@@ -119,6 +120,55 @@ def test_tool_choice_none_and_auto(server):
         assert_valid_call(call)
 
 
+CITY_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def streamed_message(url: str, body: dict) -> tuple[dict, str, list[dict]]:
+    """The message a stream adds up to (content, and each call's id, name and arguments), its finish_reason, and
+    its deltas."""
+    with httpx.stream("POST", f"{url}{CHAT}", json=body | {"stream": True}, timeout=120) as s:
+        chunks = [json.loads(e) for e in sse_events(s.iter_lines()) if e != "[DONE]"]
+    deltas = [ch["choices"][0]["delta"] for ch in chunks]
+    calls: list[dict] = []
+    for piece in (p for d in deltas for p in d.get("tool_calls", [])):
+        if "id" in piece:
+            assert piece["index"] == len(calls) and piece["function"]["arguments"] == ""
+            calls.append({"id": piece["id"], "type": "function", "function": dict(piece["function"])})
+        else:
+            calls[piece["index"]]["function"]["arguments"] += piece["function"]["arguments"]
+    content = "".join(d.get("content") or "" for d in deltas) or None
+    return {"content": content, "tool_calls": calls}, chunks[-1]["choices"][0]["finish_reason"], deltas
+
+
+def test_a_call_cut_by_max_tokens_streamed_or_not_and_sent_back(server):
+    """Greedy, `required`, cut by max_tokens after the second call's name (48) or inside its arguments (52): that
+    call comes back with its arguments as far as they got, finish_reason `length`, no markup in the content; a
+    stream adds up to the same message. The reply, sent back with the calls' results, is taken."""
+    for max_tokens in (48, 52):
+        body = {"messages": ASK, "tools": [CITY_WEATHER], "tool_choice": "required", "max_tokens": max_tokens}
+        body |= {"temperature": 0}
+        full = httpx.post(f"{server}{CHAT}", json=body, timeout=120).json()["choices"][0]
+        message = full["message"]
+        assert full["finish_reason"] == "length" and message["content"] is None
+        first, cut = (c["function"] for c in message["tool_calls"])
+        assert first == {"name": "get_weather", "arguments": '{"city": "Lagos"}'} and cut["name"] == "get_weather"
+        assert (cut["arguments"] == "") == (max_tokens == 48) and '{"city": "Lagos"}'.startswith(cut["arguments"])
+        streamed, finish, deltas = streamed_message(server, body)
+        assert finish == "length" and streamed["content"] is None
+        assert [c["function"] for c in streamed["tool_calls"]] == [first, cut]
+        assert all(set(d) <= {"role", "tool_calls"} for d in deltas)
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": "31 C"} for c in message["tool_calls"]]
+    again = {"messages": [*ASK, {"role": "assistant", **message}, *results], "tools": [CITY_WEATHER]}
+    response = httpx.post(f"{server}{CHAT}", json=again | {"max_tokens": 8, "temperature": 0}, timeout=120)
+    assert response.status_code == 200, response.text
+
+
 BAD_TOOLS = [  # (fields, param, words)
     ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools[0].function.name", "letters"),
     (
@@ -145,12 +195,12 @@ BAD_TOOLS = [  # (fields, param, words)
                 *ASK,
                 {
                     "role": "assistant",
-                    "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{"}}],
+                    "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}],
                 },
             ]
         },
         "messages[1].tool_calls[0].function.arguments",
-        "JSON text of an object",
+        "must be a string",
     ),
 ]
 

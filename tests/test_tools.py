@@ -117,9 +117,29 @@ READS = [  # (output, content, [(name, arguments)])
     (CALL + "\nDone.", "Done.", [("get_weather", '{"city": "Lagos"}')]),
     ('<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call>', None, [("f", '{"x": 1}')]),  # another order
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "La', None, [("get_weather", '{"city": "La')]),
-    ('Hi <tool_call>\n{"name": "get_w', 'Hi <tool_call>\n{"name": "get_w', []),  # cut before its name: content
+    # cut by max_tokens: a call once its name is complete, its arguments as far as they got; before that, nothing
+    ('Hi <tool_call>\n{"name": "get_w', "Hi", []),  # inside the name: dropped
+    ("Hi <tool_call>", "Hi", []),  # just after <tool_call>
+    ("<tool_call>\n", None, []),
+    (CALL + "\n<tool_call>", None, [("get_weather", '{"city": "Lagos"}')]),
+    ('<tool_call>\n{"name": "get_weather"', None, [("get_weather", "")]),  # the name complete
+    (
+        CALL + '\n<tool_call>\n{"name": "get_weather", "arguments',
+        None,
+        [("get_weather", '{"city": "Lagos"}'), ("get_weather", "")],
+    ),
+    ('<tool_call>\n{"name": "add", "arguments": ', None, [("add", "")]),
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b', None, [("add", '{"a": 1, "b')]),  # inside the arguments
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_c', None, [("add", '{"a": 1}')]),
+    (CALL + "\n<tool_c", None, [("get_weather", '{"city": "Lagos"}')]),  # inside the next tag: dropped
+    ("  <tool", None, []),
+    ("a < b, <tool", "a < b, <tool", []),  # after text: content
     ("<tool_call>\nnot JSON\n</tool_call> ok", "<tool_call>\nnot JSON\n</tool_call> ok", []),  # malformed: content
-    ("a < b, <tool", "a < b, <tool", []),
+    (
+        '<tool_call>{"name": "a\\q", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "a\\q", "arguments": {}}</tool_call>',
+        [],
+    ),
 ]
 
 
@@ -171,8 +191,8 @@ def test_the_default_tool_prompt_writes_tools_calls_and_results(llm):
     prompt = llm.apply_chat_template(messages, check_tools(TOOLS))
     assert prompt.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n") and "<tools>" in prompt
     assert "<tools>" not in llm.apply_chat_template(messages)  # tool_choice none: the tools are not offered
-    bad = {**call, "function": {"name": "get_weather", "arguments": "{'city': 1}"}}
-    with pytest.raises(InvalidRequestError) as e:
+    bad = {**call, "function": {"name": "get_weather", "arguments": {"city": "Lagos"}}}
+    with pytest.raises(InvalidRequestError, match="must be a string") as e:
         tool_messages([*ASK, {"role": "assistant", "tool_calls": [bad]}], [], False)
     assert e.value.param == "messages[1].tool_calls[0].function.arguments"
 
@@ -196,6 +216,45 @@ def test_a_template_with_its_own_tool_syntax_gets_the_tools_and_the_calls_as_obj
     tools = [f.as_tool() for f in check_tools(TOOLS)]
     rendered = tokenizer.apply_chat_template(as_given, tools=tools)
     assert rendered == "TOOLS:get_weather;add;|user: What is the weather in Lagos?|assistant: CALL add a=4|tool: 9"
+
+
+def cut_call(arguments: str) -> dict:
+    return {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+
+
+def test_a_cut_call_goes_back_into_the_default_prompt_as_its_text():
+    """Arguments that are no object's JSON text (a call cut by max_tokens: partial, or "" when cut after its name)
+    are taken: the block holds them as a JSON string; an object's text is written back as the object."""
+    for arguments in ['{"city": "La', "", "[1]", "not JSON"]:
+        rendered = tool_messages([*ASK, {"role": "assistant", "tool_calls": [cut_call(arguments)]}], [], False)
+        block = json.dumps({"name": "get_weather", "arguments": arguments})
+        assert rendered[1]["content"] == f"<tool_call>\n{block}\n</tool_call>"
+    whole = tool_messages([*ASK, {"role": "assistant", "tool_calls": [cut_call('{"city": "Lagos"}')]}], [], False)
+    assert whole[1]["content"] == CALL
+
+
+ARGUMENTS_TEMPLATE = (  # the ways templates with a tool syntax read a call's arguments
+    "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+    "{% if c.function.arguments is string %}text={{ c.function.arguments }}{% endif %}"
+    " json={{ c.function.arguments | tojson }} a={{ c.function.arguments.a }}"
+    " items={% for k, v in c.function.arguments | items %}{{ k }}:{{ v }},{% endfor %}"
+    " dict={% for k, v in c.function.arguments.items() %}{{ k }}:{{ v }},{% endfor %}"
+    "{% endfor %}{% endfor %}{{ tools | length }}"
+)
+
+
+@pytest.mark.slow
+def test_a_template_with_its_own_tool_syntax_gets_a_cut_calls_arguments_as_text(llm):
+    """Such a template gets text arguments as the string they are (written as is, tojson a JSON string), and where
+    it reads them as a mapping, an empty one instead of a failed rendering."""
+    tokenizer = Tokenizer(llm.tokenizer.backend, chat_template=ARGUMENTS_TEMPLATE)
+    for arguments, expected in [
+        ('{"a": 4}', ' json={"a": 4} a=4 items=a:4, dict=a:4,'),
+        ('{"a": 4', 'text={"a": 4 json="{\\"a\\": 4" a= items= dict='),
+        ("", 'text= json="" a= items= dict='),
+    ]:
+        messages = tool_messages([*ASK, {"role": "assistant", "tool_calls": [cut_call(arguments)]}], [], True)
+        assert tokenizer.apply_chat_template(messages, tools=[]) == expected + "0"
 
 
 def valid_calls(calls, names) -> None:
@@ -264,3 +323,38 @@ def test_a_tool_round_trip_in_the_python_api(llm):
         spec = StructuredOutputsParams(json_object=True)
         llm.chat(ASK, SamplingParams(structured_outputs=spec), tools=TOOLS, tool_choice="required")
     assert e.value.param == "structured_outputs"
+
+
+CITY_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.mark.slow
+def test_a_call_cut_by_max_tokens_is_a_call_as_far_as_it_got_and_goes_back(llm):
+    """Greedy, `required`: a second call cut after its name (48 tokens) or inside its arguments (52) is a call of
+    that name, its arguments where the output stopped; no markup is content. The reply goes back as it came."""
+    texts = {}
+    for max_tokens in (36, 48, 52):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0)
+        out = llm.chat(ASK, params, tools=[CITY_WEATHER], tool_choice="required", use_tqdm=False)[0].outputs[0]
+        content, calls = parse_tool_calls(out.text)
+        assert out.finish_reason == "length" and content is None
+        assert [(c.name, c.arguments) for c in out.tool_calls] == [(c.name, c.arguments) for c in calls]
+        assert [c.name for c in calls] == ["get_weather"] * (1 if max_tokens == 36 else 2)
+        assert calls[0].arguments == '{"city": "Lagos"}'
+        texts[max_tokens] = out.text, calls
+    assert texts[36][0].endswith("\n<tool_call")  # cut inside the second call's tag: dropped
+    assert texts[48][0].endswith('"arguments') and texts[48][1][1].arguments == ""
+    cut = texts[52][1][1].arguments
+    assert cut and texts[52][0].endswith(cut) and '{"city": "Lagos"}'.startswith(cut)
+    calls = [c.as_openai() for c in texts[52][1]]
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": "31 C"} for c in calls]
+    conversation = [*ASK, {"role": "assistant", "content": None, "tool_calls": calls}, *results]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    answer = llm.chat(conversation, params, tools=[CITY_WEATHER], tool_choice="none", use_tqdm=False)[0]
+    assert answer.outputs[0].token_ids

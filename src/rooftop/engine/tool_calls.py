@@ -5,8 +5,18 @@ One reader serves a stream and a finished output alike (`parse_tool_calls` feeds
 streamed reply and the same reply unstreamed carry the same content and calls. It says a call's id and name as soon
 as the block's head `{"name": "...", "arguments": ` is complete, then the arguments' text as it comes (the raw JSON
 of the value, up to where it ends). Text that could still be the start of `<tool_call>` is held back; whitespace
-beside a call is not content. A block cut before its name is complete stays content; one without the usual head
-counts once it closes, if its JSON holds a name and an object of arguments.
+beside a call is not content. A block that closes without the usual head counts once it closes, if its JSON holds a
+name and an object of arguments; one that closes and is no call at all (not JSON, say) stays content, as written.
+
+An output cut short (by max_tokens, or a stop string) inside a block never leaves `<tool_call>` markup in the
+content:
+- cut once `{"name": "..."` is complete (the name's closing quote came): a call of that name, its arguments the
+  text of their value as far as it got ("" if it had not begun), as OpenAI returns a call cut by `length` (a
+  stream that had not said it yet, its head being incomplete, says its id and name at the end);
+- cut before that (just after `<tool_call>`, inside the name): dropped, neither content nor a call, with the
+  whitespace before it;
+- cut inside the tag itself (`<tool_c`): dropped likewise where nothing but whitespace comes before it since the
+  output's start or the last call; after other text (`a < b, <tool`) it stays content.
 """
 
 from __future__ import annotations
@@ -18,8 +28,10 @@ from dataclasses import dataclass
 
 from rooftop.engine.tools import CALL_CLOSE, CALL_OPEN
 
-# a call's head, complete once the arguments' first character has come
-HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+# a call's name, complete once its closing quote has come; its head, once the arguments' first character has
+NAME = r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")'
+NAMED = re.compile(NAME)
+HEAD = re.compile(NAME + r'\s*,\s*"arguments"\s*:\s*(?=\S)')
 _DECODER = json.JSONDecoder()
 
 
@@ -77,6 +89,7 @@ class ToolCallReader:
         self.spaces = ""  # whitespace held until text follows it (whitespace beside a call is not content)
         self.spaces_before = ""  # what was held when the open block began: content again if it is not a call
         self.after_call = False  # a call just closed: the whitespace after it is dropped
+        self.since_call = 0  # where the text after the last call (or the output's start) begins
         self.calls: list[ToolCall] = []
 
     def feed(self, piece: str) -> list[Event]:
@@ -87,18 +100,25 @@ class ToolCallReader:
         return events
 
     def finish(self) -> list[Event]:
-        """The end of the output: held text is content; an open block is a call if its head was complete (its
-        arguments as far as they got), content otherwise."""
+        """The end of the output (the module's docstring says how a cut block reads): held text is content, unless
+        it could begin `<tool_call>` with only whitespace before it since the start or the last call; an open block
+        is a call if its name was complete (its arguments as far as they got), dropped otherwise."""
         events: list[Event] = []
         if self.block is None:
-            self._content(self.text[self.pos :], events)
+            held = _held(self.text, self.pos, CALL_OPEN)
+            if held and not self.text[self.since_call : len(self.text) - held].strip():  # a cut call's tag
+                self.spaces = ""
+            else:
+                self._content(self.text[self.pos :], events)
         elif self.arguments is None:
             whole = self._whole_call(self.text[self.block :])
-            if whole is None:
-                self.spaces = self.spaces_before
-                self._content(self.text[self.block - len(CALL_OPEN) :], events)
-            else:
+            named = None if whole is not None else _name(NAMED.match(self.text, self.block))
+            if whole is not None:
                 self._start(*whole, events)
+            elif named is not None:  # cut after its name: a call with no arguments yet
+                self._start(named, None, events)
+            else:  # cut before its name was complete: not a call, nor content
+                self.spaces = ""
         else:
             self._arguments(events, last=True)
         if not self.calls and self.spaces:
@@ -119,8 +139,9 @@ class ToolCallReader:
             return True
         if self.arguments is None:
             head = HEAD.match(self.text, self.block)
-            if head is not None:
-                self._start(json.loads(head.group(1)), None, events)
+            name = _name(head)
+            if name is not None:
+                self._start(name, None, events)
                 self.arguments = self.pos = head.end()
         called = self.arguments is not None
         if called:
@@ -139,7 +160,7 @@ class ToolCallReader:
             return False
         self.pos, self.block, self.arguments = close + len(CALL_CLOSE), None, None
         if called:
-            self.spaces, self.after_call = "", True
+            self.spaces, self.after_call, self.since_call = "", True, self.pos
         return True
 
     def _start(self, name: str, arguments: str | None, events: list[Event]) -> None:
@@ -191,6 +212,14 @@ class ToolCallReader:
             return None
         ok = isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict)
         return (call["name"], json.dumps(call["arguments"], ensure_ascii=False)) if ok else None
+
+
+def _name(match: re.Match | None) -> str | None:
+    """The name a NAMED or HEAD match holds; None without a match or where its string is not valid JSON."""
+    try:
+        return None if match is None else json.loads(match.group(1))
+    except json.JSONDecodeError:
+        return None
 
 
 def _held(text: str, start: int, tag: str) -> int:

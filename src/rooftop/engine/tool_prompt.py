@@ -6,11 +6,19 @@ are, each call's arguments parsed to an object as such templates expect. A templ
 rooftop's default, the hermes-style convention engine/tools.py enforces: a system prompt that lists the tools as
 JSON and shows the call format; earlier calls written back into the assistant's turn as `<tool_call>` blocks; tool
 results as a user turn of `<tool_response>` blocks.
+
+A call's `arguments` may be any string, as OpenAI takes them: rooftop's own reply carries a call cut by max_tokens
+with its arguments as far as they got (`{"city": "La`, or "" when cut after the name), and it must take that reply
+back. Arguments that are not an object's JSON text go to the template as the string they are (ArgumentsText): a
+template writes it as it is, `tojson` makes it a JSON string, and the default prompt's block holds it as one
+(`{"name": "get_weather", "arguments": "{\\"city\\": \\"La"}`); a template that reads the arguments as a mapping
+(`|items`, `.items()`) finds an empty one rather than failing. Only arguments that are not a string are refused.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from rooftop.engine.tools import CALL_CLOSE, CALL_OPEN, Function
 from rooftop.errors import InvalidRequestError
@@ -26,6 +34,27 @@ To call a function, write its name and arguments as a JSON object between {open}
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 
 
+class ArgumentsText(str):
+    """A call's arguments that are not an object's JSON text, for the chat template: the string itself (written as
+    it is, `is string` holds, JSON makes it a JSON string), and where a template takes them as a mapping, an empty
+    one (no items, keys or values; `get` gives the default), so rendering never fails on them."""
+
+    def items(self) -> list:
+        return []
+
+    def keys(self) -> list:
+        return []
+
+    def values(self) -> list:
+        return []
+
+    def get(self, key, default=None):
+        return default
+
+
+Mapping.register(ArgumentsText)  # jinja's `|items` filter and `is mapping` test ask for a Mapping
+
+
 def tool_messages(messages: list[dict], functions: list[Function], template_takes_tools: bool) -> list[dict]:
     """`messages` for the template: checked, with the calls and results in the template's terms; without a template
     tool syntax, the tools (if any are offered) in a system prompt."""
@@ -37,10 +66,7 @@ def tool_messages(messages: list[dict], functions: list[Function], template_take
         if m.get("role") == "tool" and not isinstance(m.get("tool_call_id", ""), str):
             raise InvalidRequestError(f"messages[{i}].tool_call_id must be a string", f"messages[{i}].tool_call_id")
     if template_takes_tools:
-        return [
-            _text(m) | ({"tool_calls": [_parsed(c) for c in made]} if made else {})
-            for m, made in zip(messages, calls, strict=True)
-        ]
+        return [_text(m) | ({"tool_calls": made} if made else {}) for m, made in zip(messages, calls, strict=True)]
     out: list[dict] = []
     for m, made in zip(messages, calls, strict=True):
         m = _text(m)
@@ -72,14 +98,16 @@ def _text(message: dict) -> dict:
 
 
 def _calls(message: dict, i: int) -> list[dict]:
-    """An assistant message's tool_calls, checked: [{"id", "type": "function", "function": {"name", "arguments"}}]
-    with the arguments a JSON object's text."""
+    """An assistant message's tool_calls, checked ({"id", "type": "function", "function": {"name", "arguments"}}
+    with the arguments a string) and as templates with a tool syntax read them: the arguments an object where they
+    are an object's JSON text, an ArgumentsText otherwise."""
     calls = message.get("tool_calls") if isinstance(message, dict) else None
     if not calls:
         return []
     where = f"messages[{i}].tool_calls"
     if message.get("role") != "assistant" or not isinstance(calls, list):
         raise InvalidRequestError(f"{where}: only an assistant message carries a list of tool calls", where)
+    out = []
     for j, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -88,21 +116,24 @@ def _calls(message: dict, i: int) -> list[dict]:
                 f"{where}[{j}]",
             )
         arguments = function.get("arguments", "{}")
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else None
-        except json.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, dict):
+        if not isinstance(arguments, str):
             param = f"{where}[{j}].function.arguments"
-            raise InvalidRequestError(f"{param} must be the JSON text of an object, got {arguments!r:.60}", param)
-    return calls
+            raise InvalidRequestError(
+                f"{param} must be a string (the arguments' JSON text), got {arguments!r:.60}", param
+            )
+        function = function | {"arguments": _arguments(arguments)}
+        out.append({"type": "function", **{k: v for k, v in call.items() if k != "function"}, "function": function})
+    return out
+
+
+def _arguments(text: str) -> dict | ArgumentsText:
+    """The object an arguments' JSON text holds, or the text as it is where it holds none (cut, say)."""
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = None
+    return parsed if isinstance(parsed, dict) else ArgumentsText(text)
 
 
 def _call_json(call: dict) -> dict:
-    return {"name": call["function"]["name"], "arguments": json.loads(call["function"].get("arguments", "{}"))}
-
-
-def _parsed(call: dict) -> dict:
-    """A call as templates with a tool syntax read it: its arguments an object, not JSON text."""
-    function = call["function"] | {"arguments": json.loads(call["function"].get("arguments", "{}"))}
-    return {"type": "function", **{k: v for k, v in call.items() if k != "function"}, "function": function}
+    return {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}
