@@ -255,16 +255,12 @@ class EngineConfig:
     batch_invariant: bool = True  # a request's outputs do not depend on what shares its steps
     chunked_prefill_size: int | None = None  # default: DEFAULT_CHUNK tokens, at most max_num_batched_tokens
     speculative_config: SpeculativeConfig | None = None  # also given as vLLM's dict; None: no speculation
-    kv_cache_dtype: str = "auto"  # vLLM's name: auto (the model's dtype), a float dtype, int8 or fp8_e4m3
+    kv_cache_dtype: str = "auto"  # vLLM's name: auto (the model's dtype), a float dtype, int8 or fp8_e4m3 (alias fp8)
     enforce_eager: bool = False  # vLLM's name: CUDA runs every decode step op by op instead of replaying a graph
     cuda_graph_sizes: list[int] | None = None  # vLLM's: the decode batch sizes captured (engine/cuda_graph.py)
 
     def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise InvalidRequestError(
-                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
-                "kv_cache_dtype",
-            )
+        self.kv_cache_dtype = canonical_kv_cache_dtype(self.kv_cache_dtype)
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         elif self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
@@ -308,7 +304,25 @@ class EngineConfig:
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DEFAULT_CHUNK = 256  # batch-invariant prefill chunks (and prefix-cache reuse) in tokens; docs/PERFORMANCE.md
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")  # vLLM's --kv-cache-dtype names
+KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}  # vLLM's "fp8" is e4m3 on its CUDA backends
+KV_CACHE_DTYPES_REFUSED = {"fp8_e5m2": "rooftop's pool stores fp8 as e4m3 only (kv_cache_dtype fp8 or fp8_e4m3)"}
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: `auto_dtype`
+
+
+def canonical_kv_cache_dtype(name: str) -> str:
+    """A --kv-cache-dtype value as the engine names it (vLLM's alias "fp8" is "fp8_e4m3"); one rooftop does not
+    store is refused, saying why or naming the valid ones."""
+    if isinstance(name, str) and name in KV_CACHE_DTYPES_REFUSED:
+        raise InvalidRequestError(
+            f"kv_cache_dtype {name} is not supported: {KV_CACHE_DTYPES_REFUSED[name]}", "kv_cache_dtype"
+        )
+    name = KV_CACHE_DTYPE_ALIASES.get(name, name) if isinstance(name, str) else name
+    if name not in KV_CACHE_DTYPES:
+        raise InvalidRequestError(
+            f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (fp8: fp8_e4m3), got {name!r}",
+            "kv_cache_dtype",
+        )
+    return name
 
 
 def auto_dtype(device_type: str) -> str:

@@ -264,18 +264,28 @@ class LLM:
         tool_choice: str | dict | None = None,
         parallel_tool_calls: bool = True,
         use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts, OpenAI's tool calls and `role: tool` results
         included) or a list of them -> one output each. `tools` (OpenAI's function tools) and `tool_choice` ("auto"
         by default with tools, "none", "required" or {"type": "function", "function": {"name": ...}}) as the
         server takes them: the calls are held to the tools by a grammar and read into `output.tool_calls`.
-        `use_tqdm` as `generate` takes it."""
+        `use_tqdm` as `generate` takes it; `add_generation_prompt`, `continue_final_message` and
+        `chat_template_kwargs` (vLLM's) as `apply_chat_template` takes them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         functions = [] if tools is None else check_tools(tools)
         choice = check_tool_choice(tool_choice, functions)
         params = with_tool_grammar(sampling_params or SamplingParams(), functions, choice, parallel_tool_calls)
         offered = functions if choice.mode != "none" else []
-        outputs = self.generate([self.apply_chat_template(c, offered) for c in conversations], params, use_tqdm)
+        template = {
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            "chat_template_kwargs": chat_template_kwargs,
+        }
+        prompts = [self.apply_chat_template(c, offered, **template) for c in conversations]
+        outputs = self.generate(prompts, params, use_tqdm)
         if choice.mode != "none":
             for output in outputs:
                 for completion in output.outputs:
@@ -319,11 +329,25 @@ class LLM:
                 self._inbox.setdefault(delta.request_id, []).append(delta)
 
     def apply_chat_template(
-        self, messages: Messages, tools: list[Function] | None = None, add_generation_prompt: bool = True
+        self,
+        messages: Messages,
+        tools: list[Function] | None = None,
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> str:
         """The prompt of a conversation, with `tools` offered: through the template's own tool syntax where it has
-        one, rooftop's default tool prompt otherwise (engine/tool_prompt.py)."""
+        one, rooftop's default tool prompt otherwise (engine/tool_prompt.py). vLLM's `chat_template_kwargs` are the
+        template's own variables (Qwen3's {"enable_thinking": False}); `continue_final_message` (with
+        add_generation_prompt=False) leaves the last message open, so the model goes on with it."""
         takes_tools = self.tokenizer.template_takes_tools
         messages = tool_messages(messages, tools or [], takes_tools)
         offered = [f.as_tool() for f in tools] if tools and takes_tools else None
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools=offered)
+        return self.tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt,
+            tools=offered,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+        )

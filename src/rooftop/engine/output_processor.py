@@ -25,6 +25,7 @@ class _Text:
     text: str = ""
     streamed: int = 0
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
     error: str | None = None
 
 
@@ -32,6 +33,8 @@ class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], max_model_len: int):
         self.tokenizer, self.eos_token_ids, self.max_model_len = tokenizer, eos_token_ids, max_model_len
         self._texts: dict[str, _Text] = {}
+        # a plain function (not a bound method) so that copying a logprob never copies the tokenizer
+        self._decode_token = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
 
     def add(self, seq: Sequence) -> None:
         self._texts[seq.request_id] = _Text(IncrementalDetokenizer(self.tokenizer))
@@ -54,11 +57,14 @@ class OutputProcessor:
         seq.output_token_ids.append(token_id)
         seq.metrics.token_times.append(now)
         if logprob is not None:
+            logprob.decode = self._decode_token  # its vLLM form's decoded_token, as the server writes a token
             seq.logprobs.append(logprob)
         state, p = self._texts[seq.request_id], seq.params
         cut = False
-        if token_id in p.stop_token_ids or (not p.ignore_eos and token_id in self.eos_token_ids):
+        if not p.ignore_eos and token_id in self.eos_token_ids:  # EOS first, as vLLM: no stop_reason
             state.finish_reason = FinishReason.STOP
+        elif token_id in p.stop_token_ids:
+            state.finish_reason, state.stop_reason = FinishReason.STOP, token_id
         else:
             before = len(state.text)
             state.text += state.detokenizer.add(token_id)
@@ -89,12 +95,14 @@ class OutputProcessor:
 
     @staticmethod
     def _cut_at_stop_string(state: _Text, stop: list[str], before: int) -> bool:
-        """Cut the text at the first stop string that text from `before` on completes; the stop string is dropped."""
+        """Cut the text at the first stop string that text from `before` on completes; the stop string is dropped
+        and kept as the stop_reason (the earliest in the text; of those starting there, the first listed)."""
         longest = max((len(s) for s in stop), default=0)
         search_from = max(0, before - longest + 1)
-        hits = [i for i in (state.text.find(s, search_from) for s in stop) if i >= 0]
+        hits = [(i, s) for i, s in ((state.text.find(s, search_from), s) for s in stop) if i >= 0]
         if hits:
-            state.text = state.text[: min(hits)]
+            at, state.stop_reason = min(hits, key=lambda hit: hit[0])
+            state.text = state.text[:at]
             state.finish_reason = FinishReason.STOP
         return bool(hits)
 
@@ -114,6 +122,7 @@ class OutputProcessor:
             text=state.text,
             token_ids=seq.output_token_ids,
             finish_reason=state.finish_reason,
+            stop_reason=state.stop_reason,
             metrics=seq.metrics,
             error=state.error,
             logprobs=seq.logprobs,

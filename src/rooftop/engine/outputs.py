@@ -14,7 +14,10 @@ from rooftop.roofline.ops import StepShape
 @dataclass
 class CompletionOutput:
     """One of a prompt's n outputs, as vLLM's `RequestOutput.outputs` holds them. `cumulative_logprob` is the sum of
-    its tokens' log-probabilities where they were asked for (`SamplingParams.logprobs`), else None."""
+    its tokens' log-probabilities where they were asked for (`SamplingParams.logprobs`), else None. Each of
+    `logprobs` is also vLLM's {token_id: Logprob} of its position (engine/sampler.py, TokenLogprob).
+    `stop_reason` (vLLM's): the stop string or stop token id that ended it; None when EOS, the length or an abort
+    did."""
 
     index: int
     text: str
@@ -22,6 +25,7 @@ class CompletionOutput:
     finish_reason: FinishReason | None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     tool_calls: list[ToolCall] | None = None  # LLM.chat with tools: the calls read from `text` (which keeps them)
+    stop_reason: str | int | None = None
 
     @property
     def cumulative_logprob(self) -> float | None:
@@ -44,6 +48,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
     tool_calls: list[ToolCall] | None = None  # output 0's (CompletionOutput.tool_calls)
     outputs: list[CompletionOutput] = field(default_factory=list)  # all n; just this one's where left empty
+    stop_reason: str | int | None = None  # output 0's (CompletionOutput.stop_reason)
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -51,11 +56,20 @@ class RequestOutput:
 
     def completion(self, index: int) -> CompletionOutput:
         """This request's output as output `index` of a prompt's n."""
-        return CompletionOutput(index, self.text, self.token_ids, self.finish_reason, self.logprobs, self.tool_calls)
+        return CompletionOutput(
+            index, self.text, self.token_ids, self.finish_reason, self.logprobs, self.tool_calls, self.stop_reason
+        )
 
     @property
     def finished(self) -> bool:
+        """vLLM's: the request is done (an output handed out while it runs would say False)."""
         return self.finish_reason is not None
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """vLLM's: the prompt tokens served from the prefix cache, not computed (of the prompt's first request,
+        where n > 1 shared it)."""
+        return self.metrics.prefix_cache_hit_tokens
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -237,18 +237,72 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
     return tokens.tolist()
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """vLLM's: one token's log-probability, its rank in the distribution (1: the most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass(frozen=True)
+class DecodedTokens:
+    """A TokenLogprob's `decode` once pickled: the texts of its entries."""
+
+    texts: dict[int, str]
+
+    def __call__(self, token_id: int) -> str:
+        return self.texts[token_id]
+
+
 @dataclass
-class TokenLogprob:
-    """One output token's log-probability and the `k` most likely tokens at its position, best first."""
+class TokenLogprob(Mapping[int, Logprob]):
+    """One output token's log-probability and the `k` most likely tokens at its position, best first.
+
+    Also vLLM's form of the same position, a dict {token_id: Logprob}: the chosen token, then the top k (ranks 1..k),
+    so code written for vLLM's `logprobs[i][token_id].logprob` runs unchanged. `decode` (set by the engine's output
+    processor) gives each entry its `decoded_token` when asked, so the server, which decodes for itself, pays
+    nothing for it."""
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+    rank: int | None = None  # of the chosen token: 1 + how many tokens are more likely (ties count as more likely)
+    decode: Callable[[int], str] | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        """What a pickle keeps (another process has no tokenizer to ask): `decode` as the texts of this position's
+        entries, decoded now."""
+        state = dict(self.__dict__)
+        if self.decode is not None and not isinstance(self.decode, DecodedTokens):
+            state["decode"] = DecodedTokens({i: self.decode(i) for i in self._ranked()})
+        return state
+
+    def _ranked(self) -> dict[int, tuple[float, int | None]]:
+        entries = {self.token_id: (self.logprob, self.rank)}
+        entries.update({i: (lp, rank) for rank, (i, lp) in enumerate(self.top, 1)})
+        return entries
+
+    def __getitem__(self, token_id: int) -> Logprob:
+        logprob, rank = self._ranked()[token_id]
+        return Logprob(logprob, rank, None if self.decode is None else self.decode(token_id))
+
+    def __contains__(self, token_id: object) -> bool:
+        return token_id in self._ranked()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ranked())
+
+    def __len__(self) -> int:
+        return len(self._ranked())
 
 
 def token_logprob(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
-    """From the model's distribution at this position (before penalties, temperature and filters), as vLLM reports."""
+    """From the model's distribution at this position (before penalties, temperature and filters), as vLLM reports;
+    the chosen token's rank counts the tokens at least as likely (itself included), as vLLM's does."""
     logprobs = logits.float().log_softmax(-1)
     top = torch.topk(logprobs, min(k, logprobs.numel())) if k else None
     alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-    return TokenLogprob(token_id, float(logprobs[token_id]), alternatives)
+    chosen = logprobs[token_id]
+    return TokenLogprob(token_id, float(chosen), alternatives, int((logprobs >= chosen).sum()))

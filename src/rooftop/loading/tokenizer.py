@@ -123,17 +123,32 @@ class Tokenizer:
         return bool(self.chat_template) and _reads_tools(self.chat_template)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> str:
         """The prompt text for `messages` (and `tools`, for a template that takes them), rendered like
-        transformers' `apply_chat_template`."""
+        transformers' `apply_chat_template`: `chat_template_kwargs` become variables of the template (vLLM's, e.g.
+        Qwen3's enable_thinking), and `continue_final_message` leaves the last message open for the model to go on
+        with (transformers' rule, which vLLM uses: the text ends where that message's content does)."""
         if not self.chat_template:
             raise InvalidRequestError("this model has no chat template; pass the prompt as raw text")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise InvalidRequestError(f"message {i} must be a dict with 'role' and 'content'")
+        if continue_final_message and add_generation_prompt:
+            raise InvalidRequestError(
+                "continue_final_message and add_generation_prompt cannot both be true: one goes on with the last "
+                "message, the other starts a new one (set add_generation_prompt to false)",
+                "continue_final_message",
+            )
+        variables = check_chat_template_kwargs(chat_template_kwargs)
         try:
-            return _compile(self.chat_template).render(
+            text = _compile(self.chat_template).render(
+                **variables,
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,
@@ -142,6 +157,7 @@ class Tokenizer:
             )
         except jinja2.TemplateError as e:
             raise InvalidRequestError(f"the chat template rejected these messages: {e}") from None
+        return _open_final_message(text, messages) if continue_final_message else text
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict) -> Tokenizer:
@@ -206,6 +222,62 @@ class Tokenizer:
         if eos is not None and backend.token_to_id(eos) is not None and backend.token_to_id(eos) not in ids:
             ids.append(backend.token_to_id(eos))
         return cls(backend, bos, eos, ids, bool(cfg.get("add_bos_token", False)), template)
+
+
+# what rooftop itself hands the template: chat_template_kwargs may not override them (each has its own parameter)
+RENDER_ARGUMENTS = ("messages", "add_generation_prompt", "tools", "bos_token", "eos_token", "continue_final_message")
+
+
+def check_chat_template_kwargs(kwargs: dict | None) -> dict:
+    """vLLM's chat_template_kwargs: a dict of string keys, each a variable of the chat template (a variable the
+    template does not read changes nothing, as in vLLM). The names rooftop sets itself are refused: each has its
+    own parameter, and a second value for it would be silently lost on one side."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise InvalidRequestError(
+            f"chat_template_kwargs is a dict of template variables, not {type(kwargs).__name__}",
+            "chat_template_kwargs",
+        )
+    bad = [k for k in kwargs if not isinstance(k, str)]
+    if bad:
+        raise InvalidRequestError(f"chat_template_kwargs keys are strings, got {bad[0]!r}", "chat_template_kwargs")
+    reserved = [k for k in kwargs if k in RENDER_ARGUMENTS]
+    if reserved:
+        raise InvalidRequestError(
+            f"chat_template_kwargs may not set {reserved[0]!r}: pass it as its own parameter", "chat_template_kwargs"
+        )
+    return kwargs
+
+
+def _open_final_message(text: str, messages: list[dict]) -> str:
+    """The rendered conversation cut right after the last message's content (what the template closes it with,
+    an end-of-turn token or a newline, dropped), so the model continues that message: transformers'
+    continue_final_message. A template that does not write the content as given cannot be continued."""
+    content = _final_text(messages[-1]["content"]) if messages else None
+    if content is None or not content.strip():
+        raise InvalidRequestError(
+            "continue_final_message needs a last message with text content to continue", "continue_final_message"
+        )
+    at = text.rfind(content.strip())
+    if at < 0:
+        raise InvalidRequestError(
+            "continue_final_message: the chat template does not write the last message's content as given, so "
+            "there is no place to continue it from",
+            "continue_final_message",
+        )
+    kept = len(content.lstrip())  # the template kept the message's trailing spaces, or they go too
+    return text[: at + kept] if text[at : at + kept] == content else text[: at + len(content.strip())]
+
+
+def _final_text(content) -> str | None:
+    """A message's text: its content, or its last text part (OpenAI's content parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        return texts[-1] if texts else None
+    return None
 
 
 def _token_text(value) -> str | None:

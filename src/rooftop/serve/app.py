@@ -89,15 +89,16 @@ def _other_routes() -> APIRouter:
         ready, body = await accept(request, TokenizeRequest)
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "send either prompt or messages", "prompt")
-        if body.messages is None:
-            text, param = body.prompt, "prompt"
-        else:
-            param = "messages"
-            try:
+        param = "prompt" if body.messages is None else "messages"
+        try:
+            options = body.template_options()  # a prompt with the template's fields is refused
+            if body.messages is None:
+                text = body.prompt
+            else:
                 messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
-                text = ready.llm.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
-            except InvalidRequestError as e:
-                raise ApiError(400, str(e), e.param or param) from None
+                text = ready.llm.apply_chat_template(messages, **options)
+        except InvalidRequestError as e:
+            raise ApiError(400, str(e), e.param or param) from None
         ids = await ready.prompts.encode(text, param, body.add_special_tokens)
         return {"count": len(ids), "max_model_len": ready.llm.max_model_len, "tokens": ids}
 

@@ -1,5 +1,6 @@
-"""POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models. Handlers only parse, tokenize,
-enqueue and relay deltas; a client that goes away has its request aborted and its KV blocks freed."""
+"""POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models and /v1/models/{id}. Handlers
+only parse, tokenize, enqueue and relay deltas; a client that goes away has its request aborted and its KV blocks
+freed."""
 
 from __future__ import annotations
 
@@ -57,23 +58,32 @@ def authorized_browser(request: Request) -> None:
 router = APIRouter(dependencies=[Depends(authorized)])
 
 
+def model_card(ready: Ready) -> dict:
+    """The served model as OpenAI's model object, with vLLM's root and max_model_len."""
+    return {
+        "id": ready.model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "rooftop",
+        "root": Path(ready.llm.model_path).name,  # never a path on the server
+        "parent": None,
+        "max_model_len": ready.llm.max_model_len,
+    }
+
+
 @router.api_route("/v1/models", methods=["GET", "HEAD"])
 async def models(request: Request) -> dict:
+    return {"object": "list", "data": [model_card(server(request).require_ready())]}
+
+
+@router.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])
+async def model(request: Request, model_id: str) -> dict:
+    """OpenAI's retrieve: the served model's object; any other id is a 404 (an id may hold slashes, as
+    "Qwen/Qwen3-0.6B" does)."""
     ready = server(request).require_ready()
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": ready.model_name,
-                "object": "model",
-                "created": int(time.time()),
-                "owned_by": "rooftop",
-                "root": Path(ready.llm.model_path).name,  # never a path on the server
-                "parent": None,
-                "max_model_len": ready.llm.max_model_len,
-            }
-        ],
-    }
+    if model_id != ready.model_name:
+        raise ApiError(404, f"the model {model_id!r} does not exist; this server serves {ready.model_name!r}", "model")
+    return model_card(ready)
 
 
 @router.post("/v1/chat/completions")
@@ -82,7 +92,8 @@ async def chat_completions(request: Request) -> Response:
     ready, body = await accept(request, ChatCompletionRequest)
     functions, choice = body.tool_choice_given()
     try:
-        text = ready.llm.apply_chat_template(body.chat_messages(), functions if choice.mode != "none" else [])
+        offered = functions if choice.mode != "none" else []
+        text = ready.llm.apply_chat_template(body.chat_messages(), offered, **body.template_options())
     except InvalidRequestError as e:
         raise ApiError(400, str(e), e.param or "messages") from None
     ids = await ready.prompts.encode(text, "messages")  # the rendered template is what must fit

@@ -138,6 +138,10 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
+    # vLLM's chat template fields (loading/tokenizer.py: apply_chat_template)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's own variables, e.g. enable_thinking
     modalities: list[str] | None = None  # ["text"] only
     audio: Any = None
     prediction: Any = None
@@ -164,6 +168,10 @@ class ChatCompletionRequest(SamplingFields):
         if not self.messages:
             raise InvalidRequestError("messages must hold at least one message", "messages")
         return [m.as_dict(i) for i, m in enumerate(self.messages)]
+
+    def template_options(self) -> dict:
+        """How the messages are rendered: LLM.apply_chat_template's keywords."""
+        return _template_options(self)
 
     def tool_choice_given(self) -> tuple[list[Function], ToolChoice]:
         """The tools offered and how they may be used (checked: a bad one is a 400 naming its field)."""
@@ -239,18 +247,36 @@ class CompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(Body):
-    """vLLM's /tokenize: a prompt, or chat messages rendered with the chat template."""
+    """vLLM's /tokenize: a prompt, or chat messages rendered with the chat template (as chat renders them)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[Message] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = True
+
+    def template_options(self) -> dict:
+        """As ChatCompletionRequest's; refused with a prompt, which no template renders."""
+        if self.messages is None:
+            for name in ("continue_final_message", "chat_template_kwargs"):
+                if getattr(self, name):
+                    raise InvalidRequestError(f"{name} goes with messages: a prompt is not rendered", name)
+        return _template_options(self)
 
 
 class DetokenizeRequest(Body):
     model: str | None = None
     tokens: list[int]
+
+
+def _template_options(body: ChatCompletionRequest | TokenizeRequest) -> dict:
+    return {
+        "add_generation_prompt": body.add_generation_prompt,
+        "continue_final_message": body.continue_final_message,
+        "chat_template_kwargs": body.chat_template_kwargs,
+    }
 
 
 def _or(value, default):
