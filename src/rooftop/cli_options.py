@@ -61,7 +61,8 @@ ENGINE_HELP = {
     "max-num-batched-tokens)",
     "kv_cache_dtype": "KV cache storage (vLLM's name): auto (the model's dtype), float32, bfloat16, float16 (cast "
     "on write and on read where not the model's dtype), int8 or fp8_e4m3 (1 byte per value and a float32 scale per "
-    "token and KV head, quantized as each token is written and read as stored by decode attention)",
+    "token and KV head, quantized as each token is written and read as stored by decode attention; fp8: vLLM's "
+    "alias of fp8_e4m3)",
     "enforce_eager": "CUDA: run decode steps op by op instead of replaying the CUDA graphs captured at startup "
     "(vLLM's name)",
     "cuda_graph_sizes": "CUDA: decode batch sizes captured as graphs (repeat the option; vLLM's rule: one value N "
