@@ -18,7 +18,7 @@ from rooftop.quant.linear import FloatLinear
 from rooftop.roofline.attribution import PhaseAttribution, advice, attribute_phases, attribute_step
 from rooftop.roofline.calibration import CLASSES, Calibration, Curve, Gap, class_roofline, op_class
 from rooftop.roofline.hardware import Hardware
-from rooftop.roofline.ops import Op, SeqShape, StepShape
+from rooftop.roofline.ops import COSTING, Op, SeqShape, StepShape
 from rooftop.roofline.precision import precision
 from rooftop.roofline.predict import step_bound, time_step
 from rooftop.roofline.presets import find_preset
@@ -161,6 +161,7 @@ def test_a_benchs_own_prompt_is_calibrated_and_cached_apart(tiny_llm, tmp_path, 
     assert runs[-1] == ("decode at batch 1, 40 tokens of context", 1, 40, steps + 1)
     at = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True, at_prompt=40)
     assert at.identity["at_prompt"] == "40" and "at_prompt" not in plain.identity
+    assert plain.identity["costing"] == str(COSTING)  # curves drawn against another costing are not reused
     assert calibration_run.cache_path(tiny_llm, hw, at_prompt=40) != calibration_run.cache_path(tiny_llm, hw)
     assert 40 in dict(at.curves["prefill.host"].points)  # its prompt, against its tokens
     assert 40 not in dict(plain.curves["prefill.host"].points)

@@ -450,3 +450,15 @@ def test_prompt_and_output_past_the_models_positions_are_refused():
     assert analyze(c, H200, BF16, 8000, 192).prompt_len == 8000
     with pytest.raises(PromptTooLongError, match=r"prompt 8000 \+ output 193 = 8193 tokens exceed .* 8192 positions"):
         analyze(c, H200, BF16, 8000, 193)
+
+
+@pytest.mark.parametrize("weights, activations, peak", [("fp8", None, "bf16"), ("q4_1", "fp32", "fp32")])
+def test_attention_runs_at_the_activations_peak_not_the_weights(weights, activations, peak):
+    """Attention multiplies activations by activations: an fp8 model's is bf16 math (vLLM's FlashAttention on a
+    bf16 cache), an int4 model's on a CPU float32 math; it was charged at the weights' peak (an 8B's 8k-token
+    prefill on an H100 12% under its bound at fp8)."""
+    p = precision(weights, activations=activations)
+    ops = {op.name: op for op in step_ops(find_preset("llama-3.1-8b"), p, StepShape.prefill(1, 8192))}
+    assert ops["attention"].compute == peak and ops["qkv_proj"].compute == p.compute != peak
+    h100 = find_hardware("h100")
+    assert ops["attention"].compute_time(h100) == pytest.approx(ops["attention"].flops / h100.peak_flops[peak])

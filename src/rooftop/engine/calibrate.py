@@ -37,6 +37,7 @@ from rooftop.quant import linear as linears
 from rooftop.roofline import probe
 from rooftop.roofline.calibration import CLASSES, ROWS_KEYED, TOKENS_KEYED, Calibration, Curve, class_roofline
 from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.ops import COSTING
 from rooftop.roofline.predict import time_step
 
 # Every linear class the models build (the `Linear` union): a class left out has its calls counted as host time.
@@ -332,30 +333,36 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine, at_prompt: int | None = Non
     source = Path(llm.model_path)
     stat = source.stat() if source.is_file() else None
     run = llm.run_config
-    return {
-        **{k: str(v) for k, v in machine.items()},
-        "roofs": f"{hw.memory_bandwidth:.6g} B/s; "
-        + ", ".join(f"{k} {v:.6g}" for k, v in sorted(hw.peak_flops.items()))
-        + (f"; interconnect {hw.interconnect_bandwidth:.6g} B/s" if hw.interconnect_bandwidth else ""),
-        "tensor_parallel_size": str(llm.tensor_parallel_size),
-        "model": str(source),
-        "model_file": f"{stat.st_size} bytes, modified {stat.st_mtime:.0f}" if stat else "",
-        "load_format": f"{run.load_format} seed {run.dummy_seed}" if run.load_format == "dummy" else run.load_format,
-        "weights": llm.precision.weights.name,
-        "dtype": str(llm.dtype),
-        "device": str(llm.device),
-        "batch_invariant": str(engine.batch_invariant),
-        "block_size": str(engine.block_size),
-        "chunk_size": str(engine.chunk_size),
-        "kernels": cpu.sources_version() if cpu.ops() is not None else "pytorch",
-        "weight_pages": pages.label(),
-        # the kernels' prefill chunks: one widened matmul, or every row narrow
-        "prefill_widens_to": str(linears.widen_dtype()),
-        "float32_linears": "onednn" if llm.device.type == "cpu" and linears.packs_float32() else "F.linear",
-        # the rows a float decode's calls are padded to, timed per process (quant/linear.py)
-        "float_narrow_rows": str(linears.float_narrow_rows(llm.dtype)) if llm.device.type == "cpu" else "",
-        "procedure": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8],  # this file: what was measured
-    } | ({"at_prompt": str(at_prompt)} if at_prompt else {})
+    return (
+        {
+            **{k: str(v) for k, v in machine.items()},
+            "roofs": f"{hw.memory_bandwidth:.6g} B/s; "
+            + ", ".join(f"{k} {v:.6g}" for k, v in sorted(hw.peak_flops.items()))
+            + (f"; interconnect {hw.interconnect_bandwidth:.6g} B/s" if hw.interconnect_bandwidth else ""),
+            "tensor_parallel_size": str(llm.tensor_parallel_size),
+            "model": str(source),
+            "model_file": f"{stat.st_size} bytes, modified {stat.st_mtime:.0f}" if stat else "",
+            "load_format": f"{run.load_format} seed {run.dummy_seed}"
+            if run.load_format == "dummy"
+            else run.load_format,
+            "weights": llm.precision.weights.name,
+            "dtype": str(llm.dtype),
+            "device": str(llm.device),
+            "batch_invariant": str(engine.batch_invariant),
+            "block_size": str(engine.block_size),
+            "chunk_size": str(engine.chunk_size),
+            "kernels": cpu.sources_version() if cpu.ops() is not None else "pytorch",
+            "costing": str(COSTING),  # the roofline seconds the curves are drawn against
+            "weight_pages": pages.label(),
+            # the kernels' prefill chunks: one widened matmul, or every row narrow
+            "prefill_widens_to": str(linears.widen_dtype()),
+            "float32_linears": "onednn" if llm.device.type == "cpu" and linears.packs_float32() else "F.linear",
+            # the rows a float decode's calls are padded to, timed per process (quant/linear.py)
+            "float_narrow_rows": str(linears.float_narrow_rows(llm.dtype)) if llm.device.type == "cpu" else "",
+            "procedure": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8],  # this file: what was measured
+        }
+        | ({"at_prompt": str(at_prompt)} if at_prompt else {})
+    )
 
 
 def cache_path(llm: LLM, hw: Hardware, engine: LLMEngine | None = None, at_prompt: int | None = None) -> Path:

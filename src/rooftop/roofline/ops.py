@@ -156,6 +156,12 @@ def check_tp(config: ModelConfig, tp: int) -> None:
         )
 
 
+# The ops' costing, for what was measured against it: a calibration's curves map each class's roofline seconds to
+# measured ones, so one cached under another costing would read its points at the wrong x. Raised whenever an
+# op's FLOPs, bytes or peak change (2: attention and linear attention at the activations' peak).
+COSTING = 2
+
+
 def _linear(name: str, tokens: int, k: float, n: float, p: Precision, layers: int = 1) -> Op:
     """Linear K -> N over T tokens: FLOPs 2TKN; bytes K·N·wb (with format overhead) + T·K·ab + T·N·ab."""
     return Op(
@@ -271,7 +277,7 @@ def _attention(shape: StepShape, heads: int, kv_heads: int, hd: int, p: Precisio
         layers * flops,
         layers * (kv_read + act),
         layers * (kv_written + act),
-        p.compute,
+        p.activation_compute,
         activation_bytes=layers * 2 * act,
     )
 
@@ -292,7 +298,7 @@ def _linear_attention_ops(c: ModelConfig, shape: StepShape, p: Precision, tp: in
             flops=layers * 2 * la.conv_kernel_dim * channels * T,
             bytes_read=layers * (T * channels * ab + B * conv_state * ab + la.conv_kernel_dim * channels * ab),
             bytes_written=layers * (T * channels * ab + B * conv_state * ab),
-            compute=p.compute,
+            compute=p.activation_compute,
             activation_bytes=layers * 2 * T * channels * ab,
         ),
         Op(
@@ -300,7 +306,7 @@ def _linear_attention_ops(c: ModelConfig, shape: StepShape, p: Precision, tp: in
             flops=layers * 8 * state * T,
             bytes_read=layers * (B * state * sb + T * channels * ab),
             bytes_written=layers * (B * state * sb + T * nv * la.value_head_dim * ab),
-            compute=p.compute,
+            compute=p.activation_compute,
             activation_bytes=layers * T * (channels + nv * la.value_head_dim) * ab,
         ),
         _elementwise("linear_gated_norm", T * nv * la.value_head_dim, 2, 1, 6, p, layers),

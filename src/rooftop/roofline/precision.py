@@ -158,6 +158,13 @@ class Precision:
     def compute(self) -> str:
         return self.weights.compute
 
+    @property
+    def activation_compute(self) -> str:
+        """The peak that math between activations runs at (attention's scores and weighted sums, a linear-attention
+        layer's recurrence): their float width's, whatever the weights are stored in (an fp8 or int4 model's
+        attention is not fp8 or int4 math)."""
+        return "fp32" if self.activation_bytes == 4 else "bf16"
+
     def head(self) -> Precision:
         """The precision of the lm_head."""
         return self if self.lm_head is None else replace(self, weights=self.lm_head, lm_head=None)
@@ -167,7 +174,7 @@ class Precision:
         steps (rooftop's prefill on CPU) does that math at its activations' float peak."""
         if self.widen_rows is None or tokens < self.widen_rows or self.compute in ("fp32", "bf16"):
             return self
-        widened = self.widen_compute or ("fp32" if self.activation_bytes == 4 else "bf16")
+        widened = self.widen_compute or self.activation_compute
         return replace(self, weights=replace(self.weights, compute=widened))
 
     def with_state(self, dtype: str) -> Precision:
