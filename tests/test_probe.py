@@ -180,7 +180,10 @@ def test_probe_command_says_which_roofs_earlier_probes_set(runs, result):
     out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["probe", "--force"])
     assert out.exit_code == 0, out.output
     assert "each roof the fastest of 2 probes since earlier; from earlier probes: read_bandwidth" in out.output
-    assert si(earlier.read_bandwidth, "B/s") in out.output
+    assert si(earlier.read_bandwidth, "B/s") in out.output and "measured now, cached in" in out.output
+    again = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["probe"])  # it said "cached in" as if it had measured
+    assert "read from the cache (" in again.output and "--force` measures again" in again.output
+    assert " None\n" not in again.output  # fields without a value are left out
     out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["probe", "--reset", "--json"])
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)

@@ -32,7 +32,12 @@ ModelArg = Annotated[
     str | None,
     typer.Option("--model", "-m", help="preset name, GGUF file, HF directory or config.json (default: bundled)"),
 ]
-HardwareArg = Annotated[str | None, typer.Option("--hardware", "-H", help="catalog name (h200, a100, ...) or 'this'")]
+HardwareArg = Annotated[
+    str | None,
+    typer.Option(
+        "--hardware", "-H", help="catalog name (h200, a100, ...) or 'this' (the default: this machine's probed roofs)"
+    ),
+]
 PromptArg = Annotated[int, typer.Option("--prompt", "-p", help="prompt tokens per sequence")]
 KvArg = Annotated[
     str | None,
@@ -204,7 +209,10 @@ def probe(
             steps = [*STEPS, ALL_REDUCE_STEP] if lead is not None else list(STEPS)
             task = progress.add_task("probing", total=len(steps))
 
+            measured = []  # a step reported: measured now, not read from the cache
+
             def on_step(what: str) -> None:
+                measured.append(what)
                 progress.update(task, description=what, completed=steps.index(what) if what in steps else None)
 
             result = load_or_run_probe(device=device, force=force, on_step=on_step, collectives=lead, reset=reset)
@@ -220,12 +228,16 @@ def probe(
             elif key == "all_reduce_seconds" and value:
                 by_size = ", ".join(f"{int(n) >> 10} KiB {seconds(t)}" for n, t in value.items())
                 typer.echo(f"{key:40s} {by_size}")
-            elif not isinstance(value, dict):
+            elif not isinstance(value, dict) and value not in (None, ""):
                 typer.echo(f"{key:40s} {value}")
         for note in ("peaks", OBSERVED):
             if note in result.notes:
                 typer.echo(f"{note:40s} {result.notes[note]}")
-        err.print(f"[dim]cached in {cache_path(device, result.tensor_parallel)}[/]")
+        path = cache_path(device, result.tensor_parallel)
+        if force or reset or measured:
+            err.print(f"[dim]measured now, cached in {path}[/]")
+        else:
+            err.print(f"[dim]read from the cache ({result.date}; `rooftop probe --force` measures again): {path}[/]")
 
 
 @contextlib.contextmanager
