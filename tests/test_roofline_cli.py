@@ -405,3 +405,16 @@ def test_state_dtype_sets_the_recurrent_state_bytes():
     r = run("explain", "-m", "qwen3.6-27b", "-H", "h200", "--state-dtype", "bfloat16")
     assert r.exit_code == 0 and "78.4 MB of recurrent state" in r.output
     assert_error(run(*args, "--state-dtype", "float8"), "unknown recurrent state dtype 'float8'", "float32, bfloat16")
+
+
+def test_a_ggufs_embedding_and_lm_head_are_costed_in_their_own_formats():
+    """The bundled Q4_1 file's token_embd (its tied lm_head) is Q8_0: costed as Q4_1 with the blocks, the weights
+    were 12.7% under the file's bytes and a decode step's lm_head read 17.7 MB where it reads 30.1."""
+    from rooftop.loading.bundled import bundled_model_path
+    from rooftop.loading.gguf_file import read_gguf
+    from rooftop.roofline.api import predict
+
+    held = sum(t.data.nbytes for t in read_gguf(bundled_model_path()).tensors)
+    p = predict(None, "h100", prompt_len=64, output_len=16)
+    assert (p.weights_format, p.embedding_format, p.lm_head_format) == ("q4_1", "q8_0", "q8_0")
+    assert p.weight_bytes == pytest.approx(held, rel=0.01)

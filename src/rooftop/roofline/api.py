@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from rooftop.roofline.precision import (
     WEIGHT_FORMATS,
     Precision,
     WeightFormat,
+    as_run,
     check_weight_choice,
     checkpoint_weights,
     mixed_format,
@@ -68,13 +70,38 @@ def gguf_weights(tensors: list[TensorInfo]) -> WeightFormat | None:
     weights = 0
     for t in tensors:
         if t.name.startswith("blk.") and len(t.shape) >= 2:  # matrices, and stacks of experts' matrices
-            name = GGUF_FLOATS.get(t.qtype.name, t.qtype.name.lower())
-            fmt = WEIGHT_FORMATS.get(name, WEIGHT_FORMATS["q4_1"])
+            fmt = gguf_format(t)
             bytes_by_format[fmt.name] = bytes_by_format.get(fmt.name, 0.0) + fmt.linear_bytes(
                 t.shape[-1], t.numel // t.shape[-1]
             )
             weights += t.numel
     return mixed_format(bytes_by_format, weights) if bytes_by_format else None
+
+
+def gguf_format(t: TensorInfo) -> WeightFormat:
+    """One GGUF tensor's format as the analyzer names it: its float or block type, or Q4_1 for a type outside
+    WEIGHT_FORMATS, which the loader converts it to (loading.gguf.CONVERTED_TO)."""
+    return WEIGHT_FORMATS.get(GGUF_FLOATS.get(t.qtype.name, t.qtype.name.lower()), WEIGHT_FORMATS["q4_1"])
+
+
+def file_tables(model: str | Path | ModelConfig | None) -> tuple[WeightFormat, WeightFormat] | None:
+    """A GGUF's embedding table and lm_head in their own formats (the lm_head is the embedding table where the file
+    has no output.weight: tied), which are often not its blocks' (the bundled Q4_1 file's table is Q8_0, a Q4_K_M's
+    output Q6_K); None for any other source, or a GGUF without a token_embd."""
+    from rooftop.loading.bundled import bundled_model_path
+    from rooftop.loading.gguf_file import read_gguf
+
+    if isinstance(model, ModelConfig):
+        return None
+    path = bundled_model_path() if model is None else Path(model).expanduser()
+    if not path.is_file() or path.suffix == ".json":
+        return None
+    tensors = {t.name: t for t in read_gguf(path).tensors}
+    if "token_embd.weight" not in tensors:
+        return None
+    embedding = gguf_format(tensors["token_embd.weight"])
+    head = tensors.get("output.weight")
+    return embedding, embedding if head is None else gguf_format(head)
 
 
 def _names_a_path(name: str) -> bool:
@@ -120,13 +147,15 @@ def resolve_precision(
     hw: Hardware,
     config: ModelConfig | None = None,
     state_dtype: str = DEFAULT_STATE_DTYPE,
+    tables: tuple[WeightFormat, WeightFormat] | None = None,
 ) -> Precision:
     """The one place the analyzer decides what the weights are: a `--weights` choice (WEIGHT_CHOICES) is the exact
     format it means on `hw`; none or auto is what the file holds: a GGUF's format, else what a config.json's
     quantization_config or torch_dtype says (checkpoint_weights), else bf16, as the engine runs it on a probed
     device (`hw.engine_auto`: a bf16 checkpoint as bf16-fp32 on rooftop's CPU kernels). The activations are what
     rooftop's engine computes in on a probed device (`hw.engine_dtype`), else of the weights' compute width; the KV
-    cache is `kv` (default: the activations' width), a linear-attention state `state_dtype`."""
+    cache is `kv` (default: the activations' width), a linear-attention state `state_dtype`. Under auto a GGUF's
+    embedding table and lm_head are their own tensors' formats (`tables`, file_tables), as the engine holds them."""
     auto = weights is None or check_weight_choice(weights) == "auto"
     held = checkpoint_weights(config) if auto and file_format is None and config is not None else None
     p = (
@@ -134,6 +163,9 @@ def resolve_precision(
         if held is not None
         else precision(weight_format(weights, file_format, hw.engine_formats, hw.engine_auto), kv, hw.engine_dtype)
     )
+    if auto and file_format is not None and tables is not None:
+        embedding, head = (WEIGHT_FORMATS[as_run(fmt, hw.engine_auto).name] for fmt in tables)
+        p = replace(p, embedding=embedding, lm_head=head)
     return p.with_state(state_dtype)
 
 
@@ -154,5 +186,5 @@ def predict(
     """Predict TTFT, TPOT, memory and crossovers, e.g. `predict("qwen3-8b", "h200", prompt_len=4096)`."""
     config, file_format = resolve_model(model)
     hw = resolve_hardware(hardware).scaled(compute_efficiency, memory_efficiency)
-    p = resolve_precision(weights, kv, file_format, hw, config, state_dtype)
+    p = resolve_precision(weights, kv, file_format, hw, config, state_dtype, file_tables(model))
     return analyze(config, hw, p, prompt_len, output_len, batch, tp, gpu_memory_utilization=gpu_memory_utilization)

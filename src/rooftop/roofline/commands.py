@@ -21,7 +21,7 @@ from rooftop.engine.llm import available_cores
 from rooftop.engine.probe import load_or_run_probe
 from rooftop.engine.tp_worker import serve_rank
 from rooftop.errors import InvalidRequestError
-from rooftop.roofline.api import resolve_hardware, resolve_model, resolve_precision
+from rooftop.roofline.api import file_tables, resolve_hardware, resolve_model, resolve_precision
 from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.precision import DEFAULT_STATE_DTYPE, STATE_DTYPES, WEIGHTS_HELP
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, analyze
@@ -75,7 +75,7 @@ def _resolve(
     probe = load_or_run_probe if tp == 1 else lambda: group_probe(tp)
     hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=probe)
     hw = hw.scaled(compute_efficiency, memory_efficiency)
-    return config, hw, resolve_precision(weights, kv, file_format, hw, config, state_dtype)
+    return config, hw, resolve_precision(weights, kv, file_format, hw, config, state_dtype, file_tables(model))
 
 
 def group_probe(tp: int) -> ProbeResult:
