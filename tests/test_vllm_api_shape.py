@@ -87,6 +87,10 @@ def test_continue_final_message_leaves_the_last_message_open(llm):
     out = llm.chat(PREFILL, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)[0]
     assert out.prompt == open_
     assert llm.apply_chat_template(HI, add_generation_prompt=False).endswith("<|im_end|>\n")
+    padded = [*PREFILL[:-1], {"role": "assistant", "content": "  The answer is "}]  # spaces on both sides
+    assert llm.apply_chat_template(padded, add_generation_prompt=False, continue_final_message=True).endswith(
+        "The answer is "
+    )  # its trailing space kept where the template writes it, whatever comes before the text
     with pytest.raises(InvalidRequestError, match="cannot both be true"):
         llm.chat(PREFILL, use_tqdm=False, continue_final_message=True)  # add_generation_prompt defaults to true
 

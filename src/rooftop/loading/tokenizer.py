@@ -267,7 +267,7 @@ def _open_final_message(text: str, messages: list[dict]) -> str:
             "continue_final_message",
         )
     kept = len(content.lstrip())  # the template kept the message's trailing spaces, or they go too
-    return text[: at + kept] if text[at : at + kept] == content else text[: at + len(content.strip())]
+    return text[: at + kept] if text[at : at + kept] == content.lstrip() else text[: at + len(content.strip())]
 
 
 def _final_text(content) -> str | None:
