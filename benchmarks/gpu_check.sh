@@ -42,6 +42,7 @@ done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/rooftop-gpu-check.XXXXXX")
+trap 'rm -rf "$work"' EXIT  # OUT holds what comes back; the work folder is packed into it
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 if [ ${#dry[@]} -eq 0 ] && compgen -G ".whl/*.whl" > /dev/null; then  # a dry run uses this machine's packages

@@ -68,8 +68,8 @@ def test_each_wheels_own_requirements_travel_too():
                 assert Version(pins[wanted]) in Requirement(requirement).specifier, f"{name} needs {requirement}"
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable}
+def run_script(*args: str, tmpdir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, **({"TMPDIR": str(tmpdir)} if tmpdir else {})}
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -80,11 +80,16 @@ def test_the_script_refuses_bad_arguments(tmp_path, args):
 
 
 def test_the_script_reports_each_section_and_packs_what_it_wrote(tmp_path):
-    """A summary with no results: the section still runs; OUT holds the four files the device tool brings back."""
-    result = run_script(str(tmp_path), "--dry-run", "summary")
+    """A summary with no results: the section still runs; OUT holds the four files the device tool brings back, and
+    the script's work folder is gone."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = run_script(str(tmp_path / "out"), "--dry-run", "summary", tmpdir=scratch)
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "steps.txt").read_text().startswith("summary: ok in ")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.tar.gz", "steps.txt", "summary.json", "summary.md"]
+    out = tmp_path / "out"
+    assert (out / "steps.txt").read_text().startswith("summary: ok in ")
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz", "steps.txt", "summary.json", "summary.md"]
+    assert list(scratch.iterdir()) == []
 
 
 @pytest.fixture(scope="module")
