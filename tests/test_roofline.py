@@ -32,7 +32,9 @@ def test_kv_bytes_per_token_formula():
     c = find_preset("qwen3-8b")  # 36 layers, 8 KV heads, head_dim 128
     assert (c.num_layers, c.num_kv_heads, c.head_dim) == (36, 8, 128)
     assert kv_bytes_per_token(c, BF16) == 2 * 36 * 8 * 128 * 2
-    assert kv_bytes_per_token(c, precision("bf16", "fp8")) == 2 * 36 * 8 * 128
+    # fp8 is the engine's fp8_e4m3 (vLLM's alias): a byte per value and a float32 scale per token and KV head
+    assert kv_bytes_per_token(c, precision("bf16", "fp8")) == 2 * 36 * 8 * (128 + 4)
+    assert precision("bf16", "fp8") == precision("bf16", "fp8_e4m3")
 
 
 def test_qwen3_head_dim_comes_from_the_config():
@@ -132,7 +134,7 @@ def test_configuration_that_does_not_fit_says_what_does_not_and_by_how_much():
         DoesNotFitError,
         match=rf"^one sequence does not fit: its KV cache at 64000 tokens needs 8\.4 GB and its prefill's activations "
         rf"6\.1 GB, but 5\.5 GB of the 21\.6 GB usable \(0\.9 of 24\.0 GB\) is left after the weights: "
-        rf"{short / 1e9:.1f} GB short; use a shorter prompt or output, fewer KV bits \(--kv fp8\)",
+        rf"{short / 1e9:.1f} GB short; use a shorter prompt or output, fewer KV bits \(--kv-cache-dtype fp8\)",
     ):
         analyze(c, l4, BF16, 60_000, 4_000)
     with pytest.raises(DoesNotFitError, match=r"^batch 64 does not fit: its KV cache at 8192 tokens per sequence "):

@@ -1,19 +1,25 @@
-"""`--weights auto` means in the analyzer what it means in the engine: a bf16 checkpoint's linears run on rooftop's
-CPU kernels as bf16-fp32 (bfloat16 storage, float32 math), so the analyzer costs them at the float32 roof there, and
-as bf16 on a datasheet device. The hardware is built by hand: nothing here depends on this host's speed or ISA."""
+"""`--weights` means in the analyzer what it means in the engine: under auto a bf16 checkpoint's linears run on
+rooftop's CPU kernels as bf16-fp32 (bfloat16 storage, float32 math), so the analyzer costs them at the float32 roof
+there, and as bf16 on a datasheet device; a GGUF's formats each as stored, or as the Q4_1 rooftop's loader converts
+the rarer ones to where its engine runs them; int8 and int4 leave the tables out of integer groups. The hardware is
+built by hand: nothing here depends on this host's speed or ISA."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf_factory import write_tiny_gguf
 
-from rooftop.roofline import predict
-from rooftop.roofline.api import resolve_model, resolve_precision
+from rooftop.loading.gguf_file import TensorInfo
+from rooftop.roofline import StepShape, analyze, predict, step_ops
+from rooftop.roofline.api import gguf_weights, resolve_model, resolve_precision
 from rooftop.roofline.catalog import find_hardware
 from rooftop.roofline.precision import WEIGHT_FORMATS, auto_formats, weight_format
+from rooftop.roofline.predict import memory_efficiency
 from rooftop.roofline.presets import find_preset
 from rooftop.roofline.probe import ProbeResult
+from rooftop.roofline.report import weight_formats
 
 CPU_FORMATS = {"float": "fp32", "int8": "q8_0", "int4": "q4_1"}  # what the engine's probe reports on its kernels
 
@@ -115,3 +121,98 @@ def test_the_analyzer_and_the_engine_agree_on_a_float_file_here(tmp_path, qtype)
     config, file_format = resolve_model(path)
     analyzer = resolve_precision(None, None, file_format, load_or_run_probe().to_hardware(), config)
     assert analyzer.weights.name == LLM(model=path).precision.weights.name
+
+
+def blocks(types: dict[str, T], layers: int = 2) -> list[TensorInfo]:
+    """A GGUF's block matrices, headers only (rows, inputs), of the tiny Llama's shapes: q, o, gate, up and down
+    256 x 256, k and v 128 x 256; `types` names each matrix's type by its GGUF name (attn_v, ffn_down, ...)."""
+    shapes = {"attn_q": (256, 256), "attn_k": (128, 256), "attn_v": (128, 256), "attn_output": (256, 256)}
+    shapes |= {"ffn_gate": (256, 256), "ffn_up": (256, 256), "ffn_down": (256, 256)}
+    return [
+        TensorInfo(f"blk.{i}.{name}.weight", shape, types[name], np.empty(0))
+        for i in range(layers)
+        for name, shape in shapes.items()
+    ]
+
+
+def q4_k_m() -> dict[str, T]:
+    """A Q4_K_M's layout in small: V and down in Q6_K (98,304 weights a layer), the rest Q4_K (294,912): 1:3."""
+    return {
+        name: T.Q6_K if name in ("attn_v", "ffn_down") else T.Q4_K
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    }
+
+
+def test_a_mixed_ggufs_formats_each_do_their_share_of_the_math_at_their_own_peak():
+    """A Q4_K_M's Q4_K and Q6_K were costed as one format of their mean bits at the Q4_K kernels' peak; its Q6_K
+    quarter of the weights runs on another kernel (here the int8 one: 200 GFLOP/s against the int4's 150)."""
+    fmt = gguf_weights(blocks(q4_k_m()))
+    q4_k, q6_k = WEIGHT_FORMATS["q4_k"], WEIGHT_FORMATS["q6_k"]
+    assert fmt.name == "q4_k+q6_k" and fmt.parts == ((q4_k, 0.75), (q6_k, 0.25))
+    assert fmt.bits == 0.75 * 4.5 + 0.25 * 6.5625  # the file's bytes, over every block weight
+    assert fmt.compute_shares == (("int4_weight_only", 0.75), ("int8_weight_only", 0.25))
+    hw = probed().to_hardware()
+    p = resolve_precision(None, None, fmt, hw)
+    qkv = next(op for op in step_ops(find_preset("smollm2-135m"), p, StepShape.prefill(1, 64)) if op.name == "qkv_proj")
+    assert qkv.compute_time(hw) == pytest.approx(qkv.flops * (0.75 / 150e9 + 0.25 / 200e9))
+    widened = replace(p, widen_rows=32).at(64).weights  # a chunk that widens to floats: all of it at the fp32 peak
+    assert widened.compute_shares == (("fp32", 1.0),)
+    # expected times on a catalog GPU: each format's bytes at its kernels' share of the bandwidth
+    eff = find_hardware("h100").efficiency
+    bytes_q4, bytes_q6 = 0.75 * 4.5, 0.25 * 6.5625
+    mixed = (bytes_q4 + bytes_q6) / (bytes_q4 / eff.memory_4bit + bytes_q6 / eff.memory)
+    assert memory_efficiency(fmt, eff) == pytest.approx(mixed)
+
+
+@pytest.mark.parametrize("qtype, bits", [(T.Q2_K, 2.625), (T.Q3_K, 3.4375), (T.IQ4_NL, 4.5), (T.IQ4_XS, 4.25)])
+def test_a_type_the_loader_converts_is_costed_as_stored_on_a_datasheet_and_as_its_q4_1_here(qtype, bits):
+    """rooftop's loader converts Q2_K, Q3_K and the IQ types to Q4_1 (5 bits), and the analyzer costed them so on
+    every device; another engine runs them as stored (gguf's block sizes: Q2_K 84 bytes per 256 weights, Q3_K 110
+    per 256, IQ4_NL 18 per 32, IQ4_XS 136 per 256)."""
+    name = qtype.name.lower()
+    fmt = gguf_weights(blocks(dict.fromkeys(q4_k_m(), qtype)))
+    assert fmt.name == name and fmt.bits_per_weight() == bits
+    stored = resolve_precision(None, None, fmt, find_hardware("h100"))
+    assert stored.weights == fmt and stored.converted == ()
+    here = resolve_precision(None, None, fmt, probed().to_hardware())
+    assert here.weights == WEIGHT_FORMATS["q4_1"] and here.converted == (name,)
+    pred = analyze(find_preset("smollm2-135m"), probed().to_hardware(), here, 16, 4)
+    assert weight_formats(pred) == f"q4_1; {name} converted to q4_1 at load, as rooftop's engine runs it"
+
+
+def test_a_mix_with_a_converted_type_is_the_mix_the_loader_makes():
+    """A Q3_K_M-like file: three quarters of the weights Q3_K (3.4375 bits), V and down Q6_K (6.5625)."""
+    types = {name: T.Q6_K if t == T.Q6_K else T.Q3_K for name, t in q4_k_m().items()}
+    fmt = gguf_weights(blocks(types))
+    assert fmt.name == "q3_k+q6_k" and fmt.bits == 0.75 * 3.4375 + 0.25 * 6.5625
+    here = resolve_precision(None, None, fmt, probed().to_hardware()).weights
+    assert here.name == "q4_1+q6_k" and here.bits == pytest.approx(0.75 * 5 + 0.25 * 6.5625)
+    assert here.parts == ((WEIGHT_FORMATS["q4_1"], pytest.approx(0.75)), (WEIGHT_FORMATS["q6_k"], pytest.approx(0.25)))
+
+
+def test_a_float_ggufs_tables_are_costed_as_the_engine_runs_them_on_its_probe():
+    """A BF16 GGUF's tables under auto on the probe: `rooftop roofline -H this` failed on one (an AttributeError)."""
+    bf16 = WEIGHT_FORMATS["bf16"]
+    p = resolve_precision(None, None, bf16, probed().to_hardware(), tables=(bf16, bf16))
+    assert (p.weights.name, p.embedding_format.name, p.head().weights.name) == ("bf16-fp32",) * 3
+
+
+def test_integer_weights_leave_the_tables_in_floats_as_engines_hold_them():
+    """AWQ and GPTQ checkpoints of int4 and int8 keep the embedding table and lm_head in 16-bit floats, and vLLM
+    runs them so: --weights int4 made them int4 too. Rooftop's engine, on its probe, holds a float table in its
+    float format (fp32 on the CPU), a GGUF's quantized one as stored, and the lm_head as Q8_0."""
+    config = find_preset("qwen3-8b")  # untied: a 151,936 x 4,096 table and lm_head
+    for weights in ("int4", "int8"):
+        p = resolve_precision(weights, None, None, find_hardware("h100"), config)
+        assert (p.weights.name, p.embedding_format.name, p.head().weights.name) == (weights, "bf16", "bf16")
+    head = next(op for op in step_ops(config, p, StepShape.decode(1, 64)) if op.name == "lm_head")
+    assert head.essential_bytes == 151_936 * 4096 * 2
+    assert resolve_precision("q4_1", None, None, find_hardware("h100"), config).head().weights.name == "q4_1"
+    hw = probed().to_hardware()
+    p = resolve_precision("int4", None, None, hw, config)
+    assert (p.weights.name, p.embedding_format.name, p.head().weights.name) == ("q4_1", "fp32", "q8_0")
+    q8_0 = WEIGHT_FORMATS["q8_0"]
+    p = resolve_precision("int4", None, WEIGHT_FORMATS["q4_1"], hw, config, tables=(q8_0, q8_0))  # the bundled file
+    assert (p.embedding_format.name, p.head().weights.name) == ("q8_0", "q8_0")
+    p = resolve_precision("float", None, None, hw, config)
+    assert p.embedding is None and p.lm_head is None and p.weights.name == "fp32"

@@ -2,6 +2,7 @@
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -167,7 +168,13 @@ def test_does_not_fit_says_by_how_much_and_what_fits():
 
 
 def test_impossible_tensor_parallelism():
-    assert_error(run("roofline", "-m", "llama-3.1-8b", "-H", "h100", "--tp", "3"), "tensor parallel degree 3")
+    """Sizes above the KV heads work by replicating them, and the list says so."""
+    assert_error(
+        run("roofline", "-m", "llama-3.1-8b", "-H", "h100", "--tp", "3"),
+        "tensor parallel degree 3",
+        "valid sizes: 1, 2, 4, 8, 16, 32 (16, 32: more ranks than its 8 KV heads, each KV head replicated on tp / 8 "
+        "ranks)",
+    )
 
 
 def test_unknown_weight_format():
@@ -278,7 +285,8 @@ def test_torch_dtype_sets_the_float_format_and_an_explicit_weights_overrides(tmp
     assert analyzed("-m", small_json(tmp_path))["weights_format"] == "bf16"
     awq = {"quant_method": "awq", "bits": 4, "group_size": 128}
     data = analyzed("-m", small_json(tmp_path, quantization_config=awq), "--weights", "int8")
-    assert data["weights_format"] == data["lm_head_format"] == data["embedding_format"] == "int8"
+    assert data["weights_format"] == "int8"  # the tables not: as an int8 checkpoint holds them (integer_tables)
+    assert data["lm_head_format"] == data["embedding_format"] == "bf16"
 
 
 def test_unknown_quant_method_is_named_and_weights_gets_past_it(tmp_path):
@@ -418,3 +426,58 @@ def test_a_ggufs_embedding_and_lm_head_are_costed_in_their_own_formats():
     p = predict(None, "h100", prompt_len=64, output_len=16)
     assert (p.weights_format, p.embedding_format, p.lm_head_format) == ("q4_1", "q8_0", "q8_0")
     assert p.weight_bytes == pytest.approx(held, rel=0.01)
+
+
+def test_this_machine_reads_the_weights_at_the_probes_rate_for_their_size(tmp_path, monkeypatch):
+    """`rooftop bench` bounds a model by the probe's read of a working set of its weights' size, which may stay
+    partly in a cache; `roofline -H this` read at DRAM's rate, so the same model's TPOT bounds disagreed. SMALL as
+    the engine runs it on the probe's CPU: 1,179,648 block weights and two 1000 x 256 tables in bf16-fp32 (2 bytes),
+    1,280 norm weights in float32: 3,388,416 bytes, halfway in log size between reads of half and twice that."""
+    from test_roofline_auto_weights import probed
+
+    held = 1_179_648 * 2 + 2 * 256_000 * 2 + 1280 * 4
+    probe = replace(probed(), read_by_size={held // 2: 80e9, held * 2: 40e9}, read_bandwidth=20e9)
+    monkeypatch.setattr("rooftop.roofline.commands.load_or_run_probe", lambda: probe)
+    r = run("roofline", "-m", small_json(tmp_path), "-H", "this", "-p", "16", "-n", "4", "--json")
+    data = json.loads(r.output)
+    assert data["weight_bytes"] == held and data["memory_bandwidth_bytes_per_s"] == pytest.approx(60e9)
+    assert data["memory_roof"].startswith("60.0 GB/s reading a 3 MB working set (DRAM: 20.0 GB/s): the model's weights")
+    r = run("explain", "-m", small_json(tmp_path), "-p", "16", "-n", "4")
+    assert "memory traffic at 60 GB/s (this machine's read of 3.39 MB, the model's weights)" in r.output
+
+
+def test_one_output_token_has_no_tpot(tmp_path):
+    """TPOT is (E2E - TTFT) / (n - 1): after one output token no decode step follows, and roofline reported the first
+    decode step's time as TPOT (bench reports none)."""
+    data = json.loads(run("roofline", "-m", small_json(tmp_path), "-H", "h100", "-p", "64", "-n", "1", "--json").output)
+    for key in ("tpot_s", "tpot_bound_s", "expected_tpot_s", "tpot_first_s", "output_tokens_per_s_per_seq"):
+        assert data[key] is None, key
+    assert data["e2e_s"] == data["ttft_s"]
+    text = run("roofline", "-m", small_json(tmp_path), "-H", "h100", "-p", "64", "-n", "1").output
+    assert "none: one output token is the prefill's, and no decode step follows (TPOT needs two)" in text
+    assert (
+        "TPOT is none: one output token" in run("explain", "-m", small_json(tmp_path), "-H", "h100", "-n", "1").output
+    )
+
+
+def test_kv_cache_dtype_is_the_engines_option_and_fp8_its_fp8_e4m3(tmp_path):
+    """vLLM's --kv-cache-dtype (generate, bench, serve) and --kv are one option; fp8 is the engine's fp8_e4m3: a byte
+    per value and a float32 scale per token and KV head. SMALL: 2 layers x 2 KV heads x (64 + 4 bytes), K and V."""
+    per_token = {
+        flag: analyzed("-m", small_json(tmp_path), flag, kv)["kv_bytes_per_token"]
+        for flag, kv in (("--kv-cache-dtype", "fp8"), ("--kv", "fp8_e4m3"), ("--kv-cache-dtype", "int8"))
+    }
+    assert set(per_token.values()) == {2 * 2 * 2 * (64 + 4)}
+
+
+def test_explain_says_which_weights_a_step_reads(tmp_path):
+    """Decode reads only the routed experts of a mixture of experts, and one row of an embedding table that is not
+    the lm_head; explain said "every weight" of both. SMALL on the H100: 1,179,648 block weights and a 1000 x 256
+    lm_head at 2 bytes, 5 norms of 256 and one row of the table: 2,874,368 of the 3,385,856 bytes held."""
+    text = run("explain", "-m", small_json(tmp_path), "-H", "h100", "-p", "64", "-n", "8").output
+    assert "It must read 2.87 MB of the 3.39 MB of weights (of the embedding table one row per token) again" in text
+    tied = run("explain", "-m", small_json(tmp_path, tie_word_embeddings=True), "-H", "h100", "-n", "8").output
+    assert "It must read every weight (2.87 MB) again" in tied
+    moe = run("explain", "-m", "qwen3-30b-a3b", "-H", "h100", "-p", "64", "-n", "8").output
+    assert "of the experts only those its tokens are routed to, 8 of 128 per token in each layer" in moe
+    assert "every weight" not in moe

@@ -21,7 +21,7 @@ from rooftop.engine.llm import available_cores
 from rooftop.engine.probe import load_or_run_probe
 from rooftop.engine.tp_worker import serve_rank
 from rooftop.errors import InvalidRequestError
-from rooftop.roofline.api import file_tables, resolve_hardware, resolve_model, resolve_precision
+from rooftop.roofline.api import resolve, resolve_hardware
 from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.precision import DEFAULT_STATE_DTYPE, STATE_DTYPES, WEIGHTS_HELP
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, analyze
@@ -42,8 +42,11 @@ PromptArg = Annotated[int, typer.Option("--prompt", "-p", help="prompt tokens pe
 KvArg = Annotated[
     str | None,
     typer.Option(
-        help="KV cache: auto|float32|bfloat16|float16|int8|fp8_e4m3 (--kv-cache-dtype's names) or "
-        "bf16|fp16|fp32|fp8; int8 and fp8_e4m3 count a 4-byte scale per token and KV head"
+        "--kv-cache-dtype",
+        "--kv",
+        help="KV cache (vLLM's and the engine's option; --kv for short): auto|float32|bfloat16|float16|int8|fp8_e4m3 "
+        "(fp8: fp8_e4m3) or bf16|fp16|fp32; int8 and fp8_e4m3 count a 4-byte scale per token and KV head, as "
+        "rooftop's engine stores them",
     ),
 ]
 StateDtypeArg = Annotated[
@@ -69,13 +72,11 @@ def _resolve(
     memory_efficiency,
     tp: int = 1,
 ):
-    config, file_format = resolve_model(model)
-    if hardware is None and peak_tflops is None and bandwidth_tbs is None and memory_gb is None:
-        hardware = "this"
+    if any(v is not None for v in (peak_tflops, bandwidth_tbs, memory_gb)):
+        hardware = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb)
     probe = load_or_run_probe if tp == 1 else lambda: group_probe(tp)
-    hw = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, probe=probe)
-    hw = hw.scaled(compute_efficiency, memory_efficiency)
-    return config, hw, resolve_precision(weights, kv, file_format, hw, config, state_dtype, file_tables(model))
+    config, hw, p = resolve(model, hardware, weights, kv, tp, state_dtype, probe)
+    return config, hw.scaled(compute_efficiency, memory_efficiency), p
 
 
 def group_probe(tp: int) -> ProbeResult:
@@ -167,7 +168,7 @@ def explain(
     with user_errors():
         config, hw, p = _resolve(model, hardware, weights, kv, state_dtype, None, None, None, 1.0, 1.0)
         pred = analyze(config, hw, p, prompt, output, 1, 1, gpu_memory_utilization=gpu_memory_utilization)
-        typer.echo(explain_text(pred))
+        typer.echo(explain_text(pred, config))
 
 
 def probe(

@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
-from rooftop.roofline.predict import Prediction
-from rooftop.roofline.report import decode_lever, seconds, si, weight_formats
+from rooftop.config import ModelConfig
+from rooftop.roofline.predict import Prediction, StepTime
+from rooftop.roofline.report import NO_DECODE, decode_lever, seconds, si, weight_formats
+
+CACHE_OPS = {"attention", "linear_conv", "linear_recurrence"}  # what reads and writes the KV cache and the state
 
 
-def explain(pred: Prediction) -> str:
+def weights_read(step: StepTime, pred: Prediction, config: ModelConfig) -> str:
+    """The weights a step reads, from its costed bytes (those no fusion avoids, less the cache's): every one, or
+    how much of them and why not all (a mixture of experts reads the experts its tokens are routed to; an embedding
+    table that is not also the lm_head gives one row per token)."""
+    read = step.essential_bytes - sum(op.essential_bytes for op in step.ops if op.name in CACHE_OPS)
+    held = pred.weight_bytes / pred.tp
+    if read >= 0.999 * held:
+        return f"every weight ({si(held, 'B')})"
+    why = []
+    if config.is_moe:
+        why.append(
+            f"of the experts only those its tokens are routed to, {config.num_experts_per_tok} of "
+            f"{config.num_experts} per token in each layer"
+        )
+    if not config.tie_word_embeddings or pred.embedding_format != pred.lm_head_format:
+        why.append("of the embedding table one row per token")
+    return f"{si(read, 'B')} of the {si(held, 'B')} of weights" + (f" ({'; '.join(why)})" if why else "")
+
+
+def explain(pred: Prediction, config: ModelConfig) -> str:
     s, p, hw = pred.prompt_len, pred.prefill, pred.hw
     d = pred.decode_first
-    weights = si(pred.weight_bytes / pred.tp, "B")
     kv_prompt = pred.kv_bytes_per_token * s
     peak = si(p.flops / p.compute_time_s if p.compute_time_s else 0, "FLOP/s")
     bandwidth = si(hw.memory_bandwidth, "B/s")
+    if hw.working_set is not None:
+        bandwidth += f" (this machine's read of {si(hw.working_set, 'B')}, the model's weights)"
+    cache = "the KV cache" + (" and recurrent state" if pred.state_bytes_per_sequence else "")
+    cache_bytes = sum(op.essential_bytes for op in d.ops if op.name in CACHE_OPS)
     lines = [
         f"{pred.model} on {hw.name} (weights {weight_formats(pred)}, {pred.parameters.total / 1e9:.3g}B parameters):",
         "",
         f"1. Your prompt becomes {s} tokens.",
-        f"2. Prefill pushes all {s} tokens through the model in one pass. It reads the weights once "
-        f"({weights}) and does {si(p.flops, 'FLOP')} of math: {p.intensity:.3g} FLOPs per byte moved, against this "
+        f"2. Prefill pushes all {s} tokens through the model in one pass. It reads {weights_read(p, pred, config)} "
+        f"once and does {si(p.flops, 'FLOP')} of math: {p.intensity:.3g} FLOPs per byte moved, against this "
         f"device's ridge point of {pred.ridge_point_flops_per_byte:.3g}. So prefill is {p.bound}-bound: "
         f"{seconds(p.compute_time_s)} of math at {peak}, {seconds(p.memory_time_s)} of memory traffic at {bandwidth}.",
         f"3. Prefill leaves the KV cache holding {si(kv_prompt, 'B')} ({si(pred.kv_bytes_per_token, 'B')} per token)"
@@ -28,16 +53,10 @@ def explain(pred: Prediction) -> str:
             else ""
         )
         + ".",
-        f"4. Each decode step makes one token per sequence. It must read every weight again plus the KV cache: "
-        f"{si(d.bytes, 'B')} for {si(d.flops, 'FLOP')}, only {d.intensity:.3g} FLOPs per byte. So decode is {d.bound}-bound.",
-        f"5. So TTFT ≈ {seconds(pred.ttft_s)} (the prefill step) and TPOT ≈ {seconds(d.time_s)} per token at first, "
-        f"{seconds(pred.decode_last.time_s)} by the last of {pred.output_len} tokens as the cache grows. No engine "
-        f"beats {seconds(pred.ttft_bound_s)} and {seconds(pred.tpot_bound_s)} here (the bound: every op fused)"
-        + (
-            f"; engines as published reach about {seconds(pred.expected_ttft_s)} and {seconds(pred.expected_tpot_s)}."
-            if pred.expected_ttft_s is not None and pred.expected_tpot_s is not None
-            else "."
-        ),
+        f"4. Each decode step makes one token per sequence. It must read {weights_read(d, pred, config)} again "
+        f"plus {cache} ({si(cache_bytes, 'B')}): {si(d.bytes, 'B')} for {si(d.flops, 'FLOP')}, only "
+        f"{d.intensity:.3g} FLOPs per byte. So decode is {d.bound}-bound.",
+        _times(pred),
     ]
     decode_x = pred.decode_compute_bound_from_batch
     lines.append(
@@ -76,3 +95,25 @@ def explain(pred: Prediction) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def _times(pred: Prediction) -> str:
+    """Step 5: TTFT and TPOT, their bounds and, where published, what engines reach."""
+    expected = pred.expected_ttft_s is not None
+    if pred.tpot_s is None:
+        return (
+            f"5. So TTFT ≈ {seconds(pred.ttft_s)} (the prefill step), and TPOT is {NO_DECODE}. No engine beats "
+            f"{seconds(pred.ttft_bound_s)} here (the bound: every op fused)"
+            + (f"; engines as published reach about {seconds(pred.expected_ttft_s)}." if expected else ".")
+        )
+    return (
+        f"5. So TTFT ≈ {seconds(pred.ttft_s)} (the prefill step) and TPOT ≈ {seconds(pred.decode_first.time_s)} per "
+        f"token at first, {seconds(pred.decode_last.time_s)} by the last of {pred.output_len} tokens as the cache "
+        f"grows. No engine beats {seconds(pred.ttft_bound_s)} and {seconds(pred.tpot_bound_s)} here (the bound: "
+        "every op fused)"
+        + (
+            f"; engines as published reach about {seconds(pred.expected_ttft_s)} and {seconds(pred.expected_tpot_s)}."
+            if expected and pred.expected_tpot_s is not None
+            else "."
+        )
+    )

@@ -46,6 +46,14 @@ class Hardware:
     engine_auto: dict[str, str] = field(default_factory=dict)
     engine_dtype: str | None = None  # what rooftop's engine computes in here (probe: fp32 on a CPU, else bf16)
     efficiency: Efficiency | None = None  # published engines' efficiencies here: the analyzer's expected times
+    # bytes: memory_bandwidth is the probe's read of a working set of this size (a model's weights), not DRAM's
+    working_set: float | None = None
+
+    @property
+    def probed(self) -> bool:
+        """Whether rooftop's probe measured this device (this machine): there its engine runs a model, so a file's
+        weights are costed as its loader holds them; on a datasheet or custom device, as the file stores them."""
+        return self.engine_dtype is not None
 
     def peak(self, compute: str) -> float:
         """Peak of `compute`. Weight-only int8/int4 kernels multiply in bf16: the bf16 peak unless this device's
@@ -79,6 +87,7 @@ class Hardware:
             engine_auto=self.engine_auto,
             engine_dtype=self.engine_dtype,
             efficiency=self.efficiency if compute_efficiency == memory_efficiency == 1.0 else None,
+            working_set=self.working_set,
         )
 
 

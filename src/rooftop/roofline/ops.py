@@ -80,6 +80,8 @@ class Op:
     bytes_read: float
     bytes_written: float
     compute: str  # which peak computes it ("fp32", "bf16", "fp8")
+    # a mixed file's linears: each peak with its share of the FLOPs (WeightFormat.compute_shares); (): all at compute
+    compute_shares: tuple[tuple[str, float], ...] = ()
     comm_bytes: float = 0.0  # bytes over the interconnect (all-reduces), as one device sends or receives them
     collectives: int = 0  # calls to a collective: each pays the interconnect's latency before its bytes
     # Of bytes_read + bytes_written, the activations passed between ops: an engine that fused every op would keep
@@ -100,7 +102,8 @@ class Op:
         return self.flops / self.bytes if self.bytes else float("inf")
 
     def compute_time(self, hw: Hardware) -> float:
-        return self.flops / hw.peak(self.compute)
+        shares = self.compute_shares or ((self.compute, 1.0),)
+        return sum(self.flops * share / hw.peak(compute) for compute, share in shares)
 
     def memory_time(self, hw: Hardware) -> float:
         return self.bytes / hw.memory_bandwidth
@@ -149,17 +152,26 @@ def check_tp(config: ModelConfig, tp: int) -> None:
         heads = f"{c.num_heads} query heads and {c.num_kv_heads} KV heads"
         if c.linear_attention and c.num_linear_attention_layers:
             heads += f" ({c.linear_attention.num_key_heads} key and {c.linear_attention.num_value_heads} value heads in its linear-attention layers)"
+        sizes = tp_sizes(c)
+        replicated = [n for n in sizes if n > c.num_kv_heads]
+        replicas = (
+            f" ({', '.join(map(str, replicated))}: more ranks than its {c.num_kv_heads} KV heads, each KV head "
+            f"replicated on tp / {c.num_kv_heads} ranks)"
+            if replicated
+            else ""
+        )
         raise InvalidRequestError(
             f"tensor parallel degree {tp} does not divide the model's {heads}; "
-            f"valid sizes: {', '.join(map(str, tp_sizes(c)))}",
+            f"valid sizes: {', '.join(map(str, sizes))}{replicas}",
             "tensor_parallel_size",
         )
 
 
 # The ops' costing, for what was measured against it: a calibration's curves map each class's roofline seconds to
 # measured ones, so one cached under another costing would read its points at the wrong x. Raised whenever an
-# op's FLOPs, bytes or peak change (2: attention and linear attention at the activations' peak).
-COSTING = 2
+# op's FLOPs, bytes or peak change (2: attention and linear attention at the activations' peak; 3: a mixed file's
+# linears at each format's peak).
+COSTING = 3
 
 
 def _linear(name: str, tokens: int, k: float, n: float, p: Precision, layers: int = 1) -> Op:
@@ -170,6 +182,7 @@ def _linear(name: str, tokens: int, k: float, n: float, p: Precision, layers: in
         bytes_read=layers * (p.weights.linear_bytes(k, n) + tokens * k * p.activation_bytes),
         bytes_written=layers * tokens * n * p.activation_bytes,
         compute=p.compute,
+        compute_shares=p.weights.compute_shares,
         activation_bytes=layers * tokens * (k + n) * p.activation_bytes,
     )
 
@@ -341,6 +354,7 @@ def _mlp_ops(c: ModelConfig, T: int, p: Precision, tp: int, touched: float | Non
             bytes_read=L * (touched * p.weights.linear_bytes(d, 2 * ff) + routed * d * ab),
             bytes_written=L * routed * 2 * ff * ab,
             compute=p.compute,
+            compute_shares=p.weights.compute_shares,
             activation_bytes=L * routed * (d + 2 * ff) * ab,
         ),
         _elementwise("experts_silu_mul", routed * ff, 2, 1, 5, p, L),
@@ -350,6 +364,7 @@ def _mlp_ops(c: ModelConfig, T: int, p: Precision, tp: int, touched: float | Non
             bytes_read=L * (touched * p.weights.linear_bytes(ff, d) + routed * ff * ab),
             bytes_written=L * routed * d * ab,
             compute=p.compute,
+            compute_shares=p.weights.compute_shares,
             activation_bytes=L * routed * (ff + d) * ab,
         ),
     ]

@@ -4,9 +4,10 @@ the one list of `--weights` choices every command takes (the engine's and the an
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from rooftop.config import ModelConfig
+from rooftop.config import KV_CACHE_DTYPE_ALIASES, ModelConfig
 from rooftop.errors import InvalidRequestError, UnsupportedModelError
 
 
@@ -19,6 +20,8 @@ class WeightFormat:
     compute: str  # the peak that does the math: weight-only kernels dequantize and multiply in bf16 (Hardware.peak)
     group: int = 0
     overhead_bits: int = 0
+    # a mix (mixed_format): each format it holds with its share of the mix's weights, most bytes first
+    parts: tuple[tuple[WeightFormat, float], ...] = ()
 
     def linear_bytes(self, k: int, n: int) -> float:
         """Bytes of a K -> N weight matrix (N rows of K weights), scales and zeros included."""
@@ -27,6 +30,20 @@ class WeightFormat:
 
     def bits_per_weight(self, k: int = 4096) -> float:
         return self.linear_bytes(k, 1) * 8 / k
+
+    @property
+    def compute_shares(self) -> tuple[tuple[str, float], ...]:
+        """A mix's peaks, each with the share of the weights (and so of the math) its parts do there; () for one
+        format, whose math is all at `compute`."""
+        shares: dict[str, float] = {}
+        for fmt, share in self.parts:
+            shares[fmt.compute] = shares.get(fmt.compute, 0.0) + share
+        return tuple(shares.items())
+
+    def computed_at(self, compute: str) -> WeightFormat:
+        """The same bytes with all the math at `compute` (a prefill chunk that widens the weights to floats)."""
+        parts = tuple((replace(fmt, compute=compute), share) for fmt, share in self.parts)
+        return replace(self, compute=compute, parts=parts)
 
 
 WEIGHT_FORMATS = {
@@ -53,10 +70,11 @@ WEIGHT_FORMATS = {
     )
 }
 
-KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-# the engine's --kv-cache-dtype names (vLLM's) for the same widths; auto: the activations' width
+KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+# the engine's --kv-cache-dtype names (vLLM's) for the same widths; auto: the activations' width; vLLM's alias fp8
+# is fp8_e4m3, as the engine takes it (config.KV_CACHE_DTYPE_ALIASES)
 KV_BYTES |= {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1}
-# a float32 scale per token and KV head (head_dim values): rooftop's int8 pool; fp8_e4m3 as issue 19 plans it
+# a float32 scale per token and KV head (head_dim values), as rooftop's pool stores int8 and fp8_e4m3 (KVPool)
 KV_SCALE_BYTES = {"int8": 4, "fp8_e4m3": 4}
 # the recurrent state of linear-attention layers (Gated DeltaNet): fp32 in the reference kernels, the default
 STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -79,14 +97,44 @@ WEIGHTS_HELP = (
 )
 
 
-def mixed_format(bytes_by_format: dict[str, float], weights: int) -> WeightFormat:
-    """One format standing for several (a Q4_K_M file's Q4_K, Q6_K, Q5_0, Q8_0): their mean bits per weight, the
-    compute of the one holding the most bytes, named after all of them, most bytes first."""
-    if len(bytes_by_format) == 1:
-        return WEIGHT_FORMATS[next(iter(bytes_by_format))]
-    names = sorted(bytes_by_format, key=bytes_by_format.get, reverse=True)
-    total = sum(bytes_by_format.values())
-    return WeightFormat("+".join(names), total * 8 / weights, WEIGHT_FORMATS[names[0]].compute)
+def mixed_format(bytes_by_format: Mapping[str, float] | Mapping[WeightFormat, float], weights: float) -> WeightFormat:
+    """One format standing for several (a Q4_K_M file's Q4_K, Q6_K, Q5_0, Q8_0), given by format or by name (the
+    engine's linears report names): their mean bits per weight over `weights`, named after all of them, most bytes
+    first, with the compute of the one holding the most bytes, and each format as a part with its share of the
+    weights (its bytes over its own bits per weight), which does that share of every linear's math at its own peak
+    (`compute_shares`). The op model spreads the mix over every block linear alike (a Q4_K_M's Q6_K tensors are
+    its V and down projections): a step's bytes and FLOPs at each peak are the file's, one op's are its mean."""
+    held = {WEIGHT_FORMATS[f] if isinstance(f, str) else f: b for f, b in bytes_by_format.items()}
+    if len(held) == 1:
+        return next(iter(held))
+    formats = sorted(held, key=held.get, reverse=True)
+    counts = {f: held[f] * 8 / f.bits_per_weight() for f in formats}
+    parts = tuple((f, counts[f] / sum(counts.values())) for f in formats)
+    name = "+".join(f.name for f in formats)
+    return WeightFormat(name, sum(held.values()) * 8 / weights, formats[0].compute, parts=parts)
+
+
+# What rooftop's loader converts a GGUF type outside WEIGHT_FORMATS to (Q2_K, Q3_K, the IQ and ternary types;
+# loading.gguf.CONVERTED_TO): where its engine runs the file (a probed device) the analyzer costs that, elsewhere the
+# type as stored, which an engine that runs it as stored (llama.cpp) reads.
+CONVERTED_TO = "q4_1"
+
+
+def converted_types(fmt: WeightFormat) -> tuple[str, ...]:
+    """The types of `fmt` (a mix's parts) that rooftop's loader converts to CONVERTED_TO."""
+    return tuple(part.name for part, _ in fmt.parts or ((fmt, 1.0),) if part.name not in WEIGHT_FORMATS)
+
+
+def as_converted(fmt: WeightFormat) -> WeightFormat:
+    """`fmt` as rooftop's loader holds it: a type outside WEIGHT_FORMATS as CONVERTED_TO, a mix's parts each so
+    (the mix then of the bytes they become)."""
+    if not converted_types(fmt):
+        return fmt
+    held: dict[WeightFormat, float] = {}
+    for part, share in fmt.parts or ((fmt, 1.0),):
+        part = part if part.name in WEIGHT_FORMATS else WEIGHT_FORMATS[CONVERTED_TO]
+        held[part] = held.get(part, 0.0) + share * part.bits_per_weight() / 8
+    return mixed_format(held, 1)
 
 
 def check_weight_choice(choice: str) -> str:
@@ -149,6 +197,7 @@ class Precision:
     widen_compute: str | None = None  # the peak those widened chunks run at (default: the activations' float peak)
     lm_head: WeightFormat | None = None  # when the lm_head is held in another format than the other linears
     embedding: WeightFormat | None = None  # when the input embedding table is (a quantized checkpoint's: floats)
+    converted: tuple[str, ...] = ()  # a GGUF's types the weights hold as CONVERTED_TO, as rooftop's loader does
 
     def kv_head_bytes(self, head_dim: int) -> int:
         """Stored bytes of one token's K (or V) in one KV head: its values and their scale."""
@@ -174,8 +223,7 @@ class Precision:
         steps (rooftop's prefill on CPU) does that math at its activations' float peak."""
         if self.widen_rows is None or tokens < self.widen_rows or self.compute in ("fp32", "bf16"):
             return self
-        widened = self.widen_compute or self.activation_compute
-        return replace(self, weights=replace(self.weights, compute=widened))
+        return replace(self, weights=self.weights.computed_at(self.widen_compute or self.activation_compute))
 
     def with_state(self, dtype: str) -> Precision:
         """The same precision with the recurrent state held in `dtype` (one of STATE_DTYPES)."""
@@ -194,17 +242,26 @@ class Precision:
         return self.embedding_format.bits_per_weight() / 8
 
 
+def as_format(weights: str | WeightFormat) -> WeightFormat:
+    """A format, or its name in WEIGHT_FORMATS."""
+    if isinstance(weights, WeightFormat):
+        return weights
+    if weights not in WEIGHT_FORMATS:
+        raise InvalidRequestError(f"unknown weight format {weights!r} (known: {', '.join(WEIGHT_FORMATS)})")
+    return WEIGHT_FORMATS[weights]
+
+
 def precision(weights: str | WeightFormat = "bf16", kv: str | None = None, activations: str | None = None) -> Precision:
     """Precision from a format (or its name); the activations are `activations` (fp32 or bf16: what an engine
     computes in on its device) where given, else of the weights' compute width (fp32 or bf16); the KV cache
-    defaults to the activations' width."""
-    if isinstance(weights, str) and weights not in WEIGHT_FORMATS:
-        raise InvalidRequestError(f"unknown weight format {weights!r} (known: {', '.join(WEIGHT_FORMATS)})")
-    fmt = WEIGHT_FORMATS[weights] if isinstance(weights, str) else weights
+    defaults to the activations' width, and vLLM's fp8 is fp8_e4m3, as the engine takes it."""
+    fmt = as_format(weights)
     activation_bytes = 4 if (activations or fmt.compute) == "fp32" else 2
     kv = kv if kv and kv != "auto" else ("fp32" if activation_bytes == 4 else "bf16")
+    kv = KV_CACHE_DTYPE_ALIASES.get(kv, kv)
     if kv not in KV_BYTES:
-        raise InvalidRequestError(f"unknown KV cache format {kv!r} (known: auto, {', '.join(KV_BYTES)})")
+        known = ", ".join([*KV_BYTES, *KV_CACHE_DTYPE_ALIASES])
+        raise InvalidRequestError(f"unknown KV cache format {kv!r} (known: auto, {known})")
     return Precision(
         weights=fmt, kv_bytes=KV_BYTES[kv], activation_bytes=activation_bytes, kv_scale_bytes=KV_SCALE_BYTES.get(kv, 0)
     )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rooftop.config import ModelConfig
 from rooftop.errors import InvalidRequestError, PromptTooLongError
-from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.hardware import Efficiency, Hardware
 from rooftop.roofline.ops import (
     Op,
     ParameterCount,
@@ -20,7 +20,7 @@ from rooftop.roofline.ops import (
     step_ops,
     weight_bytes,
 )
-from rooftop.roofline.precision import Precision
+from rooftop.roofline.precision import Precision, WeightFormat
 
 MAX_SEARCH = 1 << 22  # crossover searches give up past ~4M tokens or sequences
 EXACT_DECODE_STEPS = 1024  # longer outputs integrate TPOT over evenly spaced contexts
@@ -90,11 +90,21 @@ def expected_time(step: StepTime, hw: Hardware, config: ModelConfig, p: Precisio
     eff = hw.efficiency
     if eff is None:
         return None
-    memory = eff.memory_4bit if p.weights.bits <= 4.5 else eff.memory
+    memory = memory_efficiency(p.weights, eff)
     ops = sum(max(op.compute_time(hw) / eff.compute, op.memory_time(hw) / memory, op.comm_time(hw)) for op in step.ops)
     latency = 0.0 if hw.collective_latency_s is not None else eff.all_reduce_s
     collectives = sum(op.collectives for op in step.ops)
     return ops + config.num_layers * eff.per_layer_s + collectives * latency
+
+
+def memory_efficiency(fmt: WeightFormat, eff: Efficiency) -> float:
+    """The share of the bandwidth weights of `fmt` stream at: 4-bit formats' kernels' (`memory_4bit`) up to 4.5
+    bits per weight, else `memory`; a mix's parts each at their own, by their bytes."""
+    parts = fmt.parts or ((fmt, 1.0),)
+    held = [
+        (part.bits_per_weight() * share, eff.memory_4bit if part.bits <= 4.5 else eff.memory) for part, share in parts
+    ]
+    return sum(b for b, _ in held) / sum(b / e for b, e in held)
 
 
 def step_bound(ops: list[Op], hw: Hardware) -> float:
@@ -131,6 +141,7 @@ class Prediction:
     ridge_point_flops_per_byte: float
     embedding_format: str = ""  # the input embedding table's format (a quantized checkpoint's stays in floats)
     lm_head_format: str = ""
+    converted_formats: tuple[str, ...] = ()  # a GGUF's types costed as the format rooftop's loader converts them to
     device_memory_bytes: float = 0.0  # memory_available_bytes is gpu_memory_utilization of it
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     activation_bytes: float = 0.0  # per device: the prefill step's working set, reserved beside weights and KV
@@ -147,10 +158,11 @@ class Prediction:
         return self.prefill.bound_s
 
     @property
-    def tpot_bound_s(self) -> float:
-        """No engine on this hardware decodes faster than this per token (the fused roofline)."""
+    def tpot_bound_s(self) -> float | None:
+        """No engine on this hardware decodes faster than this per token (the fused roofline); None for one output
+        token, which no decode step follows (TPOT needs two)."""
         steps = self.output_len - 1
-        return self.decode_bound_total_s / steps if steps > 0 else self.decode_first.bound_s
+        return self.decode_bound_total_s / steps if steps > 0 else None
 
     @property
     def expected_tpot_s(self) -> float | None:
@@ -164,17 +176,18 @@ class Prediction:
         return self.prefill.time_s + self.decode_total_s
 
     @property
-    def tpot_s(self) -> float:
-        """Mean time per output token after the first (the README's TPOT: (E2E - TTFT) / (n - 1))."""
-        return self.decode_total_s / (self.output_len - 1) if self.output_len > 1 else self.decode_first.time_s
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (the README's TPOT: (E2E - TTFT) / (n - 1)); None for one
+        output token."""
+        return self.decode_total_s / (self.output_len - 1) if self.output_len > 1 else None
 
     @property
-    def output_tokens_per_s_per_seq(self) -> float:
-        return 1 / self.tpot_s
+    def output_tokens_per_s_per_seq(self) -> float | None:
+        return None if self.tpot_s is None else 1 / self.tpot_s
 
     @property
-    def output_tokens_per_s_total(self) -> float:
-        return self.batch / self.tpot_s
+    def output_tokens_per_s_total(self) -> float | None:
+        return None if self.tpot_s is None else self.batch / self.tpot_s
 
     def to_dict(self) -> dict:
         """Self-describing keys with SI units in their names."""
@@ -210,9 +223,12 @@ class Prediction:
         return {
             "model": self.model,
             "hardware": self.hw.name,
+            "memory_bandwidth_bytes_per_s": self.hw.memory_bandwidth,
+            "memory_roof": memory_roof(self.hw),
             "weights_format": self.weights_format,
             "embedding_format": self.embedding_format,
             "lm_head_format": self.lm_head_format,
+            "converted_formats": list(self.converted_formats),
             "kv_bytes_per_value": self.kv_bytes_per_value,
             "tp": self.tp,
             "batch": self.batch,
@@ -231,8 +247,8 @@ class Prediction:
             "tpot_bound_s": self.tpot_bound_s,
             "expected_ttft_s": self.expected_ttft_s,
             "expected_tpot_s": self.expected_tpot_s,
-            "tpot_first_s": self.decode_first.time_s,
-            "tpot_last_s": self.decode_last.time_s,
+            "tpot_first_s": None if self.tpot_s is None else self.decode_first.time_s,
+            "tpot_last_s": None if self.tpot_s is None else self.decode_last.time_s,
             "e2e_s": self.e2e_s,
             "output_tokens_per_s_per_seq": self.output_tokens_per_s_per_seq,
             "output_tokens_per_s_total": self.output_tokens_per_s_total,
@@ -249,6 +265,18 @@ class Prediction:
             "decode_compute_bound_from_batch": self.decode_compute_bound_from_batch,
             "ridge_point_flops_per_byte": self.ridge_point_flops_per_byte,
         }
+
+
+def memory_roof(hw: Hardware) -> str:
+    """The memory roof and where it comes from: the probe's read of a working set (ProbeResult.to_hardware, whose
+    note says the rate, the size and DRAM's rate), or the device's source (a datasheet, the probe's DRAM read)."""
+    if hw.working_set is None:
+        tera = hw.memory_bandwidth >= 1e12
+        return f"{hw.memory_bandwidth / (1e12 if tera else 1e9):.3g} {'TB/s' if tera else 'GB/s'}: {hw.source}"
+    return (
+        f"{hw.notes['read_bandwidth']}: the model's weights per device, the roof `rooftop bench` bounds it by "
+        "(weights that stay partly in a cache read faster than DRAM)"
+    )
 
 
 def _per_seq_bytes(config: ModelConfig, p: Precision, tokens_per_seq: int, tp: int) -> float:
@@ -327,7 +355,7 @@ def check_fits(memory: MemoryFit, config: ModelConfig, hw: Hardware, batch: int,
             f"one sequence does not fit: its {cache} at {context} tokens {need} {_size(memory.per_sequence)} and "
             f"its prefill's activations {_size(memory.activations_per_sequence)}, but {left}: "
             f"{_size(memory.needed(1) - memory.usable)} short; use a shorter prompt or output, fewer KV bits "
-            "(--kv fp8) or more tensor parallelism"
+            "(--kv-cache-dtype fp8) or more tensor parallelism"
         )
     if memory.needed(batch) > memory.usable:
         raise DoesNotFitError(
@@ -452,6 +480,7 @@ def analyze(
         decode_compute_bound_from_batch=decode_crossover(config, p, hw, prompt_len, tp),
         ridge_point_flops_per_byte=hw.ridge_point(p.compute),
         embedding_format=p.embedding_format.name,
+        converted_formats=p.converted,
         lm_head_format=p.head().weights.name,
         device_memory_bytes=hw.memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,

@@ -6,7 +6,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rooftop.roofline.predict import Prediction, StepTime
+from rooftop.roofline.precision import CONVERTED_TO
+from rooftop.roofline.predict import Prediction, StepTime, memory_roof
 from rooftop.roofline.speculative import SpeculativePrediction
 
 
@@ -34,6 +35,10 @@ def seconds(value: float | None) -> str:
     return f"{value * 1e9:.3g} ns"
 
 
+# TPOT is (E2E - TTFT) / (output tokens - 1): none for one output token, as bench reports none for tg <= 1
+NO_DECODE = "none: one output token is the prefill's, and no decode step follows (TPOT needs two)"
+
+
 def decode_lever(kv_share: float, kv_value_bytes: float, batch: float, weight_bits: float = 16) -> str:
     """What would move a memory-bound decode step, from what its bytes are: the KV cache (`kv_share` of the bytes
     no fusion avoids, stored at `kv_value_bytes` per value) or the weights (`weight_bits` each: a 4-bit format is
@@ -45,7 +50,7 @@ def decode_lever(kv_share: float, kv_value_bytes: float, batch: float, weight_bi
             f"(--kv-cache-dtype int8 takes about {100 / kv_value_bytes:.0f}% of the bytes it takes now)"
         )
     else:
-        lever = "each step reads every weight once for all its sequences, so batch more sequences (--max-num-seqs) to share that read"
+        lever = "each step reads its weights once for all its sequences, so batch more sequences (--max-num-seqs) to share that read"
         lever += (
             " or read fewer bytes per weight (--weights int4)"
             if weight_bits > 5
@@ -60,12 +65,18 @@ def decode_lever(kv_share: float, kv_value_bytes: float, batch: float, weight_bi
 
 
 def weight_formats(pred: Prediction) -> str:
-    """The linears' format, and the tables' where they differ: "awq-int4-g128; embedding and lm_head fp16"."""
+    """The linears' format, and the tables' where they differ: "awq-int4-g128; embedding and lm_head fp16"; and
+    the file's types rooftop's loader converted: "q4_1; q2_k converted to q4_1 at load, as rooftop's engine runs it"."""
     tables: dict[str, list[str]] = {}
     for table, fmt in (("embedding", pred.embedding_format), ("lm_head", pred.lm_head_format)):
         if fmt and fmt != pred.weights_format:
             tables.setdefault(fmt, []).append(table)
-    return "; ".join([pred.weights_format, *(f"{' and '.join(names)} {fmt}" for fmt, names in tables.items())])
+    formats = [pred.weights_format, *(f"{' and '.join(names)} {fmt}" for fmt, names in tables.items())]
+    if pred.converted_formats:
+        formats.append(
+            f"{', '.join(pred.converted_formats)} converted to {CONVERTED_TO} at load, as rooftop's engine runs it"
+        )
+    return "; ".join(formats)
 
 
 def op_table(title: str, step: StepTime, pred: Prediction) -> Table:
@@ -125,7 +136,9 @@ def summary_table(pred: Prediction) -> Table:
         ),
         (
             "TPOT",
-            f"{seconds(pred.tpot_s)} mean: {seconds(pred.decode_first.time_s)} at the first token, "
+            NO_DECODE
+            if pred.tpot_s is None
+            else f"{seconds(pred.tpot_s)} mean: {seconds(pred.decode_first.time_s)} at the first token, "
             f"{seconds(pred.decode_last.time_s)} at the last; bound {seconds(pred.tpot_bound_s)} fused "
             f"(decode {pred.decode_first.bound}-bound)",
         ),
@@ -133,7 +146,9 @@ def summary_table(pred: Prediction) -> Table:
         ("end-to-end", seconds(pred.e2e_s)),
         (
             "output tok/s",
-            f"{pred.output_tokens_per_s_per_seq:.4g} per sequence, {pred.output_tokens_per_s_total:.4g} in total",
+            "none (no decode step)"
+            if pred.tpot_s is None
+            else f"{pred.output_tokens_per_s_per_seq:.4g} per sequence, {pred.output_tokens_per_s_total:.4g} in total",
         ),
         (
             "memory",
@@ -149,6 +164,7 @@ def summary_table(pred: Prediction) -> Table:
             else f"from batch {decode_x}",
         ),
         ("ridge point", f"{pred.ridge_point_flops_per_byte:.3g} FLOP/byte"),
+        ("memory roof", memory_roof(pred.hw)),
     ]
     for label, value in rows:
         table.add_row(label, value)
@@ -162,7 +178,10 @@ def print_prediction(pred: Prediction, console: Console) -> None:
         f"{pred.output_len} output tokens, weights {weight_formats(pred)}, KV {pred.kv_bytes_per_value} B/value"
     )
     console.print(op_table(f"prefill step ({pred.batch} x {pred.prompt_len} tokens)", pred.prefill, pred))
-    console.print(op_table(f"decode step (batch {pred.batch}, {pred.prompt_len} cached)", pred.decode_first, pred))
+    decode = f"decode step (batch {pred.batch}, {pred.prompt_len} cached)"
+    if pred.tpot_s is None:
+        decode += ": none runs for one output token; what a second would take"
+    console.print(op_table(decode, pred.decode_first, pred))
     console.print(summary_table(pred))
 
 
