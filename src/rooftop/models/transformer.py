@@ -21,7 +21,7 @@ from rooftop.models.mlp import SparseMoE
 from rooftop.models.ops import Ops
 from rooftop.models.parallel import TPGroup, VocabParallelEmbedding, rank_config
 from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, TiledLinear, row_plan, widen_compute
-from rooftop.quant.weights import Weight
+from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight
 from rooftop.roofline.ops import matrix_weights
 from rooftop.roofline.precision import WEIGHT_FORMATS, Precision, mixed_format, precision
 
@@ -79,17 +79,29 @@ class Transformer:
     def precision(self) -> Precision:
         """What the steps read and compute in, as the linears report it: activations and KV cache in the dtype, the
         block linears' format (their mix, by bytes, in a mixed file) and the lm_head's, and the step size from which
-        quantized linears widen to floats."""
+        quantized linears widen to floats, and the embedding table's format (a file's Q8_0 table beside Q4_1 blocks
+        is read and counted as Q8_0: the working set whose read is the run's memory roof)."""
         fmt = FLOAT_FORMATS[self.dtype]
         weights = mixed_format(self.bytes_by_format(), matrix_weights(self.rank_config))
         head = WEIGHT_FORMATS[self.lm_head.format]
+        table = WEIGHT_FORMATS[self.table_format()]
         return replace(
             precision(fmt, fmt),
             weights=weights,
             widen_rows=self.layers[0].linears()[0].widen_rows,
             widen_compute=widen_compute(self.layers[0].linears()[0], self.dtype),
             lm_head=None if head == weights else head,
+            embedding=None if table == weights else table,
         )
+
+    def table_format(self) -> str:
+        """The format the embedding table is held in: a float dtype, a file's groups or blocks, or tiles."""
+        table = self.embed.table if isinstance(self.embed, VocabParallelEmbedding) else self.embed
+        if isinstance(table, torch.Tensor):
+            return FLOAT_FORMATS[table.dtype]
+        if isinstance(table, Int4Weight):
+            return "q4_1"
+        return "q8_0" if isinstance(table, Int8GroupWeight) else table.format
 
     def forward(
         self, input_ids: torch.Tensor, cache: KVCache, start: int, phase: Phase = Phase.PREFILL
