@@ -114,9 +114,13 @@ def test_quick_mode_on_the_bundled_model(tmp_path):
     assert r.returncode == 0, r.stderr
     for text in ("pp32", "tg8", "PREFILL", "DECODE", "% of bandwidth roof", "decode reached", "KV cache", "float32"):
         assert text in r.stdout, text
+    for text in ("size", "params", "backend", "CPU", "134.52 M"):  # llama-bench's columns
+        assert text in r.stdout, text
     data = json.loads((tmp_path / "q.json").read_text())
     assert data["machine"]["kv_cache_dtype"] == "float32"
-    assert data["prefill_tokens_per_s"] > 0 and data["decode_tokens_per_s"] > 0 and data["tpot_s"] > 0
+    assert [t["test"] for t in data["tests"]] == ["pp32", "tg8"]
+    assert all(t["tokens_per_s"] > 0 and len(t["samples_s"]) == 2 for t in data["tests"])
+    assert data["tests"][1]["tpot_s"] == pytest.approx(data["decode"]["measured_tpot_s"])
     for phase in ("prefill", "decode"):
         d = data[phase]
         for key in (
@@ -141,6 +145,107 @@ def test_quick_mode_on_the_bundled_model(tmp_path):
     assert data["decode"]["bound"] in ("memory", "compute", "host")
     roof = {"memory": "of memory bandwidth", "compute": "of compute peak"}[data["decode"]["roof"]]
     assert f"decode reached {data['decode']['pct_of_bound_roof']:.0f}% {roof}" in r.stdout.replace("\n", " ")
+
+
+def test_quick_modes_tests_are_llama_benchs_and_the_phase_report_times_the_same_steps(tiny_llm, monkeypatch):
+    """ppN is one prefill of N tokens; tgN is N decode steps from a 1-token context, whatever -p says (llama-bench's
+    tg). Each repetition's sample is the wall time of exactly the steps the phase report attributes, so a test's
+    t/s, its TPOT and the report's measured time per token are one number."""
+    from rooftop.bench import quick
+    from rooftop.enums import Phase
+
+    shapes, attribute = [], quick.attribute_step
+    monkeypatch.setattr(quick, "attribute_step", lambda c, p, shape, *a: shapes.append(shape) or attribute(c, p, shape, *a))  # fmt: skip
+    pp, tg = quick.BenchTest(Phase.PREFILL, 8), quick.BenchTest(Phase.DECODE, 4)
+    said = []
+    phases = quick.quick_bench(tiny_llm, load_or_run_probe().to_hardware(), None, [pp, tg], 1, said.append)
+    assert said == ["pp8 (warm-up)", "tg4 (warm-up)", "pp8 (repetition 1 of 1)", "tg4 (repetition 1 of 1)"]
+    assert [(str(s.phase), [(q.new, q.cached) for q in s.seqs]) for s in shapes] == [
+        ("prefill", [(8, 0)]),
+        *(("decode", [(1, c)]) for c in (1, 2, 3, 4)),
+    ]
+    assert (phases["prefill"].measured_s, phases["decode"].measured_s) == pytest.approx((*pp.samples_s, *tg.samples_s))
+    assert tg.tpot_s == pytest.approx(phases["decode"].measured_s / phases["decode"].steps)
+    assert tg.tokens_per_s * tg.tpot_s == pytest.approx(1) and pp.tpot_s is None
+
+
+MACHINE = {
+    "cpu": "AMD EPYC",
+    "gpu": None,
+    "backend": "CPU",
+    "model_path": "/m/1b.gguf",
+    "model": "Llama 1B",
+    "load_format": "auto",
+    "weight_bytes": 102.4e6,
+    "parameters": 134_515_008,
+    "threads": 2,
+    "kv_cache_dtype": "float32",
+    "date": "2026-12-06T21:00:00+00:00",
+    "rooftop": "0.1.0",
+    "weights_format": "q4_1",
+    "dtype": "float32",
+    "device": "cpu",
+}
+
+
+def test_quick_modes_outputs_are_llama_benchs():
+    """-o md: llama-bench's table, numbers right-aligned; csv, json, jsonl: its records under its field names (json
+    and jsonl with each repetition's samples), avg_ts the table's t/s and TPOT its inverse."""
+    import io
+
+    from rooftop.bench.quick import BenchTest
+    from rooftop.bench.quick_report import params_text, size_text, write_output
+    from rooftop.enums import Phase
+
+    assert (size_text(102.4e6), size_text(4.68e9), params_text(134_515_008), params_text(8.03e9)) == (
+        "97.66 MiB",
+        "4.36 GiB",
+        "134.52 M",
+        "8.03 B",
+    )
+    tests = [BenchTest(Phase.PREFILL, 64, [0.5, 0.3]), BenchTest(Phase.DECODE, 16, [0.2, 0.2])]
+
+    def out(fmt):
+        stream = io.StringIO()
+        write_output(fmt, MACHINE, tests, stream)
+        return stream.getvalue()
+
+    header, rule, *rows = out("md").splitlines()
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "model", "size", "params", "backend", "threads", "weights", "KV cache", "test", "t/s", "TPOT"
+    ]  # fmt: skip
+    assert rule.split("|")[2].strip().endswith(":") and not rule.split("|")[1].strip().endswith(":")  # size right
+    assert [c.strip() for c in rows[0].strip("|").split("|")] == [
+        "Llama 1B", "97.66 MiB", "134.52 M", "CPU", "2", "q4_1", "float32", "pp64", "160.00 ± 60.34", ""
+    ]  # fmt: skip
+    assert rows[1].rstrip(" |").endswith("80.00 ± 0.00 | 12.5 ms")
+    records = json.loads(out("json"))
+    assert [(r["n_prompt"], r["n_gen"], r["avg_ns"], r["samples_ns"]) for r in records] == [
+        (64, 0, 400_000_000, [500_000_000, 300_000_000]),
+        (0, 16, 200_000_000, [200_000_000, 200_000_000]),
+    ]
+    assert records[0]["avg_ts"] == 160 and records[0]["samples_ts"] == [128, pytest.approx(213.33, abs=0.01)]
+    assert records[0]["model_size"] == 102_400_000 and records[0]["backends"] == "CPU"
+    assert [json.loads(line) for line in out("jsonl").splitlines()] == records
+    csv_header, *csv_rows = out("csv").splitlines()
+    assert csv_header.startswith('"cpu_info","gpu_info","backends","model_filename","model_type","model_size"')
+    assert "samples_ns" not in csv_header and len(csv_rows) == 2 and '"64","0"' in csv_rows[0]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["-p", "0", "-n", "0"], "nothing to run: -p and -n are both 0"),
+        (["--n-prompt", "8,x"], "--pp must be comma-separated integers"),
+        (["-n", "-1"], "--tg must be integers >= 0"),
+        (["-p", "8", "-r", "0"], "--reps must be >= 1"),
+        (["-o", "sql"], "--output must be one of md, csv, json, jsonl"),
+    ],
+)
+def test_quick_modes_llama_bench_options_fail_in_one_line_before_loading(args, words):
+    from test_cli import assert_user_error, rooftop_in_process
+
+    assert_user_error(rooftop_in_process("bench", "-m", "/nonexistent.gguf", *args), words)
 
 
 @pytest.mark.slow

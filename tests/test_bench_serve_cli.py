@@ -127,6 +127,16 @@ def test_concurrency_sweep(server, tmp_path):
     assert rooftop("bench", "report", tmp_path / "s.json").stdout == r.stdout
 
 
+def test_a_sweep_writes_plots_only_where_asked(server, tmp_path, monkeypatch):
+    """Without --plots no PNG is written, not even concurrency.png into the current directory (as the engine's
+    sweep, which writes its plots only into --plots DIR)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--input-len", 4, "--output-len", 2, "--num-prompts", 1, "--sweep-concurrency", "1"]
+    r = rooftop("bench", "serve", "--base-url", server.base_url, *args)
+    assert r.returncode == 0, r.stderr
+    assert "Concurrency sweep" in r.stdout and list(tmp_path.iterdir()) == [] and "plot written" not in r.stderr
+
+
 def test_failed_requests_are_reported_and_saved(server, tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("ok a", "ok b", "FAIL500 c", "ok d")))

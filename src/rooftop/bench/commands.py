@@ -1,9 +1,10 @@
-"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with --pp/--tg, the llama-bench-style quick mode;
+"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with -p/-n/-o, llama-bench's tests (the quick mode);
 its subcommands `serve` and `report` load and report on any OpenAI-compatible server."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -12,22 +13,39 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rooftop.bench.quick import BenchTest
+from rooftop.bench.quick_report import OUTPUTS, model_name, table, write_output
 from rooftop.bench.serve import commands as serve_commands
 from rooftop.cli_options import with_run_config
 from rooftop.config import RunConfig
 from rooftop.console import err, user_errors
+from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError
+from rooftop.roofline.precision import Precision
 from rooftop.roofline.report import seconds
 
 
-def _ints(text: str, name: str) -> list[int]:
+def _ints(text: str, name: str, least: int = 1) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise InvalidRequestError(f"{name} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise InvalidRequestError(f"{name} must be integers >= 1, got {text!r}")
+    if not values or min(values) < least:
+        raise InvalidRequestError(f"{name} must be integers >= {least}, got {text!r}")
     return values
+
+
+def _tests(pp: list[str] | None, tg: list[str] | None) -> list[BenchTest]:
+    """llama-bench's tests: a ppN per prompt length, then a tgN per generation length (each option repeatable and
+    comma-separated; 0 runs none; the one not given takes llama-bench's default, 512 or 128)."""
+    lengths = {
+        Phase.PREFILL: [n for text in pp or ["512"] for n in _ints(text, "--pp", least=0) if n],
+        Phase.DECODE: [n for text in tg or ["128"] for n in _ints(text, "--tg", least=0) if n],
+    }
+    tests = [BenchTest(phase, n) for phase, ns in lengths.items() for n in ns]
+    if not tests:
+        raise InvalidRequestError("nothing to run: -p and -n are both 0")
+    return tests
 
 
 @with_run_config
@@ -36,11 +54,46 @@ def bench(
     prompt_lens: Annotated[str, typer.Option(help="prompt lengths for the TTFT sweep")] = "16,64,256,1024",
     batch_sizes: Annotated[str, typer.Option(help="batch sizes for the decode sweep")] = "1,2,4,8,16,32",
     output_len: Annotated[int, typer.Option(help="tokens generated per sequence in the decode sweep")] = 32,
-    pp: Annotated[int | None, typer.Option(help="quick mode: prompt tokens (llama-bench's -p)")] = None,
-    tg: Annotated[int | None, typer.Option(help="quick mode: generated tokens (llama-bench's -n)")] = None,
+    pp: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pp",
+            "-p",
+            "--n-prompt",
+            metavar="<int,...>",
+            help="quick mode (llama-bench's -p): a ppN test per N, a prefill of N prompt tokens; comma-separated or "
+            "repeated, 0 for none (default 512)",
+        ),
+    ] = None,
+    tg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tg",
+            "-n",
+            "--n-gen",
+            metavar="<int,...>",
+            help="quick mode (llama-bench's -n): a tgN test per N, N tokens decoded one step each after a 1-token "
+            "prompt; comma-separated or repeated, 0 for none (default 128)",
+        ),
+    ] = None,
     reps: Annotated[
-        int, typer.Option(help="measured repetitions after a warm-up (a sweep's: passes over its rows)")
+        int,
+        typer.Option(
+            "--reps",
+            "-r",
+            "--repetitions",
+            help="measured repetitions after a warm-up, as passes over all tests (a sweep's: over its rows)",
+        ),
     ] = 3,
+    output: Annotated[
+        str | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="quick mode: print the results to stdout as llama-bench's -o does, md, csv, json or jsonl, instead "
+            "of the table; the phase report then goes to stderr",
+        ),
+    ] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
     plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
     html_path: Annotated[Path | None, typer.Option("--html", help="write a self-contained HTML report")] = None,
@@ -50,7 +103,8 @@ def bench(
     """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions. Each measurement runs on
     a fresh engine with the engine options given, except four it sets itself: prefix caching off, the token budget
     and the prefill chunk raised to the longest prompt (one prefill step per prompt) and the sequence count to the
-    largest batch measured. `rooftop bench serve` loads a running OpenAI-compatible server instead."""
+    largest batch measured. With -p, -n or -o, llama-bench's tests instead (ppN, tgN; its t/s). `rooftop bench
+    serve` loads a running OpenAI-compatible server."""
     if ctx.invoked_subcommand is not None:
         return
     from rooftop.bench.measure import fresh_engine, machine_info
@@ -61,10 +115,19 @@ def bench(
     with user_errors():
         if reps < 1 or output_len < 2:
             raise InvalidRequestError("--reps must be >= 1 and --output-len >= 2")
-        quick = pp is not None or tg is not None
+        if output is not None and output not in OUTPUTS:
+            raise InvalidRequestError(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+        quick = pp is not None or tg is not None or output is not None
+        tests = _tests(pp, tg) if quick else []
+        prompts = [t.tokens for t in tests if t.phase is Phase.PREFILL]
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
-        needed = (pp or 512) + (tg or 128) if quick else max(max(lens) + 1, min(lens) + output_len)
+        # a pp test's prompt and its sampled token; a tg test's prompt token, the prefill's token and its own
+        needed = (
+            max(t.tokens + (1 if t.phase is Phase.PREFILL else 2) for t in tests)
+            if quick
+            else max(max(lens) + 1, min(lens) + output_len)
+        )
         if needed > llm.max_model_len:
             raise InvalidRequestError(
                 f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}"
@@ -74,15 +137,16 @@ def bench(
             hw = probe.to_hardware(working_set=llm.weight_bytes)
         with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
             # on an engine set up as the measurements' are (no chunking of the longest prompt, room for the largest
-            # batch); quick mode measures batch 1 only: the quick calibration's shapes and its own prompt, decoded
-            engine = fresh_engine(llm, (pp or 512) if quick else max(lens), 1 if quick else max(batches))
+            # batch); quick mode measures batch 1 only: the quick calibration's shapes and its longest prompt
+            longest = max(prompts, default=None) if quick else max(lens)
+            engine = fresh_engine(llm, longest or 1, 1 if quick else max(batches))
             calibration = load_or_calibrate(
                 llm,
                 hw,
                 quick=quick,
                 on_progress=lambda s: status.update(f"calibrating: {s}"),
                 engine=engine,
-                at_prompt=(pp or 512) if quick else None,
+                at_prompt=longest if quick else None,
             )
             del engine  # its KV pool
         report = {"machine": machine_info(llm, hw, probe.cpu_model)}
@@ -91,15 +155,9 @@ def bench(
             if quick:
                 from rooftop.bench.quick import quick_bench
 
-                task = progress.add_task("bench", total=reps + 1)
-                summary, phases = quick_bench(
-                    llm,
-                    hw,
-                    calibration,
-                    pp or 512,
-                    tg or 128,
-                    reps,
-                    lambda what: progress.update(task, description=what, advance=1),
+                task = progress.add_task("bench", total=(reps + 1) * len(tests))
+                phases = quick_bench(
+                    llm, hw, calibration, tests, reps, lambda what: progress.update(task, description=what, advance=1)
                 )
             else:
                 from rooftop.bench.sweep import sweep
@@ -117,21 +175,10 @@ def bench(
                 )
         moved = 0.0  # the fastest decode's bytes per second, which may raise this machine's read
         if quick:
-            from rooftop.roofline.attribution import advice, gap_sentence
-            from rooftop.roofline.report import gap_bar, phase_table
-
-            _print_quick(console, report["machine"], summary)
-            console.print(phase_table(phases))
-            console.print(gap_sentence(phases))
-            for name, phase in phases.items():
-                console.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
-                console.print(advice(name, phase, llm.precision.kv_bytes, llm.precision.weights.bits_per_weight()))
-            report.update(summary)
-            report.update({name: phase.to_dict() for name, phase in phases.items()})
+            report.update(repetitions=reps, tests=[t.to_dict() for t in tests])
+            report.update(_print_quick(console, report["machine"], tests, phases, llm.precision, output))
             if "decode" in phases:
-                d = phases["decode"]
-                report["decode"].update(measured_tpot_s=summary["tpot_s"], predicted_tpot_s=d.predicted_s / d.steps)
-                moved = d.achieved_bytes_per_s
+                moved = phases["decode"].achieved_bytes_per_s
         else:
             report.update(
                 ttft=result.ttft,
@@ -140,7 +187,7 @@ def bench(
                 gaps=[{"step": label, **{f"{k}_s": v for k, v in parts.items()}} for label, parts in result.gaps],
             )
             console.print(
-                f"{_model_name(report['machine'])}: weights {report['machine']['weights_format']}, KV cache "
+                f"{model_name(report['machine'])}: weights {report['machine']['weights_format']}, KV cache "
                 f"{report['machine']['kv_cache_dtype']}, {report['machine']['threads']} threads"
             )
             _print_sweep(console, result)
@@ -159,33 +206,32 @@ def bench(
             err.print(f"results written to {json_path}")
 
 
-def _model_name(machine: dict) -> str:
-    return machine["model"] + (" (dummy weights)" if machine["load_format"] == "dummy" else "")
+def _print_quick(
+    console: Console, machine: dict, tests: list[BenchTest], phases: dict, precision: Precision, output: str | None
+) -> dict:
+    """The tests' table, or llama-bench's `output` on stdout (the phase report then on stderr), and the phase
+    report of the same steps; each phase's numbers for the JSON report."""
+    from rooftop.roofline.attribution import advice, gap_sentence
+    from rooftop.roofline.report import gap_bar, phase_table
 
-
-def _print_quick(console: Console, machine: dict, s: dict) -> None:
-    table = Table("model", "weights", "KV cache", "threads", "test", "t/s", "TPOT")
-    name, kv = _model_name(machine), machine["kv_cache_dtype"]
-    table.add_row(
-        name,
-        machine["weights_format"],
-        kv,
-        str(machine["threads"]),
-        f"pp{s['prompt_tokens']}",
-        f"{s['prefill_tokens_per_s']:.2f} ± {s['prefill_tokens_per_s_stdev']:.2f}",
-        "",
-    )
-    if s["decode_tokens_per_s"]:
-        table.add_row(
-            name,
-            machine["weights_format"],
-            kv,
-            str(machine["threads"]),
-            f"tg{s['output_tokens']}",
-            f"{s['decode_tokens_per_s']:.2f} ± {s['decode_tokens_per_s_stdev']:.2f}",
-            seconds(s["tpot_s"]),
-        )
-    console.print(table)
+    if output is None:  # at its full width where no terminal narrows it: a log keeps each test on one line
+        shown = table(machine, tests)
+        full = console.measure(shown, options=console.options.update_width(1000)).maximum
+        (console if console.is_terminal else Console(highlight=False, width=full)).print(shown)
+    else:
+        write_output(output, machine, tests, sys.stdout)
+        sys.stdout.flush()
+    out = console if output is None else err
+    out.print(phase_table(phases))
+    out.print(gap_sentence(phases))
+    for name, phase in phases.items():
+        out.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
+        out.print(advice(name, phase, precision.kv_bytes, precision.weights.bits_per_weight()))
+    found = {name: phase.to_dict() for name, phase in phases.items()}
+    if "decode" in phases:  # per step, as the phase's sentence says it: per token unless speculation verified several
+        d = phases["decode"]
+        found["decode"].update(measured_tpot_s=d.measured_s / d.steps, predicted_tpot_s=d.predicted_s / d.steps)
+    return found
 
 
 def _print_sweep(console: Console, result) -> None:

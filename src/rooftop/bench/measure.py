@@ -16,6 +16,7 @@ from rooftop.engine.outputs import StepRecord
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.errors import RooftopError
 from rooftop.roofline.hardware import Hardware
+from rooftop.roofline.ops import parameter_count, weight_bytes
 
 FILLER = "The history of the printing press is a long story of ideas, metal and ink. "
 
@@ -76,11 +77,14 @@ def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "gpu": torch.cuda.get_device_name(llm.device) if llm.device.type == "cuda" else None,
         "device": str(llm.device),
+        "backend": llm.device.type.upper(),  # llama-bench's column: CPU, CUDA
         "torch": torch.__version__,
         "rooftop": rooftop.__version__,
         "python": platform.python_version(),
         "model": llm.config.name or llm.model_path,
         "model_path": llm.model_path,
+        "parameters": parameter_count(llm.config).total,
+        "weight_bytes": weight_bytes(llm.config, llm.precision),  # the whole model as it runs, the analyzer's count
         "load_format": llm.run_config.load_format,  # "dummy": random weights, the speed of the shapes only
         "dtype": str(llm.dtype).removeprefix("torch."),
         "weights_format": llm.precision.weights.name,

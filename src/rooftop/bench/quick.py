@@ -1,49 +1,107 @@
-"""llama-bench-style numbers: prefill tok/s of a pp-token prompt and decode tok/s of tg tokens, as medians."""
+"""llama-bench's tests on the engine: ppN prefills an N-token prompt, tgN decodes N tokens from a 1-token context.
+A test's rate is its tokens over the wall time of the steps it timed, and the phase report attributes the same
+steps, so the table, the JSON and the report are one measurement."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from rooftop.bench.measure import run_batch, synthetic_prompt
 from rooftop.engine.llm import LLM
+from rooftop.engine.outputs import StepRecord
+from rooftop.enums import Phase
 from rooftop.roofline.attribution import PhaseAttribution, attribute_phases, attribute_step
 from rooftop.roofline.calibration import Calibration
 from rooftop.roofline.hardware import Hardware
 
 
+@dataclass
+class BenchTest:
+    """One test and its repetitions. A prefill test times the one step that prefills its prompt (and samples the
+    token after it, as llama-bench computes the last position's logits); a decode test times its decode steps after
+    a 1-token prompt, whose prefill is not timed: llama-bench's tg decodes from an empty context, independent of
+    -p. Each sample is the wall time of the timed steps (forward pass, scheduling and greedy sampling: what a
+    request waits for; llama-bench samples nothing)."""
+
+    phase: Phase
+    tokens: int
+    samples_s: list[float] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{'pp' if self.phase is Phase.PREFILL else 'tg'}{self.tokens}"
+
+    @property
+    def samples_tokens_per_s(self) -> list[float]:
+        return [self.tokens / s for s in self.samples_s]
+
+    @property
+    def mean_s(self) -> float:
+        return statistics.mean(self.samples_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The test's t/s: its tokens over the repetitions' mean time, so that it is 1 / TPOT and the rate of the
+        phase report's measured time. llama-bench averages the repetitions' rates instead: the same while the
+        repetitions agree, higher when they differ."""
+        return self.tokens / self.mean_s
+
+    @property
+    def tokens_per_s_stdev(self) -> float:
+        """The spread of the repetitions' rates, llama-bench's ±."""
+        return statistics.stdev(self.samples_tokens_per_s) if len(self.samples_s) > 1 else 0.0
+
+    @property
+    def tpot_s(self) -> float | None:
+        """A decode test's mean time per token, 1 / its t/s: the phase report's measured decode time per token when
+        the run has one decode test."""
+        return self.mean_s / self.tokens if self.phase is Phase.DECODE else None
+
+    def to_dict(self) -> dict:
+        return {
+            "test": self.name,
+            "phase": str(self.phase),
+            "tokens": self.tokens,
+            "samples_s": self.samples_s,
+            "samples_tokens_per_s": self.samples_tokens_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_stdev": self.tokens_per_s_stdev,
+            "mean_s": self.mean_s,
+            "tpot_s": self.tpot_s,
+        }
+
+
+def timed_steps(llm: LLM, test: BenchTest, variant: int) -> list[StepRecord]:
+    """Run the test once on a fresh engine; the steps it times (those of its phase)."""
+    if test.phase is Phase.PREFILL:
+        run = run_batch(llm, [synthetic_prompt(llm, test.tokens, variant)], 1)
+    else:  # the prefill's sampled token, then one decode step per token
+        run = run_batch(llm, [synthetic_prompt(llm, 1, variant)], test.tokens + 1)
+    return [r for r in run.records if r.phase == test.phase]
+
+
 def quick_bench(
     llm: LLM,
     hw: Hardware,
-    calibration: Calibration,
-    pp: int,
-    tg: int,
+    calibration: Calibration | None,
+    tests: list[BenchTest],
     reps: int,
     on_progress: Callable[[str], None] = lambda _: None,
-) -> tuple[dict, dict[str, PhaseAttribution]]:
-    """Run `reps` single-sequence generations (after one warm-up); return medians and the phase attribution."""
+) -> dict[str, PhaseAttribution]:
+    """A warm-up pass over the tests, then `reps` passes, each adding one sample to every test (a slow minute of a
+    shared host is then one sample of each test, not all of one's); the phase attribution of every timed step."""
     p = llm.precision
-    prefill_s, decode_steps, attributions = [], [], []
+    steps = []
     for rep in range(reps + 1):
-        on_progress(f"repetition {rep}/{reps}" if rep else "warm-up")
-        run = run_batch(llm, [synthetic_prompt(llm, pp, rep)], tg)
-        if not rep:
-            continue
-        prefill_s.append(sum(r.seconds for r in run.records if r.phase == "prefill"))
-        decode_steps.append([r.seconds for r in run.records if r.phase == "decode"])
-        attributions += [
-            attribute_step(llm.config, p, r.shape, r.seconds, hw, r.around_seconds, calibration) for r in run.records
-        ]
-    tpot = statistics.median(statistics.median(d) for d in decode_steps) if tg > 1 else None
-    decode_tps = [len(d) / sum(d) for d in decode_steps if d]
-    summary = {
-        "prompt_tokens": pp,
-        "output_tokens": tg,
-        "repetitions": reps,
-        "prefill_tokens_per_s": statistics.median(pp / s for s in prefill_s),
-        "prefill_tokens_per_s_stdev": statistics.stdev(pp / s for s in prefill_s) if reps > 1 else 0.0,
-        "decode_tokens_per_s": statistics.median(decode_tps) if decode_tps else None,
-        "decode_tokens_per_s_stdev": statistics.stdev(decode_tps) if len(decode_tps) > 1 else 0.0,
-        "tpot_s": tpot,
-    }
-    return summary, attribute_phases(attributions, hw)
+        for test in tests:
+            on_progress(f"{test.name} ({f'repetition {rep} of {reps}' if rep else 'warm-up'})")
+            records = timed_steps(llm, test, rep)
+            if rep:
+                test.samples_s.append(sum(r.wall_seconds for r in records))
+                steps += [
+                    attribute_step(llm.config, p, r.shape, r.seconds, hw, r.around_seconds, calibration)
+                    for r in records
+                ]
+    return attribute_phases(steps, hw)

@@ -69,7 +69,7 @@ def serve(
     save_result: Annotated[Path | None, Opt(help="write the summary and every request's record as JSON")] = None,
     plots: Annotated[Path | None, Opt(help="write PNG plots into this directory")] = None,
     sweep_concurrency: Annotated[
-        str | None, Opt(help="run once per max concurrency, e.g. 1,2,4,8,16, and plot")
+        str | None, Opt(help="run once per max concurrency, e.g. 1,2,4,8,16 (with --plots: plotted against it)")
     ] = None,
 ) -> None:
     """Load an OpenAI-compatible server with streamed requests; report TTFT, TPOT, ITL, E2E and throughput."""
@@ -128,8 +128,8 @@ def serve(
             except OSError as e:
                 raise RooftopError(f"cannot write {save_result}: {e}") from None
             err.print(f"results written to {save_result}")
-        if sweep_concurrency or plots:
-            _write_plots(result, plots or Path("."))
+        if plots:
+            _write_plots(result, plots)
 
 
 def report(

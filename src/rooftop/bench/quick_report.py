@@ -1,0 +1,140 @@
+"""The quick mode's results: one row per test in the terminal's table or in llama-bench's outputs (`-o md`, `csv`,
+`json`, `jsonl`), whose records keep llama-bench's field names so that scripts reading its output read rooftop's."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from typing import TextIO
+
+from rich.table import Table
+
+from rooftop.bench.quick import BenchTest
+from rooftop.enums import Phase
+from rooftop.roofline.report import seconds
+
+OUTPUTS = ("md", "csv", "json", "jsonl")
+COLUMNS = ("model", "size", "params", "backend", "threads", "weights", "KV cache", "test", "t/s", "TPOT")
+RIGHT = {"size", "params", "threads", "test", "t/s", "TPOT"}  # llama-bench's numbers, right-aligned
+SAMPLES = ("samples_ns", "samples_ts")  # in llama-bench's json and jsonl, not in its csv
+
+
+def model_name(machine: dict) -> str:
+    return machine["model"] + (" (dummy weights)" if machine["load_format"] == "dummy" else "")
+
+
+def size_text(nbytes: float) -> str:
+    """llama-bench's size: MiB below a GiB, else GiB."""
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes < 2**30 else f"{nbytes / 2**30:.2f} GiB"
+
+
+def params_text(count: int) -> str:
+    """llama-bench's params: millions below a billion, else billions."""
+    return f"{count / 1e6:.2f} M" if count < 1e9 else f"{count / 1e9:.2f} B"
+
+
+def rows(machine: dict, tests: list[BenchTest]) -> list[list[str]]:
+    """The table's cells (COLUMNS): each test's t/s ± the spread of its repetitions' rates, and a decode test's
+    TPOT, 1 / its t/s."""
+    model = [
+        model_name(machine),
+        size_text(machine["weight_bytes"]),
+        params_text(machine["parameters"]),
+        machine["backend"],
+        str(machine["threads"]),
+        machine["weights_format"],
+        machine["kv_cache_dtype"],
+    ]
+    return [
+        [
+            *model,
+            t.name,
+            f"{t.tokens_per_s:.2f} ± {t.tokens_per_s_stdev:.2f}",
+            "" if t.tpot_s is None else seconds(t.tpot_s),
+        ]
+        for t in tests
+    ]
+
+
+def table(machine: dict, tests: list[BenchTest]) -> Table:
+    out = Table()
+    for name in COLUMNS:
+        out.add_column(name, justify="right" if name in RIGHT else "left")
+    for row in rows(machine, tests):
+        out.add_row(*row)
+    return out
+
+
+def markdown(machine: dict, tests: list[BenchTest]) -> str:
+    """llama-bench's markdown table: padded cells, numbers right-aligned (`---:`)."""
+    cells = rows(machine, tests)
+    widths = [max(len(name), *(len(row[i]) for row in cells)) for i, name in enumerate(COLUMNS)]
+
+    def line(values) -> str:
+        return (
+            "| "
+            + " | ".join(
+                v.rjust(w) if name in RIGHT else v.ljust(w) for name, v, w in zip(COLUMNS, values, widths, strict=True)
+            )
+            + " |"
+        )
+
+    rule = (
+        "| "
+        + " | ".join("-" * (w - 1) + ":" if n in RIGHT else "-" * w for n, w in zip(COLUMNS, widths, strict=True))
+        + " |"
+    )
+    return "\n".join([line(COLUMNS), rule, *(line(row) for row in cells)]) + "\n"
+
+
+def records(machine: dict, tests: list[BenchTest]) -> list[dict]:
+    """One record per test under llama-bench's field names, with rooftop's values (avg_ts: the table's t/s, the
+    tokens over avg_ns; type_k and type_v: the KV cache's dtype as rooftop names it; test_time: when the run
+    started), then rooftop's own fields."""
+    return [
+        {
+            "cpu_info": machine["cpu"],
+            "gpu_info": machine["gpu"] or "",
+            "backends": machine["backend"],
+            "model_filename": machine["model_path"],
+            "model_type": model_name(machine),
+            "model_size": round(machine["weight_bytes"]),
+            "model_n_params": machine["parameters"],
+            "n_threads": machine["threads"],
+            "type_k": machine["kv_cache_dtype"],
+            "type_v": machine["kv_cache_dtype"],
+            "n_prompt": t.tokens if t.phase is Phase.PREFILL else 0,
+            "n_gen": t.tokens if t.phase is Phase.DECODE else 0,
+            "test_time": machine["date"],
+            "avg_ns": round(t.mean_s * 1e9),
+            "stddev_ns": round(statistics.stdev(t.samples_s) * 1e9) if len(t.samples_s) > 1 else 0,
+            "avg_ts": t.tokens_per_s,
+            "stddev_ts": t.tokens_per_s_stdev,
+            "samples_ns": [round(s * 1e9) for s in t.samples_s],
+            "samples_ts": t.samples_tokens_per_s,
+            "rooftop": machine["rooftop"],
+            "weights_format": machine["weights_format"],
+            "load_format": machine["load_format"],
+            "dtype": machine["dtype"],
+            "device": machine["device"],
+        }
+        for t in tests
+    ]
+
+
+def write_output(fmt: str, machine: dict, tests: list[BenchTest], out: TextIO) -> None:
+    """The results as llama-bench's `-o` prints them: md, csv (every field quoted), json (an array) or jsonl."""
+    if fmt == "md":
+        out.write(markdown(machine, tests))
+        return
+    found = records(machine, tests)
+    if fmt == "json":
+        out.write(json.dumps(found, indent=2) + "\n")
+    elif fmt == "jsonl":
+        out.writelines(json.dumps(r) + "\n" for r in found)
+    else:
+        fields = [k for k in found[0] if k not in SAMPLES]
+        writer = csv.DictWriter(out, fields, extrasaction="ignore", quoting=csv.QUOTE_ALL, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(found)
