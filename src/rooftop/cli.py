@@ -240,9 +240,10 @@ def chat(
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)
     err.print("[dim]type a message; /reset clears the history, /exit or Ctrl-D quits[/]")
+    prompt = ">>> " if sys.stdin.isatty() else ""  # piped input: stdout holds the answers alone, as python's REPL
     while True:
         try:
-            line = input(">>> ")
+            line = input(prompt)
         except (EOFError, KeyboardInterrupt):
             err.print()
             return
