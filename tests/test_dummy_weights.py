@@ -19,6 +19,7 @@ from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModel
 from rooftop.kernels import cpu
 from rooftop.loading import dummy
 from rooftop.loading.dummy import load_dummy
+from rooftop.loading.gguf_file import read_gguf
 from rooftop.loading.model_files import load_model
 from rooftop.loading.shard import Shard
 from rooftop.models.loader import build_model
@@ -244,6 +245,21 @@ def test_dummy_weights_too_big_for_the_device_are_refused_before_any_tensor(monk
         LLM(model="dense-27b", load_format="dummy", weights="int8")
     dummy.check_fits(load_dummy("dense-27b", "int4", CPU, torch.float32), "int4", CPU, torch.float32)  # 17 GB fit
     dummy.check_fits(load_dummy("dense-27b", "float", META, torch.bfloat16), "float", META, torch.bfloat16)
+
+
+def test_a_k_quant_gguf_dummy_is_counted_in_the_files_own_formats(tmp_path, monkeypatch, no_tensors):
+    """Under auto a GGUF's matrices are held as the file holds them (Q4_K: 4.5 bits per weight), so check_fits counts
+    them so (it counted them as Q4_1's 5 bits and refused a Q4_K model that fit by a tenth); --weights int4 makes
+    every one Q4_1 and is still counted as that."""
+    path = tmp_path / "q4_k.gguf"
+    write_tiny_gguf(path, qtype=lambda name: T.Q4_K)  # the embedding too
+    file_bytes = sum(t.data.nbytes for t in read_gguf(path).tensors if len(t.shape) == 2)
+    monkeypatch.setattr(dummy, "available_bytes", lambda device: 1.05 * file_bytes)
+    auto = load_dummy(path, "auto", CPU, torch.float32)
+    assert dummy.held_formats(auto.weights.matrices) == {"q4_k": pytest.approx(file_bytes)}
+    dummy.check_fits(auto, "auto", CPU, torch.float32)  # fits
+    with pytest.raises(ModelLoadError, match=r"its int4 weights take at least .* \(as q4_1\)"):
+        dummy.check_fits(load_dummy(path, "int4", CPU, torch.float32), "int4", CPU, torch.float32)
 
 
 def test_a_dummy_tensor_with_no_memory_left_for_it_is_refused_by_name(monkeypatch):

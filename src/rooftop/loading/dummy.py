@@ -44,7 +44,7 @@ from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize
 from rooftop.quant.linear import weight_policy
 from rooftop.quant.weights import BLOCK_FORMATS, GROUP, BlockWeight, Int4Weight, Int8GroupWeight, Weight
 from rooftop.roofline.ops import weight_bytes
-from rooftop.roofline.precision import precision
+from rooftop.roofline.precision import WEIGHT_FORMATS, precision
 from rooftop.roofline.presets import find_preset
 
 DRAW_ROWS = 1024  # rows of a matrix drawn from one generator on the CPU (`drawn`)
@@ -57,6 +57,8 @@ INT8_SCALE = STD / 73.6
 CPU = torch.device("cpu")
 # The fewest bytes a policy's weights take (the analyzer's count): floats at 16 bits, int8 as Q8_0, int4 as Q4_1
 SMALLEST_FORMAT = {"float": "bf16", "int8": "q8_0", "int4": "q4_1"}
+# A GGUF matrix's form (file_form) as the analyzer's format where its name is not one (the block formats are)
+FILE_FORMATS = {"int8": "q8_0", "int4": "q4_1", "bf16": "bf16", "float": "bf16"}
 
 
 def _level_std(levels: int) -> float:
@@ -452,17 +454,47 @@ def check_room(name: str, shape: tuple[int, ...], form: str, dtype: torch.dtype,
         )
 
 
+class DummyWeights(LazyWeights):
+    """A dummy's readers, and the shape and form (file_form) of each of a GGUF's matrices, known before any is made:
+    what check_fits counts them as."""
+
+    def __init__(
+        self, readers: dict[str, Callable[[Shard | None], Weight]], matrices: dict[str, tuple[tuple[int, ...], str]]
+    ):
+        super().__init__(readers)
+        self.matrices = matrices
+
+
+def held_formats(matrices: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, float]:
+    """The bytes of a GGUF's matrices by the analyzer's format, each as `--weights auto` holds it: its block format,
+    Q8_0 and Q4_1 groups as themselves, a float at 16 bits (the fewest any float takes)."""
+    held: dict[str, float] = {}
+    for (rows, cols), form in matrices.values():
+        fmt = FILE_FORMATS.get(form, form)
+        held[fmt] = held.get(fmt, 0.0) + WEIGHT_FORMATS[fmt].linear_bytes(cols, rows)
+    return held
+
+
 def check_fits(loaded: LoadedModel, weights: str, device: torch.device, dtype: torch.dtype, ranks: int = 1) -> None:
     """Refuse dummy weights that cannot fit on `device` before a tensor is made: the fewest bytes the `weights`
-    choice's tensors take there (SMALLEST_FORMAT, by the analyzer's count) against the memory available. A model too
-    big for this machine would otherwise be built tensor by tensor until the kernel killed the process, with no
-    message. Tensor-parallel ranks on the CPU share the host's memory; on GPUs each holds its share."""
+    choice's tensors take there against the memory available — a GGUF's matrices under auto each in the format the
+    file holds it in (held_formats), else every matrix in the policy's smallest format (SMALLEST_FORMAT, by the
+    analyzer's count). A model too big for this machine would otherwise be built tensor by tensor until the kernel
+    killed the process, with no message. Tensor-parallel ranks on the CPU share the host's memory; on GPUs each
+    holds its share."""
     available = available_bytes(device)
     if available is None or not is_runnable(loaded.config):
         return
     policy = weight_policy(weights, loaded.native_format, device, dtype)
-    fmt = SMALLEST_FORMAT[policy]
-    need = weight_bytes(loaded.config, precision(fmt)) / (ranks if device.type == "cuda" else 1)
+    auto = weights == "auto" and isinstance(loaded.weights, DummyWeights)
+    matrices = loaded.weights.matrices if auto else {}
+    if matrices:
+        held = held_formats(matrices)
+        need, fmt = sum(held.values()), "+".join(sorted(held, key=held.get, reverse=True))
+    else:
+        fmt = SMALLEST_FORMAT[policy]
+        need = weight_bytes(loaded.config, precision(fmt))
+    need /= ranks if device.type == "cuda" else 1
     if need > available:
         per = f" per GPU of {ranks}" if device.type == "cuda" and ranks > 1 else ""
         raise ModelLoadError(
@@ -499,15 +531,17 @@ def made_as(
 def dummy_weights(source: Source, weights: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
     """load_dummy for a source already in hand (e.g. a preset's config changed in code, as benchmarks/moe.py does)."""
     policy = weight_policy(weights, source.native_format, device, dtype)
-    readers = {}
+    readers, matrices = {}, {}
     for name, shape in tensor_shapes(source.config, source.from_gguf).items():
         form, values = made_as(source, name, shape, policy, device)
         readers[name] = partial(random_weight, name, shape, form, dtype, device, seed, values=values)
+        if name in source.forms and len(shape) == 2:
+            matrices[name] = (shape, source.forms[name])
     tokenizer = source.tokenizer or bundled_tokenizer(source.config)
     order = linear_value_order(source.config) if source.from_gguf else "grouped"
     return LoadedModel(
         source.config,
-        LazyWeights(readers),
+        DummyWeights(readers, matrices),
         tokenizer,
         source.name,
         source.native_format,
