@@ -149,6 +149,47 @@ def test_calibration_is_cached_per_model_and_settings(tiny_llm, tmp_path, monkey
     assert calibration_run.cache_path(tiny_llm, faster) != path  # other roofs: other curves
 
 
+def test_a_full_calibration_decodes_after_its_long_prompt(tiny_llm):
+    """The full plan's long prompt (about `long` tokens in whole chunks, two at least) is decoded after, so the
+    decode's attention has a point at a long context: carried from the few hundred tokens the caches hold, it was
+    not what thousands take (docs/BENCHMARKS.md). The tiny model's 64 positions hold 48 in chunks of 16."""
+    from types import SimpleNamespace
+
+    def runs(chunk: int, long: int) -> list:
+        config = replace(tiny_llm.engine.config, chunked_prefill_size=chunk)
+        plan = calibration_run.FULL | {"long": long}
+        return calibration_run._runs(tiny_llm, SimpleNamespace(config=config, stats=tiny_llm.engine.stats), plan)
+
+    steps = calibration_run.FULL["steps"]
+    assert runs(16, 50)[-1] == ("a prompt of 48 tokens, in chunks of 16, and a decode after it", 1, 48, steps + 1)
+    assert all("chunks" not in label for label, *_ in runs(32, 50))  # one chunk only: no long prompt
+
+
+def test_the_float_rows_are_in_the_identity_only_of_a_model_with_float_linears(tiny_gguf, tiny_llm, monkeypatch):
+    """The rows a float decode is padded to are timed per process (1 or 2 on one host): a quantized model had them
+    in its identity, so the full calibration `rooftop calibrate` cached went unused by a later `generate` whenever
+    they came out otherwise, and a quick one, timed to 128 tokens, ran in its place (docs/BENCHMARKS.md)."""
+    from rooftop import LLM
+    from rooftop.quant import linear as linears
+
+    hw = load_or_run_probe(quick=True).to_hardware()
+    quantized = LLM(model=tiny_gguf, weights="int8")
+    identities = {}
+    for rows in (1, 2):
+        monkeypatch.setattr(linears, "float_narrow_rows", lambda dtype, rows=rows: rows)
+        identities[rows] = [calibration_run.identity(llm, hw, llm.engine) for llm in (quantized, tiny_llm)]
+    assert identities[1][0] == identities[2][0] and identities[1][0]["float_narrow_rows"] == ""
+    assert identities[1][1]["float_narrow_rows"] == "1" and identities[2][1]["float_narrow_rows"] == "2"
+
+
+def test_a_calibration_says_how_far_its_shapes_reach():
+    """`generate`'s report says when its context is far past what its calibration timed (a quick one's 128 tokens
+    expected a 3,679-token prompt's decode at twice what it took): quick, full, and a bench's own prompt."""
+    assert calibration_run.timed_context(Calibration({}, quick=True)) == 128
+    assert calibration_run.timed_context(Calibration({})) == 2048
+    assert calibration_run.timed_context(Calibration({}, {"at_prompt": "4096"}, quick=True)) == 4096
+
+
 def test_a_benchs_own_prompt_is_calibrated_and_cached_apart(tiny_llm, tmp_path, monkeypatch):
     """`rooftop bench --pp N`'s quick calibration times a prompt of N tokens and the decode after it: a quick plan's
     longest prompt (128 tokens) and decode context (32), carried to a long N, over-predicted the decode after it

@@ -42,16 +42,17 @@ from rooftop.roofline.predict import time_step
 
 # Every linear class the models build (the `Linear` union): a class left out has its calls counted as host time.
 LINEAR_CLASSES = typing.get_args(linears.Linear)
-# decode batches and contexts; prompt lengths (each up to the engine's chunk) and one long prompt of `long` chunks
-# (at most LONGEST tokens), for its chunks' attention over what the earlier chunks cached; decode steps per run; and
+# decode batches and contexts; prompt lengths (each up to the engine's chunk) and one long prompt of about `long`
+# tokens in whole chunks (two at least), for its chunks' attention over what the earlier chunks cached, decoded after
+# (attention over thousands of cached tokens streams them from memory: carried from the few hundred the caches hold,
+# it was not what a long context takes, docs/BENCHMARKS.md); decode steps per run; and
 # passes over the whole plan, each point's time the median of its passes: a prefill run is one step, and on a shared
 # host one minute's run of a shape can differ from the next by a third (docs/BENCHMARKS.md), so a point is taken at
 # three moments spread over the calibration, not three times in a row. A one-token prompt runs the decode kernels,
 # reading the weights once where a 16-token one computes sixteen rows: without it, a short prompt was expected at
 # the shortest measured prompt's time (docs/BENCHMARKS.md)
-FULL = {"batches": (1, 2, 4, 8, 16, 32), "contexts": (32, 256), "prompts": (1, 16, 64, 256, 1024, 2048), "long": 2, "steps": 6, "passes": 3}  # fmt: skip
+FULL = {"batches": (1, 2, 4, 8, 16, 32), "contexts": (32, 256), "prompts": (1, 16, 64, 256, 1024, 2048), "long": 2048, "steps": 6, "passes": 3}  # fmt: skip
 QUICK = {"batches": (1, 4), "contexts": (32,), "prompts": (1, 16, 128), "long": 0, "steps": 3, "passes": 1}
-LONGEST = 2048
 
 
 class OpTimer:
@@ -289,9 +290,10 @@ def _runs(llm: LLM, eng: LLMEngine, plan: dict, at_prompt: int | None = None) ->
         for n in plan["prompts"]
         if n <= min(room, limits.chunk_size, kv_tokens - 2)
     ]
-    long = plan["long"] * limits.chunk_size
-    if plan["long"] and long <= min(room, LONGEST, kv_tokens):
-        runs.append((f"a prompt of {long} tokens, in chunks of {limits.chunk_size}", 1, long, 1))
+    long = plan["long"] // limits.chunk_size * limits.chunk_size
+    if long >= 2 * limits.chunk_size and long <= min(room, kv_tokens):
+        label = f"a prompt of {long} tokens, in chunks of {limits.chunk_size}, and a decode after it"
+        runs.append((label, 1, long, plan["steps"] + 1))
     if at_prompt and at_prompt > room:
         raise InvalidRequestError(
             f"calibrating at a {at_prompt}-token prompt needs {at_prompt + plan['steps'] + 2} tokens of context and KV "
@@ -357,12 +359,28 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine, at_prompt: int | None = Non
             # the kernels' prefill chunks: one widened matmul, or every row narrow
             "prefill_widens_to": str(linears.widen_dtype()),
             "float32_linears": "onednn" if llm.device.type == "cpu" and linears.packs_float32() else "F.linear",
-            # the rows a float decode's calls are padded to, timed per process (quant/linear.py)
-            "float_narrow_rows": str(linears.float_narrow_rows(llm.dtype)) if llm.device.type == "cpu" else "",
+            # the rows a float decode's calls are padded to, timed per process (quant/linear.py): only where the
+            # model has float linears, or a quantized model's calibration went unused whenever it came out otherwise
+            "float_narrow_rows": str(linears.float_narrow_rows(llm.dtype))
+            if llm.device.type == "cpu" and _float_linears(llm)
+            else "",
             "procedure": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8],  # this file: what was measured
         }
         | ({"at_prompt": str(at_prompt)} if at_prompt else {})
     )
+
+
+def timed_context(calibration: Calibration) -> int:
+    """The longest context its plan times (a prompt, a decode's, `rooftop bench --pp N`'s own): an expected time
+    far past it is carried from shorter shapes, whose kernels ran from the caches."""
+    plan = QUICK if calibration.quick else FULL
+    return max(*plan["prompts"], *plan["contexts"], plan["long"], int(calibration.identity.get("at_prompt", 0)))
+
+
+def _float_linears(llm: LLM) -> bool:
+    """Whether any of the model's linears multiplies in a float format (FloatLinear: padded to the narrow rows)."""
+    formats = {*llm.model.bytes_by_format(), llm.model.lm_head.format}
+    return bool(formats & set(linears.FLOAT_FORMATS.values()))
 
 
 def cache_path(llm: LLM, hw: Hardware, engine: LLMEngine | None = None, at_prompt: int | None = None) -> Path:
