@@ -11,7 +11,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_support import held_server, metrics, running_server, sse_events
+from serve_support import api_error, held_server, metrics, running_server, sse_events
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
@@ -225,6 +225,65 @@ def test_logit_bias_forces_and_bans_tokens(server):
     prompt = next(p for p in ("hi", "ab", "xyz", "0", "Q", "the", "!?") if text(p)[:1].isascii() and text(p)[:1])
     first = text(prompt)[0]
     assert text(prompt, {str(ord(first) + 3): -100})[:1] != first
+
+
+def test_vllms_output_fields_on_both_endpoints_streamed_or_not(server):
+    """The tiny vocabulary: EOS is id 2, <|im_start|> id 1, "a" id 100, "z" id 125, "y" 124. min_tokens holds back
+    a forced EOS, include_stop_str_in_output keeps the stop string, skip_special_tokens false shows <|im_start|>,
+    bad_words "zz" makes every other "z" a "y", allowed_token_ids [100] every token "a"."""
+    c = client(server)
+    messages = [{"role": "user", "content": "hi"}]
+
+    def both(**fields) -> tuple[str, int]:
+        """Each endpoint's text and token count, streamed and not, which must agree."""
+        answers = []
+        for chat in (True, False):
+            call = c.chat.completions.create if chat else c.completions.create
+            where = {"messages": messages} if chat else {"prompt": "hi"}
+            full = call(model="tiny-long", max_tokens=6, temperature=0, **where, **fields)
+            text = full.choices[0].message.content if chat else full.choices[0].text
+            chunks = list(call(model="tiny-long", max_tokens=6, temperature=0, stream=True, **where, **fields))
+            pieces = [(ch.choices[0].delta.content if chat else ch.choices[0].text) or "" for ch in chunks]
+            assert "".join(pieces) == text
+            answers.append((text, full.usage.completion_tokens))
+        assert answers[0][1] == answers[1][1]
+        return answers[1]
+
+    assert both(logit_bias={"2": 100}) == ("", 1)
+    assert both(logit_bias={"2": 100}, extra_body={"min_tokens": 3})[1] == 4
+    zs = {"logit_bias": {"125": 100}, "stop": ["zz"]}
+    assert both(**zs) == ("", 2)
+    assert both(**zs, extra_body={"include_stop_str_in_output": True}) == ("zz", 2)
+    assert both(**zs, extra_body={"include_stop_str_in_output": True, "min_tokens": 3}) == ("zzzz", 4)
+    starts = {"logit_bias": {"1": 100}}
+    assert both(**starts) == ("", 6)
+    shown = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+    assert both(**starts, extra_body=shown) == ("<|im_start|>" * 6, 6)
+    zy = {"logit_bias": {"125": 100, "124": 50}, "extra_body": {"ignore_eos": True, "bad_words": ["zz"]}}
+    assert both(**zy) == ("zyzyzy", 6)
+    assert both(extra_body={"ignore_eos": True, "allowed_token_ids": [100]}) == ("aaaaaa", 6)
+    error = api_error(httpx.post(f"{server}/v1/completions", json={"prompt": "hi", "allowed_token_ids": [300]}), 400)
+    assert error["param"] == "allowed_token_ids" and "out of range [0, 259)" in error["message"]
+
+
+def test_echo_puts_the_prompt_before_each_choice(server):
+    """Each choice of a batch of two prompts starts with its prompt, streamed or not; a prompt of token ids is echoed
+    as their text."""
+    c = client(server)
+    batch = {"model": "tiny-long", "prompt": ["Echo", "ab"], "n": 2, "max_tokens": 4, "echo": True, **GREEDY}
+    plain = [
+        c.completions.create(**batch | {"prompt": p, "n": 1, "echo": False}).choices[0].text for p in batch["prompt"]
+    ]
+    echoed = c.completions.create(**batch)
+    assert [ch.text for ch in echoed.choices] == ["Echo" + plain[0]] * 2 + ["ab" + plain[1]] * 2
+    assert echoed.usage.completion_tokens == 16
+    texts = [""] * 4
+    for chunk in c.completions.create(**batch, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [ch.text for ch in echoed.choices]
+    by_ids = c.completions.create(**batch | {"prompt": [ord(ch) + 3 for ch in "Echo"], "n": 1})
+    assert by_ids.choices[0].text == "Echo" + plain[0]
 
 
 def test_32_concurrent_streams_each_equal_alone(server):

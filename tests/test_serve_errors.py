@@ -94,7 +94,13 @@ CASES = [
         400,
         "prompt 1 has 256 tokens; the context holds 256",
     ),
-    ("echo", TEXT, {"prompt": "a", "echo": True}, 400, "echo is not supported"),
+    (
+        "echo with logprobs",
+        TEXT,
+        {"prompt": "a", "echo": True, "logprobs": 1},
+        400,
+        "echo cannot be combined with logprobs: echoing them needs the prompt's logprobs",
+    ),
     ("oversized body", TEXT, {"prompt": "x" * (70 << 10)}, 413, "the limit is 65536"),
 ]
 
@@ -142,7 +148,7 @@ PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the 
     "an empty prompt in a batch": "prompt",
     "a batch past the bound": "prompt",
     "a batch with one prompt too long": "prompt",
-    "echo": "echo",
+    "echo with logprobs": "echo",
     "oversized body": None,
 }
 
@@ -230,7 +236,9 @@ def test_an_internal_error_is_a_plain_500_on_a_connection_that_stays_usable(long
 
 REFUSED = [  # (path, body, words the message must hold, param): fields rooftop does not implement, bad values of new ones
     (CHAT, chat(n=2, seed=2**64 - 1), "seed + n - 1 must be at most", "seed"),
-    (CHAT, chat(min_tokens=3), "min_tokens is not a field rooftop implements", "min_tokens"),
+    (CHAT, chat(prompt_logprobs=1), "prompt_logprobs is not a field rooftop implements", "prompt_logprobs"),
+    (CHAT, chat(min_tokens=3, max_tokens=2), "min_tokens must be at most max_tokens (2), got 3", "min_tokens"),
+    (TEXT, {"prompt": "a", "skip_special_tokens": 1}, "skip_special_tokens", "skip_special_tokens"),
     (
         CHAT,
         chat(messages=[{"role": "user", "content": "hi", "x": 1}]),

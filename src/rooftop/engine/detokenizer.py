@@ -14,8 +14,8 @@ class IncrementalDetokenizer:
     and the delta is held back.
     """
 
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
         self.ids: list[int] = []
         self.text = ""
         self.prefix_offset = 0
@@ -31,9 +31,9 @@ class IncrementalDetokenizer:
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> str:
-        decode = self.tokenizer.decode
-        prefix = decode(self.ids[self.prefix_offset : self.read_offset])
-        window = decode(self.ids[self.prefix_offset :])
+        decode, skip = self.tokenizer.decode, self.skip_special_tokens
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+        window = decode(self.ids[self.prefix_offset :], skip_special_tokens=skip)
         if len(window) <= len(prefix) or (window.endswith(REPLACEMENT) and not final):
             return ""
         delta = window[len(prefix) :]

@@ -21,7 +21,7 @@ from rooftop.engine.metrics import RequestMetrics, SpecDecodeCounts
 from rooftop.engine.output_processor import OutputProcessor
 from rooftop.engine.outputs import EngineStats, RequestDelta, RequestOutput, StepOutput, StepRecord
 from rooftop.engine.runner import run_step
-from rooftop.engine.sampler import SamplingRow, finite_rows, sample, token_logprob
+from rooftop.engine.sampler import SamplingRow, bad_word_token_ids, finite_rows, sample, token_logprob
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.scheduler import ScheduledSeq, Scheduler
 from rooftop.engine.sequence import Sequence
@@ -178,6 +178,14 @@ class LLMEngine:
         outside = [t for t in params.logit_bias or {} if t >= vocab]
         if outside:
             raise InvalidRequestError(f"logit_bias token ids out of range [0, {vocab}): {outside[:5]}", "logit_bias")
+        outside = [t for t in params.allowed_token_ids or [] if t >= vocab]
+        if outside:
+            raise InvalidRequestError(
+                f"allowed_token_ids out of range [0, {vocab}): {outside[:5]}", "allowed_token_ids"
+            )
+        bad_words = bad_word_token_ids(
+            params.bad_words, lambda word: self.tokenizer.encode(word, add_special_tokens=False)
+        )
         spec = params.structured_outputs
         grammar = None if spec is None else self._grammars.start(spec)
         generator = None
@@ -194,6 +202,7 @@ class LLMEngine:
             generator=generator,
             grammar=grammar,
             prompt_source=None if shares_prompt_with is None else self._requests.get(shares_prompt_with),
+            bad_words=bad_words,
         )
         self._arrivals += 1
         self._requests[request_id] = seq
@@ -297,7 +306,18 @@ class LLMEngine:
             for j in range(usable):
                 output = seq.output_token_ids if j == 0 else seq.output_token_ids + s.draft[:j]  # as if accepted
                 draft = s.draft[j] if j < usable - 1 else None
-                rows.append(SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, draft, seq.grammar))
+                rows.append(
+                    SamplingRow(
+                        seq.params,
+                        seq.generator,
+                        seq.prompt_token_ids,
+                        output,
+                        draft,
+                        seq.grammar,
+                        self._outputs.eos_token_ids,
+                        seq.bad_words,
+                    )
+                )
                 good.append(first + j)
         tokens: dict[int, int] = {}
         error = "the model produced non-finite logits"

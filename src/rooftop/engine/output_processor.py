@@ -2,7 +2,7 @@
 
 Every decision about what a request shows and when it ends is here: detokenization (never splitting a UTF-8
 character), stop strings (cut, and never streamed: a tail that could still start one is held back), stop tokens and
-EOS, max_tokens and the context's end.
+EOS, none of them before min_tokens, max_tokens and the context's end.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from rooftop.engine.detokenizer import IncrementalDetokenizer
 from rooftop.engine.outputs import RequestDelta, RequestOutput
 from rooftop.engine.sampler import TokenLogprob
+from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.sequence import Sequence
 from rooftop.enums import FinishReason
 from rooftop.loading.tokenizer import Tokenizer
@@ -37,7 +38,7 @@ class OutputProcessor:
         self._decode_token = lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
 
     def add(self, seq: Sequence) -> None:
-        self._texts[seq.request_id] = _Text(IncrementalDetokenizer(self.tokenizer))
+        self._texts[seq.request_id] = _Text(IncrementalDetokenizer(self.tokenizer, seq.params.skip_special_tokens))
 
     def on_tokens(
         self, seq: Sequence, token_ids: list[int], logprobs: list[TokenLogprob] | None, now: float
@@ -60,15 +61,18 @@ class OutputProcessor:
             logprob.decode = self._decode_token  # its vLLM form's decoded_token, as the server writes a token
             seq.logprobs.append(logprob)
         state, p = self._texts[seq.request_id], seq.params
+        # within min_tokens nothing stops it (the sampler masks EOS and the stop tokens), and a stop string counts
+        # only if it ends in text after the min_tokens-th token, as vLLM's
+        early = len(seq.output_token_ids) <= p.min_tokens
         cut = False
-        if not p.ignore_eos and token_id in self.eos_token_ids:  # EOS first, as vLLM: no stop_reason
+        if not early and not p.ignore_eos and token_id in self.eos_token_ids:  # EOS first, as vLLM: no stop_reason
             state.finish_reason = FinishReason.STOP
-        elif token_id in p.stop_token_ids:
+        elif not early and token_id in p.stop_token_ids:
             state.finish_reason, state.stop_reason = FinishReason.STOP, token_id
-        else:
+        if state.finish_reason is None or p.include_stop_str_in_output:  # vLLM's: a stop token's text stays too
             before = len(state.text)
             state.text += state.detokenizer.add(token_id)
-            cut = self._cut_at_stop_string(state, p.stop, before)
+            cut = state.finish_reason is None and not early and self._cut_at_stop_string(state, p, before)
         if state.finish_reason is None and (
             len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len
         ):
@@ -78,7 +82,8 @@ class OutputProcessor:
             if not cut:  # bytes held back for an incomplete character are text all the same at the end
                 before = len(state.text)
                 state.text += state.detokenizer.flush()
-                self._cut_at_stop_string(state, p.stop, before)
+                if not early:
+                    self._cut_at_stop_string(state, p, before)
         return state.finish_reason is not None
 
     def on_error(self, seq: Sequence, message: str) -> RequestDelta:
@@ -94,20 +99,22 @@ class OutputProcessor:
         return self._finish(seq, state)
 
     @staticmethod
-    def _cut_at_stop_string(state: _Text, stop: list[str], before: int) -> bool:
+    def _cut_at_stop_string(state: _Text, p: SamplingParams, before: int) -> bool:
         """Cut the text at the first stop string that text from `before` on completes; the stop string is dropped
-        and kept as the stop_reason (the earliest in the text; of those starting there, the first listed)."""
-        longest = max((len(s) for s in stop), default=0)
-        search_from = max(0, before - longest + 1)
-        hits = [(i, s) for i, s in ((state.text.find(s, search_from), s) for s in stop) if i >= 0]
+        (kept with include_stop_str_in_output) and kept as the stop_reason (the earliest in the text; of those
+        starting there, the first listed)."""
+        found = ((state.text.find(s, max(0, before - len(s) + 1)), s) for s in p.stop)
+        hits = [(i, s) for i, s in found if i >= 0]
         if hits:
             at, state.stop_reason = min(hits, key=lambda hit: hit[0])
-            state.text = state.text[:at]
+            state.text = state.text[: at + len(state.stop_reason) if p.include_stop_str_in_output else at]
             state.finish_reason = FinishReason.STOP
         return bool(hits)
 
     def _delta(self, seq: Sequence, state: _Text, tokens: list[int], logprobs: list[TokenLogprob]) -> RequestDelta:
-        hold = 0 if state.finish_reason else max((len(s) for s in seq.params.stop), default=1) - 1
+        # a tail that could start a stop string is held back, unless a stop string found stays in the text
+        p = seq.params
+        hold = 0 if state.finish_reason or p.include_stop_str_in_output else max(map(len, p.stop), default=1) - 1
         end = max(state.streamed, len(state.text) - hold)
         text, state.streamed = state.text[state.streamed : end], end
         output = None if state.finish_reason is None else self._finish(seq, state)

@@ -66,6 +66,34 @@ class SamplingRow:
     # position on) takes as its context. A seeded sequence's next row is drawn only if this row draws the draft
     draft: int | None = None
     grammar: GrammarState | None = None  # a structured output's: only the tokens it allows may be drawn
+    eos_token_ids: Sequence[int] = ()  # the model's: with the params' stop tokens, what min_tokens holds back
+    bad_words: Sequence[Sequence[int]] = ()  # the token ids of the params' bad_words (`bad_word_token_ids`)
+
+    def banned(self) -> set[int]:
+        """The tokens this row may not draw: those that would end its output (its stop tokens, and EOS unless
+        ignore_eos) while it has fewer than min_tokens, and the last token of each bad word whose other tokens
+        end the output."""
+        p, output = self.params, self.output_ids
+        banned = set()
+        if len(output) < p.min_tokens:
+            banned.update(p.stop_token_ids, () if p.ignore_eos else self.eos_token_ids)
+        for word in self.bad_words:
+            before = len(word) - 1
+            if len(output) >= before and list(output[len(output) - before :]) == list(word[:before]):
+                banned.add(word[-1])
+        return banned
+
+
+def bad_word_token_ids(words: Sequence[str], encode: Callable[[str], list[int]]) -> list[list[int]]:
+    """Each bad word's tokens as vLLM bans them: the word without its leading spaces, and with one space before it
+    where that is a different first token and as many tokens (a word inside a text usually starts with one)."""
+    ids = []
+    for word in words:
+        bare, spaced = encode(word.lstrip()), encode(" " + word.lstrip())
+        ids.append(bare)
+        if spaced[0] != bare[0] and len(spaced) == len(bare):
+            ids.append(spaced)
+    return ids
 
 
 def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -79,6 +107,23 @@ def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     index = (torch.tensor(row_ids, device=logits.device), torch.tensor(token_ids, device=logits.device))
     values = torch.tensor(values, dtype=logits.dtype, device=logits.device)
     return logits.index_put(index, values, accumulate=True)
+
+
+def apply_bans(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """(B, vocab) logits with -inf outside each row's allowed_token_ids and on the tokens it has `banned` (a stop
+    token beyond the vocabulary bans nothing), row by row as alone (a copy only when any row has either)."""
+    vocab = logits.shape[-1]
+    where = [(i, t) for i, r in enumerate(rows) for t in sorted(r.banned()) if t < vocab]
+    limited = [(i, r.params.allowed_token_ids) for i, r in enumerate(rows) if r.params.allowed_token_ids is not None]
+    if not where and not limited:
+        return logits
+    ban = torch.zeros_like(logits, dtype=torch.bool)
+    for i, allowed in limited:
+        ban[i] = True
+        ban[i, torch.tensor(allowed, dtype=torch.long, device=logits.device)] = False  # add_request checked them
+    if where:
+        ban[tuple(torch.tensor(column, device=logits.device) for column in zip(*where, strict=True))] = True
+    return logits.masked_fill(ban, float("-inf"))
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -215,11 +260,11 @@ def draw(c: Candidates, generators: list[torch.Generator | None], drafts: list[i
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-    """One token id per row of (B, vocab) float32 logits: logit biases, the grammars' masks, penalties, then greedy
-    rows by argmax and the others drawn among their candidates, each group in batched calls. Rows with top-k or top-p
-    draw among a few hundred tokens at most (a draw over all 49152 took ~2 ms of random numbers), the others over the
-    whole vocabulary."""
-    logits = apply_grammars(apply_logit_bias(logits, rows), [r.grammar for r in rows])
+    """One token id per row of (B, vocab) float32 logits: logit biases, bans (allowed_token_ids, min_tokens,
+    bad_words), the grammars' masks, penalties, then greedy rows by argmax and the others drawn among their
+    candidates, each group in batched calls. Rows with top-k or top-p draw among a few hundred tokens at most (a draw
+    over all 49152 took ~2 ms of random numbers), the others over the whole vocabulary."""
+    logits = apply_grammars(apply_bans(apply_logit_bias(logits, rows), rows), [r.grammar for r in rows])
     logits = apply_penalties(logits, rows)
     greedy = [r.params.greedy for r in rows]
     if all(greedy):

@@ -19,7 +19,15 @@ class SamplingParams:
     switch those off. `logprobs` k records each output token's log-probability and the k most likely alternatives.
     `logit_bias` maps token ids to a bias in [-100, 100] added to their logits before anything else (OpenAI's).
     `structured_outputs` constrains every token to a grammar (engine/structured.py). `n` outputs are generated
-    for the prompt, as n requests sharing its computed prompt (`choices`)."""
+    for the prompt, as n requests sharing its computed prompt (`choices`).
+
+    vLLM's output controls: no EOS, stop token or stop string ends the output before `min_tokens` tokens (EOS and
+    the stop tokens are masked from the logits until then); `include_stop_str_in_output` keeps the matched stop
+    string in the text; `skip_special_tokens` leaves special tokens out of the text. Special tokens are decoded as
+    vLLM decodes them with a fast tokenizer, never spaced apart: `spaces_between_special_tokens` is accepted either
+    way and changes nothing, as there. `allowed_token_ids` restricts every token to those ids; `bad_words` bans each
+    word's token sequence (the last token of a word's tokens, with or without a leading space, is banned wherever
+    the output ends with the tokens before it)."""
 
     n: int = 1
     max_tokens: int = 16
@@ -37,6 +45,12 @@ class SamplingParams:
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -57,6 +71,16 @@ class SamplingParams:
             isinstance(self.max_tokens, int) and self.max_tokens >= 1,
             "max_tokens",
             f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+        )
+        check(
+            isinstance(self.min_tokens, int) and not isinstance(self.min_tokens, bool) and self.min_tokens >= 0,
+            "min_tokens",
+            f"min_tokens must be an integer >= 0, got {self.min_tokens!r}",
+        )
+        check(
+            self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}",
         )
         check(self.temperature >= 0, "temperature", f"temperature must be >= 0, got {self.temperature}")
         check(0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
@@ -92,6 +116,28 @@ class SamplingParams:
             all(isinstance(s, str) and s for s in self.stop),
             "stop",
             f"stop strings must be non-empty strings, got {self.stop!r}",
+        )
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"):
+            check(
+                isinstance(getattr(self, name), bool),
+                name,
+                f"{name} must be true or false, got {getattr(self, name)!r}",
+            )
+        allowed = self.allowed_token_ids
+        check(
+            allowed is None
+            or (
+                isinstance(allowed, list | tuple)
+                and allowed
+                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in allowed)
+            ),
+            "allowed_token_ids",
+            f"allowed_token_ids must be a non-empty list of token ids (integers >= 0), got {_brief(allowed)}",
+        )
+        check(
+            isinstance(self.bad_words, list | tuple) and all(isinstance(w, str) and w.strip() for w in self.bad_words),
+            "bad_words",
+            f"bad_words must be a list of strings, each with text other than spaces, got {_brief(self.bad_words)}",
         )
         bias = self.logit_bias or {}
         check(

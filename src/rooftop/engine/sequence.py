@@ -32,6 +32,7 @@ class Sequence:
     generator: torch.Generator | None = None  # seeded sampling keeps its state across steps
     grammar: GrammarState | None = None  # structured output's place in its grammar, across steps and preemptions
     prompt_source: Sequence | None = None  # one with the same prompt, computing it for this one's prefix cache hit
+    bad_words: list[list[int]] = field(default_factory=list)  # the params' bad_words as token ids, for the sampler
     status: Status = Status.WAITING
     cached: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)

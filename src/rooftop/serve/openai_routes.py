@@ -114,8 +114,8 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     arrival = time.perf_counter()
     ready, body = await accept(request, CompletionRequest)
-    prompts = []
-    for prompt in body.prompts():
+    prompts, given = [], body.prompts()
+    for prompt in given:
         if isinstance(prompt, str):
             prompts.append(await ready.prompts.encode(prompt, "prompt"))
         else:
@@ -123,8 +123,17 @@ async def completions(request: Request) -> Response:
     shortest_room = min(room(ready, len(ids)) for ids in prompts)
     params = body.to_sampling_params(default_max_tokens=min(16, shortest_room))  # OpenAI's default: 16
     request_id = f"cmpl-{uuid.uuid4().hex}"
+    tokenizer = ready.llm.tokenizer
+    echo = [p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False) for p in given]
     out = Responses(
-        "text", request_id, ready.model_name, ready.llm.tokenizer, body.include_usage, body.choices, len(prompts)
+        "text",
+        request_id,
+        ready.model_name,
+        tokenizer,
+        body.include_usage,
+        body.choices,
+        len(prompts),
+        echo=echo if body.echo else None,
     )
     return await respond(request, ready, out, prompts, params, arrival, body)
 

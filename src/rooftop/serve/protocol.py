@@ -51,6 +51,12 @@ class SamplingFields(Body):
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     user: str | None = None  # a hint: an end user's id, for OpenAI's abuse detection
 
     @property
@@ -89,6 +95,12 @@ class SamplingFields(Body):
             logprobs=logprobs,
             logit_bias=self.token_biases(),
             structured_outputs=self.structured_outputs_params(),
+            min_tokens=self.min_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words or [],
         )
 
     def token_biases(self) -> dict[int, float] | None:
@@ -219,8 +231,12 @@ class CompletionRequest(SamplingFields):
     def prompts(self) -> list[str | list[int]]:
         """The prompts, each text or token ids: OpenAI's prompt is one of them or a batch (a list of them), and each
         prompt of a batch gets its n choices."""
-        if self.echo:
-            raise InvalidRequestError("echo is not supported", "echo")
+        if self.echo and self.logprobs is not None:
+            raise InvalidRequestError(
+                "echo cannot be combined with logprobs: echoing them needs the prompt's logprobs, which rooftop does "
+                "not compute",
+                "echo",
+            )
         if self.suffix:
             raise InvalidRequestError("suffix is not supported: rooftop completes after the prompt only", "suffix")
         if self.best_of is not None and self.best_of != self.choices:

@@ -62,7 +62,8 @@ class Responses:
     """Builds the bodies of one request: its id, creation time and served model name stay the same in every chunk.
     `choices` completions (n) of each of `prompts` prompts (a completion's batch), choice j of prompt i at index
     i * n + j, as OpenAI numbers them; a chat whose tools may be called (`tool_choice` not none) has each choice's
-    tool calls read from its text (engine/tool_calls.py), streamed as OpenAI streams them."""
+    tool calls read from its text (engine/tool_calls.py), streamed as OpenAI streams them. A completion's `echo`
+    (each prompt's text) starts the text of each of that prompt's choices, streamed in its first chunk."""
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class Responses:
         choices: int = 1,
         prompts: int = 1,
         tool_choice: ToolChoice | None = None,
+        echo: list[str] | None = None,
     ):
         self.kind, self.id, self.model, self.tokenizer = kind, request_id, model, tokenizer  # kind: "chat" or "text"
         self.include_usage = include_usage  # streams then carry "usage": null until the usage chunk, as OpenAI's
@@ -82,6 +84,7 @@ class Responses:
         self.tool_choice = tool_choice if tool_choice is not None and tool_choice.mode != "none" else None
         self.readers = [ToolCallReader() for _ in range(self.completions)] if self.tool_choice else []
         self.text_offsets = [0] * self.completions
+        self.echoes = [""] * self.completions if echo is None else [echo[i // choices] for i in range(self.completions)]
 
     def full(self, outputs: list[RequestOutput], logprobs: list[list[TokenLogprob]] | None) -> dict:
         """The non-streamed response; with n > 1 its `timings` are the first choice's."""
@@ -94,7 +97,7 @@ class Responses:
                 message = {"role": "assistant", "content": content, "refusal": None}
                 choice["message"] = message | ({"tool_calls": [c.as_openai() for c in calls]} if calls else {})
             else:
-                choice["text"] = output.text
+                choice["text"] = self.echoes[i] + output.text
             choice["logprobs"] = self.logprobs(i, None if logprobs is None else logprobs[i])
             choice["finish_reason"] = self.finish_reason(output, bool(calls))
             choices.append(choice)
@@ -123,7 +126,8 @@ class Responses:
         elif self.kind == "chat":
             pieces = [{"content": delta.text}] if delta.text else []
         else:
-            pieces = [delta.text] if delta.text else []
+            text, self.echoes[index] = self.echoes[index] + delta.text, ""
+            pieces = [text] if text else []
         if logprobs is not None and not pieces:
             pieces = [{} if self.kind == "chat" else ""]
         chunks = [self.chunk(index, piece, logprobs if k == 0 else None) for k, piece in enumerate(pieces)]
