@@ -94,13 +94,6 @@ CASES = [
         400,
         "prompt 1 has 256 tokens; the context holds 256",
     ),
-    (
-        "echo with logprobs",
-        TEXT,
-        {"prompt": "a", "echo": True, "logprobs": 1},
-        400,
-        "echo cannot be combined with logprobs: echoing them needs the prompt's logprobs",
-    ),
     ("oversized body", TEXT, {"prompt": "x" * (70 << 10)}, 413, "the limit is 65536"),
 ]
 
@@ -148,7 +141,6 @@ PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the 
     "an empty prompt in a batch": "prompt",
     "a batch past the bound": "prompt",
     "a batch with one prompt too long": "prompt",
-    "echo with logprobs": "echo",
     "oversized body": None,
 }
 

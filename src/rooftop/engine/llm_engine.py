@@ -21,7 +21,14 @@ from rooftop.engine.metrics import RequestMetrics, SpecDecodeCounts
 from rooftop.engine.output_processor import OutputProcessor
 from rooftop.engine.outputs import EngineStats, RequestDelta, RequestOutput, StepOutput, StepRecord
 from rooftop.engine.runner import run_step
-from rooftop.engine.sampler import SamplingRow, bad_word_token_ids, finite_rows, sample, token_logprob
+from rooftop.engine.sampler import (
+    SamplingRow,
+    bad_word_token_ids,
+    finite_rows,
+    sample,
+    token_logprob,
+    token_logprobs,
+)
 from rooftop.engine.sampling_params import SamplingParams
 from rooftop.engine.scheduler import ScheduledSeq, Scheduler
 from rooftop.engine.sequence import Sequence
@@ -258,7 +265,10 @@ class LLMEngine:
             if s.seq.metrics.first_scheduled_time is None:
                 s.seq.metrics.first_scheduled_time = started
                 s.seq.metrics.prefix_cache_hit_tokens = s.cached  # admitted with its cached prefix computed
-        seqs = tuple(SeqShape(s.new, s.cached, s.needs_logits, phase=s.phase) for s in batch)
+        seqs = tuple(
+            SeqShape(s.new, s.cached, s.needs_logits, phase=s.phase, prompt_logits=len(s.prompt_positions))
+            for s in batch
+        )
         step = run_step(self.model, self._pool, batch, self.config.batch_invariant, self._pool_key, self.decode_graphs)
         shape = StepShape(seqs, experts_touched=self.model.experts_touched(), tp=self.model.tp_size)
         for s in batch:
@@ -269,6 +279,11 @@ class LLMEngine:
             else:
                 m.prefill_time += step.seconds
                 m.prefill_tokens += s.new
+        for i, logits in step.prompt_logits.items():
+            s = batch[i]
+            positions = s.prompt_positions
+            ids = s.seq.prompt_token_ids[positions.start + 1 : positions.stop + 1]
+            self._outputs.on_prompt_logprobs(s.seq, token_logprobs(logits, ids, s.seq.params.prompt_logprobs))
         deltas = self._sample(batch, step.logits, step.sampled)
         finished = [self._requests.pop(d.request_id) for d in deltas if d.finished]
         self._scheduler.update(batch, finished)

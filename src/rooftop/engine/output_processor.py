@@ -86,6 +86,12 @@ class OutputProcessor:
                     self._cut_at_stop_string(state, p, before)
         return state.finish_reason is not None
 
+    def on_prompt_logprobs(self, seq: Sequence, entries: list[TokenLogprob]) -> None:
+        """Record the logprobs of the prompt tokens a step's chunk reached (SamplingParams.prompt_logprobs)."""
+        for entry in entries:
+            entry.decode = self._decode_token
+        seq.prompt_logprobs += entries
+
     def on_error(self, seq: Sequence, message: str) -> RequestDelta:
         """The request's step failed (e.g. non-finite logits): it ends with `error`; the others go on."""
         state = self._texts[seq.request_id]
@@ -118,7 +124,17 @@ class OutputProcessor:
         end = max(state.streamed, len(state.text) - hold)
         text, state.streamed = state.text[state.streamed : end], end
         output = None if state.finish_reason is None else self._finish(seq, state)
-        return RequestDelta(seq.request_id, tokens, text, seq.metrics, state.finish_reason, logprobs, output)
+        first = len(seq.output_token_ids) == len(tokens)
+        return RequestDelta(
+            seq.request_id,
+            tokens,
+            text,
+            seq.metrics,
+            state.finish_reason,
+            logprobs,
+            output,
+            prompt_logprobs(seq) if first else None,
+        )
 
     def _finish(self, seq: Sequence, state: _Text) -> RequestOutput:
         del self._texts[seq.request_id]
@@ -133,4 +149,11 @@ class OutputProcessor:
             metrics=seq.metrics,
             error=state.error,
             logprobs=seq.logprobs,
+            prompt_logprobs=prompt_logprobs(seq),
         )
+
+
+def prompt_logprobs(seq: Sequence) -> list[TokenLogprob | None] | None:
+    """vLLM's prompt_logprobs of a request that asked for them: None for the first prompt token (nothing precedes
+    it), then each later one's."""
+    return None if seq.params.prompt_logprobs is None else [None, *seq.prompt_logprobs]

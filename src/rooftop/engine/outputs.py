@@ -49,6 +49,8 @@ class RequestOutput:
     tool_calls: list[ToolCall] | None = None  # output 0's (CompletionOutput.tool_calls)
     outputs: list[CompletionOutput] = field(default_factory=list)  # all n; just this one's where left empty
     stop_reason: str | int | None = None  # output 0's (CompletionOutput.stop_reason)
+    # vLLM's, when params.prompt_logprobs is set: None for the first prompt token, then each later one's TokenLogprob
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -84,6 +86,7 @@ class RequestDelta:
     finish_reason: FinishReason | None = None
     new_logprobs: list[TokenLogprob] = field(default_factory=list)  # of new_token_ids, when params.logprobs is set
     output: RequestOutput | None = None  # the whole request, on its final delta only
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # RequestOutput's, on the request's first delta only
 
     @property
     def finished(self) -> bool:

@@ -346,8 +346,23 @@ class TokenLogprob(Mapping[int, Logprob]):
 def token_logprob(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
     """From the model's distribution at this position (before penalties, temperature and filters), as vLLM reports;
     the chosen token's rank counts the tokens at least as likely (itself included), as vLLM's does."""
+    return token_logprobs(logits[None], [token_id], k)[0]
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], k: int) -> list[TokenLogprob]:
+    """`token_logprob` of each row of (T, vocab) logits and its token, all rows at once (a prompt's chunk has
+    hundreds)."""
     logprobs = logits.float().log_softmax(-1)
-    top = torch.topk(logprobs, min(k, logprobs.numel())) if k else None
-    alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-    chosen = logprobs[token_id]
-    return TokenLogprob(token_id, float(chosen), alternatives, int((logprobs >= chosen).sum()))
+    ids = torch.tensor(list(token_ids), dtype=torch.long, device=logprobs.device)[:, None]
+    chosen = logprobs.gather(1, ids)
+    ranks = (logprobs >= chosen).sum(-1).tolist()
+    top = torch.topk(logprobs, min(k, logprobs.shape[-1])) if k else None
+    alternatives = (
+        [[] for _ in ranks]
+        if top is None
+        else [list(zip(i, v, strict=True)) for i, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)]
+    )
+    return [
+        TokenLogprob(t, lp, alt, rank)
+        for t, lp, alt, rank in zip(token_ids, chosen[:, 0].tolist(), alternatives, ranks, strict=True)
+    ]

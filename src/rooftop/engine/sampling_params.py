@@ -16,10 +16,12 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 @dataclass
 class SamplingParams:
     """temperature 0 is greedy; top_k 0, top_p 1, min_p 0, repetition_penalty 1 and presence/frequency_penalty 0
-    switch those off. `logprobs` k records each output token's log-probability and the k most likely alternatives.
-    `logit_bias` maps token ids to a bias in [-100, 100] added to their logits before anything else (OpenAI's).
-    `structured_outputs` constrains every token to a grammar (engine/structured.py). `n` outputs are generated
-    for the prompt, as n requests sharing its computed prompt (`choices`).
+    switch those off. `logprobs` k records each output token's log-probability and the k most likely alternatives;
+    `prompt_logprobs` k the same of each prompt token after the first (vLLM's: such a request computes its whole
+    prompt, reading nothing from the prefix cache, whose positions have no logits). `logit_bias` maps token ids to a
+    bias in [-100, 100] added to their logits before anything else (OpenAI's). `structured_outputs` constrains every
+    token to a grammar (engine/structured.py). `n` outputs are generated for the prompt, as n requests sharing its
+    computed prompt (`choices`).
 
     vLLM's output controls: no EOS, stop token or stop string ends the output before `min_tokens` tokens (EOS and
     the stop tokens are masked from the logits until then); `include_stop_str_in_output` keeps the matched stop
@@ -43,6 +45,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     min_tokens: int = 0
@@ -111,6 +114,16 @@ class SamplingParams:
             self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
             "logprobs",
             f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+        )
+        check(
+            self.prompt_logprobs is None
+            or (
+                isinstance(self.prompt_logprobs, int)
+                and not isinstance(self.prompt_logprobs, bool)
+                and 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+            ),
+            "prompt_logprobs",
+            f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}",
         )
         check(
             all(isinstance(s, str) and s for s in self.stop),

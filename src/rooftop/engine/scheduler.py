@@ -44,6 +44,18 @@ class ScheduledSeq:
         verify step's rows)."""
         return self.cached + self.new - len(self.draft) == self.seq.num_tokens
 
+    @property
+    def prompt_positions(self) -> range:
+        """The positions of this step whose logits give the next prompt token its logprobs
+        (SamplingParams.prompt_logprobs): those before the prompt's last that the sequence has not recorded yet, so a
+        recompute after a preemption records none twice."""
+        seq = self.seq
+        if seq.params.prompt_logprobs is None or self.phase is not Phase.PREFILL:
+            return range(0)
+        return range(
+            max(self.cached, len(seq.prompt_logprobs)), min(self.cached + self.new, len(seq.prompt_token_ids) - 1)
+        )
+
 
 def running_phase(seq: Sequence, replay: bool) -> Phase:
     """A running sequence decodes when its one uncached token is the output token it sampled last, or, when
@@ -100,7 +112,9 @@ class Scheduler:
     def reusable_prefix(self, seq: Sequence) -> tuple[int, int]:
         """(The most tokens of `seq` a prefix-cache hit may cover, in multiples of how many): with batch invariance,
         whole chunks (and whole blocks) of its prompt, leaving at least one prompt token to compute; otherwise whole
-        blocks."""
+        blocks. A request with prompt_logprobs reuses none: a cached prefix has no logits (vLLM's rule)."""
+        if seq.params.prompt_logprobs is not None:
+            return 0, self.config.block_size
         if not self.config.batch_invariant:
             return seq.num_tokens - 1, self.config.block_size
         return len(seq.prompt_token_ids) - 1, math.lcm(self.config.chunk_size, self.config.block_size)
@@ -163,10 +177,12 @@ class Scheduler:
 
     def awaits_prompt(self, seq: Sequence) -> bool:
         """Whether `seq` waits for its prompt source (another choice of its request) to finish computing the prompt
-        they share, so that it is admitted with a prefix-cache hit instead of computing the prompt beside it."""
+        they share, so that it is admitted with a prefix-cache hit instead of computing the prompt beside it (one with
+        prompt_logprobs computes it all anyway)."""
         source = seq.prompt_source
         return (
             source is not None
+            and seq.params.prompt_logprobs is None
             and self.blocks.enable_prefix_caching
             and source.status is Status.RUNNING
             and source.cached < len(source.prompt_token_ids)

@@ -39,6 +39,8 @@ class Sequence:
     state_slot: int | None = None  # a hybrid model's linear-attention state slot, while it runs
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # params.prompt_logprobs: entry j is prompt token j + 1's, from position j's logits (the first token has none)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -29,6 +29,7 @@ class SeqShape:
     needs_logits: bool = True  # a prefill chunk that does not finish its prompt samples nothing
     count: int = 1
     phase: Phase = Phase.PREFILL
+    prompt_logits: int = 0  # rows whose logits give prompt tokens their logprobs (SamplingParams.prompt_logprobs)
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,10 @@ class StepShape:
 
     @property
     def logits_rows(self) -> int:
-        """The lm_head's rows: one per sampling sequence, and every row of a decode (a verify step of speculative
-        decoding, new = 1 + its draft tokens, samples each)."""
-        return sum(s.count * (s.new if s.phase is Phase.DECODE else 1) for s in self.seqs if s.needs_logits)
+        """The lm_head's rows: one per sampling sequence, every row of a decode (a verify step of speculative
+        decoding, new = 1 + its draft tokens, samples each), and the prompt rows asked for."""
+        sampled = sum(s.count * (s.new if s.phase is Phase.DECODE else 1) for s in self.seqs if s.needs_logits)
+        return sampled + sum(s.count * s.prompt_logits for s in self.seqs)
 
     @property
     def phase(self) -> Phase:

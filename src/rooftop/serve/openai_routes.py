@@ -134,6 +134,7 @@ async def completions(request: Request) -> Response:
         body.choices,
         len(prompts),
         echo=echo if body.echo else None,
+        prompt_ids=prompts,
     )
     return await respond(request, ready, out, prompts, params, arrival, body)
 

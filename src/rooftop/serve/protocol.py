@@ -72,7 +72,9 @@ class SamplingFields(Body):
     def choices(self) -> int:
         return 1 if self.n is None else self.n
 
-    def sampling_params(self, max_tokens: int | None, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int | None, default_max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         """SamplingParams (whose validation names the bad value), after refusing the fields rooftop does not
         implement."""
         for name, why in self.UNSUPPORTED.items():
@@ -93,6 +95,7 @@ class SamplingFields(Body):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             logit_bias=self.token_biases(),
             structured_outputs=self.structured_outputs_params(),
             min_tokens=self.min_tokens,
@@ -227,15 +230,16 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's: each choice's `prompt_logprobs`, in vLLM's form
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, each text or token ids: OpenAI's prompt is one of them or a batch (a list of them), and each
         prompt of a batch gets its n choices."""
-        if self.echo and self.logprobs is not None:
+        if self.prompt_logprobs is not None and self.stream:
             raise InvalidRequestError(
-                "echo cannot be combined with logprobs: echoing them needs the prompt's logprobs, which rooftop does "
-                "not compute",
-                "echo",
+                "prompt_logprobs are not available with stream: true (as in vLLM); streamed, echo: true with logprobs "
+                "puts the prompt's logprobs in each choice's first chunk",
+                "prompt_logprobs",
             )
         if self.suffix:
             raise InvalidRequestError("suffix is not supported: rooftop completes after the prompt only", "suffix")
@@ -259,7 +263,12 @@ class CompletionRequest(SamplingFields):
         return batch
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        return self.sampling_params(self.max_tokens, default_max_tokens, self.logprobs)
+        """vLLM's: echo with logprobs asks for the prompt's logprobs too, as many alternatives as the output's
+        (unless prompt_logprobs says how many)."""
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo:
+            prompt_logprobs = self.logprobs
+        return self.sampling_params(self.max_tokens, default_max_tokens, self.logprobs, prompt_logprobs)
 
 
 class TokenizeRequest(Body):

@@ -63,7 +63,9 @@ class Responses:
     `choices` completions (n) of each of `prompts` prompts (a completion's batch), choice j of prompt i at index
     i * n + j, as OpenAI numbers them; a chat whose tools may be called (`tool_choice` not none) has each choice's
     tool calls read from its text (engine/tool_calls.py), streamed as OpenAI streams them. A completion's `echo`
-    (each prompt's text) starts the text of each of that prompt's choices, streamed in its first chunk."""
+    (each prompt's text) starts the text of each of that prompt's choices, streamed in its first chunk, and with
+    logprobs its prompt's logprobs (`prompt_ids`: each prompt's tokens, the first of which has none) start the
+    choice's."""
 
     def __init__(
         self,
@@ -76,6 +78,7 @@ class Responses:
         prompts: int = 1,
         tool_choice: ToolChoice | None = None,
         echo: list[str] | None = None,
+        prompt_ids: list[list[int]] | None = None,
     ):
         self.kind, self.id, self.model, self.tokenizer = kind, request_id, model, tokenizer  # kind: "chat" or "text"
         self.include_usage = include_usage  # streams then carry "usage": null until the usage chunk, as OpenAI's
@@ -85,6 +88,7 @@ class Responses:
         self.readers = [ToolCallReader() for _ in range(self.completions)] if self.tool_choice else []
         self.text_offsets = [0] * self.completions
         self.echoes = [""] * self.completions if echo is None else [echo[i // choices] for i in range(self.completions)]
+        self.echo, self.prompt_ids = echo is not None, prompt_ids
 
     def full(self, outputs: list[RequestOutput], logprobs: list[list[TokenLogprob]] | None) -> dict:
         """The non-streamed response; with n > 1 its `timings` are the first choice's."""
@@ -98,8 +102,11 @@ class Responses:
                 choice["message"] = message | ({"tool_calls": [c.as_openai() for c in calls]} if calls else {})
             else:
                 choice["text"] = self.echoes[i] + output.text
-            choice["logprobs"] = self.logprobs(i, None if logprobs is None else logprobs[i])
+            prompt = output.prompt_logprobs if self.echo else None
+            choice["logprobs"] = self.logprobs(i, None if logprobs is None else logprobs[i], prompt)
             choice["finish_reason"] = self.finish_reason(output, bool(calls))
+            if output.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = [None if e is None else self._vllm_entry(e) for e in output.prompt_logprobs]
             choices.append(choice)
         return {**self._head(chunk=False), "choices": choices} | {
             "usage": usage(outputs, self.choices),
@@ -119,7 +126,8 @@ class Responses:
     def delta_chunks(self, index: int, delta: RequestDelta, with_logprobs: bool) -> list[dict]:
         """The chunks of one step of choice `index`: its text (or tool-call pieces), its logprobs, and at its end the
         finish_reason and the choice's timings."""
-        logprobs = self.logprobs(index, delta.new_logprobs) if with_logprobs else None
+        prompt = delta.prompt_logprobs if self.echo else None  # on the first delta only, as the echo
+        logprobs = self.logprobs(index, delta.new_logprobs, prompt) if with_logprobs else None
         if self.kind == "chat" and self.tool_choice:
             reader = self.readers[index]
             pieces = [_delta(e) for e in reader.feed(delta.text) + (reader.finish() if delta.finished else [])]
@@ -160,22 +168,39 @@ class Responses:
         obj = "text_completion" if self.kind == "text" else "chat.completion.chunk" if chunk else "chat.completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
-        """Choice `index`'s logprobs of `entries`, in the endpoint's shape (a completion's offsets run on)."""
+    def logprobs(
+        self, index: int, entries: list[TokenLogprob] | None, prompt: list[TokenLogprob | None] | None = None
+    ) -> dict | None:
+        """Choice `index`'s logprobs of `entries`, in the endpoint's shape (a completion's offsets run on); an echo's
+        `prompt` logprobs come first, the first prompt token's null (as OpenAI's and vLLM's)."""
         if entries is None:
             return None
         if self.kind == "chat":
             return {"content": [self._chat_entry(e) for e in entries]}
-        tokens = [self._token(e.token_id) for e in entries]
+        rows: list[tuple[int, float | None, list[tuple[int, float]] | None]] = []
+        if prompt is not None:
+            rows.append((self.prompt_ids[index // self.choices][0], None, None))
+            rows += [(e.token_id, e.logprob, e.top) for e in prompt[1:]]
+        rows += [(e.token_id, e.logprob, e.top) for e in entries]
+        tokens = [self._token(token_id) for token_id, _, _ in rows]
         offsets = []
         for t in tokens:
             offsets.append(self.text_offsets[index])
             self.text_offsets[index] += len(t)
         return {
             "tokens": tokens,
-            "token_logprobs": [_finite(e.logprob) for e in entries],
-            "top_logprobs": [{self._token(i): _finite(lp) for i, lp in e.top} for e in entries],
+            "token_logprobs": [None if lp is None else _finite(lp) for _, lp, _ in rows],
+            "top_logprobs": [
+                None if top is None else {self._token(i): _finite(lp) for i, lp in top} for *_, top in rows
+            ],
             "text_offset": offsets,
+        }
+
+    def _vllm_entry(self, e: TokenLogprob) -> dict:
+        """vLLM's JSON of one position: {token id: {logprob, rank, decoded_token}}, the token first."""
+        return {
+            str(token_id): {"logprob": _finite(lp.logprob), "rank": lp.rank, "decoded_token": self._token(token_id)}
+            for token_id, lp in ((t, e[t]) for t in e)
         }
 
     def _chat_entry(self, e: TokenLogprob) -> dict:
