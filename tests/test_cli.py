@@ -1,6 +1,7 @@
 """The `rooftop` command as a user runs it: streaming output, the report, chat, and one-line errors."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -102,6 +103,31 @@ def test_chat_is_multi_turn_and_ends_on_eof(tiny_gguf, tiny_llm):
         answers.append(tiny_llm.generate(tiny_llm.apply_chat_template(messages), greedy)[0].text)
         messages.append({"role": "assistant", "content": answers[-1]})
     assert r.stdout == "".join(f"{a}\n" for a in answers)
+
+
+def test_chat_prompts_a_terminal_on_stderr_and_keeps_stdout_the_answers(tiny_gguf, tiny_llm):
+    """Typed at a terminal, `>>> ` goes to stderr, as python's REPL writes it: `rooftop chat > answers.txt` kept
+    the prompts in the file when they went to stdout."""
+    import pty
+
+    from rooftop import SamplingParams
+
+    leader, follower = pty.openpty()
+    with subprocess.Popen(
+        [sys.executable, "-m", "rooftop", "chat", "--model", str(tiny_gguf), "-n", "3", "--temperature", "0"],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as chat:
+        os.close(follower)
+        os.write(leader, b"hi\n\x04")  # a line, then Ctrl-D at the start of the next
+        out, errors = chat.communicate(timeout=300)
+    os.close(leader)
+    assert chat.returncode == 0, errors
+    prompt = tiny_llm.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert out == tiny_llm.generate(prompt, SamplingParams(max_tokens=3, temperature=0))[0].text + "\n"
+    assert errors.count(">>> ") == 2
 
 
 def test_chat_reset_says_so_and_forgets_the_history(tiny_gguf):

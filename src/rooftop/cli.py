@@ -247,10 +247,13 @@ def chat(
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)
     err.print("[dim]type a message; /reset clears the history, /exit or Ctrl-D quits[/]")
-    prompt = ">>> " if sys.stdin.isatty() else ""  # piped input: stdout holds the answers alone, as python's REPL
+    typed = sys.stdin.isatty()  # piped input gets no prompts
     while True:
         try:
-            line = input(prompt)
+            if typed:  # on stderr, as python's REPL: stdout holds the answers alone, redirected or not
+                sys.stderr.write(">>> ")
+                sys.stderr.flush()
+            line = input()
         except (EOFError, KeyboardInterrupt):
             err.print()
             return
