@@ -236,8 +236,8 @@ def test_quick_modes_outputs_are_llama_benchs():
     "args, words",
     [
         (["-p", "0", "-n", "0"], "nothing to run: -p and -n are both 0"),
-        (["--n-prompt", "8,x"], "--pp must be comma-separated integers"),
-        (["-n", "-1"], "--tg must be integers >= 0"),
+        (["--n-prompt", "8,x"], "-p/--n-prompt must be comma-separated integers"),
+        (["-n", "-1"], "-n/--n-gen must be integers >= 0"),
         (["-p", "8", "-r", "0"], "--reps must be >= 1"),
         (["-o", "sql"], "--output must be one of md, csv, json, jsonl"),
     ],

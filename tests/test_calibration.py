@@ -182,31 +182,25 @@ def test_the_float_rows_are_in_the_identity_only_of_a_model_with_float_linears(t
     assert identities[1][1]["float_narrow_rows"] == "1" and identities[2][1]["float_narrow_rows"] == "2"
 
 
-def test_a_calibration_says_how_far_its_shapes_reach():
-    """`generate`'s report says when its context is far past what its calibration timed (a quick one's 128 tokens
-    expected a 3,679-token prompt's decode at twice what it took): quick, full, and a bench's own prompt."""
-    assert calibration_run.timed_context(Calibration({}, quick=True)) == 128
-    assert calibration_run.timed_context(Calibration({})) == 2048
-    assert calibration_run.timed_context(Calibration({}, {"at_prompt": "4096"}, quick=True)) == 4096
-
-
 def test_a_benchs_own_prompt_is_calibrated_and_cached_apart(tiny_llm, tmp_path, monkeypatch):
-    """`rooftop bench --pp N`'s quick calibration times a prompt of N tokens and the decode after it: a quick plan's
-    longest prompt (128 tokens) and decode context (32), carried to a long N, over-predicted the decode after it
-    (docs/BENCHMARKS.md)."""
+    """`rooftop bench -p N`'s quick calibration times a prompt of N tokens: a quick plan's longest prompt (128
+    tokens), carried to a long N, mispredicted it (docs/BENCHMARKS.md). Each calibration keeps the longest context
+    its runs reached, which `generate`'s report compares its own with (a quick one's 128 tokens expected a
+    3,679-token prompt's decode at twice what it took)."""
     hw = load_or_run_probe(quick=True).to_hardware()
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
     plain = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True)
-    steps = calibration_run.QUICK["steps"]
     runs = calibration_run._runs(tiny_llm, tiny_llm.engine, calibration_run.QUICK, at_prompt=40)
-    assert runs[-1] == ("decode at batch 1, 40 tokens of context", 1, 40, steps + 1)
+    assert runs[-1] == ("a prompt of 40 tokens", 1, 40, 1)
     at = calibration_run.load_or_calibrate(tiny_llm, hw, quick=True, at_prompt=40)
     assert at.identity["at_prompt"] == "40" and "at_prompt" not in plain.identity
     assert plain.identity["costing"] == str(COSTING)  # curves drawn against another costing are not reused
     assert calibration_run.cache_path(tiny_llm, hw, at_prompt=40) != calibration_run.cache_path(tiny_llm, hw)
     assert 40 in dict(at.curves["prefill.host"].points)  # its prompt, against its tokens
     assert 40 not in dict(plain.curves["prefill.host"].points)
-    assert len(at.curves["decode.attention"].points) > len(plain.curves["decode.attention"].points)
+    steps = calibration_run.QUICK["steps"]
+    assert (plain.timed_context, at.timed_context) == (32 + steps + 1, 41)  # the 64-token model's: no 128 prompt
+    assert Calibration.from_dict(json.loads(json.dumps(at.to_dict()))).timed_context == 41
     with pytest.raises(InvalidRequestError, match="calibrating at a 60-token prompt needs 65 tokens"):
         calibration_run._runs(tiny_llm, tiny_llm.engine, calibration_run.QUICK, at_prompt=60)
 
@@ -229,7 +223,9 @@ def test_the_calibration_takes_the_op_timers_own_cost_out_of_the_steps(tiny_llm,
 
     The cost is a busy wait on one thread: after a 2 ms sleep an op's worker threads had gone to sleep too, and on a
     busy host waking them took milliseconds inside the clocked op (a loaded run expected 70 ms of linears), which is
-    the sleep's doing, not the timer's; a real timer's microseconds never let them sleep."""
+    the sleep's doing, not the timer's; a real timer's microseconds never let them sleep. Half the timer's cost is
+    the bound: left in, all of it would be there; on a host whose other work takes the CPU from the busy waits for a
+    few milliseconds of a step, a quarter failed one run in three."""
     import time
 
     wrap = calibration_run.OpTimer.wrap
@@ -262,7 +258,7 @@ def test_the_calibration_takes_the_op_timers_own_cost_out_of_the_steps(tiny_llm,
     assert prefill >= 10 and decode >= 10
     p, config = tiny_llm.precision, tiny_llm.config
     for shape, calls in ((StepShape.decode(1, 32), decode), (StepShape.prefill(1, 16), prefill)):
-        assert cal.expected(config, p, shape, hw).forward_s < 0.25 * calls * 0.002, shape
+        assert cal.expected(config, p, shape, hw).forward_s < 0.5 * calls * 0.002, shape
 
 
 def test_calibration_refuses_a_busy_engine(tiny_llm):

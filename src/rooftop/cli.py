@@ -122,7 +122,7 @@ def print_phase_report(llm: LLM, since: float) -> None:
     """Attribute the steps run since `since` against this machine's measured roofs (probing once if needed) and its
     calibration (a quick one, once per model and format, if none is cached): bound, expected, the gap by part and
     the lever for each phase."""
-    from rooftop.engine.calibrate import FULL, load_or_calibrate, timed_context
+    from rooftop.engine.calibrate import FULL, load_or_calibrate
     from rooftop.engine.probe import keep_decode_read, load_or_run_probe, probe_device
     from rooftop.roofline.attribution import advice, attribute_phases, attribute_step, experts_sentence, gap_sentence
     from rooftop.roofline.report import gap_bar, phase_table
@@ -149,7 +149,7 @@ def print_phase_report(llm: LLM, since: float) -> None:
     if experts := experts_sentence(llm.config, steps):
         err.print(experts)
     longest = max((s.cached + s.new for r in records for s in r.shape.seqs), default=0)
-    if longest > 2 * (timed := timed_context(calibration)):
+    if longest > 2 * (timed := calibration.timed_context):
         more = f"; `rooftop calibrate` times them to {FULL['long']}" if calibration.quick else ""
         err.print(
             f"[dim]expected times at up to {longest} tokens of context are carried from the calibration's shapes, "

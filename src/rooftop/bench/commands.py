@@ -39,8 +39,8 @@ def _tests(pp: list[str] | None, tg: list[str] | None) -> list[BenchTest]:
     """llama-bench's tests: a ppN per prompt length, then a tgN per generation length (each option repeatable and
     comma-separated; 0 runs none; the one not given takes llama-bench's default, 512 or 128)."""
     lengths = {
-        Phase.PREFILL: [n for text in pp or ["512"] for n in _ints(text, "--pp", least=0) if n],
-        Phase.DECODE: [n for text in tg or ["128"] for n in _ints(text, "--tg", least=0) if n],
+        Phase.PREFILL: [n for text in pp or ["512"] for n in _ints(text, "-p/--n-prompt", least=0) if n],
+        Phase.DECODE: [n for text in tg or ["128"] for n in _ints(text, "-n/--n-gen", least=0) if n],
     }
     tests = [BenchTest(phase, n) for phase, ns in lengths.items() for n in ns]
     if not tests:

@@ -144,7 +144,7 @@ def calibrate(
 ) -> Calibration:
     """Run and time the calibration steps on `engine` (default: `llm`'s own; it must be idle): its settings — the
     chunk size, the batch limit — decide which kernels its steps run, so the bench calibrates on the engine it
-    measures with. `at_prompt`: a prompt of that many tokens and a decode after it are timed too (`rooftop bench
+    measures with. `at_prompt`: a prompt of that many tokens is timed too (`rooftop bench
     --pp N`'s own shapes), where the plan's shapes stop short of it: a kernel's efficiency at 4,096 tokens is not
     its efficiency at 128 carried over (docs/BENCHMARKS.md)."""
     eng = engine or llm.engine
@@ -184,7 +184,8 @@ def calibrate(
     for groups in taken.values():
         _add_samples(samples, groups, cost)
     curves = {key: Curve.through(points) for key, points in samples.items()}
-    return Calibration(curves, identity(llm, hw, eng, at_prompt), quick)
+    longest = max(prompt_len + output_len for _, _, prompt_len, output_len in runs)
+    return Calibration(curves, identity(llm, hw, eng, at_prompt), quick, longest)
 
 
 def _timed_steps(eng: LLMEngine, prompts: list[list[int]], output_len: int, timer: OpTimer, config, p, hw) -> dict:
@@ -275,7 +276,7 @@ def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict, co
 
 def _runs(llm: LLM, eng: LLMEngine, plan: dict, at_prompt: int | None = None) -> list[tuple[str, int, int, int]]:
     """(label, batch, prompt tokens, output tokens) of each calibration run, within the engine's limits; with
-    `at_prompt`, a prompt of that length decoded after at batch 1 (its prefill a prompt's point too)."""
+    `at_prompt`, a prompt of that length (`rooftop bench -p N`'s, whose tg tests decode from a 1-token context)."""
     limits, kv_tokens = eng.config, eng.stats().kv_cache_tokens
     room = min(llm.max_model_len, kv_tokens) - plan["steps"] - 2
     runs = [
@@ -299,8 +300,8 @@ def _runs(llm: LLM, eng: LLMEngine, plan: dict, at_prompt: int | None = None) ->
             f"calibrating at a {at_prompt}-token prompt needs {at_prompt + plan['steps'] + 2} tokens of context and KV "
             f"cache; the engine holds {room + plan['steps'] + 2}"
         )
-    if at_prompt and at_prompt not in plan["contexts"]:
-        runs.append((f"decode at batch 1, {at_prompt} tokens of context", 1, at_prompt, plan["steps"] + 1))
+    if at_prompt and at_prompt not in plan["prompts"]:
+        runs.append((f"a prompt of {at_prompt} tokens", 1, at_prompt, 1))
     return runs
 
 
@@ -368,13 +369,6 @@ def identity(llm: LLM, hw: Hardware, eng: LLMEngine, at_prompt: int | None = Non
         }
         | ({"at_prompt": str(at_prompt)} if at_prompt else {})
     )
-
-
-def timed_context(calibration: Calibration) -> int:
-    """The longest context its plan times (a prompt, a decode's, `rooftop bench --pp N`'s own): an expected time
-    far past it is carried from shorter shapes, whose kernels ran from the caches."""
-    plan = QUICK if calibration.quick else FULL
-    return max(*plan["prompts"], *plan["contexts"], plan["long"], int(calibration.identity.get("at_prompt", 0)))
 
 
 def _float_linears(llm: LLM) -> bool:

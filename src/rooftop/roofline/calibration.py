@@ -132,6 +132,9 @@ class Calibration:
     curves: dict[str, Curve]
     identity: dict[str, str] = field(default_factory=dict)
     quick: bool = False
+    # the longest context its runs reached (prompt and output tokens): an expected time far past it is carried from
+    # shorter shapes, whose kernels ran from the caches
+    timed_context: int = 0
 
     def expected(
         self, config: ModelConfig, p: Precision, shape: StepShape, hw: Hardware, step: StepTime | None = None
@@ -164,13 +167,15 @@ class Calibration:
         return {
             "identity": self.identity,
             "quick": self.quick,
+            "timed_context": self.timed_context,
             "curves": {k: [list(p) for p in c.points] for k, c in self.curves.items()},
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibration:
         curves = {k: Curve(tuple((float(x), float(y)) for x, y in pts)) for k, pts in data["curves"].items()}
-        return cls(curves, dict(data.get("identity", {})), bool(data.get("quick", False)))
+        identity, quick = dict(data.get("identity", {})), bool(data.get("quick", False))
+        return cls(curves, identity, quick, int(data.get("timed_context", 0)))
 
 
 def _by_phase(shape: StepShape) -> dict[Phase, StepShape]:
