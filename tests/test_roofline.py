@@ -464,3 +464,81 @@ def test_attention_runs_at_the_activations_peak_not_the_weights(weights, activat
     assert ops["attention"].compute == peak and ops["qkv_proj"].compute == p.compute != peak
     h100 = find_hardware("h100")
     assert ops["attention"].compute_time(h100) == pytest.approx(ops["attention"].flops / h100.peak_flops[peak])
+
+
+def test_a_tied_lm_head_held_in_another_format_than_the_table_is_counted_beside_it():
+    """The engine shares a tied table with its lm_head only where both hold one format (quant.linear.
+    embedding_table): a Q6_K table beside the int4 policy's Q8_0 lm_head is two copies, which were counted as one
+    (a 1B Q4_K_M's weight_bytes 107 MB under what its own decode step read)."""
+    from rooftop.roofline.precision import WEIGHT_FORMATS
+
+    c = find_preset("smollm2-135m")
+    assert c.tie_word_embeddings
+    q6, q8 = WEIGHT_FORMATS["q6_k"], WEIGHT_FORMATS["q8_0"]
+    one = replace(precision("q4_1"), embedding=q6, lm_head=q6)
+    two = replace(one, lm_head=q8)
+    assert weight_bytes(c, two) - weight_bytes(c, one) == q8.linear_bytes(c.hidden_size, c.vocab_size)
+    assert weight_bytes(c, one) == weight_bytes(c, replace(one, lm_head=None, embedding=None)) - (
+        WEIGHT_FORMATS["q4_1"].linear_bytes(c.hidden_size, c.vocab_size) - q6.linear_bytes(c.hidden_size, c.vocab_size)
+    )
+
+
+def test_the_memory_roof_says_the_rate_it_runs_at_and_its_memory_efficiency():
+    """--memory-efficiency halves the bandwidth the ops run at; the text still gave the unscaled rate (on a datasheet
+    device as the datasheet's)."""
+    from rooftop.roofline.hardware import Hardware
+    from rooftop.roofline.predict import memory_roof
+
+    assert memory_roof(H200) == f"4.8 TB/s: {H200.source}"
+    assert memory_roof(H200.scaled(1.0, 0.5)) == f"2.4 TB/s, --memory-efficiency 0.5 of 4.8 TB/s: {H200.source}"
+    read = "60.0 GB/s reading a 3 MB working set (DRAM: 20.0 GB/s)"
+    probed = Hardware("cpu", {"fp32": 1e11}, 60e9, 1e9, notes={"read_bandwidth": read}, working_set=3e6)
+    assert memory_roof(probed.scaled(1.0, 0.5)).startswith(f"30 GB/s, --memory-efficiency 0.5 of {read}: ")
+
+
+def _explained(name: str, p, prompt: int, output: int) -> list[str]:
+    from rooftop.roofline.explain import explain
+
+    c = find_preset(name)
+    return explain(analyze(c, H200, p, prompt, output), c, p).splitlines()
+
+
+def test_explain_gives_each_reason_a_step_reads_fewer_weights_only_where_it_holds():
+    """A 1024-token prefill of a 128-expert MoE touches every expert: only the embedding table's rows are unread
+    (the step said its tokens reached only some experts)."""
+    lines = _explained("qwen3-30b-a3b", BF16, 1024, 2)
+    prefill, decode = lines[3], lines[5]
+    assert "experts" not in prefill and "of the embedding table one row per token" in prefill
+    assert "of the experts only those its tokens are routed to" in decode and "embedding table" in decode
+
+
+def test_explain_with_one_output_token_has_no_decode_step_and_no_decode_lever():
+    """With -n 1 step 5 said there is no TPOT while step 4 said each decode step must read the weights and the last
+    line how to speed decode up."""
+    lines = _explained("qwen3-8b", BF16, 1024, 1)
+    assert lines[5].startswith("4. One output token needs no decode step; a second would make one token")
+    assert "So decode would be memory-bound." in lines[5]
+    assert lines[-1].startswith("What would move prefill: it is ") and "decode" not in lines[-1]
+    assert "decode is memory-bound" in _explained("qwen3-8b", BF16, 1024, 2)[-1]
+
+
+def test_explains_decode_lever_weighs_the_block_linears_bits_not_the_models_mean():
+    """A Q4_1 model with a Q8_0 table has a mean of more than 5 bits per weight, but --weights int4 changes none of
+    its linears: the lever takes the linears' bits, as bench's advice does."""
+    from rooftop.roofline.precision import WEIGHT_FORMATS
+
+    p = replace(precision("q4_1"), embedding=WEIGHT_FORMATS["q8_0"])
+    last = _explained("smollm2-135m", p, 64, 4)[-1]
+    assert "(the weights are 5 bits each already)" in last and "--weights int4" not in last
+
+
+def test_the_converted_type_has_one_spelling_and_resolve_hardware_no_unused_probe():
+    """The loader's CONVERTED_TO ("Q4_1") and the analyzer's ("q4_1") were two constants for one fact."""
+    import inspect
+
+    from rooftop.loading import gguf
+    from rooftop.roofline.api import resolve_hardware
+    from rooftop.roofline.precision import CONVERTED_TO
+
+    assert gguf.CONVERTED_TO is CONVERTED_TO
+    assert "probe" not in inspect.signature(resolve_hardware).parameters

@@ -216,3 +216,39 @@ def test_integer_weights_leave_the_tables_in_floats_as_engines_hold_them():
     assert (p.embedding_format.name, p.head().weights.name) == ("q8_0", "q8_0")
     p = resolve_precision("float", None, None, hw, config)
     assert p.embedding is None and p.lm_head is None and p.weights.name == "fp32"
+
+
+def test_a_ggufs_table_is_costed_in_the_engines_float_dtype_on_a_probed_gpu():
+    """rooftop's loader widens the embedding table to the model's dtype on any device but the CPU (only CPU tensors
+    look rows up from groups): the analyzer costed a GGUF's Q8_0 table as stored on a probed GPU too."""
+    config = find_preset("qwen3-8b")
+    q4_1, q8_0 = WEIGHT_FORMATS["q4_1"], WEIGHT_FORMATS["q8_0"]
+    gpu_formats = {"float": "bf16", "int8": "int8", "int4": "int4-g32"}
+    gpu = probed(device="cuda", formats=gpu_formats).to_hardware()
+    assert gpu.widens_tables and not probed().to_hardware().widens_tables
+    assert not find_hardware("h100").widens_tables
+    for weights in (None, "int4"):
+        p = resolve_precision(weights, None, q4_1, gpu, config, tables=(q8_0, q8_0))
+        assert p.embedding_format.name == "bf16", weights
+        p = resolve_precision(weights, None, q4_1, probed().to_hardware(), config, tables=(q8_0, q8_0))
+        assert p.embedding_format.name == "q8_0", weights  # on the CPU as stored
+    assert resolve_precision(None, None, q4_1, find_hardware("h100"), config, tables=(q8_0, q8_0)).embedding is q8_0
+
+
+def test_a_tied_bf16_table_that_is_the_lm_heads_matrix_is_counted_once(tmp_path):
+    """On rooftop's CPU kernels a tied bf16 lm_head (bf16-fp32) holds the table's one bfloat16 matrix: the engine
+    named the table bf16 beside a bf16-fp32 head, so its weight bytes counted that matrix twice once a tied head in
+    another format than the table's counts as a second copy."""
+    from rooftop import LLM
+    from rooftop.engine.probe import load_or_run_probe
+    from rooftop.roofline.api import resolve
+    from rooftop.roofline.ops import weight_bytes
+
+    path = tmp_path / "tied.gguf"
+    write_tiny_gguf(path, qtype=lambda name: T.F32 if "norm" in name else T.BF16)  # no output.weight: tied
+    llm = LLM(model=path)
+    if llm.precision.weights.name != "bf16-fp32":
+        pytest.skip("the engine holds bf16 as bf16-fp32 only on rooftop's CPU kernels")
+    assert llm.precision.embedding_format == llm.precision.head().weights
+    config, _, p = resolve(path, "this", probe=load_or_run_probe)
+    assert llm.weight_bytes == weight_bytes(config, p)

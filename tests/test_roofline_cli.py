@@ -481,3 +481,12 @@ def test_explain_says_which_weights_a_step_reads(tmp_path):
     moe = run("explain", "-m", "qwen3-30b-a3b", "-H", "h100", "-p", "64", "-n", "8").output
     assert "of the experts only those its tokens are routed to, 8 of 128 per token in each layer" in moe
     assert "every weight" not in moe
+
+
+def test_speculation_with_one_output_token_is_refused():
+    """One output token is the prefill's: no decode step for speculation to speed up (the sentence and the JSON gave
+    a speculative TPOT where the prediction has none)."""
+    args = ("roofline", "-m", "qwen3-8b", "-H", "h200", "-n", "1", "--num-speculative-tokens", "3", "--acceptance")
+    assert_error(run(*args, "0.7"), "--num-speculative-tokens needs --output 2 or more", "one output token has none")
+    assert_error(run(*args, "0.7", "--json"), "--num-speculative-tokens needs --output 2 or more")
+    assert run(*args[:6], "2", *args[7:], "0.7").exit_code == 0

@@ -17,12 +17,10 @@ from rooftop.loading.shard import Shard, shard_tensor
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import STORED_TYPES, bf16_values, dequantize, q4_1_parts, q8_0_parts, stored_blocks
 from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight, quantize_int4
+from rooftop.roofline.precision import CONVERTED_TO
 
 GROUP_TYPES = (QType.Q4_1, QType.Q8_0)
 FLOAT_TYPES = (QType.F32, QType.F16, QType.BF16)
-# Quantized types rooftop's kernels do not run (the 2- and 3-bit K-quants, the IQ and ternary types, ...) become
-# rooftop's own group-32 int4 (Q4_1) at load, one tensor in float32 at a time.
-CONVERTED_TO = "Q4_1"
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -111,7 +109,9 @@ def group_weight(t: TensorInfo) -> Int4Weight | Int8GroupWeight:
 
 
 def converted(t: TensorInfo) -> bool:
-    """Whether a matrix is of a type the kernels do not run, and so converted at load."""
+    """Whether a matrix is of a type the kernels do not run (the 2- and 3-bit K-quants, the IQ and ternary types,
+    ...), and so converted at load to rooftop's own group-32 int4 (CONVERTED_TO: Q4_1, which the analyzer costs it
+    as), one tensor in float32 at a time."""
     return len(t.shape) == 2 and t.qtype not in (*FLOAT_TYPES, *GROUP_TYPES, *STORED_TYPES) and t.shape[1] % 32 == 0
 
 
@@ -179,7 +179,8 @@ def native_format(tensors: list[TensorInfo]) -> str:
 
 def conversions(tensors: list[TensorInfo]) -> dict[str, str]:
     """HF name -> "Q3_K -> Q4_1" for each matrix converted at load (what the run reports beside its formats)."""
-    return {hf_name(t.name): f"{t.qtype.name} -> {CONVERTED_TO}" for t in tensors if converted(t) and hf_name(t.name)}
+    into = CONVERTED_TO.upper()  # GGUF's spelling of the type
+    return {hf_name(t.name): f"{t.qtype.name} -> {into}" for t in tensors if converted(t) and hf_name(t.name)}
 
 
 def linear_value_order(config: ModelConfig) -> str:

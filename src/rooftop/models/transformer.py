@@ -19,7 +19,7 @@ from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.mlp import SparseMoE
 from rooftop.models.ops import Ops
-from rooftop.models.parallel import TPGroup, VocabParallelEmbedding, rank_config
+from rooftop.models.parallel import TPGroup, VocabParallelEmbedding, VocabParallelHead, rank_config
 from rooftop.quant.linear import FLOAT_FORMATS, NARROW, Linear, RowPlan, TiledLinear, row_plan, widen_compute
 from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight
 from rooftop.roofline.ops import matrix_weights
@@ -95,8 +95,13 @@ class Transformer:
         )
 
     def table_format(self) -> str:
-        """The format the embedding table is held in: a float dtype, a file's groups or blocks, or tiles."""
+        """The format the embedding table is held in: a float dtype, a file's groups or blocks, or tiles; a table that
+        is the tied lm_head's own matrix (quant.linear.embedding_table: a bf16-fp32 head's bfloat16 tensor) the
+        head's, so that the two count as the one matrix they are (roofline.ops.shares_table)."""
         table = self.embed.table if isinstance(self.embed, VocabParallelEmbedding) else self.embed
+        head = self.lm_head.linear if isinstance(self.lm_head, VocabParallelHead) else self.lm_head
+        if table is head or table is getattr(head, "weight", None):
+            return head.format
         if isinstance(table, torch.Tensor):
             return FLOAT_FORMATS[table.dtype]
         if isinstance(table, Int4Weight):

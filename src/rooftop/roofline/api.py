@@ -126,10 +126,9 @@ def resolve_hardware(
     bandwidth_tbs: float | None = None,
     memory_gb: float | None = None,
     interconnect_gbs: float | None = None,
-    probe: Callable[[], ProbeResult] | None = None,
 ) -> Hardware:
-    """A catalog name, "this" (`probe`'s measurements of this machine: by default the cached probe, else the roofs
-    torch measures alone; the CLI passes rooftop.engine.probe's, which times the engine's kernels too), or numbers."""
+    """A catalog name, "this" (the cached probe of this machine, else the roofs torch measures alone; `resolve`
+    takes another probe: the CLI passes rooftop.engine.probe's, which times the engine's kernels too), or numbers."""
     from rooftop.roofline.catalog import find_hardware
 
     if isinstance(hardware, Hardware):
@@ -144,7 +143,7 @@ def resolve_hardware(
             raise InvalidRequestError("custom hardware needs all of --peak-tflops, --bandwidth-tbs and --memory-gb")
         return custom_hardware(peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)
     if hardware is None or hardware == "this":
-        return _probe(probe).to_hardware()
+        return _probe(None).to_hardware()
     return find_hardware(hardware)
 
 
@@ -194,8 +193,9 @@ def resolve_precision(
     and as stored elsewhere (`as_converted`). The activations are what rooftop's engine computes in on a probed
     device (`hw.engine_dtype`), else of the weights' compute width; the KV cache is `kv` (default: the activations'
     width), a linear-attention state `state_dtype`. Under auto a GGUF's embedding table and lm_head are their own
-    tensors' formats (`tables`, file_tables), as the engine holds them; under int8 or int4 they are not integer
-    groups (`integer_tables`)."""
+    tensors' formats (`tables`, file_tables), as the engine holds them, but for a table on a probed GPU, which the
+    engine widens to its float dtype (`hw.widens_tables`); under int8 or int4 they are not integer groups
+    (`integer_tables`)."""
     auto = weights is None or check_weight_choice(weights) == "auto"
     converted: tuple[str, ...] = ()
     if hw.probed and file_format is not None:
@@ -213,7 +213,7 @@ def resolve_precision(
         return integer_tables(p, weights, hw, tables).with_state(state_dtype)
     if file_format is not None and tables is not None:
         embedding, head = (as_format(as_run(fmt, hw.engine_auto)) for fmt in tables)
-        p = replace(p, embedding=embedding, lm_head=head)
+        p = replace(p, embedding=WEIGHT_FORMATS[hw.engine_dtype] if hw.widens_tables else embedding, lm_head=head)
     return replace(p, converted=converted).with_state(state_dtype)
 
 
@@ -222,15 +222,16 @@ def integer_tables(
 ) -> Precision:
     """The embedding table and lm_head beside block linears of an integer `weights` choice, which they are not made
     into. On a device rooftop's engine was probed on (`hw.engine_formats`), as it holds them under its int8 or int4
-    policy (an exact choice it runs as one of them): a GGUF's quantized table as stored (`tables`), a float one in
-    the float policy's format; the lm_head in the int8 policy's (quant.linear.linear_kind: Q8_0 on rooftop's CPU and
-    CUDA kernels; on x86 without them fp16 with float32 math, which the probe does not name). Elsewhere as an AWQ or
-    GPTQ checkpoint of int8 or int4 holds them, which vLLM runs: both in the activations' float format."""
+    policy (an exact choice it runs as one of them): a GGUF's quantized table as stored (`tables`) on the CPU, any
+    other table (a float one, or any on a GPU: `hw.widens_tables`) in the float policy's format; the lm_head in the
+    int8 policy's (quant.linear.linear_kind: Q8_0 on rooftop's CPU and CUDA kernels; on x86 without them fp16 with
+    float32 math, which the probe does not name). Elsewhere as an AWQ or GPTQ checkpoint of int8 or int4 holds them,
+    which vLLM runs: both in the activations' float format."""
     if hw.engine_formats:
         if p.weights.name not in (hw.engine_formats.get("int8"), hw.engine_formats.get("int4")):
             return p
         table = WEIGHT_FORMATS[hw.engine_formats["float"]]
-        if tables is not None and tables[0].name not in FLOAT_DTYPES.values():
+        if tables is not None and tables[0].name not in FLOAT_DTYPES.values() and not hw.widens_tables:
             table = tables[0]
         return replace(p, embedding=table, lm_head=WEIGHT_FORMATS[hw.engine_formats["int8"]])
     if weights not in ("int8", "int4"):

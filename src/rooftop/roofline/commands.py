@@ -135,6 +135,12 @@ def roofline(
         )
         if (num_speculative_tokens is None) != (acceptance is None):
             raise InvalidRequestError("--num-speculative-tokens and --acceptance go together: give both or neither")
+        if num_speculative_tokens is not None and output == 1:
+            raise InvalidRequestError(
+                "--num-speculative-tokens needs --output 2 or more: speculative decoding speeds up decode steps, and "
+                "one output token has none (it is the prefill's)",
+                "num_speculative_tokens",
+            )
         pred = analyze(config, hw, p, prompt, output, batch, tp, gpu_memory_utilization=gpu_memory_utilization)
         spec = None
         if num_speculative_tokens is not None:  # at the output's middle context, as a mean TPOT
@@ -168,7 +174,7 @@ def explain(
     with user_errors():
         config, hw, p = _resolve(model, hardware, weights, kv, state_dtype, None, None, None, 1.0, 1.0)
         pred = analyze(config, hw, p, prompt, output, 1, 1, gpu_memory_utilization=gpu_memory_utilization)
-        typer.echo(explain_text(pred, config))
+        typer.echo(explain_text(pred, config, p))
 
 
 def probe(

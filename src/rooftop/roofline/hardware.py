@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rooftop.errors import InvalidRequestError
 
@@ -45,15 +45,24 @@ class Hardware:
     # empty on a datasheet device, where a file's weights are costed as stored
     engine_auto: dict[str, str] = field(default_factory=dict)
     engine_dtype: str | None = None  # what rooftop's engine computes in here (probe: fp32 on a CPU, else bf16)
+    engine_device: str | None = None  # the device type rooftop's engine runs on here (probe: "cpu", "cuda")
     efficiency: Efficiency | None = None  # published engines' efficiencies here: the analyzer's expected times
     # bytes: memory_bandwidth is the probe's read of a working set of this size (a model's weights), not DRAM's
     working_set: float | None = None
+    # the share of the device's memory roof memory_bandwidth is (--memory-efficiency, `scaled`): 1 for the roof itself
+    memory_efficiency: float = 1.0
 
     @property
     def probed(self) -> bool:
         """Whether rooftop's probe measured this device (this machine): there its engine runs a model, so a file's
         weights are costed as its loader holds them; on a datasheet or custom device, as the file stores them."""
         return self.engine_dtype is not None
+
+    @property
+    def widens_tables(self) -> bool:
+        """Whether rooftop's engine holds a GGUF's embedding table in its float dtype here: on a probed device other
+        than the CPU, where only CPU tensors look rows up from a file's groups (models.loader)."""
+        return self.engine_device not in (None, "cpu")
 
     def peak(self, compute: str) -> float:
         """Peak of `compute`. Weight-only int8/int4 kernels multiply in bf16: the bf16 peak unless this device's
@@ -74,20 +83,12 @@ class Hardware:
         for name, value in (("compute_efficiency", compute_efficiency), ("memory_efficiency", memory_efficiency)):
             if not 0 < value <= 1:
                 raise InvalidRequestError(f"{name} must be in (0, 1], got {value}")
-        return Hardware(
-            name=self.name,
+        return replace(
+            self,
             peak_flops={k: v * compute_efficiency for k, v in self.peak_flops.items()},
             memory_bandwidth=self.memory_bandwidth * memory_efficiency,
-            memory_bytes=self.memory_bytes,
-            interconnect_bandwidth=self.interconnect_bandwidth,
-            collective_latency_s=self.collective_latency_s,
-            source=self.source,
-            notes=self.notes,
-            engine_formats=self.engine_formats,
-            engine_auto=self.engine_auto,
-            engine_dtype=self.engine_dtype,
             efficiency=self.efficiency if compute_efficiency == memory_efficiency == 1.0 else None,
-            working_set=self.working_set,
+            memory_efficiency=self.memory_efficiency * memory_efficiency,
         )
 
 

@@ -443,13 +443,34 @@ def parameter_count(c: ModelConfig) -> ParameterCount:
 
 
 def weight_bytes(c: ModelConfig, p: Precision) -> float:
-    """Bytes of all weights at precision `p`: the embedding table and an untied lm_head in their own formats (a
-    quantized checkpoint keeps them in floats), norms at activation width."""
+    """Bytes of all weights at precision `p`: the embedding table and the lm_head in their own formats (a
+    quantized checkpoint keeps them in floats), norms at activation width. A tied lm_head is the table only where it
+    is held in the table's format (`shares_table`): in another (a Q6_K table beside a Q8_0 lm_head under int4) the
+    engine holds both."""
     every, _ = _matrices(c)
     matrices = sum(m * p.weights.linear_bytes(k, n) for k, n, m in every)
-    table = p.embedding_format.linear_bytes(c.hidden_size, c.vocab_size)
-    head = 0 if c.tie_word_embeddings else p.head().weights.linear_bytes(c.hidden_size, c.vocab_size)
-    return matrices + table + head + _small_params(c) * p.activation_bytes
+    head = 0 if shares_table(c, p) else p.head().weights.linear_bytes(c.hidden_size, c.vocab_size)
+    return matrices + table_bytes(c, p) + head + _small_params(c) * p.activation_bytes
+
+
+def shares_table(c: ModelConfig, p: Precision) -> bool:
+    """Whether the lm_head is the embedding table: tied and held in the table's format (quant.linear.
+    embedding_table); then the head's read is the whole table's."""
+    return c.tie_word_embeddings and p.head().weights == p.embedding_format
+
+
+def table_bytes(c: ModelConfig, p: Precision) -> float:
+    """Bytes of the input embedding table in its format."""
+    return p.embedding_format.linear_bytes(c.hidden_size, c.vocab_size)
+
+
+def expert_bytes(c: ModelConfig, p: Precision) -> float:
+    """Bytes of every routed expert's matrices (0 for a dense model): what the expert ops read when a step's tokens
+    are routed to all of them."""
+    if not c.is_moe:
+        return 0.0
+    d, ff = c.hidden_size, c.moe_intermediate_size
+    return c.num_layers * c.num_experts * (p.weights.linear_bytes(d, 2 * ff) + p.weights.linear_bytes(ff, d))
 
 
 def kv_bytes_per_token(c: ModelConfig, p: Precision) -> float:

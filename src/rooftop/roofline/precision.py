@@ -115,7 +115,7 @@ def mixed_format(bytes_by_format: Mapping[str, float] | Mapping[WeightFormat, fl
 
 
 # What rooftop's loader converts a GGUF type outside WEIGHT_FORMATS to (Q2_K, Q3_K, the IQ and ternary types;
-# loading.gguf.CONVERTED_TO): where its engine runs the file (a probed device) the analyzer costs that, elsewhere the
+# loading.gguf takes it from here): where its engine runs the file (a probed device) the analyzer costs that, elsewhere the
 # type as stored, which an engine that runs it as stored (llama.cpp) reads.
 CONVERTED_TO = "q4_1"
 

@@ -269,14 +269,23 @@ class Prediction:
 
 def memory_roof(hw: Hardware) -> str:
     """The memory roof and where it comes from: the probe's read of a working set (ProbeResult.to_hardware, whose
-    note says the rate, the size and DRAM's rate), or the device's source (a datasheet, the probe's DRAM read)."""
+    note says the rate, the size and DRAM's rate), or the device's source (a datasheet, the probe's DRAM read); a
+    rate scaled by --memory-efficiency (Hardware.scaled) says so and what it is a share of."""
     if hw.working_set is None:
-        tera = hw.memory_bandwidth >= 1e12
-        return f"{hw.memory_bandwidth / (1e12 if tera else 1e9):.3g} {'TB/s' if tera else 'GB/s'}: {hw.source}"
-    return (
-        f"{hw.notes['read_bandwidth']}: the model's weights per device, the roof `rooftop bench` bounds it by "
-        "(weights that stay partly in a cache read faster than DRAM)"
-    )
+        roof = f"{_rate(hw.memory_bandwidth / hw.memory_efficiency)}: {hw.source}"
+    else:
+        roof = (
+            f"{hw.notes['read_bandwidth']}: the model's weights per device, the roof `rooftop bench` bounds it by "
+            "(weights that stay partly in a cache read faster than DRAM)"
+        )
+    if hw.memory_efficiency == 1.0:
+        return roof
+    return f"{_rate(hw.memory_bandwidth)}, --memory-efficiency {hw.memory_efficiency:g} of {roof}"
+
+
+def _rate(bytes_per_s: float) -> str:
+    tera = bytes_per_s >= 1e12
+    return f"{bytes_per_s / (1e12 if tera else 1e9):.3g} {'TB/s' if tera else 'GB/s'}"
 
 
 def _per_seq_bytes(config: ModelConfig, p: Precision, tokens_per_seq: int, tp: int) -> float:

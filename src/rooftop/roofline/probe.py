@@ -233,6 +233,7 @@ class ProbeResult:
             engine_formats=dict(self.engine_formats),
             engine_auto=auto_formats(self.engine_formats.get("float"), self.runs_cpu_kernels),
             engine_dtype=FLOAT_DTYPES[auto_dtype(torch.device(self.device).type)],
+            engine_device=torch.device(self.device).type,
             working_set=working_set,
         )
 
