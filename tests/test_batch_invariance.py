@@ -3,6 +3,7 @@ those it gets alone, whatever shares its steps — prefill chunks of other lengt
 some on the integer kernels), decodes, a tight token budget, a prefix cache hit, a preemption."""
 
 import pytest
+from engine_support import run
 
 from rooftop import LLM, SamplingParams
 from rooftop.config import EngineConfig
@@ -23,22 +24,6 @@ def prompt(i: int, n: int) -> str:
 def llm(request, long_gguf):
     dtype, weights = request.param
     return LLM(model=long_gguf, dtype=dtype, weights=weights)
-
-
-def run(eng: LLMEngine, requests: list[tuple[str, str, SamplingParams]], arrive_every: int = 0) -> dict:
-    """Add the requests (one more every `arrive_every` steps, else all at once), step until done; the final
-    outputs by request id."""
-    pending, outputs, step = list(requests), {}, 0
-    while pending or eng.has_unfinished():
-        while pending and (arrive_every == 0 or step % arrive_every == 0):
-            eng.add_request(*pending.pop(0))
-            if arrive_every:
-                break
-        for delta in eng.step().deltas:
-            if delta.finished:
-                outputs[delta.request_id] = delta.output
-        step += 1
-    return outputs
 
 
 def requests(sampling: dict) -> list[tuple[str, str, SamplingParams]]:

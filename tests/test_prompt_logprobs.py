@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 import torch
+from engine_support import run
 from serve_support import api_error, sse_events
 
 from rooftop import SamplingParams
@@ -22,17 +23,6 @@ from rooftop.models.kv_cache import KVCache
 
 PROMPT = "the quick brown fox jumps over it"  # 33 byte tokens: chunks of 8 cut it in five
 PARAMS = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, prompt_logprobs=2)
-
-
-def run(eng: LLMEngine, requests: list[tuple[str, str, SamplingParams]]) -> dict:
-    for request in requests:
-        eng.add_request(*request)
-    outputs = {}
-    while eng.has_unfinished():
-        for delta in eng.step().deltas:
-            if delta.finished:
-                outputs[delta.request_id] = delta.output
-    return outputs
 
 
 def reference(llm, ids: list[int]) -> torch.Tensor:

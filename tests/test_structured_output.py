@@ -11,6 +11,7 @@ import httpx
 import jsonschema
 import pytest
 import torch
+from engine_support import run
 from serve_support import api_error, running_server, sse_events
 
 from rooftop import LLM, InvalidRequestError, SamplingParams, StructuredOutputsParams
@@ -186,17 +187,6 @@ def test_a_grammar_state_refuses_a_token_outside_it_and_says_why(llm):
     assert not state.advance(no) and state.error
     state = compiler.start(StructuredOutputsParams(choice=["yes"]))
     assert state.advance(llm.tokenizer.encode("yes", add_special_tokens=False) + llm.tokenizer.eos_token_ids)
-
-
-def run(eng: LLMEngine, requests) -> dict:
-    for rid, prompt, params in requests:
-        eng.add_request(rid, prompt, params)
-    outputs = {}
-    while eng.has_unfinished():
-        for delta in eng.step().deltas:
-            if delta.finished:
-                outputs[delta.request_id] = delta.output
-    return outputs
 
 
 def test_the_mask_is_timed_as_the_steps_host_time(llm, monkeypatch):
