@@ -58,7 +58,7 @@ CPU = torch.device("cpu")
 # The fewest bytes a policy's weights take (the analyzer's count): floats at 16 bits, int8 as Q8_0, int4 as Q4_1
 SMALLEST_FORMAT = {"float": "bf16", "int8": "q8_0", "int4": "q4_1"}
 # A GGUF matrix's form (file_form) as the analyzer's format where its name is not one (the block formats are)
-FILE_FORMATS = {"int8": "q8_0", "int4": "q4_1", "bf16": "bf16", "float": "bf16"}
+FILE_FORMATS = SMALLEST_FORMAT | {"bf16": "bf16"}
 
 
 def _level_std(levels: int) -> float:

@@ -403,13 +403,17 @@ def _matrices(c: ModelConfig) -> tuple[list[tuple[int, int, int]], list[tuple[in
     if not c.is_moe:
         mlp = [(d, 2 * c.intermediate_size, L), (c.intermediate_size, d, L)]
         return shared + mlp, shared + mlp
-    ff = c.moe_intermediate_size
     shared.append((d, c.num_experts, L))
     if c.shared_expert_intermediate_size:
         sff = c.shared_expert_intermediate_size
         shared += [(d, 2 * sff, L), (sff, d, L)]
-    experts = lambda n: [(d, 2 * ff, L * n), (ff, d, L * n)]  # noqa: E731
-    return shared + experts(c.num_experts), shared + experts(c.num_experts_per_tok)
+    return shared + _experts(c, c.num_experts), shared + _experts(c, c.num_experts_per_tok)
+
+
+def _experts(c: ModelConfig, n: int) -> list[tuple[int, int, int]]:
+    """`n` routed experts' matrices in every layer, as (K, N, how many)."""
+    d, ff = c.hidden_size, c.moe_intermediate_size
+    return [(d, 2 * ff, c.num_layers * n), (ff, d, c.num_layers * n)]
 
 
 def matrix_weights(c: ModelConfig) -> int:
@@ -469,8 +473,7 @@ def expert_bytes(c: ModelConfig, p: Precision) -> float:
     are routed to all of them."""
     if not c.is_moe:
         return 0.0
-    d, ff = c.hidden_size, c.moe_intermediate_size
-    return c.num_layers * c.num_experts * (p.weights.linear_bytes(d, 2 * ff) + p.weights.linear_bytes(ff, d))
+    return sum(m * p.weights.linear_bytes(k, n) for k, n, m in _experts(c, c.num_experts))
 
 
 def kv_bytes_per_token(c: ModelConfig, p: Precision) -> float:
