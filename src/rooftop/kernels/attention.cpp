@@ -683,7 +683,7 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
   }
   // each task of a split sequence: per head its largest score, its sum of weights and its weighted sum of values
   std::vector<float> parts(split ? tasks.size() * heads * (dim + 2) : 0);
-  auto out = at::empty({b_count, heads * dim}, qkv.options());
+  auto out = cpu_empty({b_count, heads * dim}, qkv.options());
   float* o = out.data_ptr<float>();
   // a quantized pool's queries, rotated (and for int8 keys quantized) once per step, not once per part
   std::vector<float> rotated(Stored<T>::scaled ? b_count * heads * dim : 0);

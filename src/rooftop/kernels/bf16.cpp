@@ -20,7 +20,7 @@ constexpr int ROWS = 4;  // activation rows per pass over two weight rows (2 x 4
 // widen to those two halves (even: the low bf16 of each 32-bit lane, odd: the high one). In a tensor, whose memory
 // starts on a cache line: a 512-bit load of a block's half then never straddles two lines.
 at::Tensor split_pairs(const float* x, int64_t rows, int64_t k) {
-  auto out = at::empty({rows, k}, at::TensorOptions().dtype(at::kFloat));
+  auto out = cpu_empty({rows, k}, at::TensorOptions().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   for (int64_t b = 0; b < rows * k; b += BLOCK) {
     for (int64_t l = 0; l < BLOCK / 2; ++l) {
@@ -189,7 +189,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::opti
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " features, w ", k);
   const at::Tensor split = split_pairs(x.data_ptr<float>(), rows, k);
   const float* xs = split.data_ptr<float>();
-  auto out = at::empty({rows, n}, x.options());
+  auto out = cpu_empty({rows, n}, x.options());
   const auto* weights = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const float* b = bias ? bias->data_ptr<float>() : nullptr;
   const float* res = residual ? residual->data_ptr<float>() : nullptr;

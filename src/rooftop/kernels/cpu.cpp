@@ -17,7 +17,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 (T, D)");
   const int64_t t = x.size(0), dim = x.size(1);
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.numel() == dim && weight.is_contiguous(), "weight must be float32 (D,)");
-  auto out = at::empty_like(x);
+  auto out = cpu_empty(x.sizes(), x.options());
   const float* in = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* o = out.data_ptr<float>();
@@ -77,7 +77,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
               "gate_up must be contiguous float32 (T, 2F)");
   const int64_t t = gate_up.size(0), f = gate_up.size(1) / 2;
-  auto out = at::empty({t, f}, gate_up.options());
+  auto out = cpu_empty({t, f}, gate_up.options());
   const float* in = gate_up.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, t, std::max<int64_t>(1, 4096 / f), [&](int64_t r0, int64_t r1) {
@@ -104,7 +104,7 @@ at::Tensor per_logit_row(const at::Tensor& logits, at::ScalarType dtype, F f) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.size(1) > 0,
               "logits must be contiguous float32 (B, vocab)");
   const int64_t b_count = logits.size(0), vocab = logits.size(1);
-  auto out = at::empty({b_count}, logits.options().dtype(dtype));
+  auto out = cpu_empty({b_count}, logits.options().dtype(dtype));
   const float* in = logits.data_ptr<float>();
   Out* o = out.data_ptr<Out>();
   for (int64_t b = 0; b < b_count; ++b) o[b] = f(in + b * vocab, vocab);

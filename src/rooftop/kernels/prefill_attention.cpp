@@ -289,7 +289,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const 
                 "keys and values must be contiguous float32 (cached + n, kv_heads, dim)");
   }
   TORCH_CHECK(cached >= 0 && keys.size(1) > 0 && heads % keys.size(1) == 0, "heads must be a multiple of kv_heads");
-  auto out = at::empty({n, heads, dim}, q.options());
+  auto out = cpu_empty({n, heads, dim}, q.options());
   const Chunk c{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(), out.data_ptr<float>(), n,
                 cached, heads, keys.size(1), dim, q.stride(0), static_cast<float>(scale)};
   const HeadMajor* hm = nullptr;

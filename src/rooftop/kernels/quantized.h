@@ -3,8 +3,11 @@
 
 #pragma once
 
-#include <ATen/ATen.h>  // not torch/extension.h, which takes 25 s to parse per file
+// The tensor, parallel_for and CPU allocation: not ATen/ATen.h, whose every operator (at::empty's header alone pulls in
+// ATen's context) takes ~10 s more to parse per file, nor torch/extension.h (~25 s).
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cmath>
@@ -180,9 +183,14 @@ inline void put8(at::BFloat16* out, __m256 v) {
 }
 #endif
 
+// A new uninitialized tensor, as at::empty makes it for the CPU tensors every kernel takes (see the includes above).
+inline at::Tensor cpu_empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::Tensor(at::detail::empty_cpu(sizes, options));
+}
+
 template <typename Fn>
 at::Tensor widened(int64_t n, int64_t k, bool bf16, const at::TensorOptions& options, Fn&& fill) {
-  auto out = at::empty({n, k}, options.dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  auto out = cpu_empty({n, k}, options.dtype(bf16 ? at::kBFloat16 : at::kFloat));
   if (bf16) {
     fill(out.data_ptr<at::BFloat16>());
   } else {

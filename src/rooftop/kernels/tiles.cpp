@@ -596,7 +596,7 @@ at::Tensor tiled_linear(const Tiled& w, const at::Tensor& x, const c10::optional
                         const c10::optional<at::Tensor>& residual) {
   const int64_t rows = x.size(0), k = x.size(1), n = w.n, tiles = (n + TILE - 1) / TILE;
   const QuantizedRows a = Super ? quantize_super_rows(x.data_ptr<float>(), rows, k) : quantize_rows(x.data_ptr<float>(), rows, k);
-  auto out = at::empty({rows, n}, x.options());
+  auto out = cpu_empty({rows, n}, x.options());
   const float* b = bias ? bias->data_ptr<float>() : nullptr;
   const float* res = residual ? residual->data_ptr<float>() : nullptr;
   float* o = out.data_ptr<float>();
@@ -716,7 +716,7 @@ at::Tensor tiled_dequantize(const Tiled& w, bool bf16, const at::TensorOptions& 
 template <Format F>
 at::Tensor tiled_rows(const Tiled& w, const int64_t* ids, int64_t count, const at::TensorOptions& options) {
   const int64_t k = w.groups * GROUP;
-  at::Tensor out = at::empty({count, k}, options.dtype(at::kFloat));
+  at::Tensor out = cpu_empty({count, k}, options.dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   at::parallel_for(0, count, 16, [&](int64_t r0, int64_t r1) {
     alignas(64) float tile[TILE * GROUP];
