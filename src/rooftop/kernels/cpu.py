@@ -55,9 +55,9 @@ def sources_version() -> str:
     return hashlib.sha256(b"".join(path.read_bytes() for path in [*SOURCES, *HEADERS])).hexdigest()[:8]
 
 
-def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleType:
-    """Compile the sources as module `name` for `arch_flag` (compiler flags: -march=native here; the tests also build the portable
-    loops that machines without AVX2 and F16C run, e.g. with -march=x86-64), from `directory` if given (another
+def build(name: str, flags: str, directory: Path | None = None) -> ModuleType:
+    """Compile the sources as module `name` with `flags` after -O3 (-march=native here; the tests also build the
+    portable loops that machines without AVX2 and F16C run, with -march=x86-64), from `directory` if given (another
     revision's sources, for benchmarks/kernel_ab.py)."""
     from torch.utils import cpp_extension
 
@@ -70,7 +70,7 @@ def build(name: str, arch_flag: str, directory: Path | None = None) -> ModuleTyp
         return cpp_extension.load(
             name=name,
             sources=[str(directory / source.name if directory else source) for source in SOURCES],
-            extra_cflags=["-O3", *arch_flag.split(), "-fopenmp"],
+            extra_cflags=["-O3", *flags.split(), "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(directory_of_build),
             verbose=False,
