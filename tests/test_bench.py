@@ -149,14 +149,14 @@ def test_quick_mode_on_the_bundled_model(tmp_path):
 
 def test_quick_modes_tests_are_llama_benchs_and_the_phase_report_times_the_same_steps(tiny_llm, monkeypatch):
     """ppN is one prefill of N tokens; tgN is N decode steps from a 1-token context, whatever -p says (llama-bench's
-    tg). Each repetition's sample is the wall time of exactly the steps the phase report attributes, so a test's
-    t/s, its TPOT and the report's measured time per token are one number."""
+    tg); ppN+tgM both; at a depth, each after that many tokens of context, in a step of their own. Each repetition's
+    sample is the wall time of exactly the steps the phase report attributes, so a test's t/s, its TPOT and the
+    report's measured time per token are one number."""
     from rooftop.bench import quick
-    from rooftop.enums import Phase
 
     shapes, attribute = [], quick.attribute_step
     monkeypatch.setattr(quick, "attribute_step", lambda c, p, shape, *a: shapes.append(shape) or attribute(c, p, shape, *a))  # fmt: skip
-    pp, tg = quick.BenchTest(Phase.PREFILL, 8), quick.BenchTest(Phase.DECODE, 4)
+    pp, tg = quick.BenchTest(8, 0), quick.BenchTest(0, 4)
     said = []
     phases = quick.quick_bench(tiny_llm, load_or_run_probe().to_hardware(), None, [pp, tg], 1, said.append)
     assert said == ["pp8 (warm-up)", "tg4 (warm-up)", "pp8 (repetition 1 of 1)", "tg4 (repetition 1 of 1)"]
@@ -167,6 +167,21 @@ def test_quick_modes_tests_are_llama_benchs_and_the_phase_report_times_the_same_
     assert (phases["prefill"].measured_s, phases["decode"].measured_s) == pytest.approx((*pp.samples_s, *tg.samples_s))
     assert tg.tpot_s == pytest.approx(phases["decode"].measured_s / phases["decode"].steps)
     assert tg.tokens_per_s * tg.tpot_s == pytest.approx(1) and pp.tpot_s is None
+
+    shapes.clear()
+    deep = [quick.BenchTest(8, 0, 24), quick.BenchTest(0, 2, 24), quick.BenchTest(8, 2, 8)]
+    assert [t.name for t in deep] == ["pp8 @ d24", "tg2 @ d24", "pp8+tg2 @ d8"]
+    phases = quick.quick_bench(tiny_llm, load_or_run_probe().to_hardware(), None, deep, 1)
+    assert [(str(s.phase), [(q.new, q.cached) for q in s.seqs]) for s in shapes] == [
+        ("prefill", [(8, 24)]),
+        ("decode", [(1, 24)]),
+        ("decode", [(1, 25)]),
+        ("prefill", [(8, 8)]),
+        ("decode", [(1, 16)]),
+        ("decode", [(1, 17)]),
+    ]
+    assert phases["prefill"].measured_s + phases["decode"].measured_s == pytest.approx(sum(t.mean_s for t in deep))
+    assert deep[2].tokens == 10 and deep[2].tpot_s is None
 
 
 MACHINE = {
@@ -195,7 +210,6 @@ def test_quick_modes_outputs_are_llama_benchs():
 
     from rooftop.bench.quick import BenchTest
     from rooftop.bench.quick_report import params_text, size_text, write_output
-    from rooftop.enums import Phase
 
     assert (size_text(102.4e6), size_text(4.68e9), params_text(134_515_008), params_text(8.03e9)) == (
         "97.66 MiB",
@@ -203,7 +217,7 @@ def test_quick_modes_outputs_are_llama_benchs():
         "134.52 M",
         "8.03 B",
     )
-    tests = [BenchTest(Phase.PREFILL, 64, [0.5, 0.3]), BenchTest(Phase.DECODE, 16, [0.2, 0.2])]
+    tests = [BenchTest(64, 0, 0, [0.5, 0.3]), BenchTest(0, 16, 0, [0.2, 0.2]), BenchTest(64, 16, 512, [0.8])]
 
     def out(fmt):
         stream = io.StringIO()
@@ -219,17 +233,19 @@ def test_quick_modes_outputs_are_llama_benchs():
         "Llama 1B", "97.66 MiB", "134.52 M", "CPU", "2", "q4_1", "float32", "pp64", "160.00 ± 60.34", ""
     ]  # fmt: skip
     assert rows[1].rstrip(" |").endswith("80.00 ± 0.00 | 12.5 ms")
+    assert rows[2].rstrip(" |").endswith("pp64+tg16 @ d512 |  100.00 ± 0.00")
     records = json.loads(out("json"))
-    assert [(r["n_prompt"], r["n_gen"], r["avg_ns"], r["samples_ns"]) for r in records] == [
-        (64, 0, 400_000_000, [500_000_000, 300_000_000]),
-        (0, 16, 200_000_000, [200_000_000, 200_000_000]),
+    assert [(r["n_prompt"], r["n_gen"], r["n_depth"], r["avg_ns"], r["samples_ns"]) for r in records] == [
+        (64, 0, 0, 400_000_000, [500_000_000, 300_000_000]),
+        (0, 16, 0, 200_000_000, [200_000_000, 200_000_000]),
+        (64, 16, 512, 800_000_000, [800_000_000]),
     ]
     assert records[0]["avg_ts"] == 160 and records[0]["samples_ts"] == [128, pytest.approx(213.33, abs=0.01)]
     assert records[0]["model_size"] == 102_400_000 and records[0]["backends"] == "CPU"
     assert [json.loads(line) for line in out("jsonl").splitlines()] == records
     csv_header, *csv_rows = out("csv").splitlines()
     assert csv_header.startswith('"cpu_info","gpu_info","backends","model_filename","model_type","model_size"')
-    assert "samples_ns" not in csv_header and len(csv_rows) == 2 and '"64","0"' in csv_rows[0]
+    assert "samples_ns" not in csv_header and len(csv_rows) == 3 and '"64","0","0"' in csv_rows[0]
 
 
 @pytest.mark.parametrize(
@@ -240,6 +256,10 @@ def test_quick_modes_outputs_are_llama_benchs():
         (["-n", "-1"], "-n/--n-gen must be integers >= 0"),
         (["-p", "8", "-r", "0"], "--reps must be >= 1"),
         (["-o", "sql"], "--output must be one of md, csv, json, jsonl"),
+        (["-pg", "512"], "-pg takes two integers, <pp>,<tg>, got '512'"),
+        (["-pg", "512,0"], "-pg must be integers >= 1"),
+        (["-d", "-4"], "-d/--n-depth must be integers >= 0"),
+        (["-p", "512", "-d", "256"], "pp512 @ d256: a depth must be 0 or at least the prompt's 512 tokens"),
     ],
 )
 def test_quick_modes_llama_bench_options_fail_in_one_line_before_loading(args, words):

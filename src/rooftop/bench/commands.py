@@ -1,4 +1,4 @@
-"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with -p/-n/-o, llama-bench's tests (the quick mode);
+"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with -p/-n/-pg/-d/-o, llama-bench's tests (the quick mode);
 its subcommands `serve` and `report` load and report on any OpenAI-compatible server."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from rooftop.bench.serve import commands as serve_commands
 from rooftop.cli_options import with_run_config
 from rooftop.config import RunConfig
 from rooftop.console import err, user_errors
-from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.precision import Precision
 from rooftop.roofline.report import seconds
@@ -35,16 +34,31 @@ def _ints(text: str, name: str, least: int = 1) -> list[int]:
     return values
 
 
-def _tests(pp: list[str] | None, tg: list[str] | None) -> list[BenchTest]:
-    """llama-bench's tests: a ppN per prompt length, then a tgN per generation length (each option repeatable and
-    comma-separated; 0 runs none; the one not given takes llama-bench's default, 512 or 128)."""
-    lengths = {
-        Phase.PREFILL: [n for text in pp or ["512"] for n in _ints(text, "-p/--n-prompt", least=0) if n],
-        Phase.DECODE: [n for text in tg or ["128"] for n in _ints(text, "-n/--n-gen", least=0) if n],
-    }
-    tests = [BenchTest(phase, n) for phase, ns in lengths.items() for n in ns]
+def _pairs(texts: list[str]) -> list[tuple[int, int]]:
+    """-pg's values: each a prompt length and a generation length, `pp,tg`."""
+    pairs = [_ints(text, "-pg", least=1) for text in texts]
+    if any(len(pair) != 2 for pair in pairs):
+        raise InvalidRequestError(f"-pg takes two integers, <pp>,<tg>, got {' '.join(texts)!r}")
+    return [(pp, tg) for pp, tg in pairs]
+
+
+def _tests(pp: list[str] | None, tg: list[str] | None, pg: list[str], depths: list[str]) -> list[BenchTest]:
+    """llama-bench's tests: a ppN per prompt length, a tgN per generation length, a ppN+tgM per -pg pair (each
+    option repeatable and comma-separated; 0 runs none; the one of -p and -n not given takes llama-bench's default,
+    512 or 128), each at every depth of -d (default 0)."""
+    prompts = [n for text in pp or ["512"] for n in _ints(text, "-p/--n-prompt", least=0)]
+    gens = [n for text in tg or ["128"] for n in _ints(text, "-n/--n-gen", least=0)]
+    lengths = [*((n, 0) for n in prompts), *((0, n) for n in gens), *_pairs(pg)]
+    ds = [d for text in depths or ["0"] for d in _ints(text, "-d/--n-depth", least=0)]
+    tests = [BenchTest(p, g, d) for d in ds for p, g in lengths if p or g]
     if not tests:
         raise InvalidRequestError("nothing to run: -p and -n are both 0")
+    for t in tests:
+        if 0 < t.n_depth < t.n_prompt:
+            raise InvalidRequestError(
+                f"{t.name}: a depth must be 0 or at least the prompt's {t.n_prompt} tokens (the context is "
+                "prefilled as one chunk and the prompt, timed, as the next)"
+            )
     return tests
 
 
@@ -76,6 +90,25 @@ def bench(
             "prompt; comma-separated or repeated, 0 for none (default 128)",
         ),
     ] = None,
+    pg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-pg",
+            metavar="<pp,tg>",
+            help="quick mode (llama-bench's -pg): a ppN+tgM test, N prompt tokens prefilled then M decoded, timed "
+            "together; repeatable",
+        ),
+    ] = None,
+    depth: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--n-depth",
+            "-d",
+            metavar="<int,...>",
+            help="quick mode (llama-bench's -d): run every test after this many tokens of context, prefilled first "
+            "and not timed (0, or at least the test's prompt); comma-separated or repeated (default 0)",
+        ),
+    ] = None,
     reps: Annotated[
         int,
         typer.Option(
@@ -103,7 +136,8 @@ def bench(
     """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions. Each measurement runs on
     a fresh engine with the engine options given, except four it sets itself: prefix caching off, the token budget
     and the prefill chunk raised to the longest prompt (one prefill step per prompt) and the sequence count to the
-    largest batch measured. With -p, -n or -o, llama-bench's tests instead (ppN, tgN; its t/s). `rooftop bench
+    largest batch measured. With -p, -n, -pg, -d or -o, llama-bench's tests instead (ppN, tgN, ppN+tgM, at depths;
+    its t/s). `rooftop bench
     serve` loads a running OpenAI-compatible server."""
     if ctx.invoked_subcommand is not None:
         return
@@ -117,17 +151,12 @@ def bench(
             raise InvalidRequestError("--reps must be >= 1 and --output-len >= 2")
         if output is not None and output not in OUTPUTS:
             raise InvalidRequestError(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}")
-        quick = pp is not None or tg is not None or output is not None
-        tests = _tests(pp, tg) if quick else []
-        prompts = [t.tokens for t in tests if t.phase is Phase.PREFILL]
+        quick = any(option is not None for option in (pp, tg, pg, depth, output))
+        tests = _tests(pp, tg, pg or [], depth or []) if quick else []
+        prompts = [t.n_prompt for t in tests if t.n_prompt]
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
-        # a pp test's prompt and its sampled token; a tg test's prompt token, the prefill's token and its own
-        needed = (
-            max(t.tokens + (1 if t.phase is Phase.PREFILL else 2) for t in tests)
-            if quick
-            else max(max(lens) + 1, min(lens) + output_len)
-        )
+        needed = max(t.context for t in tests) if quick else max(max(lens) + 1, min(lens) + output_len)
         if needed > llm.max_model_len:
             raise InvalidRequestError(
                 f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}"

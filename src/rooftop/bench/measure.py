@@ -29,16 +29,17 @@ def synthetic_prompt(llm: LLM, length: int, variant: int) -> list[int]:
     return ids
 
 
-def fresh_engine(llm: LLM, max_tokens_per_step: int, max_num_seqs: int = 256) -> LLMEngine:
+def fresh_engine(llm: LLM, max_tokens_per_step: int, max_num_seqs: int = 256, chunk: int | None = None) -> LLMEngine:
     """A new engine over the loaded weights, with the run's engine options but an empty KV pool, no prefix cache,
-    room for every sequence and no chunking of the prompt (each measurement sees exactly the steps it asks for)."""
+    room for every sequence and no chunking of the prompt, or chunks of `chunk` tokens where given (each
+    measurement sees exactly the steps it asks for)."""
     base = llm.run_config.engine
     budget = max(max_tokens_per_step, base.max_num_batched_tokens)
     config = replace(
         base,
         max_num_seqs=max(max_num_seqs, base.max_num_seqs),
         max_num_batched_tokens=budget,
-        chunked_prefill_size=budget,
+        chunked_prefill_size=chunk or budget,
         enable_prefix_caching=False,
     )
     return LLMEngine(llm.model, llm.tokenizer, config)
@@ -50,8 +51,8 @@ class Run:
     ttft_s: list[float]  # per request
 
 
-def run_batch(llm: LLM, prompts: list[list[int]], output_len: int) -> Run:
-    eng = fresh_engine(llm, sum(len(p) for p in prompts), len(prompts))
+def run_batch(llm: LLM, prompts: list[list[int]], output_len: int, chunk: int | None = None) -> Run:
+    eng = fresh_engine(llm, sum(len(p) for p in prompts), len(prompts), chunk)
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         eng.add_request(str(i), prompt, params)

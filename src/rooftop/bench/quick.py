@@ -1,5 +1,5 @@
-"""llama-bench's tests on the engine: ppN prefills an N-token prompt, tgN decodes N tokens from a 1-token context.
-A test's rate is its tokens over the wall time of the steps it timed, and the phase report attributes the same
+"""llama-bench's tests on the engine: ppN prefills an N-token prompt, tgN decodes N tokens from a 1-token context,
+ppN+tgM does both, each after -d's tokens of context. A test's rate is its tokens over the wall time of the steps it timed, and the phase report attributes the same
 steps, so the table, the JSON and the report are one measurement."""
 
 from __future__ import annotations
@@ -19,19 +19,31 @@ from rooftop.roofline.hardware import Hardware
 
 @dataclass
 class BenchTest:
-    """One test and its repetitions. A prefill test times the one step that prefills its prompt (and samples the
-    token after it, as llama-bench computes the last position's logits); a decode test times its decode steps after
-    a 1-token prompt, whose prefill is not timed: llama-bench's tg decodes from an empty context, independent of
-    -p. Each sample is the wall time of the timed steps (forward pass, scheduling and greedy sampling: what a
-    request waits for; llama-bench samples nothing)."""
+    """One test and its repetitions: llama-bench's ppN (`n_prompt` tokens prefilled in one step, which samples the
+    token after it, as llama-bench computes the last position's logits), tgN (`n_gen` decode steps after a 1-token
+    prompt, whose prefill is not timed: llama-bench's tg decodes from an empty context, independent of -p) or
+    ppN+tgM (-pg: the prefill, then the decode steps, timed together), each after `n_depth` tokens of context (-d)
+    that are prefilled first and not timed. Each sample is the wall time of the timed steps (forward pass,
+    scheduling and greedy sampling: what a request waits for; llama-bench samples nothing)."""
 
-    phase: Phase
-    tokens: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int = 0
     samples_s: list[float] = field(default_factory=list)
 
     @property
     def name(self) -> str:
-        return f"{'pp' if self.phase is Phase.PREFILL else 'tg'}{self.tokens}"
+        parts = [f"{kind}{n}" for kind, n in (("pp", self.n_prompt), ("tg", self.n_gen)) if n]
+        return "+".join(parts) + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+    @property
+    def tokens(self) -> int:
+        return self.n_prompt + self.n_gen
+
+    @property
+    def context(self) -> int:
+        """The tokens of context the test needs: its depth, its prompt (tg's is one token) and the tokens it samples."""
+        return self.n_depth + max(self.n_prompt, 0 if self.n_depth else 1) + self.n_gen + 1
 
     @property
     def samples_tokens_per_s(self) -> list[float]:
@@ -55,14 +67,16 @@ class BenchTest:
 
     @property
     def tpot_s(self) -> float | None:
-        """A decode test's mean time per token, 1 / its t/s: the phase report's measured decode time per token when
+        """A tg test's mean time per token, 1 / its t/s: the phase report's measured decode time per token when
         the run has one decode test."""
-        return self.mean_s / self.tokens if self.phase is Phase.DECODE else None
+        return None if self.n_prompt else self.mean_s / self.n_gen
 
     def to_dict(self) -> dict:
         return {
             "test": self.name,
-            "phase": str(self.phase),
+            "n_prompt": self.n_prompt,
+            "n_gen": self.n_gen,
+            "n_depth": self.n_depth,
             "tokens": self.tokens,
             "samples_s": self.samples_s,
             "samples_tokens_per_s": self.samples_tokens_per_s,
@@ -74,12 +88,16 @@ class BenchTest:
 
 
 def timed_steps(llm: LLM, test: BenchTest, variant: int) -> list[StepRecord]:
-    """Run the test once on a fresh engine; the steps it times (those of its phase)."""
-    if test.phase is Phase.PREFILL:
-        run = run_batch(llm, [synthetic_prompt(llm, test.tokens, variant)], 1)
-    else:  # the prefill's sampled token, then one decode step per token
-        run = run_batch(llm, [synthetic_prompt(llm, 1, variant)], test.tokens + 1)
-    return [r for r in run.records if r.phase == test.phase]
+    """Run the test once on a fresh engine; the steps it times. A prompt at a depth is the chunk after the
+    context's: the engine prefills in chunks of the depth (the prompt's length without one), so the context is one
+    step and the prompt the next (a depth is 0 or at least the prompt, commands.py checks)."""
+    if not test.n_prompt:  # the prefill's sampled token, then one decode step per token
+        run = run_batch(llm, [synthetic_prompt(llm, max(test.n_depth, 1), variant)], test.n_gen + 1)
+        return [r for r in run.records if r.phase is Phase.DECODE]
+    prompt = synthetic_prompt(llm, test.n_depth + test.n_prompt, variant)
+    run = run_batch(llm, [prompt], test.n_gen + 1, chunk=max(test.n_depth, test.n_prompt))
+    *_, prefill = (r for r in run.records if r.phase is Phase.PREFILL)
+    return [prefill, *(r for r in run.records if r.phase is Phase.DECODE)]
 
 
 def quick_bench(

@@ -11,7 +11,6 @@ from typing import TextIO
 from rich.table import Table
 
 from rooftop.bench.quick import BenchTest
-from rooftop.enums import Phase
 from rooftop.roofline.report import seconds
 
 OUTPUTS = ("md", "csv", "json", "jsonl")
@@ -104,8 +103,9 @@ def records(machine: dict, tests: list[BenchTest]) -> list[dict]:
             "n_threads": machine["threads"],
             "type_k": machine["kv_cache_dtype"],
             "type_v": machine["kv_cache_dtype"],
-            "n_prompt": t.tokens if t.phase is Phase.PREFILL else 0,
-            "n_gen": t.tokens if t.phase is Phase.DECODE else 0,
+            "n_prompt": t.n_prompt,
+            "n_gen": t.n_gen,
+            "n_depth": t.n_depth,
             "test_time": machine["date"],
             "avg_ns": round(t.mean_s * 1e9),
             "stddev_ns": round(statistics.stdev(t.samples_s) * 1e9) if len(t.samples_s) > 1 else 0,
