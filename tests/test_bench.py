@@ -93,8 +93,10 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
 
 
 def test_bad_sweep_lists(tiny_gguf):
-    r = rooftop("bench", "-m", str(tiny_gguf), "--batch-sizes", "1,x")
-    assert r.returncode == 1 and "--batch-sizes must be comma-separated integers" in r.stderr
+    from test_cli import assert_user_error, rooftop_in_process
+
+    r = rooftop_in_process("bench", "-m", str(tiny_gguf), "--batch-sizes", "1,x")
+    assert_user_error(r, "--batch-sizes must be comma-separated integers")
 
 
 def test_a_request_the_engine_ends_with_an_error_fails_the_benchmark(tiny_gguf, tmp_path):
@@ -110,7 +112,9 @@ def test_a_request_the_engine_ends_with_an_error_fails_the_benchmark(tiny_gguf, 
 
 @pytest.mark.slow
 def test_quick_mode_on_the_bundled_model(tmp_path):
-    r = rooftop("bench", "--pp", "32", "--tg", "8", "--reps", "2", "--json", str(tmp_path / "q.json"))
+    from test_cli import rooftop_in_process
+
+    r = rooftop_in_process("bench", "--pp", "32", "--tg", "8", "--reps", "2", "--json", str(tmp_path / "q.json"))
     assert r.returncode == 0, r.stderr
     for text in ("pp32", "tg8", "PREFILL", "DECODE", "% of bandwidth roof", "decode reached", "KV cache", "float32"):
         assert text in r.stdout, text
@@ -270,9 +274,12 @@ def test_quick_modes_llama_bench_options_fail_in_one_line_before_loading(args, w
 
 @pytest.mark.slow
 def test_generate_ends_with_the_phase_report():
-    r = rooftop("generate", "What is the weather in Lagos?", "-n", "12", "--temperature", "0")
-    assert r.returncode == 0, r.stderr
+    from test_cli import rooftop_in_process
+
     from rooftop.kernels import cpu
+
+    r = rooftop_in_process("generate", "What is the weather in Lagos?", "-n", "12", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
 
     weights = "weights q4_1" if cpu.ops() is not None else "weights int4-g32"  # which int4 kernels run it
     for text in (

@@ -59,7 +59,7 @@ def test_a_decode_faster_than_the_probes_read_raises_it_for_later_runs(tiny_gguf
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
     slow = dataclasses.replace(measured, read_bandwidth=1e3, read_by_size={s: 1e3 for s in measured.read_by_size})
     probe.cache_path().write_text(json.dumps(slow.to_dict()))
-    r = rooftop("generate", "hello", "--model", str(tiny_gguf), "-n", "6", "--temperature", "0", "--raw")
+    r = rooftop_in_process("generate", "hello", "--model", str(tiny_gguf), "-n", "6", "--temperature", "0", "--raw")
     assert r.returncode == 0, r.stderr
     assert "decode ran faster than its bound" in r.stderr
     assert "rooftop now keeps" in " ".join(r.stderr.split()), r.stderr
@@ -76,7 +76,7 @@ def test_generate_output_matches_the_python_api(tiny_gguf, tiny_llm):
     expected = tiny_llm.generate(
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", SamplingParams(max_tokens=8, temperature=0)
     )[0].text
-    r = rooftop("generate", "hi", "--model", str(tiny_gguf), "-n", "8", "--temperature", "0")
+    r = rooftop_in_process("generate", "hi", "--model", str(tiny_gguf), "-n", "8", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert r.stdout == expected + "\n"
 
@@ -94,7 +94,7 @@ def test_chat_is_multi_turn_and_ends_on_eof(tiny_gguf, tiny_llm):
     line each, the second given the first turn as history."""
     from rooftop import SamplingParams
 
-    r = rooftop("chat", "--model", str(tiny_gguf), "-n", "4", "--temperature", "0", stdin="hi\n\nagain\n")
+    r = rooftop_in_process("chat", "--model", str(tiny_gguf), "-n", "4", "--temperature", "0", stdin="hi\n\nagain\n")
     assert r.returncode == 0, r.stderr
     greedy = SamplingParams(max_tokens=4, temperature=0)
     messages, answers = [], []
@@ -131,7 +131,7 @@ def test_chat_prompts_a_terminal_on_stderr_and_keeps_stdout_the_answers(tiny_ggu
 
 
 def test_chat_reset_says_so_and_forgets_the_history(tiny_gguf):
-    r = rooftop("chat", "--model", str(tiny_gguf), "-n", "2", "--stats", stdin="hi\nhi\n/reset\nhi\n")
+    r = rooftop_in_process("chat", "--model", str(tiny_gguf), "-n", "2", "--stats", stdin="hi\nhi\n/reset\nhi\n")
     assert r.returncode == 0, r.stderr
     assert "history cleared" in r.stderr
     prompts = [line.split()[2] for line in r.stderr.splitlines() if line.strip().startswith("prompt tokens")]
@@ -139,12 +139,12 @@ def test_chat_reset_says_so_and_forgets_the_history(tiny_gguf):
 
 
 def test_chat_exit_command(tiny_gguf):
-    r = rooftop("chat", "--model", str(tiny_gguf), "-n", "4", "--stats", stdin="/exit\nnever sent\n")
+    r = rooftop_in_process("chat", "--model", str(tiny_gguf), "-n", "4", "--stats", stdin="/exit\nnever sent\n")
     assert r.returncode == 0 and r.stdout == ""
 
 
 def test_chat_reports_a_too_long_turn_and_goes_on(tiny_gguf):
-    r = rooftop("chat", "--model", str(tiny_gguf), "-n", "2", stdin="x" * 200 + "\nhi\n")
+    r = rooftop_in_process("chat", "--model", str(tiny_gguf), "-n", "2", stdin="x" * 200 + "\nhi\n")
     assert r.returncode == 0
     assert "the prompt has" in r.stderr and "Traceback" not in r.stderr
     assert r.stdout.count("\n") == 1 and ">>>" not in r.stdout  # the answer to hi alone
@@ -260,7 +260,7 @@ def test_a_config_without_weights_points_at_dummy_weights(tmp_path):
 
 
 def test_help_lists_the_commands():
-    r = rooftop("--help")
+    r = rooftop_in_process("--help")
     assert r.returncode == 0 and "generate" in r.stdout and "chat" in r.stdout
 
 
