@@ -154,3 +154,14 @@ def test_vllms_prompt_logprobs_field(server):
     body = {"prompt": "a", "prompt_logprobs": 1, "stream": True}
     error = api_error(httpx.post(f"{server}/v1/completions", json=body), 400)
     assert error["param"] == "prompt_logprobs" and "not available with stream: true" in error["message"]
+
+
+def test_chat_puts_the_rendered_prompts_logprobs_beside_its_choices(server):
+    """vLLM's chat field: the rendered conversation's entries once, beside the choices, as a completion of the same
+    token ids gives them."""
+    messages = [{"role": "user", "content": "Hello there"}]
+    body = {"messages": messages, "max_tokens": 2, "temperature": 0, "ignore_eos": True, "n": 2, "prompt_logprobs": 1}
+    reply = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30).json()
+    ids = httpx.post(f"{server}/tokenize", json={"messages": messages}, timeout=30).json()["tokens"]
+    assert reply["prompt_logprobs"] == complete(server, prompt=ids, prompt_logprobs=1)["prompt_logprobs"]
+    assert len(reply["prompt_logprobs"]) == len(ids) and all("prompt_logprobs" not in c for c in reply["choices"])

@@ -153,6 +153,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
+    prompt_logprobs: int | None = None  # vLLM's: the response's `prompt_logprobs`, the rendered prompt's, vLLM's form
     # vLLM's chat template fields (loading/tokenizer.py: apply_chat_template)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -207,10 +208,14 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequestError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", "top_logprobs"
             )
+        if self.prompt_logprobs is not None and self.stream:
+            raise InvalidRequestError(
+                "prompt_logprobs are not available with stream: true (as in vLLM)", "prompt_logprobs"
+            )
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         field = self.max_tokens_field
         try:
-            params = self.sampling_params(getattr(self, field), default_max_tokens, logprobs)
+            params = self.sampling_params(getattr(self, field), default_max_tokens, logprobs, self.prompt_logprobs)
         except InvalidRequestError as e:  # name the field the client sent
             if e.param != "max_tokens" or field == "max_tokens":
                 raise

@@ -105,13 +105,21 @@ class Responses:
             prompt = output.prompt_logprobs if self.echo else None
             choice["logprobs"] = self.logprobs(i, None if logprobs is None else logprobs[i], prompt)
             choice["finish_reason"] = self.finish_reason(output, bool(calls))
-            if output.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = [None if e is None else self._vllm_entry(e) for e in output.prompt_logprobs]
+            if output.prompt_logprobs is not None and self.kind != "chat":
+                choice["prompt_logprobs"] = self._vllm_entries(output.prompt_logprobs)
             choices.append(choice)
-        return {**self._head(chunk=False), "choices": choices} | {
-            "usage": usage(outputs, self.choices),
-            "timings": timings(outputs[0].metrics),
-        }
+        prompt_logprobs = outputs[0].prompt_logprobs  # a chat's one prompt: vLLM puts its entries beside the choices
+        shared = (
+            {"prompt_logprobs": self._vllm_entries(prompt_logprobs)} if self.kind == "chat" and prompt_logprobs else {}
+        )
+        return (
+            {**self._head(chunk=False), "choices": choices}
+            | shared
+            | {
+                "usage": usage(outputs, self.choices),
+                "timings": timings(outputs[0].metrics),
+            }
+        )
 
     def finish_reason(self, output: RequestOutput, called: bool) -> str:
         """OpenAI's: `tool_calls` when a complete reply called tools, but `stop` for a named function."""
@@ -195,6 +203,9 @@ class Responses:
             ],
             "text_offset": offsets,
         }
+
+    def _vllm_entries(self, entries: list[TokenLogprob | None]) -> list[dict | None]:
+        return [None if e is None else self._vllm_entry(e) for e in entries]
 
     def _vllm_entry(self, e: TokenLogprob) -> dict:
         """vLLM's JSON of one position: {token id: {logprob, rank, decoded_token}}, the token first."""
