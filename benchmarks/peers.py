@@ -1,15 +1,15 @@
 """rooftop against llama.cpp and transformers on the same GGUF: prefill tok/s (pp), decode TPOT (tg), peak memory.
 
-    .venv/bin/python benchmarks/peers.py [--model FILE.gguf] [--reps 3] [--pp 512] [--tg 128] [--threads 2]
-        [--engines rooftop-auto,llama.cpp] [--markdown FILE]
+    .venv/bin/python benchmarks/peers.py [--model FILE.gguf] [--reps 3] [--pp 512] [--tg 128] [--depth 0]
+        [--threads 2] [--engines rooftop-auto,llama.cpp] [--markdown FILE]
 
 --model: any GGUF (default the bundled model), e.g. one benchmarks/make_gguf.py wrote at a preset's size;
 rooftop-auto runs each tensor in the format the file holds it in, rooftop-int4/int8/float32 convert them.
 
 Each measurement runs in its own process (so peak RSS is that engine's alone), engines alternate within every
 repetition, and the table shows medians. Like llama-bench, pp times a prefill of `pp` random tokens into an
-empty cache and tg the decode of `tg` tokens after a one-token prompt, greedy, each after a warm-up of the same
-size (a first large call pays one-time allocations: rooftop's first 512-token prefill ran 10% slower). llama.cpp comes from the optional
+empty cache and tg the decode of `tg` tokens after a one-token prompt (after a `--depth`-token prompt with one:
+llama-bench's `tg128 @ d4096`, the context's prefill not timed), greedy, each after a warm-up of the same size (a first large call pays one-time allocations: rooftop's first 512-token prefill ran 10% slower). llama.cpp comes from the optional
 `bench` extra (`pip install -e .[bench]`: llama-cpp-python, compiled from source for this CPU).
 
 Right after its decode each worker reads memory as decode does (`host_read`), and the table puts each engine's
@@ -75,47 +75,47 @@ def prompt_ids(n: int, vocab: int) -> list[int]:
     return np.random.default_rng(0).integers(100, vocab - 100, size=n).tolist()
 
 
-def run_rooftop(fmt: str, pp: int, tg: int) -> tuple[float, float, float]:
+def run_rooftop(fmt: str, pp: int, tg: int, depth: int) -> tuple[float, float, float]:
     from rooftop import LLM, SamplingParams
 
     llm = LLM(
         model=str(model_path()),
         weights=fmt,
         max_num_batched_tokens=max(pp, 1024),
-        num_kv_blocks=(pp + tg) // 16 + 8,
+        num_kv_blocks=(max(pp, depth) + tg) // 16 + 8,
         enable_prefix_caching=False,
     )
-    ids = prompt_ids(pp, llm.config.vocab_size)
+    ids = prompt_ids(max(pp, depth), llm.config.vocab_size)
 
     def greedy(tokens: int) -> SamplingParams:
         return SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
 
     llm.generate([ids], greedy(8), use_tqdm=False)  # warm-up at full size
     prefill = llm.generate([ids], greedy(1), use_tqdm=False)[0].metrics.prefill_time
-    decode = llm.generate([ids[:1]], greedy(tg), use_tqdm=False)[0].metrics
+    decode = llm.generate([ids[: max(depth, 1)]], greedy(tg), use_tqdm=False)[0].metrics
     return pp / prefill, decode.tpot, llm.weight_bytes
 
 
-def run_llama_cpp(pp: int, tg: int, threads: int) -> tuple[float, float]:
+def run_llama_cpp(pp: int, tg: int, depth: int, threads: int) -> tuple[float, float]:
     from llama_cpp import Llama
 
     llm = Llama(
         str(model_path()),
-        n_ctx=pp + tg + 16,
+        n_ctx=max(pp, depth) + tg + 16,
         n_batch=pp,
         n_ubatch=pp,
         n_threads=threads,
         n_threads_batch=threads,
         verbose=False,
     )
-    ids = prompt_ids(pp, llm.n_vocab())
-    llm.eval(ids)  # warm-up at full size
+    ids = prompt_ids(max(pp, depth), llm.n_vocab())
+    llm.eval(ids[:pp])  # warm-up at full size
     llm.reset()
     t0 = time.perf_counter()
-    llm.eval(ids)
+    llm.eval(ids[:pp])
     prefill = time.perf_counter() - t0
     llm.reset()
-    llm.eval(ids[:1])
+    llm.eval(ids[: max(depth, 1)])
     token = int(llm.scores[llm.n_tokens - 1].argmax())
     t0 = time.perf_counter()
     for _ in range(tg - 1):
@@ -124,19 +124,19 @@ def run_llama_cpp(pp: int, tg: int, threads: int) -> tuple[float, float]:
     return pp / prefill, (time.perf_counter() - t0) / (tg - 1)
 
 
-def run_transformers(pp: int, tg: int) -> tuple[float, float]:
+def run_transformers(pp: int, tg: int, depth: int) -> tuple[float, float]:
     import torch
     from transformers import AutoModelForCausalLM
 
     path = model_path()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt_ids(pp, model.config.vocab_size)])
+    ids = torch.tensor([prompt_ids(max(pp, depth), model.config.vocab_size)])
     with torch.inference_mode():
-        model(ids)  # warm-up at full size
+        model(ids[:, :pp])  # warm-up at full size
         t0 = time.perf_counter()
-        model(ids)
+        model(ids[:, :pp])
         prefill = time.perf_counter() - t0
-        out = model(ids[:, :1], use_cache=True)
+        out = model(ids[:, : max(depth, 1)], use_cache=True)
         past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         t0 = time.perf_counter()
         for _ in range(tg - 1):
@@ -145,18 +145,18 @@ def run_transformers(pp: int, tg: int) -> tuple[float, float]:
         return pp / prefill, (time.perf_counter() - t0) / (tg - 1)
 
 
-def worker(engine: str, pp: int, tg: int, threads: int) -> dict:
+def worker(engine: str, pp: int, tg: int, depth: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
     if engine.startswith("rooftop-"):
         fmt = engine.removeprefix("rooftop-")
-        pp_rate, tpot, step_bytes = run_rooftop("float" if fmt == "float32" else fmt, pp, tg)
+        pp_rate, tpot, step_bytes = run_rooftop("float" if fmt == "float32" else fmt, pp, tg, depth)
     elif engine == "llama.cpp":
-        pp_rate, tpot = run_llama_cpp(pp, tg, threads)
+        pp_rate, tpot = run_llama_cpp(pp, tg, depth, threads)
         step_bytes = analyzed_weight_bytes(None)
     else:
-        pp_rate, tpot = run_transformers(pp, tg)
+        pp_rate, tpot = run_transformers(pp, tg, depth)
         step_bytes = analyzed_weight_bytes("fp32")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     read = host_read()
@@ -191,14 +191,16 @@ def cpu_name() -> str:
 
 def markdown(rows: dict[str, list[dict]], args: argparse.Namespace) -> str:
     """The medians per engine. decode GB/s is the weight bytes its decode step reads (the analyzer's count, in the
-    formats that engine runs) over the TPOT; host read the rate measured right after each run; % is their ratio per
-    run (the median of the runs' ratios, so each is of its own minute)."""
+    formats that engine runs; at a --depth the KV cache it reads comes on top) over the TPOT; host read the rate
+    measured right after each run; % is their ratio per run (the median of the runs' ratios, so each is of its own
+    minute)."""
     v = versions()
     lines = [
         f"`{' '.join(sys.argv)}` — {date.today()}, {cpu_name()}, {args.threads} threads, "
         + ", ".join(f"{k} {val}" for k, val in v.items()),
         "",
-        f"| engine | prefill pp{args.pp} (tok/s) | decode tg{args.tg} TPOT (ms) | decode GB/s | host read GB/s | "
+        f"| engine | prefill pp{args.pp} (tok/s) | decode tg{args.tg}{f' @ d{args.depth}' if args.depth else ''} "
+        "TPOT (ms) | decode GB/s | host read GB/s | "
         "% of host read | peak RSS (MiB) | runs |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -221,6 +223,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--pp", type=int, default=512)
     parser.add_argument("--tg", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=0, help="tokens of context before the decode (llama-bench's -d)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--markdown", type=Path, help="also write the table here")
@@ -230,7 +233,7 @@ def main() -> None:
     global MODEL
     MODEL = args.model
     if args.worker:
-        print(json.dumps(worker(args.worker, args.pp, args.tg, args.threads)))
+        print(json.dumps(worker(args.worker, args.pp, args.tg, args.depth, args.threads)))
         return
     engines = args.engines.split(",")
     rows: dict[str, list[dict]] = {e: [] for e in engines}
@@ -245,6 +248,8 @@ def main() -> None:
                 str(args.pp),
                 "--tg",
                 str(args.tg),
+                "--depth",
+                str(args.depth),
                 "--threads",
                 str(args.threads),
                 *(["--model", args.model] if args.model else []),
