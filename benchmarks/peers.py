@@ -90,8 +90,8 @@ def run_rooftop(fmt: str, pp: int, tg: int, depth: int) -> tuple[float, float, f
     def greedy(tokens: int) -> SamplingParams:
         return SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
 
-    llm.generate([ids], greedy(8), use_tqdm=False)  # warm-up at full size
-    prefill = llm.generate([ids], greedy(1), use_tqdm=False)[0].metrics.prefill_time
+    llm.generate([ids[:pp]], greedy(8), use_tqdm=False)  # warm-up at full size
+    prefill = llm.generate([ids[:pp]], greedy(1), use_tqdm=False)[0].metrics.prefill_time
     decode = llm.generate([ids[: max(depth, 1)]], greedy(tg), use_tqdm=False)[0].metrics
     return pp / prefill, decode.tpot, llm.weight_bytes
 
@@ -99,10 +99,11 @@ def run_rooftop(fmt: str, pp: int, tg: int, depth: int) -> tuple[float, float, f
 def run_llama_cpp(pp: int, tg: int, depth: int, threads: int) -> tuple[float, float]:
     from llama_cpp import Llama
 
+    context = max(pp, depth) + tg + 16
     llm = Llama(
         str(model_path()),
-        n_ctx=max(pp, depth) + tg + 16,
-        n_batch=pp,
+        n_ctx=context,
+        n_batch=context,  # llama-cpp-python keeps the last logits at row n_tokens - 1 of an n_batch-row array
         n_ubatch=pp,
         n_threads=threads,
         n_threads_batch=threads,
