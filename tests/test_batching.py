@@ -89,10 +89,10 @@ def assert_all_released(eng):
 
 @pytest.fixture(scope="module")
 def alone(bundled_llm):
-    outs = []
-    for p in PROMPTS:
-        outs.append(run_all(engine(bundled_llm, enable_prefix_caching=False), [p])[0].token_ids)
-    return outs
+    """Each prompt's tokens with nothing beside it in its steps: one after the other in one engine without a prefix
+    cache (a fresh engine each touched a fresh KV pool: ~0.25 s more per prompt)."""
+    eng = engine(bundled_llm, enable_prefix_caching=False)
+    return [run_all(eng, [p])[0].token_ids for p in PROMPTS]
 
 
 @pytest.mark.slow

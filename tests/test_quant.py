@@ -353,7 +353,7 @@ def test_the_lm_head_of_quantized_formats_gives_float32_logits(kernels, monkeypa
 
 
 @pytest.mark.slow
-def test_a_near_tie_stays_a_near_tie_in_the_default_format():
+def test_a_near_tie_stays_a_near_tie_in_the_default_format(bundled_llm):
     """ "What is the capital of France?": float32 on the file's own values starts "The" (Paris), 0.08 ahead of "L"
     ("L'Étoile, ..."). With int8-quantized activations (rooftop's kernels, as llama.cpp's) the first token's
     logits move by ~0.1-0.3, so the quantized formats may pick either; they must keep "The" among the three best
@@ -364,7 +364,7 @@ def test_a_near_tie_stays_a_near_tie_in_the_default_format():
 
     the = 504
     params = SamplingParams(max_tokens=8, temperature=0, logprobs=3)
-    reference = LLM(weights="float")
+    reference = bundled_llm  # float32 on the file's own values
     prompt = reference.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     assert reference.generate(prompt, params)[0].text.startswith("The capital of France is Paris")
     for llm in (LLM(), LLM(weights="int8")):

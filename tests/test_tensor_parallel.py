@@ -98,13 +98,10 @@ def test_sizes_that_do_not_split_the_model_are_refused_naming_the_valid_ones():
         LLM(model="qwen3-30b-a3b", load_format="dummy", tensor_parallel_size=2)
     with pytest.raises(InvalidRequestError, match="tensor_parallel_size must be an integer >= 1"):
         LLM(tensor_parallel_size=0)
-    cli = subprocess.run(
-        [sys.executable, "-m", "rooftop", "generate", "Hi", "-tp", "2", "--no-roofline"],
-        capture_output=True,
-        text=True,
-    )
-    assert cli.returncode == 1 and "Traceback" not in cli.stderr
-    assert cli.stderr.strip().splitlines()[-1].startswith("error: tensor_parallel_size 2 does not split")
+    from test_cli import assert_user_error, rooftop_in_process
+
+    cli = rooftop_in_process("generate", "Hi", "-tp", "2", "--no-roofline")
+    assert_user_error(cli, "error: tensor_parallel_size 2 does not split")
 
 
 def test_a_k_quant_split_inside_its_blocks_is_refused_with_the_sizes_that_keep_them_whole(tmp_path):
