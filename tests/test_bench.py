@@ -1,21 +1,16 @@
 """Attribution is the analyzer on recorded shapes; the bench's JSON, plots and HTML; the phase report."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 from gguf_factory import with_nan_output_norm
+from test_cli import assert_user_error, rooftop_in_process
 
 from rooftop import SamplingParams
 from rooftop.engine.probe import load_or_run_probe
 from rooftop.errors import RooftopError
 from rooftop.roofline.attribution import attribute_phases, attribute_step
 from rooftop.roofline.predict import time_step
-
-
-def rooftop(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rooftop", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_attribution_of_recorded_steps_is_the_analyzer_exactly(tiny_llm):
@@ -38,7 +33,7 @@ def test_attribution_of_recorded_steps_is_the_analyzer_exactly(tiny_llm):
 
 
 def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
-    r = rooftop(
+    r = rooftop_in_process(
         "bench",
         "-m",
         str(tiny_gguf),
@@ -93,8 +88,6 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
 
 
 def test_bad_sweep_lists(tiny_gguf):
-    from test_cli import assert_user_error, rooftop_in_process
-
     r = rooftop_in_process("bench", "-m", str(tiny_gguf), "--batch-sizes", "1,x")
     assert_user_error(r, "--batch-sizes must be comma-separated integers")
 
@@ -112,8 +105,6 @@ def test_a_request_the_engine_ends_with_an_error_fails_the_benchmark(tiny_gguf, 
 
 @pytest.mark.slow
 def test_quick_mode_on_the_bundled_model(tmp_path):
-    from test_cli import rooftop_in_process
-
     r = rooftop_in_process("bench", "--pp", "32", "--tg", "8", "--reps", "2", "--json", str(tmp_path / "q.json"))
     assert r.returncode == 0, r.stderr
     for text in ("pp32", "tg8", "PREFILL", "DECODE", "% of bandwidth roof", "decode reached", "KV cache", "float32"):
@@ -267,15 +258,11 @@ def test_quick_modes_outputs_are_llama_benchs():
     ],
 )
 def test_quick_modes_llama_bench_options_fail_in_one_line_before_loading(args, words):
-    from test_cli import assert_user_error, rooftop_in_process
-
     assert_user_error(rooftop_in_process("bench", "-m", "/nonexistent.gguf", *args), words)
 
 
 @pytest.mark.slow
 def test_generate_ends_with_the_phase_report():
-    from test_cli import rooftop_in_process
-
     from rooftop.kernels import cpu
 
     r = rooftop_in_process("generate", "What is the weather in Lagos?", "-n", "12", "--temperature", "0")
