@@ -36,7 +36,7 @@ def enabled() -> bool:
 
 @functools.cache
 def ops() -> ModuleType | None:
-    """The compiled module (built once per machine and torch version, ~30 s on 2 cores), or None."""
+    """The compiled module (built once per machine and torch version), or None."""
     if not enabled():
         return None
     # -march=native: the build is for this CPU; the name keeps builds for different vector widths apart.
@@ -65,7 +65,8 @@ def build(name: str, flags: str, directory: Path | None = None) -> ModuleType:
     with build_lock(directory_of_build), packaged_ninja():
         if not (directory_of_build / f"{name}.so").exists():
             print(
-                f"rooftop: compiling its CPU kernels for this machine ({name}; once, ~30 s on 2 cores)", file=sys.stderr
+                f"rooftop: compiling its CPU kernels for this machine ({name}; once, under a minute on 2 cores)",
+                file=sys.stderr,
             )
         return cpp_extension.load(
             name=name,
