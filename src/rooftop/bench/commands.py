@@ -137,8 +137,7 @@ def bench(
     a fresh engine with the engine options given, except four it sets itself: prefix caching off, the token budget
     and the prefill chunk raised to the longest prompt (one prefill step per prompt) and the sequence count to the
     largest batch measured. With -p, -n, -pg, -d or -o, llama-bench's tests instead (ppN, tgN, ppN+tgM, at depths;
-    its t/s). `rooftop bench
-    serve` loads a running OpenAI-compatible server."""
+    its t/s). `rooftop bench serve` loads a running OpenAI-compatible server."""
     if ctx.invoked_subcommand is not None:
         return
     from rooftop.bench.measure import fresh_engine, machine_info
