@@ -1,6 +1,6 @@
 """llama-bench's tests on the engine: ppN prefills an N-token prompt, tgN decodes N tokens from a 1-token context,
-ppN+tgM does both, each after -d's tokens of context. A test's rate is its tokens over the wall time of the steps it timed, and the phase report attributes the same
-steps, so the table, the JSON and the report are one measurement."""
+ppN+tgM does both, each after -d's tokens of context. A test's rate is its tokens over the wall time of the steps it
+timed, and the phase report attributes the same steps, so the table, the JSON and the report are one measurement."""
 
 from __future__ import annotations
 

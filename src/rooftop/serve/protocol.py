@@ -32,6 +32,7 @@ class SamplingFields(Body):
     """What chat and completions share: OpenAI's fields and vLLM's extras (top_k, min_p, repetition_penalty, ...)."""
 
     UNSUPPORTED: ClassVar[dict[str, str]] = {}  # field -> why it is refused when given (not null)
+    STREAMED_PROMPT_LOGPROBS: ClassVar[str] = "prompt_logprobs are not available with stream: true (as in vLLM)"
     model: str | None = None
     max_tokens: int | None = None
     temperature: Float | None = None
@@ -57,6 +58,7 @@ class SamplingFields(Body):
     spaces_between_special_tokens: bool = True
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None  # vLLM's: a completion's in each choice, a chat's beside its choices
     user: str | None = None  # a hint: an end user's id, for OpenAI's abuse detection
 
     @property
@@ -80,6 +82,8 @@ class SamplingFields(Body):
         for name, why in self.UNSUPPORTED.items():
             if getattr(self, name) is not None:
                 raise InvalidRequestError(f"{name} is not supported: {why}", name)
+        if self.prompt_logprobs is not None and self.stream:
+            raise InvalidRequestError(self.STREAMED_PROMPT_LOGPROBS, "prompt_logprobs")
         return SamplingParams(
             n=self.choices,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
@@ -153,7 +157,6 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
-    prompt_logprobs: int | None = None  # vLLM's: the response's `prompt_logprobs`, the rendered prompt's, vLLM's form
     # vLLM's chat template fields (loading/tokenizer.py: apply_chat_template)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -208,10 +211,6 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequestError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", "top_logprobs"
             )
-        if self.prompt_logprobs is not None and self.stream:
-            raise InvalidRequestError(
-                "prompt_logprobs are not available with stream: true (as in vLLM)", "prompt_logprobs"
-            )
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         field = self.max_tokens_field
         try:
@@ -229,23 +228,20 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
+    STREAMED_PROMPT_LOGPROBS: ClassVar[str] = (
+        SamplingFields.STREAMED_PROMPT_LOGPROBS
+        + "; streamed, echo: true with logprobs puts the prompt's logprobs in each choice's first chunk"
+    )
     prompt_field: ClassVar[str] = "prompt"
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    prompt_logprobs: int | None = None  # vLLM's: each choice's `prompt_logprobs`, in vLLM's form
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, each text or token ids: OpenAI's prompt is one of them or a batch (a list of them), and each
         prompt of a batch gets its n choices."""
-        if self.prompt_logprobs is not None and self.stream:
-            raise InvalidRequestError(
-                "prompt_logprobs are not available with stream: true (as in vLLM); streamed, echo: true with logprobs "
-                "puts the prompt's logprobs in each choice's first chunk",
-                "prompt_logprobs",
-            )
         if self.suffix:
             raise InvalidRequestError("suffix is not supported: rooftop completes after the prompt only", "suffix")
         if self.best_of is not None and self.best_of != self.choices:
