@@ -174,6 +174,29 @@ def test_the_server_renders_chat_template_kwargs_and_continue_final_message(llm)
         reply = c.chat.completions.create(model="tiny", messages=PREFILL, max_tokens=1, extra_body=cont)
         assert reply.usage.prompt_tokens == len(ids)
 
+        # echo (vLLM's): the continued message starts each choice's content, streamed or not, outside usage
+        greedy = {"model": "tiny", "max_tokens": 4, "temperature": 0, "n": 2}
+        plain = c.chat.completions.create(messages=PREFILL, extra_body=cont, **greedy)
+        echoed = c.chat.completions.create(messages=PREFILL, extra_body=cont | {"echo": True}, **greedy)
+        assert [ch.message.content for ch in echoed.choices] == [
+            "The answer is " + plain.choices[0].message.content
+        ] * 2
+        assert echoed.usage == plain.usage
+        chunks = list(
+            c.chat.completions.create(messages=PREFILL, extra_body=cont | {"echo": True}, stream=True, **greedy)
+        )
+        firsts = [ch.choices[0].delta for ch in chunks if ch.choices][:4]
+        assert [(d.role, d.content) for d in firsts] == [("assistant", None), (None, "The answer is ")] * 2
+        streamed = ["", ""]
+        for chunk in chunks:
+            for choice in chunk.choices:
+                streamed[choice.index] += choice.delta.content or ""
+        assert streamed == [ch.message.content for ch in echoed.choices]
+        user_last = c.chat.completions.create(messages=HI, extra_body={"echo": True}, **greedy)
+        assert [ch.message.content for ch in user_last.choices] == [
+            ch.message.content for ch in c.chat.completions.create(messages=HI, **greedy).choices
+        ]
+
         refused = {
             "chat_template_kwargs": ({"chat_template_kwargs": ["enable_thinking"]}, "should be an object"),
             "reserved": ({"chat_template_kwargs": {"tools": []}}, "own parameter"),

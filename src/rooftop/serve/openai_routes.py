@@ -93,7 +93,8 @@ async def chat_completions(request: Request) -> Response:
     functions, choice = body.tool_choice_given()
     try:
         offered = functions if choice.mode != "none" else []
-        text = ready.llm.apply_chat_template(body.chat_messages(), offered, **body.template_options())
+        messages = body.chat_messages()
+        text = ready.llm.apply_chat_template(messages, offered, **body.template_options())
     except InvalidRequestError as e:
         raise ApiError(400, str(e), e.param or "messages") from None
     ids = await ready.prompts.encode(text, "messages")  # the rendered template is what must fit
@@ -106,6 +107,7 @@ async def chat_completions(request: Request) -> Response:
         body.include_usage,
         body.choices,
         tool_choice=choice,
+        echo=None if (echo := body.echoed(messages)) is None else [echo],
     )
     return await respond(request, ready, out, [ids], params, arrival, body)
 

@@ -161,6 +161,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # the template's own variables, e.g. enable_thinking
+    echo: bool = False  # vLLM's: a reply that continues the assistant's last message starts with that message
     modalities: list[str] | None = None  # ["text"] only
     audio: Any = None
     prediction: Any = None
@@ -191,6 +192,13 @@ class ChatCompletionRequest(SamplingFields):
     def template_options(self) -> dict:
         """How the messages are rendered: LLM.apply_chat_template's keywords."""
         return _template_options(self)
+
+    def echoed(self, messages: list[dict]) -> str | None:
+        """With echo, what starts each choice's content (vLLM's rule): the last message's text where that message is
+        the assistant's, the role of the reply (a reply continued with continue_final_message), else nothing."""
+        if not self.echo:
+            return None
+        return messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
 
     def tool_choice_given(self) -> tuple[list[Function], ToolChoice]:
         """The tools offered and how they may be used (checked: a bad one is a 400 naming its field)."""

@@ -65,7 +65,8 @@ class Responses:
     tool calls read from its text (engine/tool_calls.py), streamed as OpenAI streams them. A completion's `echo`
     (each prompt's text) starts the text of each of that prompt's choices, streamed in its first chunk, and with
     logprobs its prompt's logprobs (`prompt_ids`: each prompt's tokens, the first of which has none) start the
-    choice's."""
+    choice's. A chat's (one text: the assistant's message the reply continues) starts each choice's content,
+    streamed in a chunk of its own after the role's, as vLLM's; it has no logprobs."""
 
     def __init__(
         self,
@@ -88,7 +89,7 @@ class Responses:
         self.readers = [ToolCallReader() for _ in range(self.completions)] if self.tool_choice else []
         self.text_offsets = [0] * self.completions
         self.echoes = [""] * self.completions if echo is None else [echo[i // choices] for i in range(self.completions)]
-        self.echo, self.prompt_ids = echo is not None, prompt_ids
+        self.echo_logprobs, self.prompt_ids = echo is not None and kind == "text", prompt_ids
 
     def full(self, outputs: list[RequestOutput], logprobs: list[list[TokenLogprob]] | None) -> dict:
         """The non-streamed response; with n > 1 its `timings` are the first choice's."""
@@ -98,11 +99,13 @@ class Responses:
             calls = []
             if self.kind == "chat":
                 content, calls = parse_tool_calls(output.text) if self.tool_choice else (output.text, [])
+                if self.echoes[i]:
+                    content = self.echoes[i] + (content or "")
                 message = {"role": "assistant", "content": content, "refusal": None}
                 choice["message"] = message | ({"tool_calls": [c.as_openai() for c in calls]} if calls else {})
             else:
                 choice["text"] = self.echoes[i] + output.text
-            prompt = output.prompt_logprobs if self.echo else None
+            prompt = output.prompt_logprobs if self.echo_logprobs else None
             choice["logprobs"] = self.logprobs(i, None if logprobs is None else logprobs[i], prompt)
             choice["finish_reason"] = self.finish_reason(output, bool(calls))
             if output.prompt_logprobs is not None and self.kind != "chat":
@@ -128,13 +131,18 @@ class Responses:
         return output.finish_reason
 
     def role_chunks(self) -> list[dict]:
-        """A chat stream's first chunk of each choice: the assistant's role."""
-        return [self.chunk(i, {"role": "assistant"}) for i in range(self.completions)]
+        """A chat stream's first chunks of each choice: the assistant's role, then any echo."""
+        chunks = []
+        for i in range(self.completions):
+            chunks.append(self.chunk(i, {"role": "assistant"}))
+            if self.echoes[i]:
+                chunks.append(self.chunk(i, {"content": self.echoes[i]}))
+        return chunks
 
     def delta_chunks(self, index: int, delta: RequestDelta, with_logprobs: bool) -> list[dict]:
         """The chunks of one step of choice `index`: its text (or tool-call pieces), its logprobs, and at its end the
         finish_reason and the choice's timings."""
-        prompt = delta.prompt_logprobs if self.echo else None  # on the first delta only, as the echo
+        prompt = delta.prompt_logprobs if self.echo_logprobs else None  # on the first delta only, as the echo
         logprobs = self.logprobs(index, delta.new_logprobs, prompt) if with_logprobs else None
         if self.kind == "chat" and self.tool_choice:
             reader = self.readers[index]
