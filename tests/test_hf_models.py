@@ -17,6 +17,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from rooftop import LLM, SamplingParams
 from rooftop.enums import Phase
 from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.model_files import load_model
@@ -243,3 +244,21 @@ def test_config_with_zero_heads(tmp_path):
     )
     with pytest.raises(ModelLoadError, match="inconsistent values"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen2-sharded"])
+def test_qk_norms_and_biases_decode_the_same_bits_in_one_call(built, name):
+    """Qwen3's q/k norms and Qwen2's QKV biases in the one-call decode (models/decode_call.py), tiled at int8."""
+    llm = LLM(model=str(built[name].path), weights="int8")
+    model = llm.engine.model
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
+
+    def run() -> list:
+        outs = llm.generate([PROMPT, "Hello"], params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+    one = model.decode_call
+    assert one is not None
+    fused = run()
+    model.decode_call = None
+    assert run() == fused

@@ -124,9 +124,11 @@ class OpTimer:
         saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr, _ in patches]
         for owner, attr, name in patches:
             setattr(owner, attr, self.wrap(getattr(owner, attr), name))
+        one_call, llm.model.decode_call = llm.model.decode_call, None  # its ops are timed where Python calls them
         try:
             yield self
         finally:
+            llm.model.decode_call = one_call
             for owner, attr, original in saved:
                 if original is None:
                     delattr(owner, attr)  # an instance attribute shadowing its class's method
@@ -162,7 +164,8 @@ def calibrate(
     warm = min(256, eng.config.chunk_size, llm.max_model_len, eng.stats().kv_cache_tokens) - plan["steps"] - 4
     _run(eng, [torch.randint(vocab, (warm,), generator=gen).tolist()], plan["steps"] + 2)
     # what the timer adds per call, taken back out of every step on the CPU; on CUDA its host time mostly hides
-    # behind the queue of a prompt's kernels, and each decode run runs again untimed (`_untimed_forward`)
+    # behind the queue of a prompt's kernels, and each decode run runs again untimed (`_untimed_forward`), as it does
+    # on the CPU where decodes run in one call (models/decode_call.py), which the timer turns off
     cost = timer_cost_per_call(timer) if llm.device.type == "cpu" else 0.0
     # a replayed graph calls no op from Python: the timed runs run eagerly
     graphs, eng.decode_graphs = eng.decode_graphs, None
@@ -175,7 +178,7 @@ def calibrate(
                 prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()
                 with timer.installed(llm):
                     groups = _timed_steps(eng, [prompt] * batch, output_len, timer, config, p, hw)
-                if output_len > 1 and llm.device.type == "cuda":
+                if output_len > 1 and (llm.device.type == "cuda" or llm.model.decode_call is not None):
                     _untimed_forward(eng, graphs, [prompt] * batch, output_len, groups)
                 for key, steps in groups.items():
                     taken.setdefault(label, {}).setdefault(key, []).extend(steps)
@@ -204,9 +207,9 @@ def _timed_steps(eng: LLMEngine, prompts: list[list[int]], output_len: int, time
 
 
 def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_len: int, groups: dict) -> None:
-    """On CUDA, the run again without the timer, each decode step's forward pass taking the place of the timed one
-    (the classes stay the timed run's): from the engine's graphs where it has them, whose forward pass has no host
-    time between ops; else eagerly, without the timer's own cost."""
+    """The run again without the timer, each decode step's forward pass taking the place of the timed one (the
+    classes stay the timed run's; no timer's cost to take back out): on CUDA from the engine's graphs where it has
+    them, whose forward pass has no host time between ops, else eagerly; on the CPU in one call (decode_call.py)."""
     eng.decode_graphs = graphs
     try:
         untimed: dict[tuple, list[float]] = {}
@@ -221,7 +224,7 @@ def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_le
         if key in untimed:
             forward = median(untimed[key])
             for step in taken:
-                step[2] = forward
+                step[2], step[4] = forward, 0
 
 
 def timer_cost_per_call(timer: OpTimer, rounds: int = 9) -> float:
@@ -259,7 +262,7 @@ def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict, co
     """Each group's point on its phase's curves: every class's seconds against its roofline seconds (a decode's
     linears against its rows), the host's inside and around the forward pass against the step's sequences (a
     prefill's inside: against its tokens). Each step's forward pass gives back what the timer cost it, `cost` per
-    call (0 on CUDA, where a decode's forward pass is already its untimed run's)."""
+    call (none where a decode's forward pass is already its untimed run's)."""
     for (phase, seqs, tokens, _), taken in groups.items():
         for name in CLASSES:
             roof = median(r[name] for r, _, _, _, _ in taken)

@@ -11,6 +11,7 @@
 #include <torch/csrc/utils/pybind.h>  // pybind11 with its tensor casters, for the module below (torch/extension.h: 25 s to parse)
 
 #include "exp.h"
+#include "kernels.h"
 
 // weight * x / rms(x) per row, float32 (T, D).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -163,33 +164,6 @@ at::Tensor finite_rows(const at::Tensor& logits) {
   });
 }
 
-// Decode attention over the paged KV pool, float32, bfloat16, float16, int8 or fp8 e4m3 (attention.cpp).
-at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
-                            const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
-                            int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
-                            const c10::optional<at::Tensor>& v_scale);
-
-// Prefill attention of one sequence's chunk over its cached and new keys, causal (prefill_attention.cpp).
-at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t cached,
-                             double scale);
-
-// GGUF's block formats in tiles of 16 output rows (tiles.cpp).
-at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n,
-                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
-                        bool super_blocks);
-at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, bool bf16);
-at::Tensor tiled_rows(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, const at::Tensor& ids);
-int64_t stream_read(const at::Tensor& data, int64_t streams);
-
-// A GGUF block-format matrix repacked in tiles at load, and the shapes it fills (repack.cpp).
-void tile_blocks(const std::vector<at::Tensor>& parts, const c10::optional<at::Tensor>& order, int64_t format, int64_t k,
-                 at::Tensor& q, at::Tensor& dm);
-std::pair<std::vector<int64_t>, std::vector<int64_t>> tiled_shapes(int64_t format, int64_t n, int64_t k);
-
-// bfloat16 weights, float32 activations (bf16.cpp).
-at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                       const c10::optional<at::Tensor>& residual, bool loops);
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiled_linear", &tiled_linear, "x @ tiled block-format weights^T (+bias) (+residual)", py::arg("x"),
         py::arg("q"), py::arg("dm"), py::arg("format"), py::arg("n"), py::arg("bias") = py::none(),
@@ -207,6 +181,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("loops") = false);
   m.def("stream_read", &stream_read, "the sum of a uint8 tensor's 64-bit words, read as the tiled linears read",
         py::arg("data"), py::arg("streams") = 1);
+  // module_local: builds for other flags (the tests' portable and AVX2 ones, kernel_ab's) load beside this one
+  py::class_<DecodeLayers>(m, "DecodeLayers", py::module_local(),
+                           "a dense model's decoder layers whose linears are all tiled, for decode steps")
+      .def(py::init([](std::vector<TiledWeights> linears, std::vector<at::Tensor> norms,
+                       std::vector<c10::optional<at::Tensor>> qk_norms, at::Tensor cos, at::Tensor signed_sin,
+                       int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps) {
+             return DecodeLayers{linears, norms, qk_norms, cos, signed_sin, heads, kv_heads, head_dim, scale, eps};
+           }),
+           py::arg("linears"), py::arg("norms"), py::arg("qk_norms"), py::arg("cos"), py::arg("signed_sin"),
+           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scale"), py::arg("eps"))
+      .def("run", &DecodeLayers::run, "a step of decodes through every layer and the final norm", py::arg("x"),
+           py::arg("positions"), py::arg("slot_mapping"), py::arg("tables"), py::arg("lengths"), py::arg("block_size"),
+           py::arg("k_pools"), py::arg("v_pools"), py::arg("k_scales"), py::arg("v_scales"));
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");
   m.def("finite_rows", &finite_rows, "torch.isfinite(logits).all(-1) for float32 rows");

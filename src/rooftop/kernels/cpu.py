@@ -25,9 +25,17 @@ import torch
 
 SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("cpu.cpp", "attention.cpp", "prefill_attention.cpp", "tiles.cpp", "repack.cpp", "bf16.cpp")
+    for name in (
+        "cpu.cpp",
+        "attention.cpp",
+        "prefill_attention.cpp",
+        "tiles.cpp",
+        "repack.cpp",
+        "bf16.cpp",
+        "decode.cpp",
+    )
 ]
-HEADERS = [Path(__file__).with_name(name) for name in ("quantized.h", "tiles.h", "exp.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("quantized.h", "tiles.h", "exp.h", "kernels.h")]
 
 
 def enabled() -> bool:

@@ -107,12 +107,11 @@ class KernelOps:
             v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
             parts.append(prefill_chunks(q, k_pool, v_pool, meta, self.prefill_attention).reshape(rows, c.q_size))
         if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
-            # bfloat16 / float16 (CastPool) rounded, int8 / fp8 (ScaledPool) quantized on the way in, read as stored
-            stored, scaled = isinstance(k_pool, StoredPool), isinstance(k_pool, ScaledPool)
+            (k_values, k_scale), (v_values, v_scale) = kernel_pool(k_pool), kernel_pool(v_pool)
             decodes = self.kernels.decode_attention(
                 qkv[rows:],
-                k_pool.values if stored else k_pool,
-                v_pool.values if stored else v_pool,
+                k_values,
+                v_values,
                 meta.slot_mapping[rows:],
                 meta.decode_tables,
                 meta.decode_lengths,
@@ -120,11 +119,18 @@ class KernelOps:
                 c.num_heads,
                 c.num_kv_heads,
                 c.head_dim**-0.5,
-                k_scale=k_pool.scale if scaled else None,
-                v_scale=v_pool.scale if scaled else None,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
             parts.append(decodes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def kernel_pool(pool: torch.Tensor | StoredPool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer's K or V pool as decode attention's kernel takes it: the values as stored (bfloat16 / float16 rounded,
+    int8 / fp8 quantized on the way in) and the quantized pools' scales."""
+    values = pool.values if isinstance(pool, StoredPool) else pool
+    return values, pool.scale if isinstance(pool, ScaledPool) else None
 
 
 Ops = TorchOps | KernelOps  # CudaOps is a TorchOps

@@ -15,6 +15,7 @@ from rooftop.config import ModelConfig
 from rooftop.enums import Phase
 from rooftop.errors import UnsupportedModelError
 from rooftop.models.blocks import DecoderBlock
+from rooftop.models.decode_call import decode_call
 from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.mlp import SparseMoE
@@ -53,6 +54,7 @@ class Transformer:
         self.weight_policy = weight_policy  # the policy its linears were built under: float, int8 or int4
         self.conversions = conversions or {}  # HF name -> "Q3_K -> Q4_1": matrices the loader converted
         self.moe = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]  # read after every step
+        self.decode_call = decode_call(layers, norm, ops, self.tp is not None)  # None: decodes go layer by layer
 
     @property
     def tp_size(self) -> int:
@@ -137,6 +139,8 @@ class Transformer:
         """Hidden states (T, hidden) of the step's T tokens (all sequences, flat); their K/V go into `pool`. `plan`
         says which rows go through the linears on which path (quant/linear.py)."""
         x = self.embed_tokens(input_ids)
+        if self.decode_call is not None and self.decode_call.runs(meta, plan):
+            return self.decode_call(x, positions, pool, meta)
         rope = self.ops.rope(positions)
         attention = 0  # the full-attention layers' index into the KV pool
         for layer in self.layers:

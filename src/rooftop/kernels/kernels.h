@@ -1,0 +1,61 @@
+// The kernels' entry points, for the module's bindings (cpu.cpp) and for the decode step run in one call
+// (decode.cpp), which calls them as Python does.
+
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+#include <utility>
+#include <vector>
+
+// RMSNorm, RoPE (after Qwen3's per-head norm where given) and SiLU-mul of float32 rows (cpu.cpp).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void rope_(at::Tensor& qkv, int64_t heads, int64_t head_dim, const at::Tensor& positions, const at::Tensor& cos,
+           const at::Tensor& signed_sin, const c10::optional<at::Tensor>& norm, double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
+// Decode attention over the paged KV pool, float32, bfloat16, float16, int8 or fp8 e4m3 (attention.cpp).
+at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
+                            const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
+                            int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
+                            const c10::optional<at::Tensor>& v_scale);
+
+// Prefill attention of one sequence's chunk over its cached and new keys, causal (prefill_attention.cpp).
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t cached,
+                             double scale);
+
+// GGUF's block formats in tiles of 16 output rows (tiles.cpp).
+at::Tensor tiled_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n,
+                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+                        bool super_blocks);
+at::Tensor tiled_dequantize(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, bool bf16);
+at::Tensor tiled_rows(const at::Tensor& q, const at::Tensor& dm, int64_t format, int64_t n, const at::Tensor& ids);
+int64_t stream_read(const at::Tensor& data, int64_t streams);
+
+// A GGUF block-format matrix repacked in tiles at load, and the shapes it fills (repack.cpp).
+void tile_blocks(const std::vector<at::Tensor>& parts, const c10::optional<at::Tensor>& order, int64_t format, int64_t k,
+                 at::Tensor& q, at::Tensor& dm);
+std::pair<std::vector<int64_t>, std::vector<int64_t>> tiled_shapes(int64_t format, int64_t n, int64_t k);
+
+// bfloat16 weights, float32 activations (bf16.cpp).
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                       const c10::optional<at::Tensor>& residual, bool loops);
+
+// One tiled linear as tiled_linear takes it: q, dm, format, output features, bias.
+using TiledWeights = std::tuple<at::Tensor, at::Tensor, int64_t, int64_t, c10::optional<at::Tensor>>;
+
+// A dense model's decoder layers whose linears are all tiled, run for a step of decodes in one call (decode.cpp).
+struct DecodeLayers {
+  std::vector<TiledWeights> linears;  // per layer: qkv, o, gate_up, down
+  std::vector<at::Tensor> norms;  // per layer: attention's, then the MLP's; last, the model's final norm
+  std::vector<c10::optional<at::Tensor>> qk_norms;  // per layer: Qwen3's q and k norms, or none
+  at::Tensor cos, signed_sin;  // RoPE's tables
+  int64_t heads, kv_heads, head_dim;
+  double scale, eps;
+
+  at::Tensor run(at::Tensor x, const at::Tensor& positions, const at::Tensor& slot_mapping, const at::Tensor& tables,
+                 const at::Tensor& lengths, int64_t block_size, std::vector<at::Tensor> k_pools,
+                 std::vector<at::Tensor> v_pools, const std::vector<c10::optional<at::Tensor>>& k_scales,
+                 const std::vector<c10::optional<at::Tensor>>& v_scales) const;
+};

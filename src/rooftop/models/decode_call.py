@@ -1,0 +1,83 @@
+"""A step of decodes through a dense model's decoder layers in one call to rooftop's CPU kernels (kernels/decode.cpp).
+
+Layer by layer, a decode step is some ten kernel calls a layer from Python, and between them the interpreter's code
+and objects come back from memory cold: each linear's weights have just streamed through the caches. Where every
+layer is the dense decoder block on the CPU kernels (`KernelOps`) and every linear runs in tiles (a GGUF's block
+formats, `--weights int8` or `int4`), a step whose rows are all decodes runs the same kernels in the same order with
+the same arguments from one C++ call, so each row's result is the same bits either way (docs/PERFORMANCE.md has
+what it saves). Other models, prefill chunks and widened rows go layer by layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rooftop.models.blocks import DecoderBlock
+from rooftop.models.kv_cache import AttentionMetadata, KVPool
+from rooftop.models.mlp import DenseMLP
+from rooftop.models.ops import KernelOps, Ops, kernel_pool
+from rooftop.quant.linear import TiledLinear
+from rooftop.quant.rows import RowPlan
+
+
+@dataclass
+class DecodeCall:
+    """The model's layers as the kernels hold them, and the pool they last ran on (its layers' tensors, unpacked
+    once per pool rather than once per step)."""
+
+    layers: Any  # the kernels' DecodeLayers
+    pool: tuple = field(default=())  # (pool, k values, v values, k scales, v scales)
+
+    @staticmethod
+    def runs(meta: AttentionMetadata, plan: RowPlan) -> bool:
+        """A step it takes: decodes only, none widened."""
+        return not meta.prefills and meta.has_decodes and not plan.widen
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
+        """The final norm's hidden states of the step's rows (x: their embeddings); their K/V go into `pool`."""
+        if not self.pool or self.pool[0] is not pool:
+            ks, vs = [kernel_pool(k) for k in pool.k_layers], [kernel_pool(v) for v in pool.v_layers]
+            self.pool = (pool, [k for k, _ in ks], [v for v, _ in vs], [s for _, s in ks], [s for _, s in vs])
+        _, k_values, v_values, k_scales, v_scales = self.pool
+        return self.layers.run(
+            x,
+            positions,
+            meta.slot_mapping,
+            meta.decode_tables,
+            meta.decode_lengths,
+            meta.block_size,
+            k_values,
+            v_values,
+            k_scales,
+            v_scales,
+        )
+
+
+def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> DecodeCall | None:
+    """The one call for these layers, or None where a step goes layer by layer: a model split over ranks (`split`),
+    off the CPU kernels, with another block than the dense decoder (mixture of experts, linear attention), or with a
+    linear that is not tiled (float or bf16 weights, a tensor-parallel part)."""
+    if split or not isinstance(ops, KernelOps):
+        return None
+    if not all(type(layer) is DecoderBlock and type(layer.mlp) is DenseMLP for layer in layers):
+        return None
+    linears = [lin for layer in layers for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)]
+    if not all(isinstance(lin, TiledLinear) for lin in linears):
+        return None
+    c = ops.config
+    return DecodeCall(
+        ops.kernels.DecodeLayers(
+            [(lin.q, lin.dm, lin.kernel_format, lin.out_features, lin.bias) for lin in linears],
+            [n for layer in layers for n in (layer.attn_norm, layer.mlp_norm)] + [norm],
+            [layer.qk_norm for layer in layers],
+            ops.cos,
+            ops.sin,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.head_dim**-0.5,
+            c.rms_norm_eps,
+        )
+    )
