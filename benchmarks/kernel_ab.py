@@ -71,6 +71,8 @@ def main() -> None:
         print(
             f"  {name:12s} median {total / statistics.median(taken) / 1e9:5.1f}  fastest {total / min(taken) / 1e9:5.1f}"
         )
+    ratios = [n / o for o, n in zip(seconds["old"], seconds["new"], strict=True)]
+    print(f"  new/old time per round: median {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
 
 
 if __name__ == "__main__":
