@@ -4,7 +4,8 @@ decode step, then torch.profiler over 20 decode steps of a model (the bundled on
 .venv/bin/python benchmarks/profile_decode.py [--model FILE.gguf] [--weights auto|float|int8|int4] [--context 2000] [--rows 15]
 
 --context N decodes after a prompt of N random token ids, where attention reads N keys per layer and step; without
-it the prompt is a short sentence.
+it the prompt is a short sentence. A decode step run in one call (models/decode_call.py) is split by the kernels'
+own clocks there.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A step of decodes in one call to the CPU kernels (models/decode_call.py) gives every row the bits the
 layer-by-layer path gives: the bundled model's tiles and a K-quant file's, a float32, bfloat16 and int8 KV cache,
 greedy and seeded sampling, and a prompt that joins while another decodes (its prefill steps go layer by layer).
-Qwen3's q/k norms and Qwen2's biases are in test_hf_models.py. Float weights and the op timer go layer by layer."""
+Qwen3's q/k norms and Qwen2's biases are in test_hf_models.py. Float weights go layer by layer; the calibration's op
+timer reads the call's own clocks."""
 
 from __future__ import annotations
 
@@ -93,10 +94,24 @@ def test_a_prompt_that_joins_mid_decode_takes_its_prefill_layer_by_layer(k_quant
     assert calls == 3 + 5 + 4
 
 
-def test_float_weights_and_the_op_timer_go_layer_by_layer(tiny_llm, k_quant_file):
-    assert tiny_llm.engine.model.decode_call is None  # float32 weights
+def test_float_weights_go_layer_by_layer(tiny_llm):
+    assert tiny_llm.engine.model.decode_call is None
+
+
+def test_the_op_timer_reads_the_one_calls_own_clocks(k_quant_file, monkeypatch):
+    """Timed by the calibration's op timer, a decode step still runs in one call, which clocks each op class inside
+    it: every class has time, and the only call the timer wrapped in Python is the lm_head's."""
     llm = LLM(model=k_quant_file)
-    one = llm.engine.model.decode_call
-    with OpTimer(llm.device).installed(llm):
-        assert llm.engine.model.decode_call is None  # the timer times the ops where Python calls them
-    assert llm.engine.model.decode_call is one
+    engine, calls = llm.engine, []
+    original = DecodeCall.__call__
+    monkeypatch.setattr(DecodeCall, "__call__", lambda self, *args: calls.append(1) or original(self, *args))
+    engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    engine.step()  # the prefill
+    timer = OpTimer(llm.device)
+    with timer.installed(llm):
+        timer.reset()
+        engine.step()
+        seconds, timed_calls = timer.reset()
+    assert calls == [1] and timed_calls == 1
+    assert all(seconds[name] > 0 for name in ("linears", "attention", "elementwise"))
+    assert llm.engine.model.decode_call.seconds is None  # the clocks go with the timer

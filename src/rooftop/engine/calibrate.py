@@ -35,7 +35,15 @@ from rooftop.kernels import cpu, pages
 from rooftop.models import delta_net
 from rooftop.quant import linear as linears
 from rooftop.roofline import probe
-from rooftop.roofline.calibration import CLASSES, ROWS_KEYED, TOKENS_KEYED, Calibration, Curve, class_roofline
+from rooftop.roofline.calibration import (
+    CLASSES,
+    KERNEL_CLASSES,
+    ROWS_KEYED,
+    TOKENS_KEYED,
+    Calibration,
+    Curve,
+    class_roofline,
+)
 from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.ops import COSTING
 from rooftop.roofline.predict import time_step
@@ -61,7 +69,9 @@ class OpTimer:
     clocked as the step is; on CUDA it is bracketed by two CUDA events, no sync between ops (a sync per op would
     add its latency to every op and stall the queue), resolved by `reset`. The timing is not free: about 1-2 us of
     Python per call, half a millisecond in a 4 ms decode step of 242 calls, so it counts the calls it timed
-    (`calls`) and the calibration takes its cost back out of the steps' time (`timer_cost_per_call`)."""
+    (`calls`) and the calibration takes its cost back out of the steps' time (`timer_cost_per_call`). A decode step
+    run in one call (models/decode_call.py) calls no op from Python: the kernels clock each op there, into the
+    classes' seconds, at no cost to take back."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -70,6 +80,7 @@ class OpTimer:
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []  # CUDA: read at reset
         self._depth = 0
         self._thread = threading.get_ident()  # the steps' thread: a tensor-parallel heartbeat is not a step's
+        self._one_call = None  # the model's DecodeCall while installed, its clocks in KERNEL_CLASSES' order
 
     def reset(self) -> tuple[dict[str, float], int]:
         """The seconds per class and the calls timed since the last reset (on CUDA after the device finishes what
@@ -79,6 +90,10 @@ class OpTimer:
             for name, began, ended in self._events:
                 self.seconds[name] += began.elapsed_time(ended) / 1e3
             self._events.clear()
+        if self._one_call is not None:
+            for name, seconds in zip(KERNEL_CLASSES, self._one_call.seconds.tolist(), strict=True):
+                self.seconds[name] += seconds
+            self._one_call.seconds.zero_()
         taken, calls, self.seconds, self.calls = self.seconds, self.calls, dict.fromkeys(CLASSES, 0.0), 0
         return taken, calls
 
@@ -124,11 +139,14 @@ class OpTimer:
         saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr, _ in patches]
         for owner, attr, name in patches:
             setattr(owner, attr, self.wrap(getattr(owner, attr), name))
-        one_call, llm.model.decode_call = llm.model.decode_call, None  # its ops are timed where Python calls them
+        self._one_call = llm.model.decode_call
+        if self._one_call is not None:
+            self._one_call.seconds = torch.zeros(len(KERNEL_CLASSES), dtype=torch.float64)
         try:
             yield self
         finally:
-            llm.model.decode_call = one_call
+            if self._one_call is not None:
+                self._one_call.seconds, self._one_call = None, None
             for owner, attr, original in saved:
                 if original is None:
                     delattr(owner, attr)  # an instance attribute shadowing its class's method
@@ -164,8 +182,7 @@ def calibrate(
     warm = min(256, eng.config.chunk_size, llm.max_model_len, eng.stats().kv_cache_tokens) - plan["steps"] - 4
     _run(eng, [torch.randint(vocab, (warm,), generator=gen).tolist()], plan["steps"] + 2)
     # what the timer adds per call, taken back out of every step on the CPU; on CUDA its host time mostly hides
-    # behind the queue of a prompt's kernels, and each decode run runs again untimed (`_untimed_forward`), as it does
-    # on the CPU where decodes run in one call (models/decode_call.py), which the timer turns off
+    # behind the queue of a prompt's kernels, and each decode run runs again untimed (`_untimed_forward`)
     cost = timer_cost_per_call(timer) if llm.device.type == "cpu" else 0.0
     # a replayed graph calls no op from Python: the timed runs run eagerly
     graphs, eng.decode_graphs = eng.decode_graphs, None
@@ -178,7 +195,7 @@ def calibrate(
                 prompt = torch.randint(vocab, (prompt_len,), generator=gen).tolist()
                 with timer.installed(llm):
                     groups = _timed_steps(eng, [prompt] * batch, output_len, timer, config, p, hw)
-                if output_len > 1 and (llm.device.type == "cuda" or llm.model.decode_call is not None):
+                if output_len > 1 and llm.device.type == "cuda":
                     _untimed_forward(eng, graphs, [prompt] * batch, output_len, groups)
                 for key, steps in groups.items():
                     taken.setdefault(label, {}).setdefault(key, []).extend(steps)
@@ -207,9 +224,9 @@ def _timed_steps(eng: LLMEngine, prompts: list[list[int]], output_len: int, time
 
 
 def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_len: int, groups: dict) -> None:
-    """The run again without the timer, each decode step's forward pass taking the place of the timed one (the
-    classes stay the timed run's; no timer's cost to take back out): on CUDA from the engine's graphs where it has
-    them, whose forward pass has no host time between ops, else eagerly; on the CPU in one call (decode_call.py)."""
+    """On CUDA, the run again without the timer, each decode step's forward pass taking the place of the timed one
+    (the classes stay the timed run's): from the engine's graphs where it has them, whose forward pass has no host
+    time between ops; else eagerly, without the timer's own cost."""
     eng.decode_graphs = graphs
     try:
         untimed: dict[tuple, list[float]] = {}
@@ -224,7 +241,7 @@ def _untimed_forward(eng: LLMEngine, graphs, prompts: list[list[int]], output_le
         if key in untimed:
             forward = median(untimed[key])
             for step in taken:
-                step[2], step[4] = forward, 0
+                step[2] = forward
 
 
 def timer_cost_per_call(timer: OpTimer, rounds: int = 9) -> float:
@@ -262,7 +279,7 @@ def _add_samples(samples: dict[str, list[tuple[float, float]]], groups: dict, co
     """Each group's point on its phase's curves: every class's seconds against its roofline seconds (a decode's
     linears against its rows), the host's inside and around the forward pass against the step's sequences (a
     prefill's inside: against its tokens). Each step's forward pass gives back what the timer cost it, `cost` per
-    call (none where a decode's forward pass is already its untimed run's)."""
+    call (0 on CUDA, where a decode's forward pass is already its untimed run's)."""
     for (phase, seqs, tokens, _), taken in groups.items():
         for name in CLASSES:
             roof = median(r[name] for r, _, _, _, _ in taken)

@@ -193,7 +193,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scale"), py::arg("eps"))
       .def("run", &DecodeLayers::run, "a step of decodes through every layer and the final norm", py::arg("x"),
            py::arg("positions"), py::arg("slot_mapping"), py::arg("tables"), py::arg("lengths"), py::arg("block_size"),
-           py::arg("k_pools"), py::arg("v_pools"), py::arg("k_scales"), py::arg("v_scales"));
+           py::arg("k_pools"), py::arg("v_pools"), py::arg("k_scales"), py::arg("v_scales"),
+           py::arg("seconds") = py::none());
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");
   m.def("finite_rows", &finite_rows, "torch.isfinite(logits).all(-1) for float32 rows");

@@ -57,5 +57,5 @@ struct DecodeLayers {
   at::Tensor run(at::Tensor x, const at::Tensor& positions, const at::Tensor& slot_mapping, const at::Tensor& tables,
                  const at::Tensor& lengths, int64_t block_size, std::vector<at::Tensor> k_pools,
                  std::vector<at::Tensor> v_pools, const std::vector<c10::optional<at::Tensor>>& k_scales,
-                 const std::vector<c10::optional<at::Tensor>>& v_scales) const;
+                 const std::vector<c10::optional<at::Tensor>>& v_scales, const c10::optional<at::Tensor>& seconds) const;
 };

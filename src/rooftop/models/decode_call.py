@@ -5,7 +5,8 @@ and objects come back from memory cold: each linear's weights have just streamed
 layer is the dense decoder block on the CPU kernels (`KernelOps`) and every linear runs in tiles (a GGUF's block
 formats, `--weights int8` or `int4`), a step whose rows are all decodes runs the same kernels in the same order with
 the same arguments from one C++ call, so each row's result is the same bits either way (docs/PERFORMANCE.md has
-what it saves). Other models, prefill chunks and widened rows go layer by layer."""
+what it saves). Other models, prefill chunks and widened rows go layer by layer. The calibration's op timer reads
+each op's time from the call's own clocks (`seconds`)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from rooftop.quant.rows import RowPlan
 
 @dataclass
 class DecodeCall:
-    """The model's layers as the kernels hold them, and the pool they last ran on (its layers' tensors, unpacked
-    once per pool rather than once per step)."""
+    """The model's layers as the kernels hold them, the pool they last ran on (its layers' tensors, unpacked once
+    per pool rather than once per step), and while the calibration's op timer is installed the clocks it reads."""
 
     layers: Any  # the kernels' DecodeLayers
     pool: tuple = field(default=())  # (pool, k values, v values, k scales, v scales)
+    seconds: torch.Tensor | None = None  # float64 (3,): where the kernels add each op's time, while timed
 
     @staticmethod
     def runs(meta: AttentionMetadata, plan: RowPlan) -> bool:
@@ -52,6 +54,7 @@ class DecodeCall:
             v_values,
             k_scales,
             v_scales,
+            self.seconds,
         )
 
 
