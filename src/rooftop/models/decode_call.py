@@ -10,7 +10,7 @@ each op's time from the call's own clocks (`seconds`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,18 +18,17 @@ import torch
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVPool
 from rooftop.models.mlp import DenseMLP
-from rooftop.models.ops import KernelOps, Ops, kernel_pool
+from rooftop.models.ops import KernelOps, Ops
 from rooftop.quant.linear import TiledLinear
 from rooftop.quant.rows import RowPlan
 
 
 @dataclass
 class DecodeCall:
-    """The model's layers as the kernels hold them, the pool they last ran on (its layers' tensors, unpacked once
-    per pool rather than once per step), and while the calibration's op timer is installed the clocks it reads."""
+    """The model's layers as the kernels hold them, and while the calibration's op timer is installed the clocks it
+    reads."""
 
     layers: Any  # the kernels' DecodeLayers
-    pool: tuple = field(default=())  # (pool, k values, v values, k scales, v scales)
     seconds: torch.Tensor | None = None  # float64 (3,): where the kernels add each op's time, while timed
 
     @staticmethod
@@ -39,10 +38,7 @@ class DecodeCall:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
         """The final norm's hidden states of the step's rows (x: their embeddings); their K/V go into `pool`."""
-        if not self.pool or self.pool[0] is not pool:
-            ks, vs = [kernel_pool(k) for k in pool.k_layers], [kernel_pool(v) for v in pool.v_layers]
-            self.pool = (pool, [k for k, _ in ks], [v for v, _ in vs], [s for _, s in ks], [s for _, s in vs])
-        _, k_values, v_values, k_scales, v_scales = self.pool
+        k_values, v_values, k_scales, v_scales = pool.kernel_layers
         return self.layers.run(
             x,
             positions,

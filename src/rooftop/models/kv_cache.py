@@ -60,6 +60,13 @@ class KVPool:
             )  # views, made once: decode reads them per layer
         self.states = StatePool(config, state_slots, device) if config.num_linear_attention_layers else None
 
+    @functools.cached_property
+    def kernel_layers(self) -> tuple[list, list, list, list]:
+        """Every layer's K and V values as the decode kernels take them, and their scales (None but for a quantized
+        pool): unpacked once per pool, for a decode step run in one call (models/decode_call.py)."""
+        ks, vs = [kernel_view(k) for k in self.k_layers], [kernel_view(v) for v in self.v_layers]
+        return [k for k, _ in ks], [v for v, _ in vs], [s for _, s in ks], [s for _, s in vs]
+
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
         layers = config.num_full_attention_layers
@@ -183,6 +190,13 @@ class ScaledPool(StoredPool):
     def index_select(self, dim: int, slots: torch.Tensor) -> torch.Tensor:
         values = self._bytes.index_select(dim, slots).view(self.values.dtype)
         return dequantize_kv(values, self.scale.index_select(dim, slots), self.dtype)
+
+
+def kernel_view(layer: torch.Tensor | StoredPool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer's K or V pool as decode attention's kernel takes it: the values as stored (bfloat16 / float16 rounded,
+    int8 / fp8 quantized on the way in) and the quantized pools' scales."""
+    values = layer.values if isinstance(layer, StoredPool) else layer
+    return values, layer.scale if isinstance(layer, ScaledPool) else None
 
 
 class StatePool:

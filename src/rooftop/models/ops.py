@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from rooftop.config import ModelConfig
 from rooftop.kernels import cpu
 from rooftop.models.attention import paged_attention, prefill_chunks
-from rooftop.models.kv_cache import AttentionMetadata, ScaledPool, StoredPool
+from rooftop.models.kv_cache import AttentionMetadata, kernel_view
 from rooftop.models.rope import apply_rope
 
 
@@ -107,7 +107,7 @@ class KernelOps:
             v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
             parts.append(prefill_chunks(q, k_pool, v_pool, meta, self.prefill_attention).reshape(rows, c.q_size))
         if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
-            (k_values, k_scale), (v_values, v_scale) = kernel_pool(k_pool), kernel_pool(v_pool)
+            (k_values, k_scale), (v_values, v_scale) = kernel_view(k_pool), kernel_view(v_pool)
             decodes = self.kernels.decode_attention(
                 qkv[rows:],
                 k_values,
@@ -124,13 +124,6 @@ class KernelOps:
             )
             parts.append(decodes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def kernel_pool(pool: torch.Tensor | StoredPool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A layer's K or V pool as decode attention's kernel takes it: the values as stored (bfloat16 / float16 rounded,
-    int8 / fp8 quantized on the way in) and the quantized pools' scales."""
-    values = pool.values if isinstance(pool, StoredPool) else pool
-    return values, pool.scale if isinstance(pool, ScaledPool) else None
 
 
 Ops = TorchOps | KernelOps  # CudaOps is a TorchOps
