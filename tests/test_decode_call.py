@@ -1,6 +1,7 @@
 """A step of decodes in one call to the CPU kernels (models/decode_call.py) gives every row the bits the
 layer-by-layer path gives: the bundled model's tiles and a K-quant file's, a float32, bfloat16 and int8 KV cache,
-greedy and seeded sampling, and a prompt that joins while another decodes (its prefill steps go layer by layer).
+greedy and seeded sampling, a fused projection of two formats (a Q4_K_M file's), and a prompt that joins while
+another decodes (its prefill steps go layer by layer).
 Qwen3's q/k norms and Qwen2's biases are in test_hf_models.py. Float weights go layer by layer; the calibration's op
 timer reads the call's own clocks."""
 
@@ -34,13 +35,13 @@ def both_ways(llm: LLM, run, monkeypatch) -> tuple:
     model = llm.engine.model
     one = model.decode_call
     assert one is not None
-    fused = run(llm)
+    one_call = run(llm)
     model.decode_call = None
     try:
         layered = run(llm)
     finally:
         model.decode_call = one
-    return fused, layered, len(calls)
+    return one_call, layered, len(calls)
 
 
 def sampling() -> list[SamplingParams]:
@@ -58,16 +59,27 @@ def k_quant_file(tmp_path_factory):
 
 def test_the_bundled_model_decodes_the_same_bits_in_one_call(monkeypatch):
     llm = LLM()  # Q4_1 tiles, the Q8_0 table's
-    fused, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
-    assert fused == layered
+    one_call, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
+    assert one_call == layered
     assert calls == 11  # 12 tokens each: the first from the prefill step, the other 11 from decode steps of all three
 
 
 @pytest.mark.parametrize("kv", ["float32", "bfloat16", "int8"])
 def test_a_k_quant_file_decodes_the_same_bits_in_one_call_for_each_kv_cache(k_quant_file, kv, monkeypatch):
     llm = LLM(model=k_quant_file, kv_cache_dtype=kv)
-    fused, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
-    assert fused == layered and calls == 11
+    one_call, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
+    assert one_call == layered and calls == 11
+
+
+def test_a_q4_k_m_mix_runs_its_fused_projection_of_two_formats_in_one_call(tmp_path, monkeypatch):
+    """A Q4_K_M file's V in Q6_K beside Q and K in Q4_K: the fused QKV is two tiled parts (ConcatLinear)."""
+    path = tmp_path / "tiny-mix.gguf"
+    kinds = gguf.GGMLQuantizationType
+    write_tiny_gguf(path, qtype=lambda name: kinds.Q6_K if "attn_v" in name or "ffn_down" in name else kinds.Q4_K)
+    llm = LLM(model=path)
+    assert type(llm.engine.model.layers[0].qkv).__name__ == "ConcatLinear"
+    one_call, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
+    assert one_call == layered and calls == 11
 
 
 def test_a_prompt_that_joins_mid_decode_takes_its_prefill_layer_by_layer(k_quant_file, monkeypatch):
@@ -87,8 +99,8 @@ def test_a_prompt_that_joins_mid_decode_takes_its_prefill_layer_by_layer(k_quant
         return [done["first"], done["second"]]
 
     llm = LLM(model=k_quant_file)
-    fused, layered, calls = both_ways(llm, staggered, monkeypatch)
-    assert fused == layered
+    one_call, layered, calls = both_ways(llm, staggered, monkeypatch)
+    assert one_call == layered
     # one call: "first"'s 3 decodes alone, then (after the step of "second"'s prefill beside a decode, layer by layer)
     # 5 steps of both and 4 of "second" alone
     assert calls == 3 + 5 + 4

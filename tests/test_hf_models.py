@@ -259,6 +259,6 @@ def test_qk_norms_and_biases_decode_the_same_bits_in_one_call(built, name):
 
     one = model.decode_call
     assert one is not None
-    fused = run()
+    one_call = run()
     model.decode_call = None
-    assert run() == fused
+    assert run() == one_call

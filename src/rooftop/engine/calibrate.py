@@ -90,7 +90,7 @@ class OpTimer:
             for name, began, ended in self._events:
                 self.seconds[name] += began.elapsed_time(ended) / 1e3
             self._events.clear()
-        if self._one_call is not None:
+        if self._one_call is not None and self._one_call.seconds is not None:
             for name, seconds in zip(KERNEL_CLASSES, self._one_call.seconds.tolist(), strict=True):
                 self.seconds[name] += seconds
             self._one_call.seconds.zero_()
@@ -139,14 +139,15 @@ class OpTimer:
         saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr, _ in patches]
         for owner, attr, name in patches:
             setattr(owner, attr, self.wrap(getattr(owner, attr), name))
-        self._one_call = llm.model.decode_call
-        if self._one_call is not None:
-            self._one_call.seconds = torch.zeros(len(KERNEL_CLASSES), dtype=torch.float64)
+        one_call = self._one_call = llm.model.decode_call
+        outer = None if one_call is None else one_call.seconds  # an enclosing timer's clocks, given back after
+        if one_call is not None:
+            one_call.seconds = torch.zeros(len(KERNEL_CLASSES), dtype=torch.float64)
         try:
             yield self
         finally:
-            if self._one_call is not None:
-                self._one_call.seconds, self._one_call = None, None
+            if one_call is not None:
+                one_call.seconds, self._one_call = outer, None
             for owner, attr, original in saved:
                 if original is None:
                     delattr(owner, attr)  # an instance attribute shadowing its class's method

@@ -184,14 +184,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // module_local: builds for other flags (the tests' portable and AVX2 ones, kernel_ab's) load beside this one
   py::class_<DecodeLayers>(m, "DecodeLayers", py::module_local(),
                            "a dense model's decoder layers whose linears are all tiled, for decode steps")
-      .def(py::init([](std::vector<TiledWeights> linears, std::vector<at::Tensor> norms,
+      .def(py::init([](std::vector<std::vector<TiledWeights>> linears, std::vector<at::Tensor> norms,
                        std::vector<c10::optional<at::Tensor>> qk_norms, at::Tensor cos, at::Tensor signed_sin,
                        int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps) {
              return DecodeLayers{linears, norms, qk_norms, cos, signed_sin, heads, kv_heads, head_dim, scale, eps};
            }),
            py::arg("linears"), py::arg("norms"), py::arg("qk_norms"), py::arg("cos"), py::arg("signed_sin"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scale"), py::arg("eps"))
-      .def("run", &DecodeLayers::run, "a step of decodes through every layer and the final norm", py::arg("x"),
+      // without the GIL: a step's kernels touch no Python object, and a server's event loop runs meanwhile
+      .def("run", &DecodeLayers::run, "a step of decodes through every layer and the final norm",
+           py::call_guard<py::gil_scoped_release>(), py::arg("x"),
            py::arg("positions"), py::arg("slot_mapping"), py::arg("tables"), py::arg("lengths"), py::arg("block_size"),
            py::arg("k_pools"), py::arg("v_pools"), py::arg("k_scales"), py::arg("v_scales"),
            py::arg("seconds") = py::none());

@@ -5,12 +5,16 @@
 // Given `seconds`, each call's time is added to its op class there, as the calibration's op timer (engine/calibrate.py)
 // adds the calls Python makes: the linears, attention (RoPE with it, as KernelOps.attention runs it), elementwise.
 
+#include <ATen/EmptyTensor.h>
+
 #include <chrono>
+#include <cstring>
 
 #include "kernels.h"
 
 namespace {
 
+// The op classes in the order of roofline/calibration.py's KERNEL_CLASSES, which the op timer reads `seconds` in.
 enum OpClass { LINEARS, ATTENTION, ELEMENTWISE };
 
 // call(), its time added to clock[which] where there is a clock.
@@ -21,6 +25,37 @@ at::Tensor timed(double* clock, OpClass which, Call&& call) {
   at::Tensor result = call();
   clock[which] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
+}
+
+// in @ W^T (+ residual) for a linear of one tiled part, or of several (a fused projection whose parts a file stores
+// in different formats): each part's outputs side by side, then the residual added, as quant/linear.py's
+// ConcatLinear has them.
+at::Tensor linear(const std::vector<TiledWeights>& parts, const at::Tensor& in, const c10::optional<at::Tensor>& residual) {
+  const auto part = [&](const TiledWeights& w, const c10::optional<at::Tensor>& res) {
+    const auto& [q, dm, format, n, bias] = w;
+    return tiled_linear(in, q, dm, format, n, bias, res, false);
+  };
+  if (parts.size() == 1) return part(parts[0], residual);
+  std::vector<at::Tensor> outs;
+  int64_t width = 0;
+  for (const TiledWeights& w : parts) {
+    outs.push_back(part(w, c10::nullopt));
+    width += std::get<3>(w);
+  }
+  const int64_t rows = in.size(0);
+  at::Tensor out(at::detail::empty_cpu({rows, width}, in.options()));
+  float* o = out.data_ptr<float>();
+  int64_t at = 0;
+  for (const at::Tensor& y : outs) {
+    const int64_t n = y.size(1);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(o + r * width + at, y.data_ptr<float>() + r * n, n * sizeof(float));
+    at += n;
+  }
+  if (residual) {
+    const float* res = residual->data_ptr<float>();
+    for (int64_t i = 0; i < rows * width; ++i) o[i] += res[i];
+  }
+  return out;
 }
 
 }  // namespace
@@ -39,24 +74,24 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
   TORCH_CHECK(!seconds || (seconds->scalar_type() == at::kDouble && seconds->numel() == 3 && seconds->is_contiguous()),
               "seconds must be 3 contiguous float64: linears, attention, elementwise");
   double* clock = seconds ? seconds->data_ptr<double>() : nullptr;
-  const auto linear = [&](const TiledWeights& w, const at::Tensor& in, const c10::optional<at::Tensor>& residual) {
-    const auto& [q, dm, format, n, bias] = w;
-    return timed(clock, LINEARS, [&] { return tiled_linear(in, q, dm, format, n, bias, residual, false); });
+  const auto project = [&](const std::vector<TiledWeights>& parts, const at::Tensor& in,
+                           const c10::optional<at::Tensor>& residual) {
+    return timed(clock, LINEARS, [&] { return linear(parts, in, residual); });
   };
   const auto norm = [&](const at::Tensor& in, const at::Tensor& weight) {
     return timed(clock, ELEMENTWISE, [&] { return rms_norm(in, weight, eps); });
   };
   for (size_t l = 0; l < layers; ++l) {
-    const TiledWeights* w = &linears[4 * l];
-    at::Tensor qkv = linear(w[0], norm(x, norms[2 * l]), c10::nullopt);
+    const std::vector<TiledWeights>* w = &linears[4 * l];
+    at::Tensor qkv = project(w[0], norm(x, norms[2 * l]), c10::nullopt);
     const at::Tensor attended = timed(clock, ATTENTION, [&] {
       rope_(qkv, heads + kv_heads, head_dim, positions, cos, signed_sin, qk_norms[l], eps);
       return decode_attention(qkv, k_pools[l], v_pools[l], slot_mapping, tables, lengths, block_size, heads, kv_heads,
                               scale, k_scales[l], v_scales[l]);
     });
-    x = linear(w[1], attended, x);
-    const at::Tensor gate_up = linear(w[2], norm(x, norms[2 * l + 1]), c10::nullopt);
-    x = linear(w[3], timed(clock, ELEMENTWISE, [&] { return silu_mul(gate_up); }), x);
+    x = project(w[1], attended, x);
+    const at::Tensor gate_up = project(w[2], norm(x, norms[2 * l + 1]), c10::nullopt);
+    x = project(w[3], timed(clock, ELEMENTWISE, [&] { return silu_mul(gate_up); }), x);
   }
   return norm(x, norms.back());
 }

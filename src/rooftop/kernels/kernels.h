@@ -47,7 +47,7 @@ using TiledWeights = std::tuple<at::Tensor, at::Tensor, int64_t, int64_t, c10::o
 
 // A dense model's decoder layers whose linears are all tiled, run for a step of decodes in one call (decode.cpp).
 struct DecodeLayers {
-  std::vector<TiledWeights> linears;  // per layer: qkv, o, gate_up, down
+  std::vector<std::vector<TiledWeights>> linears;  // per layer: qkv, o, gate_up, down, each of one or more parts
   std::vector<at::Tensor> norms;  // per layer: attention's, then the MLP's; last, the model's final norm
   std::vector<c10::optional<at::Tensor>> qk_norms;  // per layer: Qwen3's q and k norms, or none
   at::Tensor cos, signed_sin;  // RoPE's tables

@@ -19,22 +19,22 @@ from rooftop.models.blocks import DecoderBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVPool
 from rooftop.models.mlp import DenseMLP
 from rooftop.models.ops import KernelOps, Ops
-from rooftop.quant.linear import TiledLinear
+from rooftop.quant.linear import ConcatLinear, TiledLinear
 from rooftop.quant.rows import RowPlan
 
 
 @dataclass
 class DecodeCall:
-    """The model's layers as the kernels hold them, and while the calibration's op timer is installed the clocks it
-    reads."""
+    """The model's layers as the kernels hold them, the op backend they were taken from (a model given other ops
+    afterwards goes layer by layer), and while the calibration's op timer is installed the clocks it reads."""
 
     layers: Any  # the kernels' DecodeLayers
+    ops: KernelOps
     seconds: torch.Tensor | None = None  # float64 (3,): where the kernels add each op's time, while timed
 
-    @staticmethod
-    def runs(meta: AttentionMetadata, plan: RowPlan) -> bool:
-        """A step it takes: decodes only, none widened."""
-        return not meta.prefills and meta.has_decodes and not plan.widen
+    def runs(self, ops: Ops, meta: AttentionMetadata, plan: RowPlan) -> bool:
+        """A step it takes: decodes only, none widened, on the ops it was built from."""
+        return ops is self.ops and not meta.prefills and meta.has_decodes and not plan.widen
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
         """The final norm's hidden states of the step's rows (x: their embeddings); their K/V go into `pool`."""
@@ -57,18 +57,19 @@ class DecodeCall:
 def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> DecodeCall | None:
     """The one call for these layers, or None where a step goes layer by layer: a model split over ranks (`split`),
     off the CPU kernels, with another block than the dense decoder (mixture of experts, linear attention), or with a
-    linear that is not tiled (float or bf16 weights, a tensor-parallel part)."""
+    linear that is not tiled, alone or as every part of a fused projection (float or bf16 weights)."""
     if split or not isinstance(ops, KernelOps):
         return None
     if not all(type(layer) is DecoderBlock and type(layer.mlp) is DenseMLP for layer in layers):
         return None
     linears = [lin for layer in layers for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)]
-    if not all(isinstance(lin, TiledLinear) for lin in linears):
+    parts = [lin.parts if isinstance(lin, ConcatLinear) else [lin] for lin in linears]
+    if not all(isinstance(part, TiledLinear) for each in parts for part in each):
         return None
     c = ops.config
     return DecodeCall(
         ops.kernels.DecodeLayers(
-            [(lin.q, lin.dm, lin.kernel_format, lin.out_features, lin.bias) for lin in linears],
+            [[(p.q, p.dm, p.kernel_format, p.out_features, p.bias) for p in each] for each in parts],
             [n for layer in layers for n in (layer.attn_norm, layer.mlp_norm)] + [norm],
             [layer.qk_norm for layer in layers],
             ops.cos,
@@ -78,5 +79,6 @@ def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> Deco
             c.head_dim,
             c.head_dim**-0.5,
             c.rms_norm_eps,
-        )
+        ),
+        ops,
     )

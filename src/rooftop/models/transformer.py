@@ -139,7 +139,7 @@ class Transformer:
         """Hidden states (T, hidden) of the step's T tokens (all sequences, flat); their K/V go into `pool`. `plan`
         says which rows go through the linears on which path (quant/linear.py)."""
         x = self.embed_tokens(input_ids)
-        if self.decode_call is not None and self.decode_call.runs(meta, plan):
+        if self.decode_call is not None and self.decode_call.runs(self.ops, meta, plan):
             return self.decode_call(x, positions, pool, meta)
         rope = self.ops.rope(positions)
         attention = 0  # the full-attention layers' index into the KV pool
