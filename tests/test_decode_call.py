@@ -1,7 +1,7 @@
 """A step of decodes in one call to the CPU kernels (models/decode_call.py) gives every row the bits the
 layer-by-layer path gives: the bundled model's tiles and a K-quant file's, a float32, bfloat16 and int8 KV cache,
-greedy and seeded sampling, a fused projection of two formats (a Q4_K_M file's), and a prompt that joins while
-another decodes (its prefill steps go layer by layer).
+bfloat16 linears, greedy and seeded sampling, a fused projection of two formats (a Q4_K_M file's), and a prompt that
+joins while another decodes (its prefill steps go layer by layer).
 Qwen3's q/k norms and Qwen2's biases are in test_hf_models.py. Float weights go layer by layer; the calibration's op
 timer reads the call's own clocks."""
 
@@ -78,6 +78,15 @@ def test_a_q4_k_m_mix_runs_its_fused_projection_of_two_formats_in_one_call(tmp_p
     write_tiny_gguf(path, qtype=lambda name: kinds.Q6_K if "attn_v" in name or "ffn_down" in name else kinds.Q4_K)
     llm = LLM(model=path)
     assert type(llm.engine.model.layers[0].qkv).__name__ == "ConcatLinear"
+    one_call, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
+    assert one_call == layered and calls == 11
+
+
+def test_a_bf16_file_runs_its_bf16_linears_in_one_call(tmp_path, monkeypatch):
+    path = tmp_path / "tiny-bf16.gguf"
+    write_tiny_gguf(path, qtype=lambda name: gguf.GGMLQuantizationType.BF16)
+    llm = LLM(model=path)  # auto: bf16-fp32 on rooftop's kernel
+    assert type(llm.engine.model.layers[0].o).__name__ == "Bf16Linear"
     one_call, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
     assert one_call == layered and calls == 11
 

@@ -183,8 +183,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("data"), py::arg("streams") = 1);
   // module_local: builds for other flags (the tests' portable and AVX2 ones, kernel_ab's) load beside this one
   py::class_<DecodeLayers>(m, "DecodeLayers", py::module_local(),
-                           "a dense model's decoder layers whose linears are all tiled, for decode steps")
-      .def(py::init([](std::vector<std::vector<TiledWeights>> linears, std::vector<at::Tensor> norms,
+                           "a dense model's decoder layers whose linears are all tiled or bfloat16, for decode steps")
+      .def(py::init([](std::vector<std::vector<LinearPart>> linears, std::vector<at::Tensor> norms,
                        std::vector<c10::optional<at::Tensor>> qk_norms, at::Tensor cos, at::Tensor signed_sin,
                        int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps) {
              return DecodeLayers{linears, norms, qk_norms, cos, signed_sin, heads, kv_heads, head_dim, scale, eps};

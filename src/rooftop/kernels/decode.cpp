@@ -27,18 +27,18 @@ at::Tensor timed(double* clock, OpClass which, Call&& call) {
   return result;
 }
 
-// in @ W^T (+ residual) for a linear of one tiled part, or of several (a fused projection whose parts a file stores
-// in different formats): each part's outputs side by side, then the residual added, as quant/linear.py's
+// in @ W^T (+ residual) for a linear of one part, tiled or bfloat16, or of several (a fused projection whose parts a
+// file stores in different formats): each part's outputs side by side, then the residual added, as quant/linear.py's
 // ConcatLinear has them.
-at::Tensor linear(const std::vector<TiledWeights>& parts, const at::Tensor& in, const c10::optional<at::Tensor>& residual) {
-  const auto part = [&](const TiledWeights& w, const c10::optional<at::Tensor>& res) {
+at::Tensor linear(const std::vector<LinearPart>& parts, const at::Tensor& in, const c10::optional<at::Tensor>& residual) {
+  const auto part = [&](const LinearPart& w, const c10::optional<at::Tensor>& res) {
     const auto& [q, dm, format, n, bias] = w;
-    return tiled_linear(in, q, dm, format, n, bias, res, false);
+    return dm ? tiled_linear(in, q, *dm, format, n, bias, res, false) : bf16_linear(in, q, bias, res, false);
   };
   if (parts.size() == 1) return part(parts[0], residual);
   std::vector<at::Tensor> outs;
   int64_t width = 0;
-  for (const TiledWeights& w : parts) {
+  for (const LinearPart& w : parts) {
     outs.push_back(part(w, c10::nullopt));
     width += std::get<3>(w);
   }
@@ -74,7 +74,7 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
   TORCH_CHECK(!seconds || (seconds->scalar_type() == at::kDouble && seconds->numel() == 3 && seconds->is_contiguous()),
               "seconds must be 3 contiguous float64: linears, attention, elementwise");
   double* clock = seconds ? seconds->data_ptr<double>() : nullptr;
-  const auto project = [&](const std::vector<TiledWeights>& parts, const at::Tensor& in,
+  const auto project = [&](const std::vector<LinearPart>& parts, const at::Tensor& in,
                            const c10::optional<at::Tensor>& residual) {
     return timed(clock, LINEARS, [&] { return linear(parts, in, residual); });
   };
@@ -82,7 +82,7 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
     return timed(clock, ELEMENTWISE, [&] { return rms_norm(in, weight, eps); });
   };
   for (size_t l = 0; l < layers; ++l) {
-    const std::vector<TiledWeights>* w = &linears[4 * l];
+    const std::vector<LinearPart>* w = &linears[4 * l];
     at::Tensor qkv = project(w[0], norm(x, norms[2 * l]), c10::nullopt);
     const at::Tensor attended = timed(clock, ATTENTION, [&] {
       rope_(qkv, heads + kv_heads, head_dim, positions, cos, signed_sin, qk_norms[l], eps);

@@ -42,12 +42,14 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> tiled_shapes(int64_t forma
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                        const c10::optional<at::Tensor>& residual, bool loops);
 
-// One tiled linear as tiled_linear takes it: q, dm, format, output features, bias.
-using TiledWeights = std::tuple<at::Tensor, at::Tensor, int64_t, int64_t, c10::optional<at::Tensor>>;
+// One linear's weights: tiled (q, dm, format, output features, bias) as tiled_linear takes them, or bfloat16 (the
+// weight, no dm, format -1, output features, bias) as bf16_linear does.
+using LinearPart = std::tuple<at::Tensor, c10::optional<at::Tensor>, int64_t, int64_t, c10::optional<at::Tensor>>;
 
-// A dense model's decoder layers whose linears are all tiled, run for a step of decodes in one call (decode.cpp).
+// A dense model's decoder layers whose linears are all tiled or bfloat16, run for a step of decodes in one call
+// (decode.cpp).
 struct DecodeLayers {
-  std::vector<std::vector<TiledWeights>> linears;  // per layer: qkv, o, gate_up, down, each of one or more parts
+  std::vector<std::vector<LinearPart>> linears;  // per layer: qkv, o, gate_up, down, each of one or more parts
   std::vector<at::Tensor> norms;  // per layer: attention's, then the MLP's; last, the model's final norm
   std::vector<c10::optional<at::Tensor>> qk_norms;  // per layer: Qwen3's q and k norms, or none
   at::Tensor cos, signed_sin;  // RoPE's tables

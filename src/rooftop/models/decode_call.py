@@ -3,7 +3,8 @@
 Layer by layer, a decode step is some ten kernel calls a layer from Python, and between them the interpreter's code
 and objects come back from memory cold: each linear's weights have just streamed through the caches. Where every
 layer is the dense decoder block on the CPU kernels (`KernelOps`) and every linear runs in tiles (a GGUF's block
-formats, `--weights int8` or `int4`), a step whose rows are all decodes runs the same kernels in the same order with
+formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under `auto`), a step
+whose rows are all decodes runs the same kernels in the same order with
 the same arguments from one C++ call, so each row's result is the same bits either way (docs/PERFORMANCE.md has
 what it saves). Other models, prefill chunks and widened rows go layer by layer. The calibration's op timer reads
 each op's time from the call's own clocks (`seconds`)."""
@@ -19,7 +20,7 @@ from rooftop.models.blocks import DecoderBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVPool
 from rooftop.models.mlp import DenseMLP
 from rooftop.models.ops import KernelOps, Ops
-from rooftop.quant.linear import ConcatLinear, TiledLinear
+from rooftop.quant.linear import Bf16Linear, ConcatLinear, TiledLinear
 from rooftop.quant.rows import RowPlan
 
 
@@ -54,22 +55,30 @@ class DecodeCall:
         )
 
 
+def kernel_part(linear: TiledLinear | Bf16Linear) -> tuple:
+    """A linear as kernels/decode.cpp's LinearPart: tiled, or bfloat16 (no dm, format -1)."""
+    if isinstance(linear, Bf16Linear):
+        return linear.weight, None, -1, linear.weight.shape[0], linear.bias
+    return linear.q, linear.dm, linear.kernel_format, linear.out_features, linear.bias
+
+
 def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> DecodeCall | None:
     """The one call for these layers, or None where a step goes layer by layer: a model split over ranks (`split`),
     off the CPU kernels, with another block than the dense decoder (mixture of experts, linear attention), or with a
-    linear that is not tiled, alone or as every part of a fused projection (float or bf16 weights)."""
+    linear that runs neither in tiles nor in bfloat16 on rooftop's kernel, alone or as a part of a fused projection
+    (float32 weights)."""
     if split or not isinstance(ops, KernelOps):
         return None
     if not all(type(layer) is DecoderBlock and type(layer.mlp) is DenseMLP for layer in layers):
         return None
     linears = [lin for layer in layers for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)]
     parts = [lin.parts if isinstance(lin, ConcatLinear) else [lin] for lin in linears]
-    if not all(isinstance(part, TiledLinear) for each in parts for part in each):
+    if not all(isinstance(part, TiledLinear | Bf16Linear) for each in parts for part in each):
         return None
     c = ops.config
     return DecodeCall(
         ops.kernels.DecodeLayers(
-            [[(p.q, p.dm, p.kernel_format, p.out_features, p.bias) for p in each] for each in parts],
+            [[kernel_part(p) for p in each] for each in parts],
             [n for layer in layers for n in (layer.attn_norm, layer.mlp_norm)] + [norm],
             [layer.qk_norm for layer in layers],
             ops.cos,
