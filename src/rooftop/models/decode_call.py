@@ -4,10 +4,10 @@ Layer by layer, a decode step is some ten kernel calls a layer from Python, and 
 and objects come back from memory cold: each linear's weights have just streamed through the caches. Where every
 layer is the dense decoder block on the CPU kernels (`KernelOps`) and every linear runs in tiles (a GGUF's block
 formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under `auto`), a step
-whose rows are all decodes runs the same kernels in the same order with
-the same arguments from one C++ call, so each row's result is the same bits either way (docs/PERFORMANCE.md has
-what it saves). Other models, prefill chunks and widened rows go layer by layer. The calibration's op timer reads
-each op's time from the call's own clocks (`seconds`)."""
+whose rows are all decodes runs the same kernels in the same order with the same arguments from one C++ call, so
+each row's result is the same bits either way (docs/PERFORMANCE.md has what it saves). Other models, prefill chunks
+and widened rows go layer by layer. The calibration's op timer reads each op's time from the call's own clocks
+(`seconds`)."""
 
 from __future__ import annotations
 
