@@ -1,5 +1,5 @@
-"""benchmarks/make_gguf.py: random-weight GGUFs of the presets, read back by rooftop (Q8_0, Q4_0: the types it
-loads) and by gguf's reader and dequantizers (the K-quant mixes, tensor by tensor)."""
+"""benchmarks/make_gguf.py: random-weight GGUFs of the presets (dense, MoE, hybrid), read back by rooftop, by gguf's
+reader and dequantizers (the K-quant mixes, tensor by tensor) and, where the bench extra is installed, by llama.cpp."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from rooftop.config import LinearAttention
 from rooftop.loading.bundled import bundled_model_path
 from rooftop.loading.gguf_file import read_gguf
 from rooftop.loading.model_files import load_model
@@ -148,10 +149,97 @@ def test_vocabulary_pads_and_cuts_cleanly():
         make_gguf.smollm2_vocabulary(100)
 
 
-@pytest.mark.parametrize("preset, kind", [("qwen3-30b-a3b", "MoE"), ("qwen3.6-27b", "hybrid")])
-def test_refuses_models_it_cannot_lay_out(preset, kind):
-    with pytest.raises(SystemExit, match=f"a {kind} model"):
-        make_gguf.model_config(preset, None, None)
+def small_moe():
+    """Qwen3-30B-A3B's layout (q/k norms, untied output, top-k renormalized) at 8 experts of 256, 2 per token."""
+    config = small_config("qwen3-30b-a3b", layers=2)
+    config.head_dim, config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size = 64, 8, 2, 256
+    return config
+
+
+def small_hybrid():
+    """Qwen3.6-27B's layout (three Gated DeltaNet layers, then gated full attention with a quarter of its head
+    rotated) at small shapes; llama.cpp's qwen35 takes the DeltaNet's key and value heads of one size."""
+    config = small_config("qwen3.6-27b", layers=4)
+    config.head_dim = 64
+    config.linear_attention = LinearAttention(
+        num_key_heads=2, num_value_heads=4, key_head_dim=64, value_head_dim=64, conv_kernel_dim=4
+    )
+    return config
+
+
+def test_an_moe_file_stacks_each_layers_experts_and_keeps_the_router_f32(tmp_path):
+    config, path = small_moe(), tmp_path / "moe.gguf"
+    counts = make_gguf.write_gguf(config, "q4_k_m", path)
+    r = gguf.GGUFReader(path)
+    assert r.fields["general.architecture"].contents() == "qwen3moe"
+    meta = {
+        k: r.fields[f"qwen3moe.{k}"].contents()
+        for k in ("expert_count", "expert_used_count", "expert_feed_forward_length")
+    }
+    assert meta == {"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 256}
+    tensors = {t.name: t for t in r.tensors}
+    assert tensors["blk.1.ffn_gate_exps.weight"].shape.tolist() == [256, 256, 8]  # GGUF's order: row length first
+    types = {name: T(t.tensor_type) for name, t in tensors.items()}
+    assert types["blk.0.ffn_gate_inp.weight"] == T.F32 and types["blk.0.ffn_up_exps.weight"] == T.Q4_K
+    # the last layer's down projections widened as a dense ffn_down is (use_more_bits), and the output
+    assert [types[f"blk.{i}.ffn_down_exps.weight"] for i in (0, 1)] == [T.Q4_K, T.Q6_K]
+    assert counts == {"Q4_K": 13, "Q6_K": 3, "F32": 11}
+    loaded = load_model(path)
+    c = loaded.config
+    assert (c.architecture, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == ("qwen3_moe", 8, 2, 256)
+    stack = make_gguf.values(make_gguf.Tensor("blk.1.ffn_down_exps.weight", (8, 256, 256)), 0)
+    down = as_float(loaded.weights["model.layers.1.mlp.experts.5.down_proj.weight"])
+    assert rms(down - stack[5]) < 0.03 * rms(stack[5])  # Q6_K of expert 5's own slice
+    router = make_gguf.values(make_gguf.Tensor("blk.0.ffn_gate_inp.weight", (8, 256)), 0)
+    np.testing.assert_array_equal(as_float(loaded.weights["model.layers.0.mlp.gate.weight"]), router)
+
+
+def test_a_hybrid_file_has_qwen35s_layers_and_keys(tmp_path):
+    config, path = small_hybrid(), tmp_path / "hybrid.gguf"
+    counts = make_gguf.write_gguf(config, "q4_k_m", path)
+    r = gguf.GGUFReader(path)
+    key = lambda k: r.fields[f"qwen35.{k}"].contents()  # noqa: E731
+    assert (key("full_attention_interval"), key("rope.dimension_count"), key("rope.dimension_sections")) == (
+        4,
+        16,
+        [3, 3, 2, 0],
+    )
+    assert (key("ssm.group_count"), key("ssm.time_step_rank"), key("ssm.state_size"), key("ssm.inner_size")) == (
+        2,
+        4,
+        64,
+        256,
+    )
+    types = {t.name: T(t.tensor_type) for t in r.tensors}
+    assert types["blk.0.ssm_conv1d.weight"] == types["blk.0.ssm_a"] == T.F32
+    assert types["blk.0.attn_qkv.weight"] == T.Q5_K  # one type up in a Q4_K_M, as llama.cpp's mix has it
+    assert "blk.2.attn_q.weight" not in types and "blk.3.attn_qkv.weight" not in types
+    assert counts == {"Q4_K": 26, "F32": 23, "Q6_K": 4, "Q5_K": 3}
+    c = load_model(path).config
+    assert c.layer_types == ["linear_attention"] * 3 + ["full_attention"] and c.attn_output_gate
+    assert (c.partial_rotary_factor, c.linear_attention) == (0.25, config.linear_attention)
+    from rooftop import LLM, SamplingParams
+
+    out = LLM(model=str(path)).generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert len(out[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("layout", [small_moe, small_hybrid])
+def test_llama_cpp_and_rooftop_read_the_file_alike(tmp_path, layout):
+    """The same F32 file through llama.cpp (the bench extra) and rooftop: the same next-token log-probabilities,
+    so the layout is the one llama.cpp's converter writes."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from rooftop import LLM, SamplingParams
+
+    path = tmp_path / "m.gguf"
+    make_gguf.write_gguf(layout(), "f32", path)
+    ids = list(range(40, 80))
+    peer = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=64, verbose=False, n_threads=2)
+    peer.eval(ids)
+    expected = torch.log_softmax(torch.tensor(peer.scores[len(ids) - 1]), -1)
+    params = SamplingParams(max_tokens=1, temperature=0, logprobs=10)
+    got = LLM(model=str(path)).generate([ids], params)[0].logprobs[0]
+    assert max(abs(expected[t].item() - got[t].logprob) for t in got) < 1e-3  # 2e-4 observed
 
 
 @pytest.mark.parametrize("qtype, name", [("q4_k_m", "q4_k+q6_k"), ("q4_k", "q4_k"), ("q2_k", "q2_k")])
