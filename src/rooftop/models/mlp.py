@@ -86,6 +86,27 @@ class SparseMoE:
     def __call__(self, x: torch.Tensor, ops: Ops, plan: RowPlan, residual: torch.Tensor) -> torch.Tensor:
         """residual + the experts' weighted sum for rows x (T, hidden), each expert on its own rows."""
         routing = route(x, self.router, self.top_k, self.normalize, plan)
+        out = self._one_row(x, routing, ops, plan) if len(x) == 1 else self._by_expert(x, routing, ops, plan)
+        if self.shared is not None:
+            gate = rowwise(torch.sigmoid, self.shared_gate(x.float(), plan=plan))
+            out = out + gate.to(x.dtype) * self.shared(x, ops, plan, residual=None)
+        return residual + out  # as transformers adds them: the experts' sum first
+
+    def _one_row(self, x: torch.Tensor, routing: Routing, ops: Ops, plan: RowPlan) -> torch.Tensor:
+        """One token (a decode at batch 1): its k experts straight on it, in ascending expert order as
+        `_by_expert` adds them, so the same sum bit for bit without regrouping rows (which cost a 1B-class MoE
+        layer more host time than its experts' reads, docs/PERFORMANCE.md)."""
+        experts = routing.experts[0].tolist()
+        out = torch.zeros_like(x)
+        for slot in sorted(range(self.top_k), key=experts.__getitem__):
+            y = self.experts[experts[slot]](x, ops, plan, residual=None)
+            out += y * routing.weights[0, slot].to(y.dtype)
+        self.touched = self.top_k
+        return out
+
+    def _by_expert(self, x: torch.Tensor, routing: Routing, ops: Ops, plan: RowPlan) -> torch.Tensor:
+        """Each expert once on the rows routed to it (its weights read once a step), its weighted output added
+        into those rows."""
         flat = routing.experts.reshape(-1)
         pairs_by_expert = torch.argsort(flat, stable=True)  # (row, slot) pairs grouped by expert, rows ascending
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
@@ -104,10 +125,7 @@ class SparseMoE:
             y = self.experts[e](x[rows], ops, sub_plan, residual=None)
             out.index_add_(0, rows, y * weights[:, None].to(y.dtype))
         self.touched = sum(1 for c in counts if c)
-        if self.shared is not None:
-            gate = rowwise(torch.sigmoid, self.shared_gate(x.float(), plan=plan))
-            out = out + gate.to(x.dtype) * self.shared(x, ops, plan, residual=None)
-        return residual + out  # as transformers adds them: the experts' sum first
+        return out
 
     def linears(self) -> list[Linear]:
         shared = self.shared.linears() if self.shared else []
