@@ -1,5 +1,5 @@
 """bfloat16 weights with float32 activations (kernels/bf16.cpp, quant.linear.Bf16Linear): the kernel's fixed order on
-every path and at any row count, its product against float64, the linear's narrow and widened paths, and a bf16
+every path and at any row count (float32 weights too, an MoE router's), its product against float64, the linear's narrow and widened paths, and a bf16
 checkpoint run as bf16-fp32 under `auto` against transformers on the same file."""
 
 from pathlib import Path
@@ -61,6 +61,22 @@ def test_bad_inputs_are_refused_with_the_reason():
         kernels.bf16_linear(x[:, :32].contiguous(), w)
     with pytest.raises(RuntimeError, match="K must be a multiple of 32"):
         kernels.bf16_linear(torch.ones(2, 48), torch.ones(16, 48).bfloat16())
+
+
+def test_float32_weights_take_the_same_order():
+    """f32_linear (an MoE router's kernel) loads float32 weights where bf16_linear widens bfloat16 ones, and sums
+    in the same order: its plain loops' bits, a row alone as among others, and bf16_linear's bits on weights that
+    are bfloat16 values."""
+    w, x, bias, res = bf16_case(40, 2080, 9, 7)
+    full = w.float() + torch.randn(w.shape, generator=torch.Generator().manual_seed(8)) * 1e-3  # not bf16 values
+    got = kernels.f32_linear(x, full, bias, res)
+    assert torch.equal(got, kernels.f32_linear(x, full, bias, res, loops=True))
+    assert torch.equal(got, torch.cat([kernels.f32_linear(x[i : i + 1], full, bias, res[i : i + 1]) for i in range(9)]))
+    exact = x.double() @ full.double().T + bias.double() + res.double()
+    assert (got.double() - exact).abs().max() < 1e-5 * (x.double().abs() @ full.double().abs().T).max()
+    assert torch.equal(kernels.f32_linear(x, w.float(), bias, res), kernels.bf16_linear(x, w, bias, res))
+    with pytest.raises(RuntimeError, match="w must be contiguous float32"):
+        kernels.f32_linear(x, w)
 
 
 def test_the_linear_runs_narrow_rows_on_the_kernel_and_widens_planned_chunks():

@@ -396,6 +396,8 @@ def test_the_avx2_dot_products_match_vnni():
     gen = torch.Generator().manual_seed(21)  # bfloat16 weights: the sums in 256-bit halves, the same bits
     w, x = torch.randn(37, 2080, generator=gen).bfloat16(), torch.randn(6, 2080, generator=gen)
     assert torch.equal(avx2.bf16_linear(x, w), kernels.bf16_linear(x, w))
+    w = torch.randn(37, 2080, generator=gen)  # float32 weights (a router's): their halves reordered, the same sums
+    assert torch.equal(avx2.f32_linear(x, w), kernels.f32_linear(x, w))
     for call in decode_attention_calls():  # the same integer dots, and the same FMAs per output float at any width
         assert torch.equal(call(avx2), call(kernels))
 
@@ -437,6 +439,7 @@ def test_the_portable_loops_match_the_vector_kernels():
     res = x[:, :48].contiguous()
     bias = w[1, :48].contiguous()
     assert torch.equal(portable.bf16_linear(x, bf16, bias, res), kernels.bf16_linear(x, bf16, bias, res))
+    assert torch.equal(portable.f32_linear(x, w, bias, res), kernels.f32_linear(x, w, bias, res))
     for module_call in (
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),

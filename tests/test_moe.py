@@ -132,6 +132,27 @@ def test_one_token_takes_its_experts_straight_with_the_regrouped_sum(tiny, weigh
         assert torch.equal(alone, moe._by_expert(x, routing, ops, RowPlan()))
 
 
+def test_the_router_runs_narrow_rows_on_the_kernel_and_chunks_as_one_matmul(tiny):
+    """The router's logits pick the experts: a decode's rows run rooftop's fixed-order kernel on the float32
+    weights (a row's logits never depend on the batch), a prefill chunk the float32 matmul; both are the float32
+    product of the checkpoint's router within float32 rounding."""
+    from rooftop.kernels import cpu
+    from rooftop.quant.linear import RouterLinear, float_product
+
+    router = build_model(load_model(tiny[0]), torch.float32, "cpu", "int8").layers[0].mlp.router
+    assert isinstance(router, RouterLinear) and router.weight.dtype == torch.float32
+    x = torch.randn(WIDEN_ROWS + 3, CONFIG["hidden_size"], generator=torch.Generator().manual_seed(1))
+    reference = x.double() @ router.weight.double().T
+    narrow = router(x)
+    assert torch.equal(narrow, cpu.ops().f32_linear(x, router.weight))
+    assert torch.equal(narrow[:1], router(x[:1]))
+    planned = router(x, plan=RowPlan((WIDEN_ROWS,)))
+    assert torch.equal(planned[:WIDEN_ROWS], float_product(x[:WIDEN_ROWS], router.weight, None))
+    assert torch.equal(planned[WIDEN_ROWS:], narrow[WIDEN_ROWS:])
+    for got in (narrow, planned):
+        torch.testing.assert_close(got.double(), reference, atol=1e-5, rtol=1e-5)
+
+
 def test_quantized_experts_run_on_the_kernels(tiny):
     path, _ = tiny
     ids = load_model(path).tokenizer.encode(PROMPT)

@@ -179,6 +179,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_linear", &bf16_linear, "x @ bfloat16 weights^T (+bias) (+residual), float32, in a fixed order",
         py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("residual") = py::none(),
         py::arg("loops") = false);
+  m.def("f32_linear", &f32_linear, "x @ float32 weights^T (+bias) (+residual), in bf16_linear's fixed order",
+        py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("residual") = py::none(),
+        py::arg("loops") = false);
   m.def("stream_read", &stream_read, "the sum of a uint8 tensor's 64-bit words, read as the tiled linears read",
         py::arg("data"), py::arg("streams") = 1);
   // module_local: builds for other flags (the tests' portable and AVX2 ones, kernel_ab's) load beside this one

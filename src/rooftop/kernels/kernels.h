@@ -38,9 +38,11 @@ void tile_blocks(const std::vector<at::Tensor>& parts, const c10::optional<at::T
                  at::Tensor& q, at::Tensor& dm);
 std::pair<std::vector<int64_t>, std::vector<int64_t>> tiled_shapes(int64_t format, int64_t n, int64_t k);
 
-// bfloat16 weights, float32 activations (bf16.cpp).
+// bfloat16 or float32 weights, float32 activations, in one fixed order (bf16.cpp).
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                        const c10::optional<at::Tensor>& residual, bool loops);
+at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                      const c10::optional<at::Tensor>& residual, bool loops);
 
 // One linear's weights: tiled (q, dm, format, output features, bias) as tiled_linear takes them, or bfloat16 (the
 // weight, no dm, format -1, output features, bias) as bf16_linear does.

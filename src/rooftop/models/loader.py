@@ -28,7 +28,7 @@ from rooftop.models.parallel import (
 from rooftop.models.rope import cos_sin_table
 from rooftop.models.tensors import Tensors
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import FloatLinear, embedding_table, weight_policy
+from rooftop.quant.linear import embedding_table, router_linear, weight_policy
 from rooftop.quant.weights import Weight, to_float
 
 
@@ -79,12 +79,12 @@ def _moe(t: Tensors, c: ModelConfig, p: str) -> SparseMoE:
     """The router in float32 (its logits pick the experts: rounding them would change which run) and each expert's
     gate/up and down in the model's weight format."""
     d = c.hidden_size
-    router = FloatLinear(to_float(t.take(p + "gate.weight", (c.num_experts, d))).to(t.device).float().contiguous())
+    router = router_linear(to_float(t.take(p + "gate.weight", (c.num_experts, d))).to(t.device))
     experts = [_dense_mlp(t, f"{p}experts.{e}.", d, c.moe_intermediate_size) for e in range(c.num_experts)]
     if not c.shared_expert_intermediate_size:
         return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob)
     shared = _dense_mlp(t, p + "shared_expert.", d, c.shared_expert_intermediate_size)
-    gate = FloatLinear(to_float(t.take(p + "shared_expert_gate.weight", (1, d))).to(t.device).float().contiguous())
+    gate = router_linear(to_float(t.take(p + "shared_expert_gate.weight", (1, d))).to(t.device))
     return SparseMoE(router, experts, c.num_experts_per_tok, c.norm_topk_prob, shared, gate)
 
 

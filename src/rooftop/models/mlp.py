@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rooftop.models.ops import Ops, rowwise
-from rooftop.quant.linear import NARROW, WIDEN_ROWS, FloatLinear, Linear, RowPlan
+from rooftop.quant.linear import NARROW, WIDEN_ROWS, FloatLinear, Linear, RouterLinear, RowPlan
 
 
 @dataclass
@@ -40,7 +40,9 @@ class Routing:
     weights: torch.Tensor
 
 
-def route(x: torch.Tensor, router: FloatLinear, top_k: int, normalize: bool, plan: RowPlan = NARROW) -> Routing:
+def route(
+    x: torch.Tensor, router: RouterLinear | FloatLinear, top_k: int, normalize: bool, plan: RowPlan = NARROW
+) -> Routing:
     """Softmax over the router's float32 logits, the top k, renormalized to sum to 1 when `normalize`
     (norm_topk_prob). The logits go by the step's plan like any float linear: a row's do not depend on its
     neighbours, so neither do its experts."""
@@ -75,12 +77,12 @@ class SparseMoE:
     experts' linears in the model's weight format. `touched`: how many distinct experts the last call ran (the
     engine's step record)."""
 
-    router: FloatLinear
+    router: RouterLinear | FloatLinear
     experts: list[DenseMLP]
     top_k: int
     normalize: bool
     shared: DenseMLP | None = None  # Qwen3-Next: an expert every token takes, scaled by sigmoid(shared_gate(x))
-    shared_gate: FloatLinear | None = None  # hidden -> 1
+    shared_gate: RouterLinear | FloatLinear | None = None  # hidden -> 1
     touched: int = 0
 
     def __call__(self, x: torch.Tensor, ops: Ops, plan: RowPlan, residual: torch.Tensor) -> torch.Tensor:

@@ -291,6 +291,43 @@ class Bf16Linear:
         return cls(w.to(torch.bfloat16).contiguous(), _bias(bias))
 
 
+@dataclass
+class RouterLinear:
+    """A mixture of experts' float32 router (and Qwen3-Next's shared-expert gate): a small matrix (128 x 2048)
+    whose logits pick a layer's experts. oneDNN's matmul on its packed copy read one at ~9 GB/s in a decode step,
+    where the experts' tiles streamed at the memory's rate (docs/PERFORMANCE.md). Narrow rows run rooftop's
+    fixed-order kernel on the weights as they are (kernels/bf16.cpp's loops with float32 loads: a row's logits
+    never depend on the other rows); a widened group (a prefill chunk) runs the float32 matmul on the same weights,
+    as `Bf16Linear`'s widened groups do."""
+
+    weight: torch.Tensor  # (N, K) float32
+    format: ClassVar[str] = "fp32"
+    widen_rows: ClassVar[int | None] = None  # float weights: nothing to widen
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None, plan: RowPlan = NARROW) -> torch.Tensor:
+        def wide(rows: torch.Tensor, res: torch.Tensor | None) -> torch.Tensor:
+            return with_residual(_like(float_product(_float_rows(rows), self.weight, None), rows), res)
+
+        return by_plan(x, residual, plan, wide, self.narrow)
+
+    def narrow(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        res = None if residual is None else _float_rows(residual)
+        return _like(cpu.ops().f32_linear(_float_rows(x), self.weight, None, res), x)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+
+def router_linear(w: torch.Tensor) -> RouterLinear | FloatLinear:
+    """An MoE layer's router in float32: on rooftop's kernel where it runs (the CPU, inputs a multiple of 32),
+    else a `FloatLinear`."""
+    w = w.float().contiguous()
+    if w.device.type == "cpu" and w.shape[1] % GROUP == 0 and cpu.ops() is not None:
+        return RouterLinear(w)
+    return FloatLinear(w)
+
+
 def runs_bf16(w: torch.Tensor) -> bool:
     """Whether `auto` holds a float linear as `Bf16Linear`: on the CPU with rooftop's kernels, a matrix (inputs a
     multiple of 32) in bfloat16, as a bf16 checkpoint's are read, or in float32 with every value a bfloat16."""
@@ -588,6 +625,7 @@ class ConcatLinear:
 Linear = (
     FloatLinear
     | Bf16Linear
+    | RouterLinear
     | Int8Linear
     | Int4Linear
     | Fp16Linear
