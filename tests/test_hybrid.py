@@ -78,6 +78,36 @@ def test_a_batch_of_one_token_sequences_is_each_alone():
         assert torch.equal(out[b], one[0]) and torch.equal(new[b], state)
 
 
+def test_the_decode_kernel_updates_each_state_in_place_as_the_rule_does():
+    """kernels/delta_rule.cpp: a step's decodes, each state read and written in place at its pool slot; the rule's
+    outputs and states within float32 rounding over steps, the other slots untouched, a sequence's bits the same
+    alone or among others, and a slot outside the pool refused."""
+    from rooftop.kernels import cpu
+
+    kernels = cpu.ops()
+    if kernels is None:
+        pytest.skip("rooftop's CPU kernels did not build on this machine")
+    gen = torch.Generator().manual_seed(3)
+    pool = torch.randn(4, 4, 16, 24, generator=gen) * 0.1
+    reference, slots = pool.clone(), torch.tensor([3, 1])
+    for step in range(6):
+        q, k, v, g, beta, _ = random_rule_inputs(2, seed=10 + step)
+        q, k = delta_net.l2norm(q) * 16**-0.5, delta_net.l2norm(k)
+        out = kernels.delta_rule_decode(q, k, v, g, beta, pool, slots)
+        expected, reference[slots] = delta_net.recurrent(q, k, v, g, beta, reference[slots])
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(pool, reference, atol=1e-6, rtol=1e-5)
+    assert torch.equal(pool[[0, 2]], reference[[0, 2]])
+    alone, together = pool.clone(), pool.clone()
+    one = kernels.delta_rule_decode(q[:1], k[:1], v[:1], g[:1], beta[:1], alone, slots[:1])
+    both = kernels.delta_rule_decode(q, k, v, g, beta, together, slots)
+    assert torch.equal(one[0], both[0]) and torch.equal(alone[3], together[3])
+    with pytest.raises(RuntimeError, match="slot 4 is outside the pool's 4"):
+        kernels.delta_rule_decode(q, k, v, g, beta, pool, torch.tensor([4, 0]))
+    with pytest.raises(RuntimeError, match="slot 1 given twice"):
+        kernels.delta_rule_decode(q, k, v, g, beta, pool, torch.tensor([1, 1]))
+
+
 def test_the_convolution_carries_its_state_across_pieces():
     gen = torch.Generator().manual_seed(3)
     x, weight = torch.randn(20, 8, generator=gen), torch.randn(8, 4, generator=gen)

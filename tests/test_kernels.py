@@ -440,6 +440,18 @@ def test_the_portable_loops_match_the_vector_kernels():
     bias = w[1, :48].contiguous()
     assert torch.equal(portable.bf16_linear(x, bf16, bias, res), kernels.bf16_linear(x, bf16, bias, res))
     assert torch.equal(portable.f32_linear(x, w, bias, res), kernels.f32_linear(x, w, bias, res))
+    states = [
+        w.flatten()[: 5 * 2 * 16 * 48].reshape(5, 2, 16, 48).clone() for _ in range(2)
+    ]  # the delta rule's loops, vectorized or not
+    rule = (
+        x[:, :32].reshape(5, 2, 16).contiguous(),
+        x[:, 32:64].reshape(5, 2, 16).contiguous(),
+        x[:, 64:160].reshape(5, 2, 48).contiguous(),
+    )
+    gates = (-x[:, 160:162].abs().contiguous(), x[:, 162:164].sigmoid().contiguous())
+    slots = torch.tensor([4, 0, 3, 1, 2])
+    outs = [k.delta_rule_decode(*rule, *gates, s, slots) for k, s in zip((portable, kernels), states, strict=True)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(states[0], states[1])
     for module_call in (
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),

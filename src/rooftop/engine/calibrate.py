@@ -131,7 +131,8 @@ class OpTimer:
         ops = llm.model.ops
         patches = [(cls, "__call__", "linears") for cls in LINEAR_CLASSES]
         patches += [(ops, "attention", "attention"), (ops, "rms_norm", "elementwise"), (ops, "silu_mul", "elementwise")]
-        patches += [(ops, "paged_attention", "attention"), (delta_net, "gated_rms_norm", "elementwise")]
+        patches += [(ops, "paged_attention", "attention"), (ops, "delta_rule_decode", "attention")]
+        patches += [(delta_net, "gated_rms_norm", "elementwise")]
         patches += [(delta_net, name, "attention") for name in ("causal_conv", "chunked", "recurrent")]
         if (tp := llm.model.tp) is not None:
             patches += [(tp, "all_reduce", "communication"), (tp, "gather", "communication")]

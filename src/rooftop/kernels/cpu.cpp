@@ -182,6 +182,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("f32_linear", &f32_linear, "x @ float32 weights^T (+bias) (+residual), in bf16_linear's fixed order",
         py::arg("x"), py::arg("w"), py::arg("bias") = py::none(), py::arg("residual") = py::none(),
         py::arg("loops") = false);
+  m.def("delta_rule_decode", &delta_rule_decode,
+        "the gated delta rule's decode step: outputs (rows, heads, value dim), states updated in place at slots",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("states"), py::arg("slots"));
   m.def("stream_read", &stream_read, "the sum of a uint8 tensor's 64-bit words, read as the tiled linears read",
         py::arg("data"), py::arg("streams") = 1);
   // module_local: builds for other flags (the tests' portable and AVX2 ones, kernel_ab's) load beside this one

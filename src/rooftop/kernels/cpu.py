@@ -1,4 +1,4 @@
-"""rooftop's CPU kernels (cpu.cpp, attention.cpp, prefill_attention.cpp, tiles.cpp, repack.cpp, bf16.cpp), compiled for this machine on first use and cached by PyTorch.
+"""rooftop's CPU kernels (cpu.cpp, attention.cpp, prefill_attention.cpp, tiles.cpp, repack.cpp, bf16.cpp, decode.cpp, delta_rule.cpp), compiled for this machine on first use and cached by PyTorch.
 
 In PyTorch's eager ops a decode step of the bundled model was ~1,800 small operations around ~100 MB of 4-bit
 weights, at ~5-10 µs each from Python, and PyTorch's int4 kernel computes in emulated bfloat16: the step was bound
@@ -33,6 +33,7 @@ SOURCES = [
         "repack.cpp",
         "bf16.cpp",
         "decode.cpp",
+        "delta_rule.cpp",
     )
 ]
 HEADERS = [Path(__file__).with_name(name) for name in ("quantized.h", "tiles.h", "exp.h", "kernels.h")]

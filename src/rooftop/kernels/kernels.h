@@ -21,6 +21,10 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
                             int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
                             const c10::optional<at::Tensor>& v_scale);
 
+// The gated delta rule's decode step, each sequence's state updated in place in the layer's pool (delta_rule.cpp).
+at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                             const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots);
+
 // Prefill attention of one sequence's chunk over its cached and new keys, causal (prefill_attention.cpp).
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t cached,
                              double scale);

@@ -120,7 +120,7 @@ class DeltaNetBlock:
             window = torch.cat([conv_state[slots], mixed[rows].float()[:, :, None]], dim=-1)  # (B, channels, kernel)
             conv_state[slots] = window[..., 1:]
             y = rowwise(F.silu, (window * self.conv).sum(-1))
-            out[rows], state[slots] = delta_net.recurrent(*self.heads(y), g[rows], beta[rows], state[slots])
+            out[rows] = ops.delta_rule_decode(*self.heads(y), g[rows], beta[rows], state, slots)
         normed = delta_net.gated_rms_norm(out, z.reshape(out.shape), self.norm, self.eps).reshape(T, value_dim)
         x = self.out_proj(normed.to(x.dtype), residual=x, plan=plan)
         return self.mlp(ops.rms_norm(x, self.mlp_norm), ops, plan, residual=x)

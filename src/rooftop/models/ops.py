@@ -66,6 +66,14 @@ class TorchOps:
         models call it after their own norms and RoPE."""
         return paged_attention(q, k, v, k_pool, v_pool, meta)
 
+    def delta_rule_decode(self, q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """A step's decodes through a Gated DeltaNet layer, one token each (models/delta_net.py's recurrent form):
+        their states gathered from the layer's pool at `slots` and put back; the outputs (B, heads, value dim)."""
+        from rooftop.models import delta_net  # which imports this module's rowwise
+
+        out, states[slots] = delta_net.recurrent(q, k, v, g, beta, states[slots])
+        return out
+
 
 class KernelOps:
     """rooftop's CPU kernels (float32 on the CPU): norm and RoPE in place on q and k, decodes attend straight from
@@ -87,6 +95,12 @@ class KernelOps:
         """PyTorch's path, for the gated attention layers of hybrid models (which norm and rotate q and k
         themselves)."""
         return paged_attention(q, k, v, k_pool, v_pool, meta)
+
+    def delta_rule_decode(self, q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The same step in rooftop's kernel (kernels/delta_rule.cpp): each state updated in place in the pool,
+        read and written once a pass where PyTorch's form makes six tensors of it."""
+        q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+        return self.kernels.delta_rule_decode(q, k, v, g, beta, states, slots)
 
     def prefill_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cached: int) -> torch.Tensor:
         """A prefill chunk's causal attention in rooftop's kernel (kernels/prefill_attention.cpp: blocks past a
