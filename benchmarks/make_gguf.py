@@ -112,9 +112,9 @@ def tensor_type(tensor: Tensor, choice: str, layers: int, tied: bool) -> T:
     1-D tensors (norms, rope_freqs, a DeltaNet layer's A and dt bias) and the matrices of KEPT_F32 stay F32. A
     single type (--type q4_k) applies to every other matrix, as `llama-quantize --pure` does. The mixes follow
     llama_tensor_get_type for Q4_K_M and Q5_K_M: output.weight (or token_embd.weight where the embeddings are tied,
-    as llama.cpp treats it as the output) is Q6_K; attn_v and ffn_down (an MoE layer's stacked ffn_down_exps too)
-    are Q6_K in the layers use_more_bits picks; a DeltaNet layer's attn_qkv is one type up (Q5_K, Q6_K); every other
-    matrix is the base type (Q4_K or Q5_K). llama.cpp's further rules (for GQA ratios, 8-expert models, the falcon
+    as llama.cpp treats it as the output) is Q6_K; attn_v and ffn_down (an MoE layer's stacked ffn_down_exps too, and a
+    DeltaNet layer's attn_qkv, which llama.cpp classes with attn_v) are Q6_K in the layers use_more_bits picks;
+    every other matrix is the base type (Q4_K or Q5_K). llama.cpp's further rules (for GQA ratios, 8-expert models, the falcon
     architecture) are left out. A K-quant that needs whole 256-value super-blocks falls back as llama.cpp does where
     the rows are not, and to F16 where rows are not even whole 32-value blocks.
     """
@@ -125,11 +125,9 @@ def tensor_type(tensor: Tensor, choice: str, layers: int, tied: bool) -> T:
     else:
         qtype = MIXES[choice]
         is_output = tensor.name == "output.weight" or (tied and tensor.name == "token_embd.weight")
-        widened = tensor.name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight"))
+        widened = tensor.name.endswith(("attn_v.weight", "attn_qkv.weight", "ffn_down.weight", "ffn_down_exps.weight"))
         if is_output or (widened and use_more_bits(tensor.layer, layers)):
             qtype = T.Q6_K
-        elif tensor.name.endswith("attn_qkv.weight"):
-            qtype = {T.Q4_K: T.Q5_K, T.Q5_K: T.Q6_K}[qtype]
     k = tensor.shape[-1]
     if k % gguf.GGML_QUANT_SIZES[qtype][0]:
         qtype = NOT_WHOLE_SUPER_BLOCKS.get(qtype, qtype)

@@ -239,7 +239,7 @@ at::Tensor fixed_order_linear(const at::Tensor& x, const W* weights, int64_t n, 
     dot_any<1>(count, &row, xs + r0 * k, k, sums, loops);
     store(col, r0, count, sums);
   };
-  // weight rows per task: ~64 KiB of them, so a small matrix stays on one thread
+  // weight rows per task: 32 KiB of them, so a small matrix stays on one thread
   const int64_t grain = std::max<int64_t>(1, 32768 / (k * static_cast<int64_t>(sizeof(W))));
   at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
     if (loops) {

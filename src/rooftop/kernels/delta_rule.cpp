@@ -21,8 +21,8 @@
 // of one layer, updated in place at slots (B,) int64. Returns the outputs (B, H, dv).
 at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                              const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots) {
-  TORCH_CHECK(states.dim() == 4 && states.scalar_type() == at::kFloat && states.is_contiguous(),
-              "states must be contiguous float32 (slots, heads, key dim, value dim)");
+  TORCH_CHECK(states.dim() == 4 && states.scalar_type() == at::kFloat && states.is_contiguous() && states.device().is_cpu(),
+              "states must be contiguous float32 (slots, heads, key dim, value dim) on the CPU");
   const int64_t heads = states.size(1), dk = states.size(2), dv = states.size(3), rows = q.size(0);
   for (const at::Tensor* t : {&q, &k})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3 && t->size(0) == rows &&
@@ -35,7 +35,8 @@ at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at:
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows &&
                     t->size(1) == heads,
                 "g and beta must be contiguous float32 (rows, heads)");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == rows, "slots must be int64 (rows,)");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == rows && slots.is_contiguous(),
+              "slots must be contiguous int64 (rows,)");
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {  // each state is one sequence's, updated by one task
     TORCH_CHECK(slot[r] >= 0 && slot[r] < states.size(0), "slot ", slot[r], " is outside the pool's ", states.size(0));

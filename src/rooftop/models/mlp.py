@@ -88,7 +88,8 @@ class SparseMoE:
     def __call__(self, x: torch.Tensor, ops: Ops, plan: RowPlan, residual: torch.Tensor) -> torch.Tensor:
         """residual + the experts' weighted sum for rows x (T, hidden), each expert on its own rows."""
         routing = route(x, self.router, self.top_k, self.normalize, plan)
-        out = self._one_row(x, routing, ops, plan) if len(x) == 1 else self._by_expert(x, routing, ops, plan)
+        alone = len(x) == 1 and not plan.widen
+        out = self._one_row(x, routing, ops, plan) if alone else self._by_expert(x, routing, ops, plan)
         if self.shared is not None:
             gate = rowwise(torch.sigmoid, self.shared_gate(x.float(), plan=plan))
             out = out + gate.to(x.dtype) * self.shared(x, ops, plan, residual=None)
