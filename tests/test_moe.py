@@ -121,15 +121,20 @@ def test_batched_requests_get_what_they_get_alone(tiny, weights):
 @pytest.mark.parametrize("weights", ["float", "int8", "int4"])
 def test_one_token_takes_its_experts_straight_with_the_regrouped_sum(tiny, weights):
     """A lone row (a decode at batch 1) runs its k experts on itself, without the regrouping of rows by expert
-    that a batch needs: the same sum, bit for bit, in every weight format."""
+    that a batch needs: the same sum, bit for bit, in every weight format; where the experts run in tiles, in one
+    call to the kernels (RowExperts), the same bits as the Python loop."""
     model = build_model(load_model(tiny[0]), torch.float32, "cpu", weights)
     moe, ops = model.layers[1].mlp, model.ops
+    assert (moe.row is None) == (weights == "float")  # float32 experts: the loop
     for seed in range(4):
         x = torch.randn(1, CONFIG["hidden_size"], generator=torch.Generator().manual_seed(seed))
         routing = route(x, moe.router, moe.top_k, moe.normalize)
         alone = moe._one_row(x, routing, ops, RowPlan())
         assert moe.touched == CONFIG["num_experts_per_tok"]
         assert torch.equal(alone, moe._by_expert(x, routing, ops, RowPlan()))
+        row, moe.row = moe.row, None
+        assert torch.equal(alone, moe._one_row(x, routing, ops, RowPlan()))
+        moe.row = row
 
 
 def test_the_router_runs_narrow_rows_on_the_kernel_and_chunks_as_one_matmul(tiny):

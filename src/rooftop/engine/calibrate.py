@@ -33,6 +33,7 @@ from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError, RooftopError
 from rooftop.kernels import cpu, pages
 from rooftop.models import delta_net
+from rooftop.models.ops import KernelOps
 from rooftop.quant import linear as linears
 from rooftop.roofline import probe
 from rooftop.roofline.calibration import (
@@ -132,6 +133,8 @@ class OpTimer:
         patches = [(cls, "__call__", "linears") for cls in LINEAR_CLASSES]
         patches += [(ops, "attention", "attention"), (ops, "rms_norm", "elementwise"), (ops, "silu_mul", "elementwise")]
         patches += [(ops, "paged_attention", "attention"), (ops, "delta_rule_decode", "attention")]
+        if isinstance(ops, KernelOps):  # a lone MoE row's experts in one call: linears but for k SiLU-muls and adds
+            patches += [(ops, "experts_row", "linears")]
         patches += [(delta_net, "gated_rms_norm", "elementwise")]
         patches += [(delta_net, name, "attention") for name in ("causal_conv", "chunked", "recurrent")]
         if (tp := llm.model.tp) is not None:

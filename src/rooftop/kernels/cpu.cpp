@@ -203,6 +203,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("positions"), py::arg("slot_mapping"), py::arg("tables"), py::arg("lengths"), py::arg("block_size"),
            py::arg("k_pools"), py::arg("v_pools"), py::arg("k_scales"), py::arg("v_scales"),
            py::arg("seconds") = py::none());
+  py::class_<RowExperts>(m, "RowExperts", py::module_local(),
+                         "an MoE layer's experts whose linears are all tiled or bfloat16, for a lone row")
+      .def(py::init([](std::vector<std::vector<LinearPart>> gate_ups, std::vector<std::vector<LinearPart>> downs) {
+             return RowExperts{gate_ups, downs};
+           }),
+           py::arg("gate_ups"), py::arg("downs"))
+      .def("run", &RowExperts::run, "a lone row's weighted sum over the experts given, in their order",
+           py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("experts"), py::arg("weights"));
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");
   m.def("finite_rows", &finite_rows, "torch.isfinite(logits).all(-1) for float32 rows");

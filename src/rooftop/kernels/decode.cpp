@@ -6,6 +6,7 @@
 // adds the calls Python makes: the linears, attention (RoPE with it, as KernelOps.attention runs it), elementwise.
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <chrono>
 #include <cstring>
@@ -94,4 +95,20 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
     x = project(w[3], timed(clock, ELEMENTWISE, [&] { return silu_mul(gate_up); }), x);
   }
   return norm(x, norms.back());
+}
+
+// x (one row) through `experts` in the order given (ascending expert ids, as models/mlp.py's SparseMoE._one_row
+// takes them): each expert's gate-up, SiLU-mul and down, its output times its routing weight added to the sum with
+// PyTorch's own multiply and add, as Python's loop does them: the same bits, without a Python call per op.
+at::Tensor RowExperts::run(const at::Tensor& x, const std::vector<int64_t>& experts, const at::Tensor& weights) const {
+  TORCH_CHECK(weights.dim() == 1 && weights.size(0) == static_cast<int64_t>(experts.size()),
+              "one routing weight per expert: ", experts.size(), " experts, weights of shape ", weights.sizes());
+  at::Tensor out = at::zeros_like(x);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const int64_t e = experts[i];
+    TORCH_CHECK(e >= 0 && e < static_cast<int64_t>(gate_ups.size()), "expert ", e, " of ", gate_ups.size());
+    const at::Tensor y = linear(downs[e], silu_mul(linear(gate_ups[e], x, c10::nullopt)), c10::nullopt);
+    out.add_(y.mul(weights.select(0, static_cast<int64_t>(i))));
+  }
+  return out;
 }

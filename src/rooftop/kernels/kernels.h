@@ -67,3 +67,11 @@ struct DecodeLayers {
                  std::vector<at::Tensor> v_pools, const std::vector<c10::optional<at::Tensor>>& k_scales,
                  const std::vector<c10::optional<at::Tensor>>& v_scales, const c10::optional<at::Tensor>& seconds) const;
 };
+
+// An MoE layer's experts whose linears are all tiled or bfloat16, each its gate-up's and its down's parts, for a lone
+// row through the k experts it was routed to in one call (decode.cpp).
+struct RowExperts {
+  std::vector<std::vector<LinearPart>> gate_ups, downs;  // per expert
+
+  at::Tensor run(const at::Tensor& x, const std::vector<int64_t>& experts, const at::Tensor& weights) const;
+};

@@ -18,7 +18,7 @@ import torch
 
 from rooftop.models.blocks import DecoderBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVPool
-from rooftop.models.mlp import DenseMLP
+from rooftop.models.mlp import DenseMLP, SparseMoE
 from rooftop.models.ops import KernelOps, Ops
 from rooftop.quant.linear import Bf16Linear, ConcatLinear, TiledLinear
 from rooftop.quant.rows import RowPlan
@@ -60,6 +60,18 @@ def kernel_part(linear: TiledLinear | Bf16Linear) -> tuple:
     if isinstance(linear, Bf16Linear):
         return linear.weight, None, -1, linear.weight.shape[0], linear.bias
     return linear.q, linear.dm, linear.kernel_format, linear.out_features, linear.bias
+
+
+def row_experts(moe: SparseMoE, ops: Ops, split: bool) -> Any:
+    """An MoE layer's experts as the kernels' RowExperts, for a lone row's experts in one call, or None: a model
+    split over ranks, off the CPU kernels, or with an expert's linear in neither tiles nor bfloat16."""
+    if split or not isinstance(ops, KernelOps):
+        return None
+    parts = [[lin.parts if isinstance(lin, ConcatLinear) else [lin] for lin in e.linears()] for e in moe.experts]
+    if not all(isinstance(part, TiledLinear | Bf16Linear) for each in parts for lin in each for part in lin):
+        return None
+    gate_ups, downs = ([[kernel_part(part) for part in each[i]] for each in parts] for i in (0, 1))
+    return ops.kernels.RowExperts(gate_ups, downs)
 
 
 def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> DecodeCall | None:

@@ -10,10 +10,11 @@ expectation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from rooftop.models.ops import Ops, rowwise
+from rooftop.models.ops import KernelOps, Ops, rowwise
 from rooftop.quant.linear import NARROW, WIDEN_ROWS, FloatLinear, Linear, RouterLinear, RowPlan
 
 
@@ -84,6 +85,7 @@ class SparseMoE:
     shared: DenseMLP | None = None  # Qwen3-Next: an expert every token takes, scaled by sigmoid(shared_gate(x))
     shared_gate: RouterLinear | FloatLinear | None = None  # hidden -> 1
     touched: int = 0
+    row: Any = None  # the kernels' RowExperts where every expert runs on them (models/decode_call.py's row_experts)
 
     def __call__(self, x: torch.Tensor, ops: Ops, plan: RowPlan, residual: torch.Tensor) -> torch.Tensor:
         """residual + the experts' weighted sum for rows x (T, hidden), each expert on its own rows."""
@@ -98,13 +100,17 @@ class SparseMoE:
     def _one_row(self, x: torch.Tensor, routing: Routing, ops: Ops, plan: RowPlan) -> torch.Tensor:
         """One token (a decode at batch 1): its k experts straight on it, in ascending expert order as
         `_by_expert` adds them, so the same sum bit for bit without regrouping rows (which cost a 1B-class MoE
-        layer more host time than its experts' reads, docs/PERFORMANCE.md)."""
+        layer more host time than its experts' reads, docs/PERFORMANCE.md); on the CPU kernels in one call (`row`:
+        the same kernels and PyTorch ops in the same order, without a Python call per op)."""
         experts = routing.experts[0].tolist()
+        order = sorted(range(self.top_k), key=experts.__getitem__)
+        self.touched = self.top_k
+        if self.row is not None and isinstance(ops, KernelOps):
+            return ops.experts_row(self.row, x, [experts[slot] for slot in order], routing.weights[0, order])
         out = torch.zeros_like(x)
-        for slot in sorted(range(self.top_k), key=experts.__getitem__):
+        for slot in order:
             y = self.experts[experts[slot]](x, ops, plan, residual=None)
             out += y * routing.weights[0, slot].to(y.dtype)
-        self.touched = self.top_k
         return out
 
     def _by_expert(self, x: torch.Tensor, routing: Routing, ops: Ops, plan: RowPlan) -> torch.Tensor:

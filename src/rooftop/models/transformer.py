@@ -15,7 +15,7 @@ from rooftop.config import ModelConfig
 from rooftop.enums import Phase
 from rooftop.errors import UnsupportedModelError
 from rooftop.models.blocks import DecoderBlock
-from rooftop.models.decode_call import decode_call
+from rooftop.models.decode_call import decode_call, row_experts
 from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVCache, KVPool
 from rooftop.models.mlp import SparseMoE
@@ -55,6 +55,8 @@ class Transformer:
         self.conversions = conversions or {}  # HF name -> "Q3_K -> Q4_1": matrices the loader converted
         self.moe = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]  # read after every step
         self.decode_call = decode_call(layers, norm, ops, self.tp is not None)  # None: decodes go layer by layer
+        for moe in self.moe:  # a lone row's experts in one call where they all run on the kernels
+            moe.row = row_experts(moe, ops, self.tp is not None)
 
     @property
     def tp_size(self) -> int:
