@@ -7,7 +7,7 @@ formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 
 whose rows are all decodes runs the same kernels in the same order with the same arguments from one C++ call, so
 each row's result is the same bits either way (docs/PERFORMANCE.md has what it saves). Other models, prefill chunks
 and widened rows go layer by layer. The calibration's op timer reads each op's time from the call's own clocks
-(`seconds`)."""
+(`seconds`). An MoE layer's experts are held the same way (`row_experts`), for a lone row's k experts in one call."""
 
 from __future__ import annotations
 
