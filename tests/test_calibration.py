@@ -383,8 +383,9 @@ def test_efficiency_overrides_replace_the_catalogs_and_devices_without_figures_e
 
 @pytest.mark.parametrize("architecture", ["qwen3_moe", "qwen3_5"])
 def test_a_quick_calibration_times_moe_and_hybrid_layers(architecture, tmp_path, monkeypatch):
-    """The op timer reaches the experts (linears) and the Gated DeltaNet layers' conv and recurrence (attention):
-    every class of those models gets a curve, and the gap of their steps adds up."""
+    """The op timer reaches the experts (linears; int8, so a lone row's run in one kernel call) and the Gated
+    DeltaNet layers' conv and recurrence (attention): every class of those models gets a curve, and the gap of
+    their steps adds up."""
     import test_hybrid
     import test_moe
     import torch
@@ -397,7 +398,9 @@ def test_a_quick_calibration_times_moe_and_hybrid_layers(architecture, tmp_path,
         model, source = Qwen3MoeForCausalLM(Qwen3MoeConfig(**test_moe.CONFIG)), test_moe
     else:
         model, source = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**test_hybrid.CONFIG)), test_hybrid
-    llm = LLM(model=source.save_random(model.eval(), tmp_path / architecture))
+    weights = "int8" if architecture == "qwen3_moe" else "auto"
+    llm = LLM(model=source.save_random(model.eval(), tmp_path / architecture), weights=weights)
+    assert all(moe.row is not None for moe in llm.model.moe)
     hw = load_or_run_probe(quick=True).to_hardware()
     monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path))
     cal = calibration_run.calibrate(llm, hw, quick=True)

@@ -106,7 +106,8 @@ class SparseMoE:
         order = sorted(range(self.top_k), key=experts.__getitem__)
         self.touched = self.top_k
         if self.row is not None and isinstance(ops, KernelOps):
-            return ops.experts_row(self.row, x, [experts[slot] for slot in order], routing.weights[0, order])
+            weights = routing.weights[0, order].to(x.dtype)  # as the loop casts each
+            return ops.experts_row(self.row, x, [experts[slot] for slot in order], weights)
         out = torch.zeros_like(x)
         for slot in order:
             y = self.experts[experts[slot]](x, ops, plan, residual=None)
