@@ -112,11 +112,11 @@ def tensor_type(tensor: Tensor, choice: str, layers: int, tied: bool) -> T:
     1-D tensors (norms, rope_freqs, a DeltaNet layer's A and dt bias) and the matrices of KEPT_F32 stay F32. A
     single type (--type q4_k) applies to every other matrix, as `llama-quantize --pure` does. The mixes follow
     llama_tensor_get_type for Q4_K_M and Q5_K_M: output.weight (or token_embd.weight where the embeddings are tied,
-    as llama.cpp treats it as the output) is Q6_K; attn_v and ffn_down (an MoE layer's stacked ffn_down_exps too, and a
-    DeltaNet layer's attn_qkv, which llama.cpp classes with attn_v) are Q6_K in the layers use_more_bits picks;
-    every other matrix is the base type (Q4_K or Q5_K). llama.cpp's further rules (for GQA ratios, 8-expert models, the falcon
-    architecture) are left out. A K-quant that needs whole 256-value super-blocks falls back as llama.cpp does where
-    the rows are not, and to F16 where rows are not even whole 32-value blocks.
+    as llama.cpp treats it as the output) is Q6_K; attn_v and ffn_down (an MoE layer's stacked ffn_down_exps too,
+    and a DeltaNet layer's attn_qkv, which llama.cpp classes with attn_v) are Q6_K in the layers use_more_bits
+    picks; every other matrix is the base type (Q4_K or Q5_K). llama.cpp's further rules (for GQA ratios, 8-expert
+    models, the falcon architecture) are left out. A K-quant that needs whole 256-value super-blocks falls back as
+    llama.cpp does where the rows are not, and to F16 where rows are not even whole 32-value blocks.
     """
     if len(tensor.shape) == 1 or tensor.name.endswith(KEPT_F32):
         return T.F32

@@ -44,19 +44,11 @@ def analyzed_weight_bytes(weights: str | None) -> float:
     """The weight bytes a decode step of the file reads, by the analyzer's count: in the file's own formats (None:
     llama.cpp runs them as stored) or in `weights` (transformers widens them to fp32)."""
     from rooftop.roofline.api import resolve_model
+    from rooftop.roofline.ops import weight_bytes
     from rooftop.roofline.precision import precision
 
     config, held = resolve_model(model_path())
-    return decode_weight_bytes(config, precision(weights or held or "bf16"))
-
-
-def decode_weight_bytes(config, p) -> float:
-    """The weights one token's decode step reads (roofline.ops): all of them, but of a mixture of experts' routed
-    experts only the top-k of each layer."""
-    from rooftop.roofline.ops import expert_bytes, weight_bytes
-
-    idle = 1 - config.num_experts_per_tok / config.num_experts if config.is_moe else 0.0
-    return weight_bytes(config, p) - idle * expert_bytes(config, p)
+    return weight_bytes(config, precision(weights or held or "bf16"), per_token=True)
 
 
 def host_read() -> float | None:
@@ -85,6 +77,7 @@ def prompt_ids(n: int, vocab: int) -> list[int]:
 
 def run_rooftop(fmt: str, pp: int, tg: int, depth: int) -> tuple[float, float, float]:
     from rooftop import LLM, SamplingParams
+    from rooftop.roofline.ops import weight_bytes
 
     llm = LLM(
         model=str(model_path()),
@@ -101,7 +94,7 @@ def run_rooftop(fmt: str, pp: int, tg: int, depth: int) -> tuple[float, float, f
     llm.generate([ids[:pp]], greedy(8), use_tqdm=False)  # warm-up at full size
     prefill = llm.generate([ids[:pp]], greedy(1), use_tqdm=False)[0].metrics.prefill_time
     decode = llm.generate([ids[: max(depth, 1)]], greedy(tg), use_tqdm=False)[0].metrics
-    return pp / prefill, decode.tpot, decode_weight_bytes(llm.config, llm.precision)
+    return pp / prefill, decode.tpot, weight_bytes(llm.config, llm.precision, per_token=True)
 
 
 def run_llama_cpp(pp: int, tg: int, depth: int, threads: int) -> tuple[float, float]:

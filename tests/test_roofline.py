@@ -26,6 +26,11 @@ def test_bf16_weight_bytes_are_two_per_parameter():
     for name in ("qwen3-8b", "llama-3.1-8b", "qwen3-30b-a3b", "qwen3.6-27b", "smollm2-135m"):
         c = find_preset(name)
         assert weight_bytes(c, BF16) == 2 * parameter_count(c).total, name
+        # one token's: an MoE's top-k experts of each layer only, the active parameters; a dense model's all
+        assert weight_bytes(c, BF16, per_token=True) == 2 * parameter_count(c).active, name
+    moe = find_preset("qwen3-30b-a3b")  # 48 layers of 128 experts, 8 per token, each 3 x 2048 x 768
+    idle = 48 * (128 - 8) * 3 * 2048 * 768 * 2
+    assert weight_bytes(moe, BF16) - weight_bytes(moe, BF16, per_token=True) == idle
 
 
 def test_kv_bytes_per_token_formula():
