@@ -13,6 +13,7 @@ import torch
 from gguf_factory import SPECIALS, byte_tokens
 from serve_support import running_server
 from test_batch_invariance import assert_batch_invariant
+from test_decode_call import both_ways
 from test_hf_models import PROMPT, save_random
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -119,22 +120,54 @@ def test_batched_requests_get_what_they_get_alone(tiny, weights):
 
 
 @pytest.mark.parametrize("weights", ["float", "int8", "int4"])
-def test_one_token_takes_its_experts_straight_with_the_regrouped_sum(tiny, weights):
+def test_the_kernels_and_a_lone_rows_loop_give_the_regrouped_sum(tiny, weights):
     """A lone row (a decode at batch 1) runs its k experts on itself, without the regrouping of rows by expert
-    that a batch needs: the same sum, bit for bit, in every weight format; where the experts run in tiles, in one
-    call to the kernels (RowExperts), the same bits as the Python loop."""
+    that a batch needs: the same sum, bit for bit, in every weight format. Where the experts run in tiles, the
+    kernels (RowExperts: the experts side by side on the threads) give every row the same bits as Python's paths,
+    one row or several, and count the experts they ran; an expert id out of range is refused."""
     model = build_model(load_model(tiny[0]), torch.float32, "cpu", weights)
     moe, ops = model.layers[1].mlp, model.ops
-    assert (moe.row is None) == (weights == "float")  # float32 experts: the loop
-    for seed in range(4):
-        x = torch.randn(1, CONFIG["hidden_size"], generator=torch.Generator().manual_seed(seed))
+    assert (moe.row is None) == (weights == "float")  # float32 experts: Python
+    for seed, rows in enumerate((1, 1, 5, 11)):
+        x = torch.randn(rows, CONFIG["hidden_size"], generator=torch.Generator().manual_seed(seed))
         routing = route(x, moe.router, moe.top_k, moe.normalize)
-        alone = moe._one_row(x, routing, ops, RowPlan())
-        assert moe.touched == CONFIG["num_experts_per_tok"]
-        assert torch.equal(alone, moe._by_expert(x, routing, ops, RowPlan()))
-        row, moe.row = moe.row, None
-        assert torch.equal(alone, moe._one_row(x, routing, ops, RowPlan()))
-        moe.row = row
+        regrouped = moe._by_expert(x, routing, ops, RowPlan())
+        distinct = len(routing.experts.unique())
+        assert moe.touched == distinct
+        if rows == 1:
+            assert torch.equal(moe._one_row(x, routing, ops, RowPlan()), regrouped)
+            assert moe.touched == CONFIG["num_experts_per_tok"]
+        if moe.row is not None:
+            out, touched = ops.experts_rows(moe.row, x, routing.experts, routing.weights)
+            assert torch.equal(out, regrouped) and touched == distinct
+    if moe.row is not None:
+        with pytest.raises(RuntimeError, match="expert 8 of 8"):
+            ops.experts_rows(moe.row, x, torch.full_like(routing.experts, 8), routing.weights)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_a_step_of_decodes_runs_in_one_call_with_the_layer_by_layer_bits(tiny, weights, monkeypatch):
+    """Where the experts run on the kernels, a step of decodes runs in one call (kernels/decode.cpp): router,
+    routing and experts, a lone row through its k experts and a step of several rows each expert once on its rows.
+    Every token and logprob is the layer-by-layer path's, and each step records the experts it touched."""
+    llm = LLM(model=str(tiny[0]), weights=weights)
+    model = llm.engine.model
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=2)
+    seeded = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True, logprobs=1)
+
+    def run(llm: LLM) -> tuple:
+        alone = llm.generate(["xyz"], greedy, use_tqdm=False)
+        touched = [r.shape.experts_touched for r in list(llm.step_records)[-9:]]
+        batch = llm.generate(["ab", "a longer prompt", [5, 6, 7, 8]], [greedy, seeded, greedy], use_tqdm=False)
+        wide = [r.shape.experts_touched for r in list(llm.step_records)[-9:]]
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in alone + batch], touched, wide
+
+    one_call, layered, calls = both_ways(llm, run, monkeypatch)
+    assert calls == 18 and model.decode_call.moe.keys() == {0, 1}
+    assert one_call == layered
+    outputs, touched, wide = one_call
+    assert touched == [CONFIG["num_experts_per_tok"]] * 9  # a lone row's k
+    assert all(CONFIG["num_experts_per_tok"] <= n <= CONFIG["num_experts"] for n in wide) and max(wide) > 4
 
 
 def test_the_router_runs_narrow_rows_on_the_kernel_and_chunks_as_one_matmul(tiny):

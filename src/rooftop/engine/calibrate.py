@@ -133,8 +133,8 @@ class OpTimer:
         patches = [(cls, "__call__", "linears") for cls in LINEAR_CLASSES]
         patches += [(ops, "attention", "attention"), (ops, "rms_norm", "elementwise"), (ops, "silu_mul", "elementwise")]
         patches += [(ops, "paged_attention", "attention"), (ops, "delta_rule_decode", "attention")]
-        if isinstance(ops, KernelOps):  # a lone MoE row's experts in one call: linears but for k SiLU-muls and adds
-            patches += [(ops, "experts_row", "linears")]
+        if isinstance(ops, KernelOps):  # an MoE layer's experts in one call: linears but for their SiLU-muls and adds
+            patches += [(ops, "experts_rows", "linears")]
         patches += [(delta_net, "gated_rms_norm", "elementwise")]
         patches += [(delta_net, name, "attention") for name in ("causal_conv", "chunked", "recurrent")]
         if (tp := llm.model.tp) is not None:

@@ -189,28 +189,39 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("data"), py::arg("streams") = 1);
   // module_local: builds for other flags (the tests' portable and AVX2 ones, kernel_ab's) load beside this one
   py::class_<DecodeLayers>(m, "DecodeLayers", py::module_local(),
-                           "a dense model's decoder layers whose linears are all tiled or bfloat16, for decode steps")
+                           "a model's decoder layers whose linears are all tiled or bfloat16, for decode steps")
       .def(py::init([](std::vector<std::vector<LinearPart>> linears, std::vector<at::Tensor> norms,
                        std::vector<c10::optional<at::Tensor>> qk_norms, at::Tensor cos, at::Tensor signed_sin,
-                       int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps) {
-             return DecodeLayers{linears, norms, qk_norms, cos, signed_sin, heads, kv_heads, head_dim, scale, eps};
+                       int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps,
+                       std::vector<c10::optional<at::Tensor>> routers, std::vector<c10::optional<RowExperts>> experts,
+                       int64_t top_k, bool normalize) {
+             return DecodeLayers{linears, norms, qk_norms, cos, signed_sin, heads, kv_heads,
+                                 head_dim, scale, eps, routers, experts, top_k, normalize};
            }),
            py::arg("linears"), py::arg("norms"), py::arg("qk_norms"), py::arg("cos"), py::arg("signed_sin"),
-           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scale"), py::arg("eps"))
+           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scale"), py::arg("eps"),
+           py::arg("routers"), py::arg("experts"), py::arg("top_k") = 0, py::arg("normalize") = false)
       // without the GIL: a step's kernels touch no Python object, and a server's event loop runs meanwhile
       .def("run", &DecodeLayers::run, "a step of decodes through every layer and the final norm",
            py::call_guard<py::gil_scoped_release>(), py::arg("x"),
            py::arg("positions"), py::arg("slot_mapping"), py::arg("tables"), py::arg("lengths"), py::arg("block_size"),
            py::arg("k_pools"), py::arg("v_pools"), py::arg("k_scales"), py::arg("v_scales"),
-           py::arg("seconds") = py::none());
+           py::arg("seconds") = py::none(), py::arg("touched") = py::none());
   py::class_<RowExperts>(m, "RowExperts", py::module_local(),
-                         "an MoE layer's experts whose linears are all tiled or bfloat16, for a lone row")
+                         "an MoE layer's experts whose linears are all tiled or bfloat16, for rows not widened")
       .def(py::init([](std::vector<std::vector<LinearPart>> gate_ups, std::vector<std::vector<LinearPart>> downs) {
              return RowExperts{gate_ups, downs};
            }),
            py::arg("gate_ups"), py::arg("downs"))
-      .def("run", &RowExperts::run, "a lone row's weighted sum over the experts given, in their order",
-           py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("experts"), py::arg("weights"));
+      .def(
+          "rows",
+          [](const RowExperts& self, const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights) {
+            int64_t touched = 0;
+            at::Tensor out = self.rows(x, experts, weights, touched);
+            return std::make_tuple(out, touched);
+          },
+          "rows' weighted sums over their experts (rows, k) and the distinct experts run",
+          py::call_guard<py::gil_scoped_release>(), py::arg("x"), py::arg("experts"), py::arg("weights"));
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, -1) for float32 rows");
   m.def("finite_rows", &finite_rows, "torch.isfinite(logits).all(-1) for float32 rows");

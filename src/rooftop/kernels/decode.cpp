@@ -1,7 +1,9 @@
-// A step of decodes through a dense model's decoder layers in one call (models/decode_call.py). Python runs a layer
-// as some ten kernel calls, and after each linear's weights have streamed through the caches the interpreter's code
-// and objects between the calls come back from memory cold; here the same kernels run in the same order with the
-// same arguments (models/blocks.py on models/ops.py's KernelOps), so every row's result is the same bits either way.
+// A step of decodes through a model's decoder layers in one call (models/decode_call.py). Python runs a layer as some
+// ten kernel calls (a mixture of experts' layer as some twenty, and more for each expert a step of several rows
+// touches), and after each linear's weights have streamed through the caches the interpreter's code and objects
+// between the calls come back from memory cold; here the same kernels and PyTorch ops run in the same order with the
+// same arguments (models/blocks.py and models/mlp.py on models/ops.py's KernelOps), so every row's result is the same
+// bits either way.
 // Given `seconds`, each call's time is added to its op class there, as the calibration's op timer (engine/calibrate.py)
 // adds the calls Python makes: the linears, attention (RoPE with it, as KernelOps.attention runs it), elementwise.
 
@@ -12,6 +14,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "quantized.h"
 
 namespace {
 
@@ -59,6 +62,19 @@ at::Tensor linear(const std::vector<LinearPart>& parts, const at::Tensor& in, co
   return out;
 }
 
+// The weighted sum of the experts each of rows h picks, as models/mlp.py's route and SparseMoE compute it: the
+// router's float32 logits on f32_linear (RouterLinear's narrow rows), softmax, the top k, renormalized when
+// `normalize`; then the experts on the rows routed to them. The experts count as linears, as the op timer counts
+// the one call of a lone row's.
+at::Tensor mixture(const at::Tensor& router, const RowExperts& experts, int64_t top_k, bool normalize,
+                   const at::Tensor& h, double* clock, int64_t& touched) {
+  const at::Tensor logits =
+      timed(clock, LINEARS, [&] { return f32_linear(h, router, c10::nullopt, c10::nullopt, false); });
+  auto [weights, ids] = logits.softmax(-1).topk(top_k, -1);
+  if (normalize) weights = weights.div(weights.sum(-1, true));
+  return timed(clock, LINEARS, [&] { return experts.rows(h, ids, weights, touched); });
+}
+
 }  // namespace
 
 at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at::Tensor& slot_mapping,
@@ -66,9 +82,14 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
                              std::vector<at::Tensor> k_pools, std::vector<at::Tensor> v_pools,
                              const std::vector<c10::optional<at::Tensor>>& k_scales,
                              const std::vector<c10::optional<at::Tensor>>& v_scales,
-                             const c10::optional<at::Tensor>& seconds) const {
+                             const c10::optional<at::Tensor>& seconds,
+                             const c10::optional<at::Tensor>& touched) const {
   const size_t layers = qk_norms.size();
   TORCH_CHECK(linears.size() == 4 * layers && norms.size() == 2 * layers + 1, "four linears and two norms per layer");
+  TORCH_CHECK(routers.size() == layers && experts.size() == layers, "a router and experts (or none) per layer");
+  TORCH_CHECK(!touched || (touched->scalar_type() == at::kLong && touched->numel() == static_cast<int64_t>(layers) &&
+                           touched->is_contiguous()),
+              "touched must be an int64 per layer");
   TORCH_CHECK(k_pools.size() == layers && v_pools.size() == layers && k_scales.size() == layers &&
                   v_scales.size() == layers,
               "a K and a V pool (and their scales, or none) per layer");
@@ -91,24 +112,76 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
                               scale, k_scales[l], v_scales[l]);
     });
     x = project(w[1], attended, x);
-    const at::Tensor gate_up = project(w[2], norm(x, norms[2 * l + 1]), c10::nullopt);
+    const at::Tensor h = norm(x, norms[2 * l + 1]);
+    if (routers[l]) {
+      TORCH_CHECK(experts[l] && w[2].empty() && w[3].empty(), "layer ", l, ": a router, its experts and no dense MLP");
+      int64_t count = 0;
+      x = x.add(mixture(*routers[l], *experts[l], top_k, normalize, h, clock, count));  // SparseMoE's residual + out
+      if (touched) touched->data_ptr<int64_t>()[l] = count;
+      continue;
+    }
+    const at::Tensor gate_up = project(w[2], h, c10::nullopt);
     x = project(w[3], timed(clock, ELEMENTWISE, [&] { return silu_mul(gate_up); }), x);
   }
   return norm(x, norms.back());
 }
 
-// x (one row) through `experts` in the order given (ascending expert ids, as models/mlp.py's SparseMoE._one_row
-// takes them): each expert's gate-up, SiLU-mul and down, its output times its routing weight added to the sum with
-// PyTorch's own multiply and add, as Python's loop does them: the same bits, without a Python call per op.
-at::Tensor RowExperts::run(const at::Tensor& x, const std::vector<int64_t>& experts, const at::Tensor& weights) const {
-  TORCH_CHECK(weights.dim() == 1 && weights.size(0) == static_cast<int64_t>(experts.size()),
-              "one routing weight per expert: ", experts.size(), " experts, weights of shape ", weights.sizes());
+// Rows x (T, hidden), each with its k experts (T, k) and their routing weights (T, k), as models/mlp.py's SparseMoE
+// runs them: each expert once (its weights read once a step) on the rows routed to it, its output times each row's
+// routing weight added into that row, the experts in ascending order; for a lone row the same as its k experts
+// straight (`_one_row`). A row's linears do not depend on the rows beside it (batch invariance) nor on the threads,
+// and the multiplies and adds are PyTorch's float32 ones in PyTorch's order, so each row's sum is the same bits as
+// Python's paths. The experts run side by side, each on one thread: a decode's experts are small matrices (a
+// Qwen3-30B-A3B's ~1.5 MB each in Q4_K), where splitting each one's tiles over the threads started and joined them
+// twice an expert. `touched`: the distinct experts run.
+at::Tensor RowExperts::rows(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights,
+                            int64_t& touched) const {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 rows");
+  TORCH_CHECK(experts.dim() == 2 && experts.scalar_type() == at::kLong && experts.size(0) == x.size(0) &&
+                  weights.sizes() == experts.sizes() && weights.scalar_type() == at::kFloat,
+              "experts must be int64 (rows, k) with float32 weights of the same shape");
+  const int64_t rows = x.size(0), k = experts.size(1), hidden = x.size(1), count = static_cast<int64_t>(gate_ups.size());
+  const at::Tensor ids = experts.contiguous(), scales = weights.contiguous();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const float* scale = scales.data_ptr<float>();
+  std::vector<std::vector<int64_t>> pairs(count);  // per expert, its (row, slot) pairs as flat indices, ascending
+  for (int64_t i = 0; i < rows * k; ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < count, "expert ", id[i], " of ", count);
+    pairs[id[i]].push_back(i);
+  }
+  std::vector<int64_t> active;  // the experts some row was routed to, ascending
+  for (int64_t e = 0; e < count; ++e) {
+    if (!pairs[e].empty()) active.push_back(e);
+  }
+  touched = static_cast<int64_t>(active.size());
+  std::vector<at::Tensor> outs(active.size());  // each active expert's weighted outputs, one per routed row
+  const float* in = x.data_ptr<float>();
+  at::parallel_for(0, touched, 1, [&](int64_t a0, int64_t a1) {
+    for (int64_t a = a0; a < a1; ++a) {
+      const std::vector<int64_t>& routed = pairs[active[a]];
+      const int64_t n = static_cast<int64_t>(routed.size());
+      at::Tensor gathered = cpu_empty({n, hidden}, x.options());
+      for (int64_t j = 0; j < n; ++j) {
+        std::memcpy(gathered.data_ptr<float>() + j * hidden, in + routed[j] / k * hidden, hidden * sizeof(float));
+      }
+      at::Tensor y = linear(downs[active[a]], silu_mul(linear(gate_ups[active[a]], gathered, c10::nullopt)),
+                            c10::nullopt);
+      float* row = y.data_ptr<float>();
+      for (int64_t j = 0; j < n; ++j, row += y.size(1)) {
+        for (int64_t c = 0; c < y.size(1); ++c) row[c] *= scale[routed[j]];
+      }
+      outs[a] = y;
+    }
+  });
   at::Tensor out = at::zeros_like(x);
-  for (size_t i = 0; i < experts.size(); ++i) {
-    const int64_t e = experts[i];
-    TORCH_CHECK(e >= 0 && e < static_cast<int64_t>(gate_ups.size()), "expert ", e, " of ", gate_ups.size());
-    const at::Tensor y = linear(downs[e], silu_mul(linear(gate_ups[e], x, c10::nullopt)), c10::nullopt);
-    out.add_(y.mul(weights.select(0, static_cast<int64_t>(i))));
+  float* sum = out.data_ptr<float>();
+  for (int64_t a = 0; a < touched; ++a) {  // in a pass of its own: a product and its sum, each rounded (no FMA)
+    const std::vector<int64_t>& routed = pairs[active[a]];
+    const float* y = outs[a].data_ptr<float>();
+    for (size_t j = 0; j < routed.size(); ++j, y += hidden) {
+      float* o = sum + routed[j] / k * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] += y[c];
+    }
   }
   return out;
 }

@@ -52,26 +52,33 @@ at::Tensor f32_linear(const at::Tensor& x, const at::Tensor& w, const c10::optio
 // weight, no dm, format -1, output features, bias) as bf16_linear does.
 using LinearPart = std::tuple<at::Tensor, c10::optional<at::Tensor>, int64_t, int64_t, c10::optional<at::Tensor>>;
 
-// A dense model's decoder layers whose linears are all tiled or bfloat16, run for a step of decodes in one call
-// (decode.cpp).
+// An MoE layer's experts whose linears are all tiled or bfloat16, each its gate-up's and its down's parts, for rows
+// routed to them without widening (decode.cpp).
+struct RowExperts {
+  std::vector<std::vector<LinearPart>> gate_ups, downs;  // per expert
+
+  at::Tensor rows(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights, int64_t& touched) const;
+};
+
+// A model's decoder layers whose linears are all tiled or bfloat16, their MLP half dense or a mixture of experts
+// (Qwen3-MoE), run for a step of decodes in one call (decode.cpp).
 struct DecodeLayers {
-  std::vector<std::vector<LinearPart>> linears;  // per layer: qkv, o, gate_up, down, each of one or more parts
+  std::vector<std::vector<LinearPart>> linears;  // per layer: qkv, o, gate_up, down (none for an MoE), each of parts
   std::vector<at::Tensor> norms;  // per layer: attention's, then the MLP's; last, the model's final norm
   std::vector<c10::optional<at::Tensor>> qk_norms;  // per layer: Qwen3's q and k norms, or none
   at::Tensor cos, signed_sin;  // RoPE's tables
   int64_t heads, kv_heads, head_dim;
   double scale, eps;
+  std::vector<c10::optional<at::Tensor>> routers;  // per layer: an MoE layer's float32 router, or none (dense)
+  std::vector<c10::optional<RowExperts>> experts;  // per layer: an MoE layer's experts, or none
+  int64_t top_k;  // experts per token
+  bool normalize;  // the top k's weights renormalized to sum to 1 (norm_topk_prob)
 
   at::Tensor run(at::Tensor x, const at::Tensor& positions, const at::Tensor& slot_mapping, const at::Tensor& tables,
                  const at::Tensor& lengths, int64_t block_size, std::vector<at::Tensor> k_pools,
                  std::vector<at::Tensor> v_pools, const std::vector<c10::optional<at::Tensor>>& k_scales,
-                 const std::vector<c10::optional<at::Tensor>>& v_scales, const c10::optional<at::Tensor>& seconds) const;
+                 const std::vector<c10::optional<at::Tensor>>& v_scales, const c10::optional<at::Tensor>& seconds,
+                 const c10::optional<at::Tensor>& touched) const;
 };
 
-// An MoE layer's experts whose linears are all tiled or bfloat16, each its gate-up's and its down's parts, for a lone
-// row through the k experts it was routed to in one call (decode.cpp).
-struct RowExperts {
-  std::vector<std::vector<LinearPart>> gate_ups, downs;  // per expert
 
-  at::Tensor run(const at::Tensor& x, const std::vector<int64_t>& experts, const at::Tensor& weights) const;
-};

@@ -1,13 +1,15 @@
-"""A step of decodes through a dense model's decoder layers in one call to rooftop's CPU kernels (kernels/decode.cpp).
+"""A step of decodes through a model's decoder layers in one call to rooftop's CPU kernels (kernels/decode.cpp).
 
-Layer by layer, a decode step is some ten kernel calls a layer from Python, and between them the interpreter's code
-and objects come back from memory cold: each linear's weights have just streamed through the caches. Where every
-layer is the dense decoder block on the CPU kernels (`KernelOps`) and every linear runs in tiles (a GGUF's block
-formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under `auto`), a step
-whose rows are all decodes runs the same kernels in the same order with the same arguments from one C++ call, so
-each row's result is the same bits either way (docs/PERFORMANCE.md has what it saves). Other models, prefill chunks
-and widened rows go layer by layer. The calibration's op timer reads each op's time from the call's own clocks
-(`seconds`). An MoE layer's experts are held the same way (`row_experts`), for a lone row's k experts in one call."""
+Layer by layer, a decode step is some ten kernel calls a layer from Python (a mixture of experts' layer twice that,
+and more for each expert a step of several rows touches), and between them the interpreter's code and objects come
+back from memory cold: each linear's weights have just streamed through the caches. Where every layer is the decoder
+block on the CPU kernels (`KernelOps`), its MLP half dense or Qwen3-MoE's experts, and every linear runs in tiles (a
+GGUF's block formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under
+`auto`), a step whose rows are all decodes runs the same kernels and PyTorch ops in the same order with the same
+arguments from one C++ call, so each row's result is the same bits either way (docs/PERFORMANCE.md has what it
+saves). Other models, prefill chunks and widened rows go layer by layer. The calibration's op timer reads each op's
+time from the call's own clocks (`seconds`). An MoE layer's experts are held the same way (`row_experts`), also for
+the rows of a step that goes layer by layer (a prefill's short chunks beside decodes), in one call a layer."""
 
 from __future__ import annotations
 
@@ -20,17 +22,20 @@ from rooftop.models.blocks import DecoderBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVPool
 from rooftop.models.mlp import DenseMLP, SparseMoE
 from rooftop.models.ops import KernelOps, Ops
-from rooftop.quant.linear import Bf16Linear, ConcatLinear, TiledLinear
+from rooftop.quant.linear import Bf16Linear, ConcatLinear, RouterLinear, TiledLinear
 from rooftop.quant.rows import RowPlan
 
 
 @dataclass
 class DecodeCall:
     """The model's layers as the kernels hold them, the op backend they were taken from (a model given other ops
-    afterwards goes layer by layer), and while the calibration's op timer is installed the clocks it reads."""
+    afterwards goes layer by layer), its MoE layers (each told after a step how many experts it touched), and while
+    the calibration's op timer is installed the clocks it reads."""
 
     layers: Any  # the kernels' DecodeLayers
     ops: KernelOps
+    moe: dict[int, SparseMoE]  # layer index -> its mixture of experts
+    touched: torch.Tensor  # int64 per layer: the distinct experts each MoE layer ran in the last step
     seconds: torch.Tensor | None = None  # float64 (3,): where the kernels add each op's time, while timed
 
     def runs(self, ops: Ops, meta: AttentionMetadata, plan: RowPlan) -> bool:
@@ -40,7 +45,7 @@ class DecodeCall:
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
         """The final norm's hidden states of the step's rows (x: their embeddings); their K/V go into `pool`."""
         k_values, v_values, k_scales, v_scales = pool.kernel_layers
-        return self.layers.run(
+        hidden = self.layers.run(
             x,
             positions,
             meta.slot_mapping,
@@ -52,7 +57,11 @@ class DecodeCall:
             k_scales,
             v_scales,
             self.seconds,
+            self.touched if self.moe else None,
         )
+        for index, moe in self.moe.items():
+            moe.touched = int(self.touched[index])
+        return hidden
 
 
 def kernel_part(linear: TiledLinear | Bf16Linear) -> tuple:
@@ -63,7 +72,7 @@ def kernel_part(linear: TiledLinear | Bf16Linear) -> tuple:
 
 
 def row_experts(moe: SparseMoE, ops: Ops, split: bool) -> Any:
-    """An MoE layer's experts as the kernels' RowExperts, for a lone row's experts in one call, or None: a model
+    """An MoE layer's experts as the kernels' RowExperts, for rows' experts in one call, or None: a model
     split over ranks, off the CPU kernels, or with an expert's linear in neither tiles nor bfloat16."""
     if split or not isinstance(ops, KernelOps):
         return None
@@ -74,19 +83,32 @@ def row_experts(moe: SparseMoE, ops: Ops, split: bool) -> Any:
     return ops.kernels.RowExperts(gate_ups, downs)
 
 
+def in_one_call(mlp: DenseMLP | SparseMoE) -> bool:
+    """Whether the one call runs this MLP half: dense, or a mixture of experts whose experts are held for the kernels
+    (`row_experts`) and whose router runs on them, without Qwen3-Next's shared expert."""
+    if type(mlp) is DenseMLP:
+        return True
+    return isinstance(mlp, SparseMoE) and mlp.row is not None and type(mlp.router) is RouterLinear and not mlp.shared
+
+
 def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> DecodeCall | None:
     """The one call for these layers, or None where a step goes layer by layer: a model split over ranks (`split`),
-    off the CPU kernels, with another block than the dense decoder (mixture of experts, linear attention), or with a
-    linear that runs neither in tiles nor in bfloat16 on rooftop's kernel, alone or as a part of a fused projection
-    (float32 weights)."""
+    off the CPU kernels, with another block than the decoder (linear attention), an MLP half the call does not run
+    (`in_one_call`), or a linear that runs neither in tiles nor in bfloat16 on rooftop's kernel, alone or as a part
+    of a fused projection (float32 weights). An MoE model's experts must be held first (`row_experts`)."""
     if split or not isinstance(ops, KernelOps):
         return None
-    if not all(type(layer) is DecoderBlock and type(layer.mlp) is DenseMLP for layer in layers):
+    if not all(type(layer) is DecoderBlock and in_one_call(layer.mlp) for layer in layers):
         return None
-    linears = [lin for layer in layers for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)]
-    parts = [lin.parts if isinstance(lin, ConcatLinear) else [lin] for lin in linears]
+    parts = []  # per layer: qkv, o, gate_up, down, each a list of parts (an MoE layer's last two empty)
+    for layer in layers:
+        mlp = (layer.mlp.gate_up, layer.mlp.down) if type(layer.mlp) is DenseMLP else ()
+        parts += [lin.parts if isinstance(lin, ConcatLinear) else [lin] for lin in (layer.qkv, layer.o, *mlp)]
+        parts += [[]] * (2 - len(mlp))
     if not all(isinstance(part, TiledLinear | Bf16Linear) for each in parts for part in each):
         return None
+    moe = {i: layer.mlp for i, layer in enumerate(layers) if type(layer.mlp) is SparseMoE}
+    first = next(iter(moe.values()), None)
     c = ops.config
     return DecodeCall(
         ops.kernels.DecodeLayers(
@@ -100,6 +122,12 @@ def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> Deco
             c.head_dim,
             c.head_dim**-0.5,
             c.rms_norm_eps,
+            [moe[i].router.weight if i in moe else None for i in range(len(layers))],
+            [moe[i].row if i in moe else None for i in range(len(layers))],
+            first.top_k if first else 0,
+            first.normalize if first else False,
         ),
         ops,
+        moe,
+        torch.zeros(len(layers), dtype=torch.int64),
     )

@@ -88,10 +88,15 @@ class SparseMoE:
     row: Any = None  # the kernels' RowExperts where every expert runs on them (models/decode_call.py's row_experts)
 
     def __call__(self, x: torch.Tensor, ops: Ops, plan: RowPlan, residual: torch.Tensor) -> torch.Tensor:
-        """residual + the experts' weighted sum for rows x (T, hidden), each expert on its own rows."""
+        """residual + the experts' weighted sum for rows x (T, hidden), each expert on its own rows: in one call to
+        the kernels where they hold the experts (`row`) and no row widens, else from Python."""
         routing = route(x, self.router, self.top_k, self.normalize, plan)
-        alone = len(x) == 1 and not plan.widen
-        out = self._one_row(x, routing, ops, plan) if alone else self._by_expert(x, routing, ops, plan)
+        if self.row is not None and isinstance(ops, KernelOps) and not plan.widen:
+            out, self.touched = ops.experts_rows(self.row, x, routing.experts, routing.weights)
+        elif len(x) == 1 and not plan.widen:
+            out = self._one_row(x, routing, ops, plan)
+        else:
+            out = self._by_expert(x, routing, ops, plan)
         if self.shared is not None:
             gate = rowwise(torch.sigmoid, self.shared_gate(x.float(), plan=plan))
             out = out + gate.to(x.dtype) * self.shared(x, ops, plan, residual=None)
@@ -100,16 +105,11 @@ class SparseMoE:
     def _one_row(self, x: torch.Tensor, routing: Routing, ops: Ops, plan: RowPlan) -> torch.Tensor:
         """One token (a decode at batch 1): its k experts straight on it, in ascending expert order as
         `_by_expert` adds them, so the same sum bit for bit without regrouping rows (which cost a 1B-class MoE
-        layer more host time than its experts' reads, docs/PERFORMANCE.md); on the CPU kernels in one call (`row`:
-        the same kernels and PyTorch ops in the same order, without a Python call per op)."""
+        layer more host time than its experts' reads, docs/PERFORMANCE.md)."""
         experts = routing.experts[0].tolist()
-        order = sorted(range(self.top_k), key=experts.__getitem__)
         self.touched = self.top_k
-        if self.row is not None and isinstance(ops, KernelOps):
-            weights = routing.weights[0, order].to(x.dtype)  # as the loop casts each
-            return ops.experts_row(self.row, x, [experts[slot] for slot in order], weights)
         out = torch.zeros_like(x)
-        for slot in order:
+        for slot in sorted(range(self.top_k), key=experts.__getitem__):
             y = self.experts[experts[slot]](x, ops, plan, residual=None)
             out += y * routing.weights[0, slot].to(y.dtype)
         return out

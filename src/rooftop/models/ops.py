@@ -102,10 +102,10 @@ class KernelOps:
         q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
         return self.kernels.delta_rule_decode(q, k, v, g, beta, states, slots)
 
-    def experts_row(self, row, x: torch.Tensor, experts: list[int], weights: torch.Tensor) -> torch.Tensor:
-        """A lone row's weighted sum over its experts (ascending ids, their routing weights), in one call to the
-        kernels' RowExperts (models/mlp.py's SparseMoE._one_row)."""
-        return row.run(x, experts, weights)
+    def experts_rows(self, row, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> tuple:
+        """Rows' weighted sums over their experts (T, k) and routing weights (T, k), in one call to the kernels'
+        RowExperts (models/mlp.py's SparseMoE), and the distinct experts run."""
+        return row.rows(x, experts, weights)
 
     def prefill_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cached: int) -> torch.Tensor:
         """A prefill chunk's causal attention in rooftop's kernel (kernels/prefill_attention.cpp: blocks past a

@@ -54,9 +54,9 @@ class Transformer:
         self.weight_policy = weight_policy  # the policy its linears were built under: float, int8 or int4
         self.conversions = conversions or {}  # HF name -> "Q3_K -> Q4_1": matrices the loader converted
         self.moe = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]  # read after every step
-        self.decode_call = decode_call(layers, norm, ops, self.tp is not None)  # None: decodes go layer by layer
-        for moe in self.moe:  # a lone row's experts in one call where they all run on the kernels
+        for moe in self.moe:  # the experts held for the kernels where they all run on them
             moe.row = row_experts(moe, ops, self.tp is not None)
+        self.decode_call = decode_call(layers, norm, ops, self.tp is not None)  # None: decodes go layer by layer
 
     @property
     def tp_size(self) -> int:
