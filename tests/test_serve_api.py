@@ -286,6 +286,36 @@ def test_echo_puts_the_prompt_before_each_choice(server):
     assert by_ids.choices[0].text == "Echo" + plain[0]
 
 
+def test_echo_with_max_tokens_0_gives_the_prompt_and_its_logprobs_alone(server):
+    """OpenAI's and vLLM's way to score a prompt: echo with max_tokens 0 returns the prompt's text and its tokens'
+    logprobs (the first null), nothing generated, finished for its length; streamed the same. Without echo, 0 is
+    refused."""
+    c = client(server)
+    ask = {"model": "tiny-long", "prompt": ["Score me", "ab"], "echo": True, "logprobs": 1, **GREEDY}
+    scored = c.completions.create(**ask, max_tokens=0)
+    one_more = c.completions.create(**ask, max_tokens=1)
+    assert [ch.text for ch in scored.choices] == ["Score me", "ab"]
+    assert [ch.finish_reason for ch in scored.choices] == ["length", "length"]
+    assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == one_more.usage.prompt_tokens
+    for got, more in zip(scored.choices, one_more.choices, strict=True):
+        n = len(got.logprobs.tokens)
+        assert "".join(got.logprobs.tokens) == got.text and got.logprobs.token_logprobs[0] is None
+        assert len(more.logprobs.tokens) == n + 1
+        assert got.logprobs.token_logprobs == more.logprobs.token_logprobs[:n]
+        assert got.logprobs.top_logprobs[1:] == more.logprobs.top_logprobs[1:n]
+    streamed = {"text": ["", ""], "logprobs": [[], []], "finish": [None, None]}
+    for chunk in c.completions.create(**ask, max_tokens=0, stream=True):
+        for choice in chunk.choices:
+            streamed["text"][choice.index] += choice.text
+            if choice.logprobs is not None:
+                streamed["logprobs"][choice.index] += choice.logprobs.token_logprobs
+            streamed["finish"][choice.index] = choice.finish_reason or streamed["finish"][choice.index]
+    assert streamed["text"] == ["Score me", "ab"] and streamed["finish"] == ["length", "length"]
+    assert streamed["logprobs"] == [ch.logprobs.token_logprobs for ch in scored.choices]
+    error = api_error(httpx.post(f"{server}/v1/completions", json={"prompt": "hi", "max_tokens": 0}), 400)
+    assert error["param"] == "max_tokens" and "got 0" in error["message"]
+
+
 def test_32_concurrent_streams_each_equal_alone(server):
     prompts = [f"Request {i}: {'ab' * (i % 7)}" for i in range(32)]
     lengths = [4 + i % 5 for i in range(32)]

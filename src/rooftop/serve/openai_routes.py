@@ -137,6 +137,7 @@ async def completions(request: Request) -> Response:
         len(prompts),
         echo=echo if body.echo else None,
         prompt_ids=prompts,
+        echo_only=body.echo_only,
     )
     return await respond(request, ready, out, prompts, params, arrival, body)
 

@@ -271,13 +271,20 @@ class CompletionRequest(SamplingFields):
                 raise InvalidRequestError("prompt is empty" if len(batch) == 1 else f"prompt {i} is empty", "prompt")
         return batch
 
+    @property
+    def echo_only(self) -> bool:
+        """OpenAI's and vLLM's echo with max_tokens 0: the prompt back alone, with its logprobs where asked (how a
+        prompt's log-likelihood is scored). One token is generated to get there, and not returned."""
+        return self.echo and self.max_tokens == 0
+
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """vLLM's: echo with logprobs asks for the prompt's logprobs too, as many alternatives as the output's
         (unless prompt_logprobs says how many)."""
         prompt_logprobs = self.prompt_logprobs
         if prompt_logprobs is None and self.echo:
             prompt_logprobs = self.logprobs
-        return self.sampling_params(self.max_tokens, default_max_tokens, self.logprobs, prompt_logprobs)
+        max_tokens = 1 if self.echo_only else self.max_tokens
+        return self.sampling_params(max_tokens, default_max_tokens, self.logprobs, prompt_logprobs)
 
 
 class TokenizeRequest(Body):

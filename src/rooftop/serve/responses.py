@@ -20,11 +20,13 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def usage(outputs: list[RequestOutput], choices: int) -> dict:
-    """Each prompt once and every choice's tokens (OpenAI's count), `outputs` holding each prompt's `choices` in
-    turn; a prompt's cached tokens are its first choice's (the others reuse what it computed)."""
+def usage(outputs: list[RequestOutput], choices: int, completed: bool = True) -> dict:
+    """Each prompt once and every choice's tokens (OpenAI's count; none where only the prompts were given back,
+    `completed` False), `outputs` holding each prompt's `choices` in turn; a prompt's cached tokens are its first
+    choice's (the others reuse what it computed)."""
     firsts = outputs[::choices]
-    prompt, completion = sum(len(o.prompt_token_ids) for o in firsts), sum(len(o.token_ids) for o in outputs)
+    prompt = sum(len(o.prompt_token_ids) for o in firsts)
+    completion = sum(len(o.token_ids) for o in outputs) if completed else 0
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -66,7 +68,9 @@ class Responses:
     (each prompt's text) starts the text of each of that prompt's choices, streamed in its first chunk, and with
     logprobs its prompt's logprobs (`prompt_ids`: each prompt's tokens, the first of which has none) start the
     choice's. A chat's (one text: the assistant's message the reply continues) starts each choice's content,
-    streamed in a chunk of its own after the role's, as vLLM's; it has no logprobs."""
+    streamed in a chunk of its own after the role's, as vLLM's; it has no logprobs. `echo_only` (a completion's echo
+    with max_tokens 0): each choice is its echo and its prompt's logprobs alone, finished for its length; the token
+    generated to get there is not returned nor counted."""
 
     def __init__(
         self,
@@ -80,6 +84,7 @@ class Responses:
         tool_choice: ToolChoice | None = None,
         echo: list[str] | None = None,
         prompt_ids: list[list[int]] | None = None,
+        echo_only: bool = False,
     ):
         self.kind, self.id, self.model, self.tokenizer = kind, request_id, model, tokenizer  # kind: "chat" or "text"
         self.include_usage = include_usage  # streams then carry "usage": null until the usage chunk, as OpenAI's
@@ -90,6 +95,7 @@ class Responses:
         self.text_offsets = [0] * self.completions
         self.echoes = [""] * self.completions if echo is None else [echo[i // choices] for i in range(self.completions)]
         self.echo_logprobs, self.prompt_ids = echo is not None and kind == "text", prompt_ids
+        self.echo_only = echo_only
 
     def full(self, outputs: list[RequestOutput], logprobs: list[list[TokenLogprob]] | None) -> dict:
         """The non-streamed response; with n > 1 its `timings` are the first choice's."""
@@ -104,9 +110,9 @@ class Responses:
                 message = {"role": "assistant", "content": content, "refusal": None}
                 choice["message"] = message | ({"tool_calls": [c.as_openai() for c in calls]} if calls else {})
             else:
-                choice["text"] = self.echoes[i] + output.text
+                choice["text"] = self.echoes[i] + ("" if self.echo_only else output.text)
             prompt = output.prompt_logprobs if self.echo_logprobs else None
-            choice["logprobs"] = self.logprobs(i, None if logprobs is None else logprobs[i], prompt)
+            choice["logprobs"] = self.logprobs(i, None if logprobs is None else self.generated(logprobs[i]), prompt)
             choice["finish_reason"] = self.finish_reason(output, bool(calls))
             if output.prompt_logprobs is not None and self.kind != "chat":
                 choice["prompt_logprobs"] = self._vllm_entries(output.prompt_logprobs)
@@ -119,13 +125,20 @@ class Responses:
             {**self._head(chunk=False), "choices": choices}
             | shared
             | {
-                "usage": usage(outputs, self.choices),
+                "usage": usage(outputs, self.choices, not self.echo_only),
                 "timings": timings(outputs[0].metrics),
             }
         )
 
+    def generated(self, entries: list[TokenLogprob]) -> list[TokenLogprob]:
+        """The logprobs of the tokens a choice returns: none of the one an echo alone generated."""
+        return [] if self.echo_only else entries
+
     def finish_reason(self, output: RequestOutput, called: bool) -> str:
-        """OpenAI's: `tool_calls` when a complete reply called tools, but `stop` for a named function."""
+        """OpenAI's: `tool_calls` when a complete reply called tools, but `stop` for a named function; `length` for
+        an echo alone (max_tokens 0)."""
+        if self.echo_only:
+            return "length"
         if called and output.finish_reason == "stop" and self.tool_choice.mode != "function":
             return "tool_calls"
         return output.finish_reason
@@ -143,14 +156,14 @@ class Responses:
         """The chunks of one step of choice `index`: its text (or tool-call pieces), its logprobs, and at its end the
         finish_reason and the choice's timings."""
         prompt = delta.prompt_logprobs if self.echo_logprobs else None  # on the first delta only, as the echo
-        logprobs = self.logprobs(index, delta.new_logprobs, prompt) if with_logprobs else None
+        logprobs = self.logprobs(index, self.generated(delta.new_logprobs), prompt) if with_logprobs else None
         if self.kind == "chat" and self.tool_choice:
             reader = self.readers[index]
             pieces = [_delta(e) for e in reader.feed(delta.text) + (reader.finish() if delta.finished else [])]
         elif self.kind == "chat":
             pieces = [{"content": delta.text}] if delta.text else []
         else:
-            text, self.echoes[index] = self.echoes[index] + delta.text, ""
+            text, self.echoes[index] = self.echoes[index] + ("" if self.echo_only else delta.text), ""
             pieces = [text] if text else []
         if logprobs is not None and not pieces:
             pieces = [{} if self.kind == "chat" else ""]
@@ -177,7 +190,7 @@ class Responses:
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> dict:
         """stream_options.include_usage: the last chunk, with no choices."""
-        return {**self._head(chunk=True), "choices": [], "usage": usage(outputs, self.choices)}
+        return {**self._head(chunk=True), "choices": [], "usage": usage(outputs, self.choices, not self.echo_only)}
 
     def _head(self, chunk: bool) -> dict:
         """OpenAI streams completions as text_completion objects too; chat chunks are chat.completion.chunk."""
