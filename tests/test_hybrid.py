@@ -108,6 +108,48 @@ def test_the_decode_kernel_updates_each_state_in_place_as_the_rule_does():
         kernels.delta_rule_decode(q, k, v, g, beta, pool, torch.tensor([1, 1]))
 
 
+@pytest.mark.parametrize("tiled", [False, True])
+def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled):
+    """kernels/delta_rule.cpp's delta_net_decode: a step's decodes from a layer's convolution channels (a strided view
+    of its projection, as the layer passes them) through the convolution, SiLU, the heads and the rule, the kept
+    inputs and states updated in place at their slots: within float32 rounding of PyTorch's form (TorchOps) over six
+    steps, the other slots untouched, a row's bits the same alone, and bad slots refused before anything moves."""
+    from rooftop.config import LinearAttention
+    from rooftop.kernels import cpu
+    from rooftop.models.ops import TorchOps
+
+    kernels = cpu.ops()
+    if kernels is None:
+        pytest.skip("rooftop's CPU kernels did not build on this machine")
+    la = LinearAttention(num_key_heads=2, num_value_heads=4, key_head_dim=16, value_head_dim=24)
+    gen = torch.Generator().manual_seed(5)
+    conv = torch.randn(la.conv_channels, la.conv_kernel_dim, generator=gen) * 0.5
+    block = DeltaNetBlock(*[None] * 2, conv, *[None] * 6, shapes=la, index=0, eps=1e-6, tiled=tiled)
+    conv_pool = torch.randn(5, la.conv_channels, la.conv_kernel_dim - 1, generator=gen)
+    pool = torch.randn(5, 4, 16, 24, generator=gen) * 0.1
+    conv_ref, ref, slots = conv_pool.clone(), pool.clone(), torch.tensor([3, 0])
+    torch_ops = TorchOps(None, None, None)
+    for _ in range(6):
+        mixed = torch.randn(2, la.conv_channels + 7, generator=gen)[:, 3 : 3 + la.conv_channels]  # a strided view
+        g, beta = -torch.rand(2, 4, generator=gen), torch.rand(2, 4, generator=gen)
+        out = kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, slots, 2, tiled)
+        expected = torch_ops.delta_net_decode(block, mixed, g, beta, conv_ref, ref, slots)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    assert torch.equal(conv_pool, conv_ref)  # the kept inputs are moved, not computed
+    torch.testing.assert_close(pool, ref, atol=1e-5, rtol=1e-4)
+    assert torch.equal(pool[[1, 2, 4]], ref[[1, 2, 4]])
+    alone = [conv_pool.clone(), pool.clone()]
+    one = kernels.delta_net_decode(mixed[:1], conv, alone[0], g[:1], beta[:1], alone[1], slots[:1], 2, tiled)
+    both = kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, slots, 2, tiled)
+    assert torch.equal(one[0], both[0]) and torch.equal(alone[1][3], pool[3]) and torch.equal(alone[0][3], conv_pool[3])
+    before = conv_pool.clone()
+    with pytest.raises(RuntimeError, match="slot 5 is outside the pool's 5"):
+        kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, torch.tensor([0, 5]), 2, tiled)
+    with pytest.raises(RuntimeError, match="channels must be q and k of 4 key heads"):
+        kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, slots, 4, tiled)
+    assert torch.equal(conv_pool, before)
+
+
 def test_the_convolution_carries_its_state_across_pieces():
     gen = torch.Generator().manual_seed(3)
     x, weight = torch.randn(20, 8, generator=gen), torch.randn(8, 4, generator=gen)

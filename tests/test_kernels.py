@@ -452,6 +452,13 @@ def test_the_portable_loops_match_the_vector_kernels():
     slots = torch.tensor([4, 0, 3, 1, 2])
     outs = [k.delta_rule_decode(*rule, *gates, s, slots) for k, s in zip((portable, kernels), states, strict=True)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(states[0], states[1])
+    kept = [w.flatten()[: 5 * 128 * 3].reshape(5, 128, 3).clone() for _ in range(2)]  # and the layer's decode
+    conv = w.flatten()[:512].reshape(128, 4).contiguous()
+    outs = [
+        k.delta_net_decode(x[:, :128], conv, c, *gates, s, slots, 1, False)
+        for k, c, s in zip((portable, kernels), kept, states, strict=True)
+    ]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(states[0], states[1]) and torch.equal(kept[0], kept[1])
     for module_call in (
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),

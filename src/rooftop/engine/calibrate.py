@@ -132,7 +132,7 @@ class OpTimer:
         ops = llm.model.ops
         patches = [(cls, "__call__", "linears") for cls in LINEAR_CLASSES]
         patches += [(ops, "attention", "attention"), (ops, "rms_norm", "elementwise"), (ops, "silu_mul", "elementwise")]
-        patches += [(ops, "paged_attention", "attention"), (ops, "delta_rule_decode", "attention")]
+        patches += [(ops, "paged_attention", "attention"), (ops, "delta_net_decode", "attention")]
         if isinstance(ops, KernelOps):  # an MoE layer's experts in one call: linears but for their SiLU-muls and adds
             patches += [(ops, "experts_rows", "linears")]
         patches += [(delta_net, "gated_rms_norm", "elementwise")]

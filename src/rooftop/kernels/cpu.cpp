@@ -185,6 +185,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("delta_rule_decode", &delta_rule_decode,
         "the gated delta rule's decode step: outputs (rows, heads, value dim), states updated in place at slots",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("states"), py::arg("slots"));
+  m.def("delta_net_decode", &delta_net_decode,
+        "a Gated DeltaNet layer's decodes from its convolution channels: convolution (its inputs kept in place at "
+        "slots), SiLU, q and k normalized per key head, the rule; outputs (rows, heads, value dim)",
+        py::arg("mixed"), py::arg("conv"), py::arg("conv_states"), py::arg("g"), py::arg("beta"), py::arg("states"),
+        py::arg("slots"), py::arg("key_heads"), py::arg("tiled") = false);
   m.def("stream_read", &stream_read, "the sum of a uint8 tensor's 64-bit words, read as the tiled linears read",
         py::arg("data"), py::arg("streams") = 1);
   // module_local: builds for other flags (the tests' portable and AVX2 ones, kernel_ab's) load beside this one

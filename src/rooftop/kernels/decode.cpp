@@ -114,7 +114,8 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
     x = project(w[1], attended, x);
     const at::Tensor h = norm(x, norms[2 * l + 1]);
     if (routers[l]) {
-      TORCH_CHECK(experts[l] && w[2].empty() && w[3].empty(), "layer ", l, ": a router, its experts and no dense MLP");
+      TORCH_CHECK(experts[l] && w[2].empty() && w[3].empty() && top_k >= 1,
+                  "layer ", l, ": a router, its experts, top_k >= 1 and no dense MLP");
       int64_t count = 0;
       x = x.add(mixture(*routers[l], *experts[l], top_k, normalize, h, clock, count));  // SparseMoE's residual + out
       if (touched) touched->data_ptr<int64_t>()[l] = count;

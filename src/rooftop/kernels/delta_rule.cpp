@@ -14,8 +14,24 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
+
+namespace {
+
+// slots: contiguous int64 (rows,), each inside a pool of `pool` slots and none given twice.
+void check_slots(const at::Tensor& slots, int64_t rows, int64_t pool) {
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == rows && slots.is_contiguous(),
+              "slots must be contiguous int64 (rows,)");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < pool, "slot ", slot[r], " is outside the pool's ", pool);
+    for (int64_t other = 0; other < r; ++other) TORCH_CHECK(slot[other] != slot[r], "slot ", slot[r], " given twice");
+  }
+}
+
+}  // namespace
 
 // q, k: (B, H, dk) float32, q scaled; v: (B, H, dv); g, beta: (B, H); states: (slots, H, dk, dv) float32, the pool
 // of one layer, updated in place at slots (B,) int64. Returns the outputs (B, H, dv).
@@ -35,13 +51,8 @@ at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at:
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows &&
                     t->size(1) == heads,
                 "g and beta must be contiguous float32 (rows, heads)");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == rows && slots.is_contiguous(),
-              "slots must be contiguous int64 (rows,)");
+  check_slots(slots, rows, states.size(0));  // each state is one sequence's, updated by one task
   const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {  // each state is one sequence's, updated by one task
-    TORCH_CHECK(slot[r] >= 0 && slot[r] < states.size(0), "slot ", slot[r], " is outside the pool's ", states.size(0));
-    for (int64_t other = 0; other < r; ++other) TORCH_CHECK(slot[other] != slot[r], "slot ", slot[r], " given twice");
-  }
   auto out = at::empty({rows, heads, dv}, q.options());
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float *gp = g.data_ptr<float>(), *bp = beta.data_ptr<float>();
@@ -77,4 +88,71 @@ at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at:
     }
   });
   return out;
+}
+
+// A Gated DeltaNet layer's decodes from its projection's convolution channels (models/hybrid.py's DeltaNetBlock; its
+// PyTorch form is some 25 small ops a layer): each row's causal convolution over its sequence's last K - 1 inputs
+// (kept at its slot in conv_states, moved on by one in place) and its new one, SiLU, q and k L2-normalized per key
+// head (q then scaled by key dim^-1/2) and given to the value heads that read them (consecutive ones, or with `tiled`
+// every key_heads-th, as llama.cpp orders them), then the rule (delta_rule_decode). Every sum runs in order with
+// one fused multiply-add at a time and every product stands alone, so each row's numbers are its own and the same
+// in every build. mixed: (B, channels) float32 rows (a view of the projection's output: its rows' stride may be
+// wider); conv: (channels, K) float32; conv_states: (slots, channels, K - 1) float32; the rest as delta_rule_decode.
+at::Tensor delta_net_decode(const at::Tensor& mixed, const at::Tensor& conv, at::Tensor& conv_states, const at::Tensor& g,
+                            const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots, int64_t key_heads,
+                            bool tiled) {
+  TORCH_CHECK(mixed.dim() == 2 && mixed.scalar_type() == at::kFloat && mixed.stride(1) == 1 && mixed.device().is_cpu(),
+              "mixed must be float32 rows (rows, channels) on the CPU");
+  const int64_t rows = mixed.size(0), channels = mixed.size(1);
+  TORCH_CHECK(conv.dim() == 2 && conv.scalar_type() == at::kFloat && conv.is_contiguous() && conv.size(0) == channels &&
+                  conv.size(1) >= 2,
+              "conv must be contiguous float32 (channels, kernel >= 2)");
+  const int64_t width = conv.size(1) - 1;  // the inputs each sequence keeps
+  TORCH_CHECK(conv_states.dim() == 3 && conv_states.scalar_type() == at::kFloat && conv_states.is_contiguous() &&
+                  conv_states.size(1) == channels && conv_states.size(2) == width,
+              "conv_states must be contiguous float32 (slots, channels, kernel - 1)");
+  TORCH_CHECK(states.dim() == 4, "states must be (slots, heads, key dim, value dim)");
+  const int64_t heads = states.size(1), dk = states.size(2), dv = states.size(3);
+  TORCH_CHECK(key_heads >= 1 && heads % key_heads == 0 && channels == 2 * key_heads * dk + heads * dv,
+              "channels must be q and k of ", key_heads, " key heads of ", dk, " and v of ", heads, " heads of ", dv,
+              ", got ", channels);
+  check_slots(slots, rows, conv_states.size(0));
+  const int64_t repeat = heads / key_heads;
+  const float scale = static_cast<float>(std::pow(static_cast<double>(dk), -0.5));  // Python's key_dim ** -0.5
+  auto q = at::empty({rows, heads, dk}, mixed.options()), k = at::empty({rows, heads, dk}, mixed.options());
+  auto v = at::empty({rows, heads, dv}, mixed.options());
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const float* w = conv.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> y(channels);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* in = mixed.data_ptr<float>() + r * mixed.stride(0);
+      float* kept = conv_states.data_ptr<float>() + slot[r] * channels * width;
+      for (int64_t c = 0; c < channels; ++c) {
+        float* last = kept + c * width;
+        const float* wc = w + c * (width + 1);
+        float acc = 0.f;
+        for (int64_t j = 0; j < width; ++j) acc = std::fma(last[j], wc[j], acc);
+        acc = std::fma(in[c], wc[width], acc);
+        for (int64_t j = 0; j + 1 < width; ++j) last[j] = last[j + 1];
+        last[width - 1] = in[c];
+        y[c] = acc / (1.f + std::exp(-acc));  // SiLU
+      }
+      for (int64_t part = 0; part < 2; ++part) {  // q, then k
+        float* out = (part == 0 ? q : k).data_ptr<float>() + r * heads * dk;
+        for (int64_t kh = 0; kh < key_heads; ++kh) {
+          const float* x = y.data() + (part * key_heads + kh) * dk;
+          float squares = 0.f;
+          for (int64_t i = 0; i < dk; ++i) squares = std::fma(x[i], x[i], squares);
+          const float inverse = 1.f / std::sqrt(squares + 1e-6f);
+          for (int64_t j = 0; j < repeat; ++j) {
+            float* head = out + (tiled ? kh + j * key_heads : kh * repeat + j) * dk;
+            for (int64_t i = 0; i < dk; ++i) head[i] = part == 0 ? x[i] * inverse * scale : x[i] * inverse;
+          }
+        }
+      }
+      std::copy(y.begin() + 2 * key_heads * dk, y.end(), v.data_ptr<float>() + r * heads * dv);
+    }
+  });
+  return delta_rule_decode(q, k, v, g, beta, states, slots);
 }

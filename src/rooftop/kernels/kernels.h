@@ -25,6 +25,12 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
 at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                              const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots);
 
+// A Gated DeltaNet layer's decodes from its projection's convolution channels: the convolution (its inputs kept in
+// place at each slot), SiLU, q and k normalized per key head, then the rule (delta_rule.cpp).
+at::Tensor delta_net_decode(const at::Tensor& mixed, const at::Tensor& conv, at::Tensor& conv_states, const at::Tensor& g,
+                            const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots, int64_t key_heads,
+                            bool tiled);
+
 // Prefill attention of one sequence's chunk over its cached and new keys, causal (prefill_attention.cpp).
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t cached,
                              double scale);

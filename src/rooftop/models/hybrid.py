@@ -117,10 +117,7 @@ class DeltaNetBlock:
             out[rows], state[slot] = delta_net.chunked(*self.heads(y), g[rows], beta[rows], state[slot])
         if meta.has_decodes:
             rows, slots = slice(meta.num_prefill_rows, T), meta.decode_state_slots
-            window = torch.cat([conv_state[slots], mixed[rows].float()[:, :, None]], dim=-1)  # (B, channels, kernel)
-            conv_state[slots] = window[..., 1:]
-            y = rowwise(F.silu, (window * self.conv).sum(-1))
-            out[rows] = ops.delta_rule_decode(*self.heads(y), g[rows], beta[rows], state, slots)
+            out[rows] = ops.delta_net_decode(self, mixed[rows], g[rows], beta[rows], conv_state, state, slots)
         normed = delta_net.gated_rms_norm(out, z.reshape(out.shape), self.norm, self.eps).reshape(T, value_dim)
         x = self.out_proj(normed.to(x.dtype), residual=x, plan=plan)
         return self.mlp(ops.rms_norm(x, self.mlp_norm), ops, plan, residual=x)

@@ -66,12 +66,17 @@ class TorchOps:
         models call it after their own norms and RoPE."""
         return paged_attention(q, k, v, k_pool, v_pool, meta)
 
-    def delta_rule_decode(self, q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """A step's decodes through a Gated DeltaNet layer, one token each (models/delta_net.py's recurrent form):
-        their states gathered from the layer's pool at `slots` and put back; the outputs (B, heads, value dim)."""
+    def delta_net_decode(self, block, mixed, g, beta, conv_states, states, slots: torch.Tensor) -> torch.Tensor:
+        """A step's decodes through a Gated DeltaNet layer (models/hybrid.py's DeltaNetBlock), one token each, from
+        its projection's convolution channels `mixed` (B, channels): the causal convolution over each sequence's
+        kept inputs and SiLU, the heads, the recurrent form of models/delta_net.py; their convolution inputs and
+        states gathered from the layer's pools at `slots` and put back. The outputs (B, heads, value dim)."""
         from rooftop.models import delta_net  # which imports this module's rowwise
 
-        out, states[slots] = delta_net.recurrent(q, k, v, g, beta, states[slots])
+        window = torch.cat([conv_states[slots], mixed.float()[:, :, None]], dim=-1)  # (B, channels, kernel)
+        conv_states[slots] = window[..., 1:]
+        y = rowwise(F.silu, (window * block.conv).sum(-1))
+        out, states[slots] = delta_net.recurrent(*block.heads(y), g, beta, states[slots])
         return out
 
 
@@ -96,11 +101,22 @@ class KernelOps:
         themselves)."""
         return paged_attention(q, k, v, k_pool, v_pool, meta)
 
-    def delta_rule_decode(self, q, k, v, g, beta, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """The same step in rooftop's kernel (kernels/delta_rule.cpp): each state updated in place in the pool,
-        read and written once a pass where PyTorch's form makes six tensors of it."""
-        q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-        return self.kernels.delta_rule_decode(q, k, v, g, beta, states, slots)
+    def delta_net_decode(self, block, mixed, g, beta, conv_states, states, slots: torch.Tensor) -> torch.Tensor:
+        """The same step in one call to rooftop's kernel (kernels/delta_rule.cpp): the convolution's inputs and each
+        state updated in place in their pools, a state read and written once a pass where PyTorch's form makes six
+        tensors of it, and the heads' ~25 small ops a layer in one loop."""
+        la = block.shapes
+        return self.kernels.delta_net_decode(
+            mixed,
+            block.conv,
+            conv_states,
+            g.contiguous(),
+            beta.contiguous(),
+            states,
+            slots,
+            la.num_key_heads,
+            block.tiled,
+        )
 
     def experts_rows(self, row, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> tuple:
         """Rows' weighted sums over their experts (T, k) and routing weights (T, k), in one call to the kernels'
