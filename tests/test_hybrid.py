@@ -108,8 +108,8 @@ def test_the_decode_kernel_updates_each_state_in_place_as_the_rule_does():
         kernels.delta_rule_decode(q, k, v, g, beta, pool, torch.tensor([1, 1]))
 
 
-@pytest.mark.parametrize("tiled", [False, True])
-def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled):
+@pytest.mark.parametrize(("tiled", "width"), [(False, 4), (True, 4), (False, 1)])
+def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled, width):
     """kernels/delta_rule.cpp's delta_net_decode: a step's decodes from a layer's convolution channels (a strided view
     of its projection, as the layer passes them) through the convolution, SiLU, the heads and the rule, the kept
     inputs and states updated in place at their slots: within float32 rounding of PyTorch's form (TorchOps) over six
@@ -121,7 +121,7 @@ def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled):
     kernels = cpu.ops()
     if kernels is None:
         pytest.skip("rooftop's CPU kernels did not build on this machine")
-    la = LinearAttention(num_key_heads=2, num_value_heads=4, key_head_dim=16, value_head_dim=24)
+    la = LinearAttention(num_key_heads=2, num_value_heads=4, key_head_dim=16, value_head_dim=24, conv_kernel_dim=width)
     gen = torch.Generator().manual_seed(5)
     conv = torch.randn(la.conv_channels, la.conv_kernel_dim, generator=gen) * 0.5
     block = DeltaNetBlock(*[None] * 2, conv, *[None] * 6, shapes=la, index=0, eps=1e-6, tiled=tiled)
@@ -147,6 +147,10 @@ def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled):
         kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, torch.tensor([0, 5]), 2, tiled)
     with pytest.raises(RuntimeError, match="channels must be q and k of 4 key heads"):
         kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, slots, 4, tiled)
+    with pytest.raises(RuntimeError, match="g and beta must be contiguous float32"):
+        kernels.delta_net_decode(mixed, conv, conv_pool, g[:, :3], beta, pool, slots, 2, tiled)
+    with pytest.raises(RuntimeError, match="slot 3 is outside the pool's 3"):
+        kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool[:3], slots, 2, tiled)
     assert torch.equal(conv_pool, before)
 
 

@@ -123,8 +123,9 @@ def test_batched_requests_get_what_they_get_alone(tiny, weights):
 def test_the_kernels_and_a_lone_rows_loop_give_the_regrouped_sum(tiny, weights):
     """A lone row (a decode at batch 1) runs its k experts on itself, without the regrouping of rows by expert
     that a batch needs: the same sum, bit for bit, in every weight format. Where the experts run in tiles, the
-    kernels (RowExperts: the experts side by side on the threads) give every row the same bits as Python's paths,
-    one row or several, and count the experts they ran; an expert id out of range is refused."""
+    kernels (RowExperts: the experts side by side on the threads, or in turn where there are more threads) give every
+    row the same bits as Python's paths, one row or several, and count the experts they ran; an expert id out of
+    range is refused."""
     model = build_model(load_model(tiny[0]), torch.float32, "cpu", weights)
     moe, ops = model.layers[1].mlp, model.ops
     assert (moe.row is None) == (weights == "float")  # float32 experts: Python
@@ -140,6 +141,12 @@ def test_the_kernels_and_a_lone_rows_loop_give_the_regrouped_sum(tiny, weights):
         if moe.row is not None:
             out, touched = ops.experts_rows(moe.row, x, routing.experts, routing.weights)
             assert torch.equal(out, regrouped) and touched == distinct
+            threads = torch.get_num_threads()
+            torch.set_num_threads(16)  # more threads than experts: each expert on all of them, in turn
+            try:
+                assert torch.equal(ops.experts_rows(moe.row, x, routing.experts, routing.weights)[0], regrouped)
+            finally:
+                torch.set_num_threads(threads)
     if moe.row is not None:
         with pytest.raises(RuntimeError, match="expert 8 of 8"):
             ops.experts_rows(moe.row, x, torch.full_like(routing.experts, 8), routing.weights)

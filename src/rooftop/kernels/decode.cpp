@@ -65,7 +65,7 @@ at::Tensor linear(const std::vector<LinearPart>& parts, const at::Tensor& in, co
 // The weighted sum of the experts each of rows h picks, as models/mlp.py's route and SparseMoE compute it: the
 // router's float32 logits on f32_linear (RouterLinear's narrow rows), softmax, the top k, renormalized when
 // `normalize`; then the experts on the rows routed to them. The experts count as linears, as the op timer counts
-// the one call of a lone row's.
+// their call from Python.
 at::Tensor mixture(const at::Tensor& router, const RowExperts& experts, int64_t top_k, bool normalize,
                    const at::Tensor& h, double* clock, int64_t& touched) {
   const at::Tensor logits =
@@ -132,9 +132,11 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
 // routing weight added into that row, the experts in ascending order; for a lone row the same as its k experts
 // straight (`_one_row`). A row's linears do not depend on the rows beside it (batch invariance) nor on the threads,
 // and the multiplies and adds are PyTorch's float32 ones in PyTorch's order, so each row's sum is the same bits as
-// Python's paths. The experts run side by side, each on one thread: a decode's experts are small matrices (a
-// Qwen3-30B-A3B's ~1.5 MB each in Q4_K), where splitting each one's tiles over the threads started and joined them
-// twice an expert. `touched`: the distinct experts run.
+// Python's paths. Where there are at least as many experts as threads they run side by side, each on one thread:
+// a decode's experts are small matrices (a Qwen3-30B-A3B's ~3 MB each in Q4_K_M), where splitting each one's tiles
+// over the threads started and joined them twice an expert; fewer (a lone row on a host of many cores) each run on
+// all the threads in turn. A tile's result does not depend on the thread that runs it, so the bits are the same.
+// `touched`: the distinct experts run.
 at::Tensor RowExperts::rows(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights,
                             int64_t& touched) const {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 rows");
@@ -157,7 +159,7 @@ at::Tensor RowExperts::rows(const at::Tensor& x, const at::Tensor& experts, cons
   touched = static_cast<int64_t>(active.size());
   std::vector<at::Tensor> outs(active.size());  // each active expert's weighted outputs, one per routed row
   const float* in = x.data_ptr<float>();
-  at::parallel_for(0, touched, 1, [&](int64_t a0, int64_t a1) {
+  const auto experts_from = [&](int64_t a0, int64_t a1) {
     for (int64_t a = a0; a < a1; ++a) {
       const std::vector<int64_t>& routed = pairs[active[a]];
       const int64_t n = static_cast<int64_t>(routed.size());
@@ -167,13 +169,19 @@ at::Tensor RowExperts::rows(const at::Tensor& x, const at::Tensor& experts, cons
       }
       at::Tensor y = linear(downs[active[a]], silu_mul(linear(gate_ups[active[a]], gathered, c10::nullopt)),
                             c10::nullopt);
+      TORCH_CHECK(y.size(1) == hidden, "expert ", active[a], " gives ", y.size(1), " outputs for ", hidden, " inputs");
       float* row = y.data_ptr<float>();
       for (int64_t j = 0; j < n; ++j, row += y.size(1)) {
         for (int64_t c = 0; c < y.size(1); ++c) row[c] *= scale[routed[j]];
       }
       outs[a] = y;
     }
-  });
+  };
+  if (touched >= at::get_num_threads()) {
+    at::parallel_for(0, touched, 1, experts_from);
+  } else {
+    experts_from(0, touched);  // not from parallel_for, whose one task would hold every linear to one thread
+  }
   at::Tensor out = at::zeros_like(x);
   float* sum = out.data_ptr<float>();
   for (int64_t a = 0; a < touched; ++a) {  // in a pass of its own: a product and its sum, each rounded (no FMA)

@@ -105,18 +105,23 @@ at::Tensor delta_net_decode(const at::Tensor& mixed, const at::Tensor& conv, at:
               "mixed must be float32 rows (rows, channels) on the CPU");
   const int64_t rows = mixed.size(0), channels = mixed.size(1);
   TORCH_CHECK(conv.dim() == 2 && conv.scalar_type() == at::kFloat && conv.is_contiguous() && conv.size(0) == channels &&
-                  conv.size(1) >= 2,
-              "conv must be contiguous float32 (channels, kernel >= 2)");
+                  conv.size(1) >= 1,
+              "conv must be contiguous float32 (channels, kernel)");
   const int64_t width = conv.size(1) - 1;  // the inputs each sequence keeps
   TORCH_CHECK(conv_states.dim() == 3 && conv_states.scalar_type() == at::kFloat && conv_states.is_contiguous() &&
                   conv_states.size(1) == channels && conv_states.size(2) == width,
               "conv_states must be contiguous float32 (slots, channels, kernel - 1)");
-  TORCH_CHECK(states.dim() == 4, "states must be (slots, heads, key dim, value dim)");
+  TORCH_CHECK(states.dim() == 4 && states.scalar_type() == at::kFloat && states.is_contiguous() && states.device().is_cpu(),
+              "states must be contiguous float32 (slots, heads, key dim, value dim) on the CPU");
   const int64_t heads = states.size(1), dk = states.size(2), dv = states.size(3);
   TORCH_CHECK(key_heads >= 1 && heads % key_heads == 0 && channels == 2 * key_heads * dk + heads * dv,
               "channels must be q and k of ", key_heads, " key heads of ", dk, " and v of ", heads, " heads of ", dv,
               ", got ", channels);
-  check_slots(slots, rows, conv_states.size(0));
+  for (const at::Tensor* t : {&g, &beta})  // all checked before the kept inputs move
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows &&
+                    t->size(1) == heads,
+                "g and beta must be contiguous float32 (rows, heads)");
+  check_slots(slots, rows, std::min(conv_states.size(0), states.size(0)));
   const int64_t repeat = heads / key_heads;
   const float scale = static_cast<float>(std::pow(static_cast<double>(dk), -0.5));  // Python's key_dim ** -0.5
   auto q = at::empty({rows, heads, dk}, mixed.options()), k = at::empty({rows, heads, dk}, mixed.options());
@@ -134,8 +139,10 @@ at::Tensor delta_net_decode(const at::Tensor& mixed, const at::Tensor& conv, at:
         float acc = 0.f;
         for (int64_t j = 0; j < width; ++j) acc = std::fma(last[j], wc[j], acc);
         acc = std::fma(in[c], wc[width], acc);
-        for (int64_t j = 0; j + 1 < width; ++j) last[j] = last[j + 1];
-        last[width - 1] = in[c];
+        if (width > 0) {
+          for (int64_t j = 0; j + 1 < width; ++j) last[j] = last[j + 1];
+          last[width - 1] = in[c];
+        }
         y[c] = acc / (1.f + std::exp(-acc));  // SiLU
       }
       for (int64_t part = 0; part < 2; ++part) {  // q, then k
