@@ -1,7 +1,7 @@
 """A step of decodes through a model's decoder layers in one call to rooftop's CPU kernels (kernels/decode.cpp).
 
 Layer by layer, a decode step is some ten kernel calls a layer from Python (a mixture of experts' layer twice that,
-and more for each expert a step of several rows touches), and between them the interpreter's code and objects come
+with its routing's), and between them the interpreter's code and objects come
 back from memory cold: each linear's weights have just streamed through the caches. Where every layer is the decoder
 block on the CPU kernels (`KernelOps`), its MLP half dense or Qwen3-MoE's experts, and every linear runs in tiles (a
 GGUF's block formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under
