@@ -154,6 +154,24 @@ def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled, width):
     assert torch.equal(conv_pool, before)
 
 
+def test_a_state_pool_holds_memory_only_for_the_slots_written():
+    """Qwen3.6-27B's 64 state slots are 9.7 GB: on the CPU the pool reads as zeros and takes memory as slots are
+    written, not all at the start."""
+    from test_dummy_weights import rss_bytes
+
+    from rooftop.loading.dummy import load_dummy
+    from rooftop.models.kv_cache import StatePool
+
+    config = load_dummy("qwen3.6-27b", "auto", torch.device("meta"), torch.bfloat16).config
+    before = rss_bytes()
+    pool = StatePool(config, 64, torch.device("cpu"))
+    assert pool.nbytes > 9e9 and rss_bytes() - before < 1 << 28
+    pool.recurrent[:, 5].fill_(1.0)  # one sequence's slot in every layer: ~150 MB
+    grown = rss_bytes() - before
+    assert 1 << 27 < grown < 1 << 29
+    assert pool.recurrent[0, 4].abs().sum() == 0 and pool.conv[3, 63].abs().sum() == 0
+
+
 def test_the_convolution_carries_its_state_across_pieces():
     gen = torch.Generator().manual_seed(3)
     x, weight = torch.randn(20, 8, generator=gen), torch.randn(8, 4, generator=gen)
