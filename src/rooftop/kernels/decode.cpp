@@ -170,8 +170,8 @@ at::Tensor RowExperts::rows(const at::Tensor& x, const at::Tensor& experts, cons
                             c10::nullopt);
       TORCH_CHECK(y.size(1) == hidden, "expert ", active[a], " gives ", y.size(1), " outputs for ", hidden, " inputs");
       float* row = y.data_ptr<float>();
-      for (int64_t j = 0; j < n; ++j, row += y.size(1)) {
-        for (int64_t c = 0; c < y.size(1); ++c) row[c] *= scale[routed[j]];
+      for (int64_t j = 0; j < n; ++j, row += hidden) {
+        for (int64_t c = 0; c < hidden; ++c) row[c] *= scale[routed[j]];
       }
       outs[a] = y;
     }

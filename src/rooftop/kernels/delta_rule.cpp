@@ -31,27 +31,23 @@ void check_slots(const at::Tensor& slots, int64_t rows, int64_t pool) {
   }
 }
 
-}  // namespace
-
-// q, k: (B, H, dk) float32, q scaled; v: (B, H, dv); g, beta: (B, H); states: (slots, H, dk, dv) float32, the pool
-// of one layer, updated in place at slots (B,) int64. Returns the outputs (B, H, dv).
-at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                             const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots) {
+// g, beta: (rows, heads) float32; states: (slots, heads, key dim, value dim) float32 on the CPU; slots inside `pool`
+// (the smallest of the pools the caller updates) and none given twice. Checked before anything is updated.
+void check_gates_and_states(const at::Tensor& g, const at::Tensor& beta, const at::Tensor& states,
+                            const at::Tensor& slots, int64_t rows, int64_t pool) {
   TORCH_CHECK(states.dim() == 4 && states.scalar_type() == at::kFloat && states.is_contiguous() && states.device().is_cpu(),
               "states must be contiguous float32 (slots, heads, key dim, value dim) on the CPU");
-  const int64_t heads = states.size(1), dk = states.size(2), dv = states.size(3), rows = q.size(0);
-  for (const at::Tensor* t : {&q, &k})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3 && t->size(0) == rows &&
-                    t->size(1) == heads && t->size(2) == dk,
-                "q and k must be contiguous float32 (rows, heads, key dim)");
-  TORCH_CHECK(v.scalar_type() == at::kFloat && v.is_contiguous() && v.dim() == 3 && v.size(0) == rows &&
-                  v.size(1) == heads && v.size(2) == dv,
-              "v must be contiguous float32 (rows, heads, value dim)");
   for (const at::Tensor* t : {&g, &beta})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows &&
-                    t->size(1) == heads,
+                    t->size(1) == states.size(1),
                 "g and beta must be contiguous float32 (rows, heads)");
-  check_slots(slots, rows, states.size(0));  // each state is one sequence's, updated by one task
+  check_slots(slots, rows, pool);  // each state is one sequence's, updated by one task
+}
+
+// The rule on inputs already checked: q, k (B, H, dk), q scaled; v (B, H, dv); the rest as check_gates_and_states.
+at::Tensor rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots) {
+  const int64_t heads = states.size(1), dk = states.size(2), dv = states.size(3), rows = q.size(0);
   const int64_t* slot = slots.data_ptr<int64_t>();
   auto out = at::empty({rows, heads, dv}, q.options());
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
@@ -90,6 +86,25 @@ at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at:
   return out;
 }
 
+}  // namespace
+
+// q, k: (B, H, dk) float32, q scaled; v: (B, H, dv); g, beta: (B, H); states: (slots, H, dk, dv) float32, the pool
+// of one layer, updated in place at slots (B,) int64. Returns the outputs (B, H, dv).
+at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                             const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots) {
+  const int64_t rows = q.size(0);
+  check_gates_and_states(g, beta, states, slots, rows, states.size(0));
+  const int64_t heads = states.size(1), dk = states.size(2), dv = states.size(3);
+  for (const at::Tensor* t : {&q, &k})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3 && t->size(0) == rows &&
+                    t->size(1) == heads && t->size(2) == dk,
+                "q and k must be contiguous float32 (rows, heads, key dim)");
+  TORCH_CHECK(v.scalar_type() == at::kFloat && v.is_contiguous() && v.dim() == 3 && v.size(0) == rows &&
+                  v.size(1) == heads && v.size(2) == dv,
+              "v must be contiguous float32 (rows, heads, value dim)");
+  return rule(q, k, v, g, beta, states, slots);
+}
+
 // A Gated DeltaNet layer's decodes from its projection's convolution channels (models/hybrid.py's DeltaNetBlock; its
 // PyTorch form is some 25 small ops a layer): each row's causal convolution over its sequence's last K - 1 inputs
 // (kept at its slot in conv_states, moved on by one in place) and its new one, SiLU, q and k L2-normalized per key
@@ -111,17 +126,12 @@ at::Tensor delta_net_decode(const at::Tensor& mixed, const at::Tensor& conv, at:
   TORCH_CHECK(conv_states.dim() == 3 && conv_states.scalar_type() == at::kFloat && conv_states.is_contiguous() &&
                   conv_states.size(1) == channels && conv_states.size(2) == width,
               "conv_states must be contiguous float32 (slots, channels, kernel - 1)");
-  TORCH_CHECK(states.dim() == 4 && states.scalar_type() == at::kFloat && states.is_contiguous() && states.device().is_cpu(),
-              "states must be contiguous float32 (slots, heads, key dim, value dim) on the CPU");
+  // all checked before the kept inputs move
+  check_gates_and_states(g, beta, states, slots, rows, std::min(conv_states.size(0), states.size(0)));
   const int64_t heads = states.size(1), dk = states.size(2), dv = states.size(3);
   TORCH_CHECK(key_heads >= 1 && heads % key_heads == 0 && channels == 2 * key_heads * dk + heads * dv,
               "channels must be q and k of ", key_heads, " key heads of ", dk, " and v of ", heads, " heads of ", dv,
               ", got ", channels);
-  for (const at::Tensor* t : {&g, &beta})  // all checked before the kept inputs move
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == rows &&
-                    t->size(1) == heads,
-                "g and beta must be contiguous float32 (rows, heads)");
-  check_slots(slots, rows, std::min(conv_states.size(0), states.size(0)));
   const int64_t repeat = heads / key_heads;
   const float scale = static_cast<float>(std::pow(static_cast<double>(dk), -0.5));  // Python's key_dim ** -0.5
   auto q = at::empty({rows, heads, dk}, mixed.options()), k = at::empty({rows, heads, dk}, mixed.options());
@@ -161,5 +171,5 @@ at::Tensor delta_net_decode(const at::Tensor& mixed, const at::Tensor& conv, at:
       std::copy(y.begin() + 2 * key_heads * dk, y.end(), v.data_ptr<float>() + r * heads * dv);
     }
   });
-  return delta_rule_decode(q, k, v, g, beta, states, slots);
+  return rule(q, k, v, g, beta, states, slots);
 }

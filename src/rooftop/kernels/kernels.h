@@ -86,5 +86,3 @@ struct DecodeLayers {
                  const std::vector<c10::optional<at::Tensor>>& v_scales, const c10::optional<at::Tensor>& seconds,
                  const c10::optional<at::Tensor>& touched) const;
 };
-
-

@@ -1,15 +1,15 @@
 """A step of decodes through a model's decoder layers in one call to rooftop's CPU kernels (kernels/decode.cpp).
 
 Layer by layer, a decode step is some ten kernel calls a layer from Python (a mixture of experts' layer twice that,
-with its routing's), and between them the interpreter's code and objects come
-back from memory cold: each linear's weights have just streamed through the caches. Where every layer is the decoder
-block on the CPU kernels (`KernelOps`), its MLP half dense or Qwen3-MoE's experts, and every linear runs in tiles (a
-GGUF's block formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under
-`auto`), a step whose rows are all decodes runs the same kernels and PyTorch ops in the same order with the same
-arguments from one C++ call, so each row's result is the same bits either way (docs/PERFORMANCE.md has what it
-saves). Other models, prefill chunks and widened rows go layer by layer. The calibration's op timer reads each op's
-time from the call's own clocks (`seconds`). An MoE layer's experts are held the same way (`row_experts`), also for
-the rows of a step that goes layer by layer (a prefill's short chunks beside decodes), in one call a layer."""
+with its routing's), and between them the interpreter's code and objects come back from memory cold: each linear's
+weights have just streamed through the caches. Where every layer is the decoder block on the CPU kernels
+(`KernelOps`), its MLP half dense or Qwen3-MoE's experts, and every linear runs in tiles (a GGUF's block formats,
+`--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under `auto`), a step whose rows
+are all decodes runs the same kernels and PyTorch ops in the same order with the same arguments from one C++ call,
+so each row's result is the same bits either way (docs/PERFORMANCE.md has what it saves). Other models, prefill
+chunks and widened rows go layer by layer. The calibration's op timer reads each op's time from the call's own clocks
+(`seconds`). An MoE layer's experts are held the same way (`row_experts`), also for the rows of a step that goes
+layer by layer (a prefill's short chunks beside decodes), in one call a layer."""
 
 from __future__ import annotations
 
@@ -59,8 +59,10 @@ class DecodeCall:
             self.seconds,
             self.touched if self.moe else None,
         )
-        for index, moe in self.moe.items():
-            moe.touched = int(self.touched[index])
+        if self.moe:
+            counts = self.touched.tolist()
+            for index, moe in self.moe.items():
+                moe.touched = counts[index]
         return hidden
 
 
