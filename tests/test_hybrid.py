@@ -110,10 +110,11 @@ def test_the_decode_kernel_updates_each_state_in_place_as_the_rule_does():
 
 @pytest.mark.parametrize(("tiled", "width"), [(False, 4), (True, 4), (False, 1)])
 def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled, width):
-    """kernels/delta_rule.cpp's delta_net_decode: a step's decodes from a layer's convolution channels (a strided view
-    of its projection, as the layer passes them) through the convolution, SiLU, the heads and the rule, the kept
-    inputs and states updated in place at their slots: within float32 rounding of PyTorch's form (TorchOps) over six
-    steps, the other slots untouched, a row's bits the same alone, and bad slots refused before anything moves."""
+    """kernels/delta_rule.cpp's delta_net_decode: a step's decodes from a layer's fused projection (a strided view of
+    its rows, as the layer passes them) through the gates, the convolution, SiLU, the heads, the rule and the gated
+    RMSNorm, the kept inputs and states updated in place at their slots: within float32 rounding of PyTorch's form
+    (TorchOps) over six steps, the other slots untouched, a row's bits the same alone, and bad inputs refused before
+    anything moves."""
     from rooftop.config import LinearAttention
     from rooftop.kernels import cpu
     from rooftop.models.ops import TorchOps
@@ -124,34 +125,90 @@ def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled, width):
     la = LinearAttention(num_key_heads=2, num_value_heads=4, key_head_dim=16, value_head_dim=24, conv_kernel_dim=width)
     gen = torch.Generator().manual_seed(5)
     conv = torch.randn(la.conv_channels, la.conv_kernel_dim, generator=gen) * 0.5
-    block = DeltaNetBlock(*[None] * 2, conv, *[None] * 6, shapes=la, index=0, eps=1e-6, tiled=tiled)
+    neg_a, dt_bias = -torch.rand(4, generator=gen).exp(), torch.randn(4, generator=gen)
+    norm = 1 + torch.randn(24, generator=gen) * 0.2
+    block = DeltaNetBlock(
+        None, None, conv, neg_a, dt_bias, norm, *[None] * 3, shapes=la, index=0, eps=1e-6, tiled=tiled
+    )
     conv_pool = torch.randn(5, la.conv_channels, la.conv_kernel_dim - 1, generator=gen)
     pool = torch.randn(5, 4, 16, 24, generator=gen) * 0.1
     conv_ref, ref, slots = conv_pool.clone(), pool.clone(), torch.tensor([3, 0])
     torch_ops = TorchOps(None, None, None)
+    width = la.conv_channels + 4 * 24 + 2 * 4  # the channels, z, b and a
+
+    def call(proj, conv_states, states, rows=slots, heads=2, a=neg_a, bias=dt_bias):
+        return kernels.delta_net_decode(proj, conv, conv_states, a, bias, norm, 1e-6, states, rows, heads, tiled)
+
     for _ in range(6):
-        mixed = torch.randn(2, la.conv_channels + 7, generator=gen)[:, 3 : 3 + la.conv_channels]  # a strided view
-        g, beta = -torch.rand(2, 4, generator=gen), torch.rand(2, 4, generator=gen)
-        out = kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, slots, 2, tiled)
-        expected = torch_ops.delta_net_decode(block, mixed, g, beta, conv_ref, ref, slots)
+        proj = torch.randn(2, width + 7, generator=gen)[:, 3 : 3 + width]  # a strided view
+        proj[:, -8:] *= 4  # b and a across the sigmoid's and softplus's range (softplus is linear past 20)
+        proj[0, -1] = 30.0
+        out = call(proj, conv_pool, pool)
+        expected = torch_ops.delta_net_decode(block, proj, conv_ref, ref, slots)
+        assert out.shape == (2, 4 * 24)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
     assert torch.equal(conv_pool, conv_ref)  # the kept inputs are moved, not computed
     torch.testing.assert_close(pool, ref, atol=1e-5, rtol=1e-4)
     assert torch.equal(pool[[1, 2, 4]], ref[[1, 2, 4]])
     alone = [conv_pool.clone(), pool.clone()]
-    one = kernels.delta_net_decode(mixed[:1], conv, alone[0], g[:1], beta[:1], alone[1], slots[:1], 2, tiled)
-    both = kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, slots, 2, tiled)
+    one = call(proj[:1], alone[0], alone[1], slots[:1])
+    both = call(proj, conv_pool, pool)
     assert torch.equal(one[0], both[0]) and torch.equal(alone[1][3], pool[3]) and torch.equal(alone[0][3], conv_pool[3])
     before = conv_pool.clone()
     with pytest.raises(RuntimeError, match="slot 5 is outside the pool's 5"):
-        kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, torch.tensor([0, 5]), 2, tiled)
+        call(proj, conv_pool, pool, torch.tensor([0, 5]))
     with pytest.raises(RuntimeError, match="channels must be q and k of 4 key heads"):
-        kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool, slots, 4, tiled)
-    with pytest.raises(RuntimeError, match="g and beta must be contiguous float32"):
-        kernels.delta_net_decode(mixed, conv, conv_pool, g[:, :3], beta, pool, slots, 2, tiled)
+        call(proj, conv_pool, pool, heads=4)
+    with pytest.raises(RuntimeError, match=f"proj must hold {la.conv_channels} channels"):
+        call(proj[:, :-1], conv_pool, pool)
+    with pytest.raises(RuntimeError, match="neg_a and dt_bias must be contiguous float32"):
+        call(proj, conv_pool, pool, bias=dt_bias[:3])
     with pytest.raises(RuntimeError, match="slot 3 is outside the pool's 3"):
-        kernels.delta_net_decode(mixed, conv, conv_pool, g, beta, pool[:3], slots, 2, tiled)
+        call(proj, conv_pool, pool[:3])
     assert torch.equal(conv_pool, before)
+
+
+def test_the_gated_attention_kernel_is_pytorchs_form_in_one_call():
+    """kernels/attention.cpp's gated_decode_attention: a step's decodes from a gated attention layer's fused
+    projection (a strided view of its rows; per head q then its gate) through the q/k norms, RoPE on the first 8 of
+    16 dims, decode attention over the paged pool and the output gate: within float32 rounding of PyTorch's form
+    (GatedAttentionBlock.project, decode_attention on its q, k and v, GatedAttentionBlock.gated), the new K/V in the
+    pool likewise, a row's bits the same alone, and a bad width or position refused."""
+    from rooftop.kernels import cpu
+
+    kernels = cpu.ops()
+    if kernels is None:
+        pytest.skip("rooftop's CPU kernels did not build on this machine")
+    gen = torch.Generator().manual_seed(8)
+    angles = torch.rand(64, 4, generator=gen) * 6
+    cos, signed_sin = torch.cat([angles.cos()] * 2, 1), torch.cat([-angles.sin(), angles.sin()], 1)
+    q_norm, k_norm = 1 + torch.randn(16, generator=gen) * 0.2, 1 + torch.randn(16, generator=gen) * 0.2
+    block = GatedAttentionBlock(*[None] * 3, q_norm, k_norm, *[None] * 2, cos, signed_sin, 4, 2, 16, 1e-6)
+    proj = torch.randn(2, (2 * 4 + 2 * 2) * 16 + 5, generator=gen)[:, 5:]  # a strided view
+    positions = torch.tensor([21, 8])
+    pools = [torch.randn(64, 2, 16, generator=gen) for _ in range(2)]
+    ref_pools = [p.clone() for p in pools]
+    steps = (torch.tensor([21, 40]), torch.tensor([[0, 1], [2, 0]]), positions + 1, 16, 4, 2, 0.25)
+
+    def call(rows=slice(None), at=positions, kv=pools, width=proj.shape[1]):
+        step = (steps[0][rows], steps[1][rows], steps[2][rows], *steps[3:])
+        args = (block.q_norm, block.k_norm, at[rows], cos, signed_sin, 1e-6, *kv, *step)
+        return kernels.gated_decode_attention(proj[rows, :width], *args)
+
+    q, k, v, gate = block.project(proj, positions)
+    attended = kernels.decode_attention(torch.cat([t.flatten(1) for t in (q, k, v)], 1), *ref_pools, *steps)
+    expected = block.gated(attended, gate)
+    out = call()
+    assert out.shape == (2, 64)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    for pool, ref in zip(pools, ref_pools, strict=True):
+        torch.testing.assert_close(pool, ref, atol=1e-5, rtol=1e-5)
+    alone = [p.clone() for p in pools]
+    assert torch.equal(call(slice(1, 2), kv=alone)[0], call()[1])
+    with pytest.raises(RuntimeError, match="proj width must be .* = 192, got 191"):
+        call(width=191)
+    with pytest.raises(RuntimeError, match="position 64 is past the RoPE table"):
+        call(at=torch.tensor([64, 8]))
 
 
 def test_a_state_pool_holds_memory_only_for_the_slots_written():

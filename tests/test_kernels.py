@@ -452,13 +452,17 @@ def test_the_portable_loops_match_the_vector_kernels():
     slots = torch.tensor([4, 0, 3, 1, 2])
     outs = [k.delta_rule_decode(*rule, *gates, s, slots) for k, s in zip((portable, kernels), states, strict=True)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(states[0], states[1])
-    kept = [w.flatten()[: 5 * 128 * 3].reshape(5, 128, 3).clone() for _ in range(2)]  # and the layer's decode
+    kept = [w.flatten()[: 5 * 128 * 3].reshape(5, 128, 3).clone() for _ in range(2)]  # and the layer's decode,
     conv = w.flatten()[:512].reshape(128, 4).contiguous()
+    proj = torch.cat([x[:, :128], x[:, 128:224], x[:, :4]], dim=1)  # the channels, z, b and a
+    layer = (w[2, :2].contiguous(), w[3, :2].contiguous(), w[4, :48].contiguous(), 1e-6)  # neg_a, dt_bias, norm, eps
     outs = [
-        k.delta_net_decode(x[:, :128], conv, c, *gates, s, slots, 1, False)
+        k.delta_net_decode(proj, conv, c, *layer, s, slots, 1, False)
         for k, c, s in zip((portable, kernels), kept, states, strict=True)
-    ]
-    assert torch.equal(outs[0], outs[1]) and torch.equal(states[0], states[1]) and torch.equal(kept[0], kept[1])
+    ]  # whose SiLUs take exp_ps's vectors: the last bits differ, the kept inputs move the same
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states[0], states[1], atol=1e-5, rtol=1e-5)
+    assert torch.equal(kept[0], kept[1])
     for module_call in (
         lambda k: k.rms_norm(x, w[0], 1e-5),
         lambda k: k.silu_mul(torch.cat([x, x], dim=1)),
@@ -483,6 +487,9 @@ def test_the_portable_loops_match_the_vector_kernels():
             1e-6,
         )
     torch.testing.assert_close(rotated[0], rotated[1])
+    for k, out in zip((portable, kernels), rotated, strict=False):  # partial RoPE: the first 8 of 16 dims
+        k.rope_(out, 6, 16, torch.tensor([3, 5]), cos[:, :8].contiguous(), sin[:, :8].contiguous(), None, 1e-6)
+    torch.testing.assert_close(rotated[0], rotated[1])
     pools = [
         (
             torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(2)),
@@ -493,6 +500,22 @@ def test_the_portable_loops_match_the_vector_kernels():
     args = (torch.tensor([21, 40]), torch.tensor([[0, 1], [2, 0]]), torch.tensor([22, 9]), 16, 4, 2, 0.25)
     attended = [k.decode_attention(qkv, kp, vp, *args) for k, (kp, vp) in zip((portable, kernels), pools, strict=False)]
     torch.testing.assert_close(attended[0], attended[1], atol=1e-5, rtol=1e-5)
+    norms = (torch.randn(16, generator=gen), torch.randn(16, generator=gen))
+    gated = [  # a gated attention layer's decodes from its projection: per head q then its gate, then k and v
+        k.gated_decode_attention(
+            torch.randn(2, 12 * 16, generator=torch.Generator().manual_seed(4)),
+            *norms,
+            torch.tensor([3, 5]),  # positions in the 8-row tables
+            cos[:, :8].contiguous(),
+            sin[:, :8].contiguous(),
+            1e-6,
+            kp,
+            vp,
+            *args,
+        )
+        for k, (kp, vp) in zip((portable, kernels), pools, strict=False)
+    ]
+    torch.testing.assert_close(gated[0], gated[1], atol=1e-5, rtol=1e-5)
     for call in decode_attention_calls():  # the same integer dots on int8 pools; softmax's exp differs in the last bits
         torch.testing.assert_close(call(portable), call(kernels), atol=1e-5, rtol=1e-5)
     q, keys = torch.randn(40, 4, 32, generator=gen), torch.randn(2, 90, 2, 32, generator=gen)

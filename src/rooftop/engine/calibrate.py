@@ -132,7 +132,8 @@ class OpTimer:
         ops = llm.model.ops
         patches = [(cls, "__call__", "linears") for cls in LINEAR_CLASSES]
         patches += [(ops, "attention", "attention"), (ops, "rms_norm", "elementwise"), (ops, "silu_mul", "elementwise")]
-        patches += [(ops, "paged_attention", "attention"), (ops, "delta_net_decode", "attention")]
+        attention = ("paged_attention", "gated_attention", "delta_net_decode")  # KernelOps has no paged_attention
+        patches += [(ops, name, "attention") for name in attention if hasattr(ops, name)]
         if isinstance(ops, KernelOps):  # an MoE layer's experts in one call: linears but for their SiLU-muls and adds
             patches += [(ops, "experts_rows", "linears")]
         patches += [(delta_net, "gated_rms_norm", "elementwise")]

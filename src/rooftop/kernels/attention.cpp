@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "exp.h"
+#include "kernels.h"
 
 namespace {
 
@@ -872,4 +873,61 @@ at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tenso
   }
   return attend(qkv, k_pool.data_ptr<Fp8>(), v_pool.data_ptr<Fp8>(), ks, vs, write, tb, len, blocks, block_size, heads,
                 kv_heads, dim, sc);
+}
+
+// Decode attention of a gated attention layer (Qwen3.5's; models/hybrid.py's GatedAttentionBlock) from its fused
+// projection's rows: per q head its head_dim query values then as many of its output gate's, then k's and v's heads.
+// q and k heads get their RMSNorm (q_norm, k_norm: (head_dim,)) and RoPE on the first rotary dims (the tables'
+// width), then decode_attention (the step's K/V into the pool, each q head over its sequence's cache), then each
+// output value times the sigmoid of its gate. proj: (B, (2 * heads + 2 * kv_heads) * head_dim) float32 rows (their
+// stride may be wider); positions (B,). Returns (B, heads * head_dim), what o_proj takes.
+at::Tensor gated_decode_attention(const at::Tensor& proj, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                                  const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
+                                  double eps, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
+                                  const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
+                                  int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
+                                  const c10::optional<at::Tensor>& v_scale) {
+  TORCH_CHECK(proj.dim() == 2 && proj.scalar_type() == at::kFloat && proj.stride(1) == 1 && proj.device().is_cpu(),
+              "proj must be float32 rows (B, W) on the CPU");
+  TORCH_CHECK(k_pool.dim() == 3, "pools must be (slots, kv_heads, head_dim)");
+  const int64_t rows = proj.size(0), dim = k_pool.size(2);
+  TORCH_CHECK(heads >= 1 && kv_heads >= 1 && proj.size(1) == (2 * heads + 2 * kv_heads) * dim,
+              "proj width must be (2 * heads + 2 * kv_heads) * head_dim = ", (2 * heads + 2 * kv_heads) * dim, ", got ",
+              proj.size(1));
+  for (const at::Tensor* t : {&q_norm, &k_norm})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == dim,
+                "q_norm and k_norm must be contiguous float32 (head_dim,)");
+  check_rope_tables(positions, rows, cos, signed_sin, dim);
+  auto qkv = cpu_empty({rows, (heads + 2 * kv_heads) * dim}, proj.options());
+  const int64_t rotary = cos.size(1), width = qkv.size(1);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const float *in = proj.data_ptr<float>(), *c = cos.data_ptr<float>(), *s = signed_sin.data_ptr<float>();
+  float* packed = qkv.data_ptr<float>();
+  at::parallel_for(0, rows * (heads + kv_heads), std::max<int64_t>(1, 8192 / dim), [&](int64_t i0, int64_t i1) {
+    std::vector<float> scratch(dim);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / (heads + kv_heads), h = i % (heads + kv_heads);
+      const float* row = in + r * proj.stride(0);
+      float* head = packed + r * width + h * dim;
+      const bool query = h < heads;
+      std::memcpy(head, query ? row + h * 2 * dim : row + 2 * heads * dim + (h - heads) * dim, dim * sizeof(float));
+      norm_rope_head(head, dim, (query ? q_norm : k_norm).data_ptr<float>(), static_cast<float>(eps),
+                     c + pos[r] * rotary, s + pos[r] * rotary, rotary, scratch.data());
+      if (h == heads)  // v once a row, beside its first k head
+        std::memcpy(packed + r * width + (heads + kv_heads) * dim, row + (2 * heads + kv_heads) * dim,
+                    kv_heads * dim * sizeof(float));
+    }
+  });
+  at::Tensor out = decode_attention(qkv, k_pool, v_pool, slot_mapping, tables, lengths, block_size, heads, kv_heads,
+                                    scale, k_scale, v_scale);
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows * heads, std::max<int64_t>(1, 8192 / dim), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / heads, h = i % heads;
+      const float* gate = in + r * proj.stride(0) + h * 2 * dim + dim;
+      float* y = o + i * dim;
+      for (int64_t j = 0; j < dim; ++j) y[j] = y[j] * (1.f / (1.f + std::exp(-gate[j])));
+    }
+  });
+  return out;
 }

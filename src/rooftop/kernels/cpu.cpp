@@ -36,20 +36,45 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+void norm_rope_head(float* v, int64_t dim, const float* norm, float eps, const float* cos, const float* signed_sin,
+                    int64_t rotary, float* scratch) {
+  std::memcpy(scratch, v, dim * sizeof(float));
+  if (norm) {
+    float ss = 0.f;
+    for (int64_t j = 0; j < dim; ++j) ss += scratch[j] * scratch[j];
+    const float inv = 1.f / std::sqrt(ss / dim + eps);
+    for (int64_t j = 0; j < dim; ++j) scratch[j] = norm[j] * (scratch[j] * inv);
+  }
+  const int64_t half = rotary / 2;
+  for (int64_t j = 0; j < rotary; ++j) v[j] = scratch[j] * cos[j] + scratch[(j + half) % rotary] * signed_sin[j];
+  if (norm) std::memcpy(v + rotary, scratch + rotary, (dim - rotary) * sizeof(float));
+}
+
+void check_rope_tables(const at::Tensor& positions, int64_t rows, const at::Tensor& cos, const at::Tensor& signed_sin,
+                       int64_t head_dim) {
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == rows,
+              "positions must be contiguous int64 (T,)");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+                  signed_sin.is_contiguous() && cos.dim() == 2 && cos.sizes() == signed_sin.sizes() &&
+                  cos.size(1) <= head_dim && cos.size(1) % 2 == 0,
+              "cos/sin tables must be float32 (positions, rotary dims), an even number of dims up to head_dim");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < cos.size(0), "position ", pos[r], " is past the RoPE table");
+}
+
 // In place on the first `heads` heads of each row of qkv (T, ...): an optional per-head RMSNorm (Qwen3's q/k
-// norm, weights (heads, D)), then rotate-half RoPE: x*cos + roll(x, D/2)*signed_sin at the row's position.
+// norm, weights (heads, D)), then rotate-half RoPE on the first rotary dims (the tables' width: head_dim but for
+// partial rotary embeddings) at the row's position.
 void rope_(at::Tensor& qkv, int64_t heads, int64_t head_dim, const at::Tensor& positions, const at::Tensor& cos,
            const at::Tensor& signed_sin, const c10::optional<at::Tensor>& norm, double eps) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(), "qkv must be contiguous float32 (T, W)");
   TORCH_CHECK(heads * head_dim <= qkv.size(1) && head_dim % 2 == 0, "heads * head_dim exceeds the row");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == qkv.size(0), "positions must be int64 (T,)");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && signed_sin.is_contiguous() && cos.size(1) == head_dim,
-              "cos/sin tables must be float32 (positions, head_dim)");
+  check_rope_tables(positions, qkv.size(0), cos, signed_sin, head_dim);
   TORCH_CHECK(!norm || (norm->scalar_type() == at::kFloat && norm->is_contiguous() && norm->numel() == heads * head_dim),
               "norm must be float32 (heads, head_dim)");
-  const int64_t t = qkv.size(0), width = qkv.size(1), half = head_dim / 2, table = cos.size(0);
+  const int64_t t = qkv.size(0), width = qkv.size(1), rotary = cos.size(1);
   const int64_t* pos = positions.data_ptr<int64_t>();
-  for (int64_t r = 0; r < t; ++r) TORCH_CHECK(pos[r] >= 0 && pos[r] < table, "position ", pos[r], " is past the RoPE table");
   float* data = qkv.data_ptr<float>();
   const float* c = cos.data_ptr<float>();
   const float* s = signed_sin.data_ptr<float>();
@@ -58,17 +83,8 @@ void rope_(at::Tensor& qkv, int64_t heads, int64_t head_dim, const at::Tensor& p
     std::vector<float> x(head_dim);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t r = i / heads, h = i % heads;
-      float* v = data + r * width + h * head_dim;
-      std::memcpy(x.data(), v, head_dim * sizeof(float));
-      if (nw) {
-        float ss = 0.f;
-        for (int64_t j = 0; j < head_dim; ++j) ss += x[j] * x[j];
-        const float inv = 1.f / std::sqrt(ss / head_dim + static_cast<float>(eps));
-        for (int64_t j = 0; j < head_dim; ++j) x[j] = nw[h * head_dim + j] * (x[j] * inv);
-      }
-      const float* cp = c + pos[r] * head_dim;
-      const float* sp = s + pos[r] * head_dim;
-      for (int64_t j = 0; j < head_dim; ++j) v[j] = x[j] * cp[j] + x[(j + half) % head_dim] * sp[j];
+      norm_rope_head(data + r * width + h * head_dim, head_dim, nw ? nw + h * head_dim : nullptr,
+                     static_cast<float>(eps), c + pos[r] * rotary, s + pos[r] * rotary, rotary, x.data());
     }
   });
 }
@@ -186,10 +202,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the gated delta rule's decode step: outputs (rows, heads, value dim), states updated in place at slots",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"), py::arg("states"), py::arg("slots"));
   m.def("delta_net_decode", &delta_net_decode,
-        "a Gated DeltaNet layer's decodes from its convolution channels: convolution (its inputs kept in place at "
-        "slots), SiLU, q and k normalized per key head, the rule; outputs (rows, heads, value dim)",
-        py::arg("mixed"), py::arg("conv"), py::arg("conv_states"), py::arg("g"), py::arg("beta"), py::arg("states"),
-        py::arg("slots"), py::arg("key_heads"), py::arg("tiled") = false);
+        "a Gated DeltaNet layer's decodes from its fused projection's rows: the gates, the convolution (its inputs "
+        "kept in place at slots), SiLU, q and k normalized per key head, the rule, the gated RMSNorm; outputs "
+        "(rows, heads * value dim)",
+        py::arg("proj"), py::arg("conv"), py::arg("conv_states"), py::arg("neg_a"), py::arg("dt_bias"),
+        py::arg("norm"), py::arg("eps"), py::arg("states"), py::arg("slots"), py::arg("key_heads"),
+        py::arg("tiled") = false);
   m.def("stream_read", &stream_read, "the sum of a uint8 tensor's 64-bit words, read as the tiled linears read",
         py::arg("data"), py::arg("streams") = 1);
   // module_local: builds for other flags (the tests' portable and AVX2 ones, kernel_ab's) load beside this one
@@ -240,6 +258,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qkv"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slot_mapping"), py::arg("tables"),
         py::arg("lengths"), py::arg("block_size"), py::arg("heads"), py::arg("kv_heads"), py::arg("scale"),
         py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none());
+  m.def("gated_decode_attention", &gated_decode_attention,
+        "a gated attention layer's decodes from its fused projection's rows: q and k normed and rotated, attention "
+        "over the paged KV pool as decode_attention's, the output times sigmoid(gate)",
+        py::arg("proj"), py::arg("q_norm"), py::arg("k_norm"), py::arg("positions"), py::arg("cos"),
+        py::arg("signed_sin"), py::arg("eps"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slot_mapping"),
+        py::arg("tables"), py::arg("lengths"), py::arg("block_size"), py::arg("heads"), py::arg("kv_heads"),
+        py::arg("scale"), py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none());
   m.def("prefill_attention", &prefill_attention,
         "causal attention of a chunk's queries (n, heads, dim) over its sequence's cached + n keys and values",
         py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("cached"), py::arg("scale"));

@@ -39,3 +39,25 @@ inline __m512 exp16_ps(__m512 x) {
 
 }  // namespace
 #endif
+
+// x / (1 + e^-x) in place for n floats (SiLU): sixteen or eight at a time with exp16_ps / exp_ps where built, libm's
+// exp for the rest. A value's result depends only on where it falls in the n (vector body or tail), not on any
+// other value.
+inline void silu_in_place(float* x, int64_t n) {
+  int64_t i = 0;
+#ifdef ROOFTOP_AVX512
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m512 e = exp16_ps(_mm512_sub_ps(_mm512_setzero_ps(), v));
+    _mm512_storeu_ps(x + i, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+  }
+#endif
+#ifdef ROOFTOP_AVX2
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    _mm256_storeu_ps(x + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.f), e)));
+  }
+#endif
+  for (; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
+}

@@ -14,22 +14,38 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rope_(at::Tensor& qkv, int64_t heads, int64_t head_dim, const at::Tensor& positions, const at::Tensor& cos,
            const at::Tensor& signed_sin, const c10::optional<at::Tensor>& norm, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+// One head of `dim` values in place: RMSNorm with `norm` (none: skipped), then rotate-half RoPE on its first `rotary`
+// values with the position's rows of the tables; `scratch` holds `dim` floats.
+void norm_rope_head(float* v, int64_t dim, const float* norm, float eps, const float* cos, const float* signed_sin,
+                    int64_t rotary, float* scratch);
+// positions (rows,) int64 inside the tables; cos and signed_sin float32 (positions, rotary), rotary even, <= head_dim.
+void check_rope_tables(const at::Tensor& positions, int64_t rows, const at::Tensor& cos, const at::Tensor& signed_sin,
+                       int64_t head_dim);
 
 // Decode attention over the paged KV pool, float32, bfloat16, float16, int8 or fp8 e4m3 (attention.cpp).
 at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
                             const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
                             int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
                             const c10::optional<at::Tensor>& v_scale);
+// The same for a gated attention layer (Qwen3.5's), from its fused projection's rows: q and k normed and rotated
+// (partial RoPE), attention, the output gate's sigmoid (attention.cpp).
+at::Tensor gated_decode_attention(const at::Tensor& proj, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                                  const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
+                                  double eps, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,
+                                  const at::Tensor& tables, const at::Tensor& lengths, int64_t block_size, int64_t heads,
+                                  int64_t kv_heads, double scale, const c10::optional<at::Tensor>& k_scale,
+                                  const c10::optional<at::Tensor>& v_scale);
 
 // The gated delta rule's decode step, each sequence's state updated in place in the layer's pool (delta_rule.cpp).
 at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                              const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots);
 
-// A Gated DeltaNet layer's decodes from its projection's convolution channels: the convolution (its inputs kept in
-// place at each slot), SiLU, q and k normalized per key head, then the rule (delta_rule.cpp).
-at::Tensor delta_net_decode(const at::Tensor& mixed, const at::Tensor& conv, at::Tensor& conv_states, const at::Tensor& g,
-                            const at::Tensor& beta, at::Tensor& states, const at::Tensor& slots, int64_t key_heads,
-                            bool tiled);
+// A Gated DeltaNet layer's decodes from its fused projection's rows to what its out_proj takes: the gates, the
+// convolution (its inputs kept in place at each slot), SiLU, q and k normalized per key head, the rule, the gated
+// RMSNorm (delta_rule.cpp).
+at::Tensor delta_net_decode(const at::Tensor& proj, const at::Tensor& conv, at::Tensor& conv_states,
+                            const at::Tensor& neg_a, const at::Tensor& dt_bias, const at::Tensor& norm, double eps,
+                            at::Tensor& states, const at::Tensor& slots, int64_t key_heads, bool tiled);
 
 // Prefill attention of one sequence's chunk over its cached and new keys, causal (prefill_attention.cpp).
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, int64_t cached,

@@ -54,17 +54,23 @@ class GatedAttentionBlock:
         meta: AttentionMetadata,
         plan: RowPlan,
     ) -> torch.Tensor:
-        T, hd = x.shape[0], self.head_dim
-        qg, k, v = self.qkv(ops.rms_norm(x, self.attn_norm), plan=plan).split(
-            [2 * self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1
-        )
+        proj = self.qkv(ops.rms_norm(x, self.attn_norm), plan=plan)
+        x = self.o(ops.gated_attention(self, proj, positions, k_pool, v_pool, meta), residual=x, plan=plan)
+        return self.mlp(ops.rms_norm(x, self.mlp_norm), ops, plan, residual=x)
+
+    def project(self, proj: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The fused projection's rows (T, 2 * q_size + 2 * kv_size) as PyTorch's form takes them: q and k normed and
+        rotated, v (each (T, heads, head_dim)), and the output gate (T, q_size)."""
+        T, hd = proj.shape[0], self.head_dim
+        qg, k, v = proj.split([2 * self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1)
         qg = qg.view(T, self.heads, 2 * hd)
         q = self.rotate(rms_norm(qg[..., :hd], self.q_norm, self.eps), positions)
         k = self.rotate(rms_norm(k.view(T, self.kv_heads, hd), self.k_norm, self.eps), positions)
-        attn = ops.paged_attention(q, k, v.reshape(T, self.kv_heads, hd), k_pool, v_pool, meta)
-        attn = attn.reshape(T, -1) * rowwise(torch.sigmoid, qg[..., hd:].reshape(T, -1))
-        x = self.o(attn, residual=x, plan=plan)
-        return self.mlp(ops.rms_norm(x, self.mlp_norm), ops, plan, residual=x)
+        return q, k, v.reshape(T, self.kv_heads, hd), qg[..., hd:].reshape(T, -1)
+
+    def gated(self, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Attention's output (T, heads, head_dim) times sigmoid(gate): what o_proj takes, (T, q_size)."""
+        return attn.reshape(gate.shape) * rowwise(torch.sigmoid, gate)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """RoPE on the first rotary_dim dims of each head (T, heads, head_dim); the others pass through."""
@@ -100,27 +106,45 @@ class DeltaNetBlock:
         self, x: torch.Tensor, ops: Ops, states: StatePool, meta: AttentionMetadata, plan: RowPlan
     ) -> torch.Tensor:
         la, T = self.shapes, x.shape[0]
-        value_dim = la.num_value_heads * la.value_head_dim
-        mixed, z, b, a = self.in_proj(ops.rms_norm(x, self.attn_norm), plan=plan).split(
-            [la.conv_channels, value_dim, la.num_value_heads, la.num_value_heads], dim=-1
-        )
-        beta = rowwise(torch.sigmoid, b.float())
-        g = self.neg_a * rowwise(F.softplus, a.float() + self.dt_bias)
+        proj = self.in_proj(ops.rms_norm(x, self.attn_norm), plan=plan)
         conv_state, state = states.conv[self.index], states.recurrent[self.index]
-        out = torch.empty(T, la.num_value_heads, la.value_head_dim, device=x.device)
-        for chunk in meta.prefills:
-            rows, slot = slice(chunk.start, chunk.end), chunk.state_slot
-            if chunk.cached == 0:  # the sequence's first tokens: no state yet
-                conv_state[slot].zero_()
-                state[slot].zero_()
-            y, conv_state[slot] = delta_net.causal_conv(mixed[rows].float(), self.conv, conv_state[slot])
-            out[rows], state[slot] = delta_net.chunked(*self.heads(y), g[rows], beta[rows], state[slot])
+        out = torch.empty(T, la.num_value_heads * la.value_head_dim, device=x.device)
+        if meta.prefills:
+            rows = slice(0, meta.num_prefill_rows)
+            mixed, z, b, a = self.split(proj[rows])
+            g, beta = self.gates(b, a)
+            heads = torch.empty(meta.num_prefill_rows, la.num_value_heads, la.value_head_dim, device=x.device)
+            for chunk in meta.prefills:
+                rows, slot = slice(chunk.start, chunk.end), chunk.state_slot
+                if chunk.cached == 0:  # the sequence's first tokens: no state yet
+                    conv_state[slot].zero_()
+                    state[slot].zero_()
+                y, conv_state[slot] = delta_net.causal_conv(mixed[rows].float(), self.conv, conv_state[slot])
+                heads[rows], state[slot] = delta_net.chunked(*self.heads(y), g[rows], beta[rows], state[slot])
+            out[: meta.num_prefill_rows] = self.gated_norm(heads, z)
         if meta.has_decodes:
-            rows, slots = slice(meta.num_prefill_rows, T), meta.decode_state_slots
-            out[rows] = ops.delta_net_decode(self, mixed[rows], g[rows], beta[rows], conv_state, state, slots)
-        normed = delta_net.gated_rms_norm(out, z.reshape(out.shape), self.norm, self.eps).reshape(T, value_dim)
-        x = self.out_proj(normed.to(x.dtype), residual=x, plan=plan)
+            rows = slice(meta.num_prefill_rows, T)
+            out[rows] = ops.delta_net_decode(self, proj[rows], conv_state, state, meta.decode_state_slots)
+        x = self.out_proj(out.to(x.dtype), residual=x, plan=plan)
         return self.mlp(ops.rms_norm(x, self.mlp_norm), ops, plan, residual=x)
+
+    def split(self, proj: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The fused projection's rows as the convolution's channels, the output gate z, and b and a (one per value
+        head), which make beta and the decay."""
+        la = self.shapes
+        value_dim = la.num_value_heads * la.value_head_dim
+        return proj.split([la.conv_channels, value_dim, la.num_value_heads, la.num_value_heads], dim=-1)
+
+    def gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decay g = -exp(A_log) * softplus(a + dt_bias) and the write strength beta = sigmoid(b), per row and
+        value head, float32."""
+        beta = rowwise(torch.sigmoid, b.float())
+        return self.neg_a * rowwise(F.softplus, a.float() + self.dt_bias), beta
+
+    def gated_norm(self, heads: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The rule's outputs (T, value heads, value dim) through the gated RMSNorm: what out_proj takes, (T,
+        value heads * value dim)."""
+        return delta_net.gated_rms_norm(heads, z.reshape(heads.shape), self.norm, self.eps).flatten(1)
 
     def heads(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The convolution's output (T, channels) as q, k (T, value heads, key dim; each key head serving

@@ -66,18 +66,27 @@ class TorchOps:
         models call it after their own norms and RoPE."""
         return paged_attention(q, k, v, k_pool, v_pool, meta)
 
-    def delta_net_decode(self, block, mixed, g, beta, conv_states, states, slots: torch.Tensor) -> torch.Tensor:
+    def gated_attention(self, block, proj, positions, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
+        """A gated attention layer's attention (models/hybrid.py's GatedAttentionBlock) from its fused projection's
+        rows to what its o_proj takes: q and k normed and rotated, paged attention, the output gate."""
+        q, k, v, gate = block.project(proj, positions)
+        return block.gated(self.paged_attention(q, k, v, k_pool, v_pool, meta), gate)
+
+    def delta_net_decode(self, block, proj, conv_states, states, slots: torch.Tensor) -> torch.Tensor:
         """A step's decodes through a Gated DeltaNet layer (models/hybrid.py's DeltaNetBlock), one token each, from
-        its projection's convolution channels `mixed` (B, channels): the causal convolution over each sequence's
-        kept inputs and SiLU, the heads, the recurrent form of models/delta_net.py; their convolution inputs and
-        states gathered from the layer's pools at `slots` and put back. The outputs (B, heads, value dim)."""
+        its fused projection's rows `proj` (B, width) to what its out_proj takes (B, value heads * value dim): the
+        gates; the causal convolution over each sequence's kept inputs and SiLU; the heads; the recurrent form of
+        models/delta_net.py, the convolution's inputs and states gathered from the layer's pools at `slots` and put
+        back; the gated RMSNorm."""
         from rooftop.models import delta_net  # which imports this module's rowwise
 
+        mixed, z, b, a = block.split(proj)
+        g, beta = block.gates(b, a)
         window = torch.cat([conv_states[slots], mixed.float()[:, :, None]], dim=-1)  # (B, channels, kernel)
         conv_states[slots] = window[..., 1:]
         y = rowwise(F.silu, (window * block.conv).sum(-1))
         out, states[slots] = delta_net.recurrent(*block.heads(y), g, beta, states[slots])
-        return out
+        return block.gated_norm(out, z)
 
 
 class KernelOps:
@@ -96,25 +105,63 @@ class KernelOps:
     def rope(self, positions: torch.Tensor) -> torch.Tensor:
         return positions  # the kernel reads the tables at the positions itself
 
-    def paged_attention(self, q, k, v, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
-        """PyTorch's path, for the gated attention layers of hybrid models (which norm and rotate q and k
-        themselves)."""
-        return paged_attention(q, k, v, k_pool, v_pool, meta)
+    def prefill_rows(self, q, k, v, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
+        """The step's prefill rows (q: (rows, heads, head_dim)): their K/V into the pool, then each chunk's
+        attention in rooftop's kernel."""
+        written = meta.slot_mapping[: q.shape[0]]
+        k_pool.index_copy_(0, written, k)
+        v_pool.index_copy_(0, written, v)
+        return prefill_chunks(q, k_pool, v_pool, meta, self.prefill_attention)
 
-    def delta_net_decode(self, block, mixed, g, beta, conv_states, states, slots: torch.Tensor) -> torch.Tensor:
+    def gated_attention(self, block, proj, positions, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
+        """TorchOps.gated_attention with the decodes in one call to rooftop's kernel (kernels/attention.cpp:
+        norms, partial RoPE, attention straight from the pool, the gate), whatever shares their step; prefill rows in
+        PyTorch's form but for each chunk's attention."""
+        parts = []
+        rows = meta.num_prefill_rows
+        if meta.prefills:
+            q, k, v, gate = block.project(proj[:rows], positions[:rows])
+            parts.append(block.gated(self.prefill_rows(q, k, v, k_pool, v_pool, meta), gate))
+        if meta.has_decodes:
+            (k_values, k_scale), (v_values, v_scale) = kernel_view(k_pool), kernel_view(v_pool)
+            decodes = self.kernels.gated_decode_attention(
+                proj[rows:],
+                block.q_norm,
+                block.k_norm,
+                positions[rows:],
+                block.cos,
+                block.signed_sin,
+                block.eps,
+                k_values,
+                v_values,
+                meta.slot_mapping[rows:],
+                meta.decode_tables,
+                meta.decode_lengths,
+                meta.block_size,
+                block.heads,
+                block.kv_heads,
+                block.head_dim**-0.5,
+                k_scale=k_scale,
+                v_scale=v_scale,
+            )
+            parts.append(decodes)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def delta_net_decode(self, block, proj, conv_states, states, slots: torch.Tensor) -> torch.Tensor:
         """The same step in one call to rooftop's kernel (kernels/delta_rule.cpp): the convolution's inputs and each
         state updated in place in their pools, a state read and written once a pass where PyTorch's form makes six
-        tensors of it, and the heads' ~25 small ops a layer in one loop."""
-        la = block.shapes
+        tensors of it, and the layer's ~40 small ops around the rule in one loop."""
         return self.kernels.delta_net_decode(
-            mixed,
+            proj,
             block.conv,
             conv_states,
-            g.contiguous(),
-            beta.contiguous(),
+            block.neg_a,
+            block.dt_bias,
+            block.norm,
+            block.eps,
             states,
             slots,
-            la.num_key_heads,
+            block.shapes.num_key_heads,
             block.tiled,
         )
 
@@ -138,9 +185,7 @@ class KernelOps:
         rows = meta.num_prefill_rows
         if meta.prefills:
             q, k, v = qkv[:rows].view(rows, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
-            k_pool.index_copy_(0, meta.slot_mapping[:rows], k)
-            v_pool.index_copy_(0, meta.slot_mapping[:rows], v)
-            parts.append(prefill_chunks(q, k_pool, v_pool, meta, self.prefill_attention).reshape(rows, c.q_size))
+            parts.append(self.prefill_rows(q, k, v, k_pool, v_pool, meta).reshape(rows, c.q_size))
         if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
             (k_values, k_scale), (v_values, v_scale) = kernel_view(k_pool), kernel_view(v_pool)
             decodes = self.kernels.decode_attention(
