@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from test_batch_invariance import POOL, assert_batch_invariant
+from test_decode_call import both_ways
 from test_hf_models import PROMPT, save_random
 from test_moe import assert_greedy_as_transformers, rooftop_logits
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_5 import modeling_qwen3_5 as reference_rules
 
-from rooftop import LLM
+from rooftop import LLM, SamplingParams
 from rooftop.config import EngineConfig
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.enums import Phase
@@ -278,6 +279,23 @@ def test_batched_requests_get_what_they_get_alone(tiny, weights):
     assert_batch_invariant(LLM(model=str(tiny[0]), weights=weights), preempt=True)
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_a_step_of_decodes_runs_in_one_call_with_the_layer_by_layer_bits(tiny, weights, monkeypatch):
+    """Where every linear runs in tiles, a step of decodes runs its gated attention and Gated DeltaNet layers in one
+    call (kernels/decode.cpp), each from its state slot: the tokens and logprobs of layer by layer, greedy and
+    seeded, three sequences of different lengths."""
+    llm = LLM(model=str(tiny[0]), weights=weights)
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
+    seeded = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True, logprobs=1)
+
+    def run(llm: LLM) -> list:
+        outs = llm.generate(["ab", "a longer prompt", [5, 6, 7, 8]], [greedy, seeded, greedy], use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+    one_call, layered, calls = both_ways(llm, run, monkeypatch)
+    assert one_call == layered and calls == 11
+
+
 def test_prefix_caching_is_off_and_the_state_is_constant_in_the_context(tiny):
     llm = LLM(model=str(tiny[0]), weights="float")
     engine = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_seqs=4, **POOL))
@@ -365,7 +383,9 @@ def test_qwen3_next_matches_transformers(tiny_next):
 
 
 def test_qwen3_next_batched_requests_get_what_they_get_alone(tiny_next):
-    assert_batch_invariant(LLM(model=str(tiny_next[0]), weights="int8"), preempt=False)
+    llm = LLM(model=str(tiny_next[0]), weights="int8")
+    assert llm.engine.model.decode_call is None  # its shared expert: decodes go layer by layer
+    assert_batch_invariant(llm, preempt=False)
 
 
 def tiled(x: torch.Tensor, dim: int, key_heads: int, head_dim: int) -> torch.Tensor:

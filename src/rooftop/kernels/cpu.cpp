@@ -217,19 +217,35 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        std::vector<c10::optional<at::Tensor>> qk_norms, at::Tensor cos, at::Tensor signed_sin,
                        int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps,
                        std::vector<c10::optional<at::Tensor>> routers, std::vector<c10::optional<RowExperts>> experts,
-                       int64_t top_k, bool normalize) {
-             return DecodeLayers{linears, norms, qk_norms, cos, signed_sin, heads, kv_heads,
-                                 head_dim, scale, eps, routers, experts, top_k, normalize};
+                       int64_t top_k, bool normalize, std::vector<c10::optional<GatedLayer>> gated,
+                       std::vector<c10::optional<DeltaNetLayer>> delta_nets) {
+             return DecodeLayers{linears, norms,   qk_norms,  cos,   signed_sin, heads, kv_heads, head_dim,
+                                 scale,   eps,     routers,   experts, top_k,    normalize, gated, delta_nets};
            }),
            py::arg("linears"), py::arg("norms"), py::arg("qk_norms"), py::arg("cos"), py::arg("signed_sin"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scale"), py::arg("eps"),
-           py::arg("routers"), py::arg("experts"), py::arg("top_k") = 0, py::arg("normalize") = false)
+           py::arg("routers"), py::arg("experts"), py::arg("top_k"), py::arg("normalize"), py::arg("gated"),
+           py::arg("delta_nets"))
       // without the GIL: a step's kernels touch no Python object, and a server's event loop runs meanwhile
       .def("run", &DecodeLayers::run, "a step of decodes through every layer and the final norm",
            py::call_guard<py::gil_scoped_release>(), py::arg("x"),
            py::arg("positions"), py::arg("slot_mapping"), py::arg("tables"), py::arg("lengths"), py::arg("block_size"),
            py::arg("k_pools"), py::arg("v_pools"), py::arg("k_scales"), py::arg("v_scales"),
-           py::arg("seconds") = py::none(), py::arg("touched") = py::none());
+           py::arg("seconds") = py::none(), py::arg("touched") = py::none(), py::arg("conv_states") = py::none(),
+           py::arg("states") = py::none(), py::arg("state_slots") = py::none());
+  py::class_<GatedLayer>(m, "GatedLayer", py::module_local(), "a gated attention layer's norms and rotary tables")
+      .def(py::init([](at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor signed_sin) {
+             return GatedLayer{q_norm, k_norm, cos, signed_sin};
+           }),
+           py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("signed_sin"));
+  py::class_<DeltaNetLayer>(m, "DeltaNetLayer", py::module_local(),
+                            "a Gated DeltaNet layer's convolution, gates' and norm's tensors and its shapes")
+      .def(py::init([](at::Tensor conv, at::Tensor neg_a, at::Tensor dt_bias, at::Tensor norm, int64_t key_heads,
+                       int64_t index, bool tiled) {
+             return DeltaNetLayer{conv, neg_a, dt_bias, norm, key_heads, index, tiled};
+           }),
+           py::arg("conv"), py::arg("neg_a"), py::arg("dt_bias"), py::arg("norm"), py::arg("key_heads"),
+           py::arg("index"), py::arg("tiled"));
   py::class_<RowExperts>(m, "RowExperts", py::module_local(),
                          "an MoE layer's experts whose linears are all tiled or bfloat16, for rows not widened")
       .def(py::init([](std::vector<std::vector<LinearPart>> gate_ups, std::vector<std::vector<LinearPart>> downs) {

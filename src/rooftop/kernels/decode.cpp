@@ -1,4 +1,5 @@
-// A step of decodes through a model's decoder layers in one call (models/decode_call.py). Python runs a layer as some
+// A step of decodes through a model's decoder layers in one call (models/decode_call.py): attention layers (a hybrid's
+// gated attention too) and a hybrid's Gated DeltaNet layers, each MLP half dense or a mixture of experts. Python runs a layer as some
 // ten kernel calls (a mixture of experts' layer as some twenty, with its routing's), and after each linear's weights
 // have streamed through the caches the interpreter's code and objects between the calls come back from memory cold;
 // here the same kernels and PyTorch ops run in the same order with the same arguments (models/blocks.py and
@@ -82,16 +83,25 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
                              const std::vector<c10::optional<at::Tensor>>& k_scales,
                              const std::vector<c10::optional<at::Tensor>>& v_scales,
                              const c10::optional<at::Tensor>& seconds,
-                             const c10::optional<at::Tensor>& touched) const {
+                             const c10::optional<at::Tensor>& touched, c10::optional<at::Tensor> conv_states,
+                             c10::optional<at::Tensor> states, const c10::optional<at::Tensor>& state_slots) const {
   const size_t layers = qk_norms.size();
   TORCH_CHECK(linears.size() == 4 * layers && norms.size() == 2 * layers + 1, "four linears and two norms per layer");
-  TORCH_CHECK(routers.size() == layers && experts.size() == layers, "a router and experts (or none) per layer");
+  TORCH_CHECK(routers.size() == layers && experts.size() == layers && gated.size() == layers &&
+                  delta_nets.size() == layers,
+              "a router and experts, a gated attention's and a Gated DeltaNet's tensors (or none) per layer");
+  size_t attention_layers = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    if (!delta_nets[l]) ++attention_layers;
+    TORCH_CHECK(!delta_nets[l] || (conv_states && states && state_slots),
+                "a Gated DeltaNet layer needs the state pools and the rows' slots");
+  }
   TORCH_CHECK(!touched || (touched->scalar_type() == at::kLong && touched->numel() == static_cast<int64_t>(layers) &&
                            touched->is_contiguous()),
               "touched must be an int64 per layer");
-  TORCH_CHECK(k_pools.size() == layers && v_pools.size() == layers && k_scales.size() == layers &&
-                  v_scales.size() == layers,
-              "a K and a V pool (and their scales, or none) per layer");
+  TORCH_CHECK(k_pools.size() == attention_layers && v_pools.size() == attention_layers &&
+                  k_scales.size() == attention_layers && v_scales.size() == attention_layers,
+              "a K and a V pool (and their scales, or none) per attention layer");
   TORCH_CHECK(!seconds || (seconds->scalar_type() == at::kDouble && seconds->numel() == 3 && seconds->is_contiguous()),
               "seconds must be 3 contiguous float64: linears, attention, elementwise");
   double* clock = seconds ? seconds->data_ptr<double>() : nullptr;
@@ -102,13 +112,25 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
   const auto norm = [&](const at::Tensor& in, const at::Tensor& weight) {
     return timed(clock, ELEMENTWISE, [&] { return rms_norm(in, weight, eps); });
   };
+  size_t a = 0;  // the attention layers' index into the pools
   for (size_t l = 0; l < layers; ++l) {
     const std::vector<LinearPart>* w = &linears[4 * l];
     at::Tensor qkv = project(w[0], norm(x, norms[2 * l]), c10::nullopt);
     const at::Tensor attended = timed(clock, ATTENTION, [&] {
+      if (const auto& d = delta_nets[l]) {
+        at::Tensor kept = conv_states->select(0, d->index), state = states->select(0, d->index);
+        return delta_net_decode(qkv, d->conv, kept, d->neg_a, d->dt_bias, d->norm, eps, state, *state_slots,
+                                d->key_heads, d->tiled);
+      }
+      const size_t at = a++;
+      if (const auto& g = gated[l]) {
+        return gated_decode_attention(qkv, g->q_norm, g->k_norm, positions, g->cos, g->signed_sin, eps, k_pools[at],
+                                      v_pools[at], slot_mapping, tables, lengths, block_size, heads, kv_heads, scale,
+                                      k_scales[at], v_scales[at]);
+      }
       rope_(qkv, heads + kv_heads, head_dim, positions, cos, signed_sin, qk_norms[l], eps);
-      return decode_attention(qkv, k_pools[l], v_pools[l], slot_mapping, tables, lengths, block_size, heads, kv_heads,
-                              scale, k_scales[l], v_scales[l]);
+      return decode_attention(qkv, k_pools[at], v_pools[at], slot_mapping, tables, lengths, block_size, heads,
+                              kv_heads, scale, k_scales[at], v_scales[at]);
     });
     x = project(w[1], attended, x);
     const at::Tensor h = norm(x, norms[2 * l + 1]);

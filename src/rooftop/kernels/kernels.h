@@ -82,8 +82,23 @@ struct RowExperts {
   at::Tensor rows(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights, int64_t& touched) const;
 };
 
+// A gated attention layer's own tensors (Qwen3.5's; models/hybrid.py's GatedAttentionBlock), as
+// gated_decode_attention takes them.
+struct GatedLayer {
+  at::Tensor q_norm, k_norm, cos, signed_sin;  // (head_dim,) each; the partial rotary tables (positions, rotary dims)
+};
+
+// A Gated DeltaNet layer's own tensors and shapes (models/hybrid.py's DeltaNetBlock), as delta_net_decode takes
+// them; `index` is its place among the model's linear-attention layers, in the state pools.
+struct DeltaNetLayer {
+  at::Tensor conv, neg_a, dt_bias, norm;
+  int64_t key_heads, index;
+  bool tiled;
+};
+
 // A model's decoder layers whose linears are all tiled or bfloat16, their MLP half dense or a mixture of experts
-// (Qwen3-MoE), run for a step of decodes in one call (decode.cpp).
+// (Qwen3-MoE), or a hybrid's (Qwen3.5: gated attention and Gated DeltaNet layers, dense MLPs), run for a step of
+// decodes in one call (decode.cpp).
 struct DecodeLayers {
   std::vector<std::vector<LinearPart>> linears;  // per layer: qkv, o, gate_up, down (none for an MoE), each of parts
   std::vector<at::Tensor> norms;  // per layer: attention's, then the MLP's; last, the model's final norm
@@ -95,10 +110,16 @@ struct DecodeLayers {
   std::vector<c10::optional<RowExperts>> experts;  // per layer: an MoE layer's experts, or none
   int64_t top_k;  // experts per token
   bool normalize;  // the top k's weights renormalized to sum to 1 (norm_topk_prob)
+  std::vector<c10::optional<GatedLayer>> gated;  // per layer: a gated attention layer's, or none
+  std::vector<c10::optional<DeltaNetLayer>> delta_nets;  // per layer: a Gated DeltaNet layer's, or none
 
+  // The pools: K and V (and their scales) per attention layer, in order; a hybrid's state pools (conv_states:
+  // (linear layers, slots, channels, K - 1); states: (linear layers, slots, heads, key dim, value dim)) and each
+  // row's slot in them.
   at::Tensor run(at::Tensor x, const at::Tensor& positions, const at::Tensor& slot_mapping, const at::Tensor& tables,
                  const at::Tensor& lengths, int64_t block_size, std::vector<at::Tensor> k_pools,
                  std::vector<at::Tensor> v_pools, const std::vector<c10::optional<at::Tensor>>& k_scales,
                  const std::vector<c10::optional<at::Tensor>>& v_scales, const c10::optional<at::Tensor>& seconds,
-                 const c10::optional<at::Tensor>& touched) const;
+                 const c10::optional<at::Tensor>& touched, c10::optional<at::Tensor> conv_states,
+                 c10::optional<at::Tensor> states, const c10::optional<at::Tensor>& state_slots) const;
 };

@@ -2,12 +2,12 @@
 
 Layer by layer, a decode step is some ten kernel calls a layer from Python (a mixture of experts' layer twice that,
 with its routing's), and between them the interpreter's code and objects come back from memory cold: each linear's
-weights have just streamed through the caches. Where every layer is the decoder block on the CPU kernels
-(`KernelOps`), its MLP half dense or Qwen3-MoE's experts, and every linear runs in tiles (a GGUF's block formats,
-`--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under `auto`), a step whose rows
-are all decodes runs the same kernels and PyTorch ops in the same order with the same arguments from one C++ call,
-so each row's result is the same bits either way (docs/PERFORMANCE.md has what it saves). Other models, prefill
-chunks and widened rows go layer by layer. The calibration's op timer reads each op's time from the call's own clocks
+weights have just streamed through the caches. Where every layer is the decoder block or a hybrid's (Qwen3.5's gated
+attention and Gated DeltaNet) on the CPU kernels (`KernelOps`), its MLP half dense or Qwen3-MoE's experts, and every
+linear runs in tiles (a GGUF's block formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16
+checkpoint under `auto`), a step whose rows are all decodes runs the same kernels and PyTorch ops in the same order
+with the same arguments from one C++ call, so each row's result is the same bits either way (docs/PERFORMANCE.md
+has what it saves). Other models (Qwen3-Next's shared expert), prefill chunks and widened rows go layer by layer. The calibration's op timer reads each op's time from the call's own clocks
 (`seconds`). An MoE layer's experts are held the same way (`row_experts`), also for the rows of a step that goes
 layer by layer (a prefill's short chunks beside decodes), in one call a layer."""
 
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rooftop.models.blocks import DecoderBlock
+from rooftop.models.hybrid import DeltaNetBlock, GatedAttentionBlock
 from rooftop.models.kv_cache import AttentionMetadata, KVPool
 from rooftop.models.mlp import DenseMLP, SparseMoE
 from rooftop.models.ops import KernelOps, Ops
@@ -43,8 +44,10 @@ class DecodeCall:
         return ops is self.ops and not meta.prefills and meta.has_decodes and not plan.widen
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
-        """The final norm's hidden states of the step's rows (x: their embeddings); their K/V go into `pool`."""
+        """The final norm's hidden states of the step's rows (x: their embeddings); their K/V go into `pool`, a
+        hybrid's states into its state pool."""
         k_values, v_values, k_scales, v_scales = pool.kernel_layers
+        states = pool.states
         hidden = self.layers.run(
             x,
             positions,
@@ -58,6 +61,9 @@ class DecodeCall:
             v_scales,
             self.seconds,
             self.touched if self.moe else None,
+            None if states is None else states.conv,
+            None if states is None else states.recurrent,
+            None if states is None else meta.decode_state_slots,
         )
         if self.moe:
             counts = self.touched.tolist()
@@ -95,28 +101,29 @@ def in_one_call(mlp: DenseMLP | SparseMoE) -> bool:
 
 def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> DecodeCall | None:
     """The one call for these layers, or None where a step goes layer by layer: a model split over ranks (`split`),
-    off the CPU kernels, with another block than the decoder (linear attention), an MLP half the call does not run
-    (`in_one_call`), or a linear that runs neither in tiles nor in bfloat16 on rooftop's kernel, alone or as a part
-    of a fused projection (float32 weights). An MoE model's experts must be held first (`row_experts`)."""
+    off the CPU kernels, with an MLP half the call does not run (`in_one_call`), or a linear that runs neither in
+    tiles nor in bfloat16 on rooftop's kernel, alone or as a part of a fused projection (float32 weights). Its layers
+    are decoder blocks, or a hybrid's gated attention and Gated DeltaNet blocks. An MoE model's experts must be held
+    first (`row_experts`)."""
     if split or not isinstance(ops, KernelOps):
         return None
-    if not all(type(layer) is DecoderBlock and in_one_call(layer.mlp) for layer in layers):
+    if not all(type(layer) in LAYERS and in_one_call(layer.mlp) for layer in layers):
         return None
     parts = []  # per layer: qkv, o, gate_up, down, each a list of parts (an MoE layer's last two empty)
     for layer in layers:
         mlp = (layer.mlp.gate_up, layer.mlp.down) if type(layer.mlp) is DenseMLP else ()
-        parts += [lin.parts if isinstance(lin, ConcatLinear) else [lin] for lin in (layer.qkv, layer.o, *mlp)]
+        parts += [lin.parts if isinstance(lin, ConcatLinear) else [lin] for lin in (*layer.linears()[:2], *mlp)]
         parts += [[]] * (2 - len(mlp))
     if not all(isinstance(part, TiledLinear | Bf16Linear) for each in parts for part in each):
         return None
     moe = {i: layer.mlp for i, layer in enumerate(layers) if type(layer.mlp) is SparseMoE}
     first = next(iter(moe.values()), None)
-    c = ops.config
+    c, k = ops.config, ops.kernels
     return DecodeCall(
-        ops.kernels.DecodeLayers(
+        k.DecodeLayers(
             [[kernel_part(p) for p in each] for each in parts],
             [n for layer in layers for n in (layer.attn_norm, layer.mlp_norm)] + [norm],
-            [layer.qk_norm for layer in layers],
+            [getattr(layer, "qk_norm", None) for layer in layers],
             ops.cos,
             ops.sin,
             c.num_heads,
@@ -128,8 +135,30 @@ def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> Deco
             [moe[i].row if i in moe else None for i in range(len(layers))],
             first.top_k if first else 0,
             first.normalize if first else False,
+            [gated_layer(k, layer) if type(layer) is GatedAttentionBlock else None for layer in layers],
+            [delta_net_layer(k, layer) if type(layer) is DeltaNetBlock else None for layer in layers],
         ),
         ops,
         moe,
         torch.zeros(len(layers), dtype=torch.int64),
+    )
+
+
+LAYERS = (
+    DecoderBlock,
+    GatedAttentionBlock,
+    DeltaNetBlock,
+)  # what the one call runs; qkv or in_proj, then o or out_proj
+
+
+def gated_layer(kernels: Any, block: GatedAttentionBlock) -> Any:
+    """A gated attention layer's own tensors as the kernels' GatedLayer (KernelOps.gated_attention's arguments)."""
+    return kernels.GatedLayer(block.q_norm, block.k_norm, block.cos, block.signed_sin)
+
+
+def delta_net_layer(kernels: Any, block: DeltaNetBlock) -> Any:
+    """A Gated DeltaNet layer's as the kernels' DeltaNetLayer (KernelOps.delta_net_decode's arguments)."""
+    shapes = block.shapes
+    return kernels.DeltaNetLayer(
+        block.conv, block.neg_a, block.dt_bias, block.norm, shapes.num_key_heads, block.index, block.tiled
     )
