@@ -243,6 +243,25 @@ def test_quick_modes_outputs_are_llama_benchs():
     assert "samples_ns" not in csv_header and len(csv_rows) == 3 and '"64","0","0"' in csv_rows[0]
 
 
+def test_quick_modes_values_take_llama_benchs_ranges():
+    """-p 128-512*2 is pp128, pp256, pp512; first-last+step and first-last step by it and by 1; values, ranges and
+    repeats mix, in the order given."""
+    from rooftop.bench.commands import _tests
+
+    assert [t.name for t in _tests(["128-512*2"], ["0"], [], [])] == ["pp128", "pp256", "pp512"]
+    assert [t.name for t in _tests(["0"], ["16-64+16", "2-3"], [], [])] == [
+        "tg16",
+        "tg32",
+        "tg48",
+        "tg64",
+        "tg2",
+        "tg3",
+    ]
+    names = ["pp8", "pp16", "pp24", "tg4"]
+    mixed = _tests(["8,16-24+8"], ["4"], [], ["0", "32-64*2"])
+    assert [t.name for t in mixed] == names + [f"{n} @ d{d}" for d in (32, 64) for n in names]
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -255,6 +274,13 @@ def test_quick_modes_outputs_are_llama_benchs():
         (["-pg", "512,0"], "-pg must be integers >= 1"),
         (["-d", "-4"], "-d/--n-depth must be integers >= 0"),
         (["-p", "512", "-d", "256"], "pp512 @ d256: a depth must be 0 or at least the prompt's 512 tokens"),
+        (["-p", "512-128"], "-p/--n-prompt: the range '512-128' must go up from first to last"),
+        (
+            ["-n", "1-64*1"],
+            "-n/--n-gen: the range '1-64*1' must go up from first to last, by a step >= 1 or a multiplier >= 2",
+        ),
+        (["-d", "0-64*2"], "-d/--n-depth: the range '0-64*2' must go up"),
+        (["-p", "1-8/2"], "-p/--n-prompt must be comma-separated integers or ranges (first-last, first-last+step"),
     ],
 )
 def test_quick_modes_llama_bench_options_fail_in_one_line_before_loading(args, words):

@@ -297,6 +297,7 @@ def test_echo_with_max_tokens_0_gives_the_prompt_and_its_logprobs_alone(server):
     assert [ch.text for ch in scored.choices] == ["Score me", "ab"]
     assert [ch.finish_reason for ch in scored.choices] == ["length", "length"]
     assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == one_more.usage.prompt_tokens
+    assert scored.model_extra["timings"]["output_tokens"] == scored.model_extra["timings"]["predicted_n"] == 0
     for got, more in zip(scored.choices, one_more.choices, strict=True):
         n = len(got.logprobs.tokens)
         assert "".join(got.logprobs.tokens) == got.text and got.logprobs.token_logprobs[0] is None
@@ -310,10 +311,15 @@ def test_echo_with_max_tokens_0_gives_the_prompt_and_its_logprobs_alone(server):
             if choice.logprobs is not None:
                 streamed["logprobs"][choice.index] += choice.logprobs.token_logprobs
             streamed["finish"][choice.index] = choice.finish_reason or streamed["finish"][choice.index]
+        if chunk.choices and chunk.choices[0].finish_reason:
+            assert chunk.model_extra["timings"]["output_tokens"] == 0
     assert streamed["text"] == ["Score me", "ab"] and streamed["finish"] == ["length", "length"]
     assert streamed["logprobs"] == [ch.logprobs.token_logprobs for ch in scored.choices]
     error = api_error(httpx.post(f"{server}/v1/completions", json={"prompt": "hi", "max_tokens": 0}), 400)
     assert error["param"] == "max_tokens" and "got 0" in error["message"]
+    body = {"prompt": "hi", "max_tokens": 0, "echo": True, "min_tokens": 2}
+    error = api_error(httpx.post(f"{server}/v1/completions", json=body), 400)
+    assert error["param"] == "min_tokens" and error["message"] == "min_tokens must be at most max_tokens (0), got 2"
 
 
 def test_32_concurrent_streams_each_equal_alone(server):

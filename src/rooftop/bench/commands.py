@@ -4,6 +4,7 @@ its subcommands `serve` and `report` load and report on any OpenAI-compatible se
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -23,12 +24,34 @@ from rooftop.errors import InvalidRequestError
 from rooftop.roofline.precision import Precision
 from rooftop.roofline.report import seconds
 
+RANGE = re.compile(r"(\d+)-(\d+)(?:([+*])(\d+))?")  # llama-bench's first-last, first-last+step, first-last*mult
+
 
 def _ints(text: str, name: str, least: int = 1) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise InvalidRequestError(f"{name} must be comma-separated integers, got {text!r}") from None
+    """Comma-separated integers, each a value or one of llama-bench's ranges: `first-last` (every integer),
+    `first-last+step`, `first-last*mult` (first, first*mult, ... up to last)."""
+    values = []
+    for item in (v.strip() for v in text.split(",")):
+        if not item:
+            continue
+        if item.lstrip("-").isdigit():
+            values.append(int(item))
+            continue
+        if (found := RANGE.fullmatch(item)) is None:
+            raise InvalidRequestError(
+                f"{name} must be comma-separated integers or ranges (first-last, first-last+step, first-last*mult), "
+                f"got {text!r}"
+            )
+        first, last, by = int(found[1]), int(found[2]), int(found[4] or 1)
+        times = found[3] == "*"
+        if last < first or by < 1 or (times and (by < 2 or first < 1)):
+            raise InvalidRequestError(
+                f"{name}: the range {item!r} must go up from first to last, by a step >= 1 or a multiplier >= 2 "
+                "from a first >= 1"
+            )
+        while first <= last:
+            values.append(first)
+            first = first * by if times else first + by
     if not values or min(values) < least:
         raise InvalidRequestError(f"{name} must be integers >= {least}, got {text!r}")
     return values
@@ -75,8 +98,8 @@ def bench(
             "-p",
             "--n-prompt",
             metavar="<int,...>",
-            help="quick mode (llama-bench's -p): a ppN test per N, a prefill of N prompt tokens; comma-separated or "
-            "repeated, 0 for none (default 512)",
+            help="quick mode (llama-bench's -p): a ppN test per N, a prefill of N prompt tokens; comma-separated, "
+            "repeated or ranges (first-last, first-last+step, first-last*mult), 0 for none (default 512)",
         ),
     ] = None,
     tg: Annotated[
@@ -87,7 +110,7 @@ def bench(
             "--n-gen",
             metavar="<int,...>",
             help="quick mode (llama-bench's -n): a tgN test per N, N tokens decoded one step each after a 1-token "
-            "prompt; comma-separated or repeated, 0 for none (default 128)",
+            "prompt; comma-separated, repeated or ranges as -p's, 0 for none (default 128)",
         ),
     ] = None,
     pg: Annotated[
@@ -106,7 +129,7 @@ def bench(
             "-d",
             metavar="<int,...>",
             help="quick mode (llama-bench's -d): run every test after this many tokens of context, prefilled first "
-            "and not timed (0, or at least the test's prompt); comma-separated or repeated (default 0)",
+            "and not timed (0, or at least the test's prompt); comma-separated, repeated or ranges as -p's (default 0)",
         ),
     ] = None,
     reps: Annotated[

@@ -283,6 +283,8 @@ class CompletionRequest(SamplingFields):
         prompt_logprobs = self.prompt_logprobs
         if prompt_logprobs is None and self.echo:
             prompt_logprobs = self.logprobs
+        if self.echo_only and self.min_tokens:  # checked here: the one token generated would allow min_tokens 1
+            raise InvalidRequestError(f"min_tokens must be at most max_tokens (0), got {self.min_tokens}", "min_tokens")
         max_tokens = 1 if self.echo_only else self.max_tokens
         return self.sampling_params(max_tokens, default_max_tokens, self.logprobs, prompt_logprobs)
 

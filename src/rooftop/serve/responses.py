@@ -35,13 +35,15 @@ def usage(outputs: list[RequestOutput], choices: int, completed: bool = True) ->
     }
 
 
-def timings(m: RequestMetrics) -> dict:
-    """This request's timings (the README's Metrics definitions) in ms, with llama.cpp's key names alongside."""
+def timings(m: RequestMetrics, completed: bool = True) -> dict:
+    """This request's timings (the README's Metrics definitions) in ms, with llama.cpp's key names alongside; no
+    output tokens where only the prompt was given back (`completed` False, as `usage` counts them)."""
 
     def ms(seconds: float | None) -> float | None:
         return None if seconds is None else round(seconds * 1e3, 3)
 
     generation = None if m.e2e is None else m.e2e - m.ttft
+    output_tokens = m.output_tokens if completed else 0
     return {
         "queue_ms": ms(m.queue_time),
         "ttft_ms": ms(m.ttft),
@@ -50,11 +52,11 @@ def timings(m: RequestMetrics) -> dict:
         "prefill_ms": ms(m.prefill_time),
         "decode_ms": ms(m.decode_time),
         "prompt_tokens": m.prompt_tokens,
-        "output_tokens": m.output_tokens,
+        "output_tokens": output_tokens,
         "cached_tokens": m.prefix_cache_hit_tokens,
         "prompt_n": m.prefill_tokens,
         "prompt_ms": ms(m.prefill_time),
-        "predicted_n": m.output_tokens,
+        "predicted_n": output_tokens,
         "predicted_ms": ms(generation),
         "cache_n": m.prefix_cache_hit_tokens,
     }
@@ -126,7 +128,7 @@ class Responses:
             | shared
             | {
                 "usage": usage(outputs, self.choices, not self.echo_only),
-                "timings": timings(outputs[0].metrics),
+                "timings": timings(outputs[0].metrics, not self.echo_only),
             }
         )
 
@@ -172,7 +174,7 @@ class Responses:
             called = bool(self.readers and self.readers[index].calls)
             finish = self.finish_reason(delta.output, called)
             end = self.chunk(index, {} if self.kind == "chat" else "", None, finish)
-            chunks.append(end | {"timings": timings(delta.output.metrics)})
+            chunks.append(end | {"timings": timings(delta.output.metrics, not self.echo_only)})
         return chunks
 
     def chunk(
