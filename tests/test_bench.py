@@ -281,6 +281,10 @@ def test_quick_modes_values_take_llama_benchs_ranges():
         ),
         (["-d", "0-64*2"], "-d/--n-depth: the range '0-64*2' must go up"),
         (["-p", "1-8/2"], "-p/--n-prompt must be comma-separated integers or ranges (first-last, first-last+step"),
+        (["-p", "--1"], "-p/--n-prompt must be comma-separated integers or ranges"),
+        (["-n", "\u00b2"], "-n/--n-gen must be comma-separated integers or ranges"),
+        (["-p", "1-10000000000"], "-p/--n-prompt: the range '1-10000000000' has 10000000000 values; at most 1000"),
+        (["-pg", "1-2"], "-pg must be comma-separated integers, got '1-2'"),
     ],
 )
 def test_quick_modes_llama_bench_options_fail_in_one_line_before_loading(args, words):

@@ -169,6 +169,47 @@ def test_the_layer_decode_kernel_is_pytorchs_form_in_one_call(tiled, width):
     assert torch.equal(conv_pool, before)
 
 
+def test_the_layer_decode_kernel_gives_each_row_its_bits_on_any_number_of_threads():
+    """Past 512 channels the convolution's SiLU is split over the threads in runs of 512: 656 channels give the same
+    bits on one thread and on two, a row the same alone as in a batch of three, within float32 rounding of
+    PyTorch's form."""
+    from rooftop.config import LinearAttention
+    from rooftop.kernels import cpu
+    from rooftop.models.ops import TorchOps
+
+    kernels = cpu.ops()
+    if kernels is None:
+        pytest.skip("rooftop's CPU kernels did not build on this machine")
+    la = LinearAttention(num_key_heads=2, num_value_heads=4, key_head_dim=64, value_head_dim=100, conv_kernel_dim=4)
+    assert la.conv_channels == 656
+    gen = torch.Generator().manual_seed(9)
+    conv = torch.randn(656, 4, generator=gen) * 0.5
+    neg_a, dt_bias, norm = -torch.rand(4, generator=gen).exp(), torch.randn(4, generator=gen), torch.rand(100) + 0.5
+    block = DeltaNetBlock(None, None, conv, neg_a, dt_bias, norm, *[None] * 3, shapes=la, index=0, eps=1e-6)
+    proj = torch.randn(3, 656 + 400 + 8, generator=gen)
+    kept, states = torch.randn(3, 656, 3, generator=gen), torch.randn(3, 4, 64, 100, generator=gen) * 0.1
+    slots = torch.tensor([2, 0, 1])
+
+    def call(rows: slice, threads: int) -> tuple:
+        pools = kept.clone(), states.clone()
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            out = kernels.delta_net_decode(
+                proj[rows], conv, pools[0], neg_a, dt_bias, norm, 1e-6, pools[1], slots[rows], 2
+            )
+        finally:
+            torch.set_num_threads(saved)
+        return out, *pools
+
+    one, two = call(slice(None), 1), call(slice(None), 2)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    alone = call(slice(1, 2), 2)
+    assert torch.equal(alone[0][0], two[0][1]) and torch.equal(alone[2][0], two[2][0])
+    expected = TorchOps(None, None, None).delta_net_decode(block, proj, kept.clone(), states.clone(), slots)
+    torch.testing.assert_close(two[0], expected, atol=1e-5, rtol=1e-4)
+
+
 def test_the_gated_attention_kernel_is_pytorchs_form_in_one_call():
     """kernels/attention.cpp's gated_decode_attention: a step's decodes from a gated attention layer's fused
     projection (a strided view of its rows; per head q then its gate) through the q/k norms, RoPE on the first 8 of
@@ -206,10 +247,12 @@ def test_the_gated_attention_kernel_is_pytorchs_form_in_one_call():
         torch.testing.assert_close(pool, ref, atol=1e-5, rtol=1e-5)
     alone = [p.clone() for p in pools]
     assert torch.equal(call(slice(1, 2), kv=alone)[0], call()[1])
+    before = [p.clone() for p in pools]
     with pytest.raises(RuntimeError, match="proj width must be .* = 192, got 191"):
         call(width=191)
     with pytest.raises(RuntimeError, match="position 64 is past the RoPE table"):
         call(at=torch.tensor([64, 8]))
+    assert all(torch.equal(p, b) for p, b in zip(pools, before, strict=True))  # refused before anything is written
 
 
 def test_a_state_pool_holds_memory_only_for_the_slots_written():
@@ -279,12 +322,21 @@ def test_batched_requests_get_what_they_get_alone(tiny, weights):
     assert_batch_invariant(LLM(model=str(tiny[0]), weights=weights), preempt=True)
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_a_step_of_decodes_runs_in_one_call_with_the_layer_by_layer_bits(tiny, weights, monkeypatch):
+@pytest.fixture(scope="module")
+def tiny8(tmp_path_factory) -> Path:
+    """Eight layers: DeltaNet layers 4-6 are the state pools' 3-5, and two attention layers hold KV pools."""
+    torch.manual_seed(2)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**CONFIG | {"num_hidden_layers": 8})).eval()
+    return save_random(model, tmp_path_factory.mktemp("qwen3_5_8"))
+
+
+@pytest.mark.parametrize(("weights", "kv"), [("int8", "auto"), ("int4", "int8"), ("int8", "fp8_e4m3")])
+def test_a_step_of_decodes_runs_in_one_call_with_the_layer_by_layer_bits(tiny8, weights, kv, monkeypatch):
     """Where every linear runs in tiles, a step of decodes runs its gated attention and Gated DeltaNet layers in one
-    call (kernels/decode.cpp), each from its state slot: the tokens and logprobs of layer by layer, greedy and
-    seeded, three sequences of different lengths."""
-    llm = LLM(model=str(tiny[0]), weights=weights)
+    call (kernels/decode.cpp), each DeltaNet layer from its place in the state pools and each attention layer from
+    its KV pool (an int8 or fp8 one with its scales): the tokens and logprobs of layer by layer, greedy and seeded,
+    three sequences of different lengths; a step the call refuses moves no state."""
+    llm = LLM(model=str(tiny8), weights=weights, kv_cache_dtype=kv)
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
     seeded = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True, logprobs=1)
 
@@ -294,6 +346,15 @@ def test_a_step_of_decodes_runs_in_one_call_with_the_layer_by_layer_bits(tiny, w
 
     one_call, layered, calls = both_ways(llm, run, monkeypatch)
     assert one_call == layered and calls == 11
+    model, pool = llm.engine.model, llm.engine._pool
+    before = pool.states.conv.clone(), pool.states.recurrent.clone()
+    x = torch.zeros(1, CONFIG["hidden_size"])
+    with pytest.raises(RuntimeError, match="position 1024 is past the RoPE table"):
+        model.decode_call.layers.run(
+            x, torch.tensor([1024]), torch.tensor([0]), torch.zeros(1, 1, dtype=torch.int64), torch.tensor([1]), 16,
+            *pool.kernel_layers, None, None, pool.states.conv, pool.states.recurrent, torch.tensor([0]),
+        )  # fmt: skip
+    assert torch.equal(pool.states.conv, before[0]) and torch.equal(pool.states.recurrent, before[1])
 
 
 def test_prefix_caching_is_off_and_the_state_is_constant_in_the_context(tiny):

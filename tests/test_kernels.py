@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from near_ties import FLOAT_TIE, parting, rooftop_logits
 
 from rooftop.kernels import cpu
+from rooftop.models.rope import apply_rope
 from rooftop.quant.linear import Q4Linear, Q8Linear
 from rooftop.quant.weights import quantize_int4, quantize_int8_groups
 
@@ -487,9 +488,13 @@ def test_the_portable_loops_match_the_vector_kernels():
             1e-6,
         )
     torch.testing.assert_close(rotated[0], rotated[1])
+    turned = rotated[1].clone()
     for k, out in zip((portable, kernels), rotated, strict=False):  # partial RoPE: the first 8 of 16 dims
         k.rope_(out, 6, 16, torch.tensor([3, 5]), cos[:, :8].contiguous(), sin[:, :8].contiguous(), None, 1e-6)
     torch.testing.assert_close(rotated[0], rotated[1])
+    heads = turned.view(2, 8, 16)[:, :6]  # models/rope.py's rotate-half on the first 8 dims, the others as they were
+    expected = torch.cat([apply_rope(heads[..., :8], cos[[3, 5], None, :8], sin[[3, 5], None, :8]), heads[..., 8:]], -1)
+    torch.testing.assert_close(rotated[1].view(2, 8, 16)[:, :6], expected)
     pools = [
         (
             torch.randn(64, 2, 16, generator=torch.Generator().manual_seed(2)),

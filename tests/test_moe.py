@@ -85,6 +85,32 @@ def test_each_tokens_experts_and_weights_are_transformers_router(tiny):
     torch.testing.assert_close(routing.weights, seen["weights"])
 
 
+@pytest.mark.parametrize(("experts", "k", "normalize"), [(8, 2, True), (128, 8, True), (128, 8, False), (60, 4, False)])
+def test_the_routing_kernel_is_pytorchs_softmax_topk_and_renormalization(experts, k, normalize):
+    """kernels/cpu.cpp's route_rows, which route() and the one call take on the CPU: the experts PyTorch's softmax and
+    topk pick, in its order, their weights within float32 rounding, renormalized or not; a row's the same alone;
+    equal probabilities to the lower expert first; a top_k past the experts refused."""
+    from rooftop.kernels import cpu
+
+    kernels = cpu.ops()
+    if kernels is None:
+        pytest.skip("rooftop's CPU kernels did not build on this machine")
+    logits = torch.randn(7, experts, generator=torch.Generator().manual_seed(experts + k)) * 3
+    weights, ids = kernels.route_rows(logits, k, normalize)
+    expected, expected_ids = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+    if normalize:
+        expected = expected / expected.sum(dim=-1, keepdim=True)
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected, atol=1e-6, rtol=1e-5)
+    alone = kernels.route_rows(logits[3:4].clone(), k, normalize)
+    assert torch.equal(alone[0][0], weights[3]) and torch.equal(alone[1][0], ids[3])
+    tied = torch.zeros(1, experts)
+    tied[0, [experts - 1, 1, 5]] = 2.0
+    assert kernels.route_rows(tied, 2, normalize)[1].tolist() == [[1, 5]]
+    with pytest.raises(RuntimeError, match=f"top_k must be 1 to the {experts} experts, got {experts + 1}"):
+        kernels.route_rows(logits, experts + 1, normalize)
+
+
 def assert_greedy_as_transformers(path: Path, reference) -> None:
     """32 greedy tokens of the engine (float weights) equal transformers' generate on the same checkpoint."""
     ids = [5, 17, 42, 99, 3, 250, 7]

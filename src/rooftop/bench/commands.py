@@ -24,24 +24,26 @@ from rooftop.errors import InvalidRequestError
 from rooftop.roofline.precision import Precision
 from rooftop.roofline.report import seconds
 
-RANGE = re.compile(r"(\d+)-(\d+)(?:([+*])(\d+))?")  # llama-bench's first-last, first-last+step, first-last*mult
+INTEGER = re.compile(r"-?[0-9]+")
+RANGE = re.compile(
+    r"([0-9]+)-([0-9]+)(?:([+*])([0-9]+))?"
+)  # llama-bench's first-last, first-last+step, first-last*mult
+MOST_VALUES = 1000  # a range's: a typo's billion values would fill the memory before the model loads
 
 
-def _ints(text: str, name: str, least: int = 1) -> list[int]:
-    """Comma-separated integers, each a value or one of llama-bench's ranges: `first-last` (every integer),
-    `first-last+step`, `first-last*mult` (first, first*mult, ... up to last)."""
+def _ints(text: str, name: str, least: int = 1, ranges: bool = True) -> list[int]:
+    """Comma-separated integers, each a value or (`ranges`) one of llama-bench's ranges: `first-last` (every
+    integer), `first-last+step`, `first-last*mult` (first, first*mult, ... up to last)."""
     values = []
     for item in (v.strip() for v in text.split(",")):
         if not item:
             continue
-        if item.lstrip("-").isdigit():
+        if INTEGER.fullmatch(item):
             values.append(int(item))
             continue
-        if (found := RANGE.fullmatch(item)) is None:
-            raise InvalidRequestError(
-                f"{name} must be comma-separated integers or ranges (first-last, first-last+step, first-last*mult), "
-                f"got {text!r}"
-            )
+        if not ranges or (found := RANGE.fullmatch(item)) is None:
+            ranged = " or ranges (first-last, first-last+step, first-last*mult)" if ranges else ""
+            raise InvalidRequestError(f"{name} must be comma-separated integers{ranged}, got {text!r}")
         first, last, by = int(found[1]), int(found[2]), int(found[4] or 1)
         times = found[3] == "*"
         if last < first or by < 1 or (times and (by < 2 or first < 1)):
@@ -49,6 +51,9 @@ def _ints(text: str, name: str, least: int = 1) -> list[int]:
                 f"{name}: the range {item!r} must go up from first to last, by a step >= 1 or a multiplier >= 2 "
                 "from a first >= 1"
             )
+        count = (last // first).bit_length() if times else (last - first) // by + 1
+        if count > MOST_VALUES:
+            raise InvalidRequestError(f"{name}: the range {item!r} has {count} values; at most {MOST_VALUES}")
         while first <= last:
             values.append(first)
             first = first * by if times else first + by
@@ -59,7 +64,7 @@ def _ints(text: str, name: str, least: int = 1) -> list[int]:
 
 def _pairs(texts: list[str]) -> list[tuple[int, int]]:
     """-pg's values: each a prompt length and a generation length, `pp,tg`."""
-    pairs = [_ints(text, "-pg", least=1) for text in texts]
+    pairs = [_ints(text, "-pg", least=1, ranges=False) for text in texts]
     if any(len(pair) != 2 for pair in pairs):
         raise InvalidRequestError(f"-pg takes two integers, <pp>,<tg>, got {' '.join(texts)!r}")
     return [(pp, tg) for pp, tg in pairs]
@@ -88,8 +93,12 @@ def _tests(pp: list[str] | None, tg: list[str] | None, pg: list[str], depths: li
 @with_run_config
 def bench(
     ctx: typer.Context,
-    prompt_lens: Annotated[str, typer.Option(help="prompt lengths for the TTFT sweep")] = "16,64,256,1024",
-    batch_sizes: Annotated[str, typer.Option(help="batch sizes for the decode sweep")] = "1,2,4,8,16,32",
+    prompt_lens: Annotated[
+        str, typer.Option(help="prompt lengths for the TTFT sweep, comma-separated or ranges as -p's")
+    ] = "16,64,256,1024",
+    batch_sizes: Annotated[
+        str, typer.Option(help="batch sizes for the decode sweep, comma-separated or ranges as -p's")
+    ] = "1,2,4,8,16,32",
     output_len: Annotated[int, typer.Option(help="tokens generated per sequence in the decode sweep")] = 32,
     pp: Annotated[
         list[str] | None,

@@ -798,25 +798,13 @@ at::Tensor attend(const at::Tensor& qkv, T* kp, T* vp, float* ks, float* vs, con
 }
 
 // What the decode step takes besides its pools: qkv's width, the heads' grouping, and every row's slot, length and
-// blocks within the pool.
+// blocks within the pool (check_decode_rows).
 void check_decode_step(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, int64_t dim, int64_t pool_slots,
                        const at::Tensor& slot_mapping, const at::Tensor& tables, const at::Tensor& lengths,
                        int64_t block_size) {
-  const int64_t b_count = qkv.size(0);
   TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv width must be (heads + 2 * kv_heads) * head_dim");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == b_count && tables.scalar_type() == at::kLong &&
-                  tables.dim() == 2 && tables.is_contiguous() && tables.size(0) == b_count && lengths.scalar_type() == at::kLong &&
-                  lengths.numel() == b_count && block_size > 0,
-              "slot_mapping (B,), tables (B, blocks) and lengths (B,) must be int64");
-  const int64_t blocks = tables.size(1), s_max = blocks * block_size;
-  const int64_t* write = slot_mapping.data_ptr<int64_t>();
-  const int64_t* tb = tables.data_ptr<int64_t>();
-  const int64_t* len = lengths.data_ptr<int64_t>();
-  for (int64_t b = 0; b < b_count; ++b) {
-    TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
-    for (int64_t i = 0; i < blocks; ++i) TORCH_CHECK(tb[b * blocks + i] >= 0 && (tb[b * blocks + i] + 1) * block_size <= pool_slots, "block out of range");
-  }
+  check_decode_rows(qkv.size(0), pool_slots, slot_mapping, tables, lengths, block_size);
 }
 
 // A quantized pool's scales: contiguous float32 (slots, kv_heads).
@@ -828,6 +816,25 @@ float* scales_of(const c10::optional<at::Tensor>& scale, const at::Tensor& pool)
 }
 
 }  // namespace
+
+// Each of `rows` decodes' slot, length and blocks within a pool of `pool_slots` slots.
+void check_decode_rows(int64_t rows, int64_t pool_slots, const at::Tensor& slot_mapping, const at::Tensor& tables,
+                       const at::Tensor& lengths, int64_t block_size) {
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == rows &&
+                  tables.scalar_type() == at::kLong && tables.dim() == 2 && tables.is_contiguous() &&
+                  tables.size(0) == rows && lengths.scalar_type() == at::kLong && lengths.is_contiguous() &&
+                  lengths.numel() == rows && block_size > 0,
+              "slot_mapping (B,), tables (B, blocks) and lengths (B,) must be contiguous int64");
+  const int64_t blocks = tables.size(1), s_max = blocks * block_size;
+  const int64_t* write = slot_mapping.data_ptr<int64_t>();
+  const int64_t* tb = tables.data_ptr<int64_t>();
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < rows; ++b) {
+    TORCH_CHECK(write[b] >= 0 && write[b] < pool_slots && len[b] >= 1 && len[b] <= s_max, "slot or length out of range");
+    for (int64_t i = 0; i < blocks; ++i)
+      TORCH_CHECK(tb[b * blocks + i] >= 0 && (tb[b * blocks + i] + 1) * block_size <= pool_slots, "block out of range");
+  }
+}
 
 // Decode attention straight from the paged pool. qkv (B, (H + 2*KVH)*D) holds each sequence's new q, k, v (RoPE
 // applied); k and v are written to their slots (quantized for an int8 or fp8 pool, whose scales k_scale, v_scale

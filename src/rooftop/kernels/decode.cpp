@@ -1,5 +1,5 @@
-// A step of decodes through a model's decoder layers in one call (models/decode_call.py): attention layers (a hybrid's
-// gated attention too) and a hybrid's Gated DeltaNet layers, each MLP half dense or a mixture of experts. Python runs a layer as some
+// A step of decodes through a model's decoder layers in one call (models/decode_call.py): attention layers (a
+// hybrid's gated attention too) and a hybrid's Gated DeltaNet layers, each MLP half dense or a mixture of experts. Python runs a layer as some
 // ten kernel calls (a mixture of experts' layer as some twenty, with its routing's), and after each linear's weights
 // have streamed through the caches the interpreter's code and objects between the calls come back from memory cold;
 // here the same kernels and PyTorch ops run in the same order with the same arguments (models/blocks.py and
@@ -63,15 +63,13 @@ at::Tensor linear(const std::vector<LinearPart>& parts, const at::Tensor& in, co
 }
 
 // The weighted sum of the experts each of rows h picks, as models/mlp.py's route and SparseMoE compute it: the
-// router's float32 logits on f32_linear (RouterLinear's narrow rows), softmax, the top k, renormalized when
-// `normalize`; then the experts on the rows routed to them. The experts count as linears, as the op timer counts
-// their call from Python.
+// router's float32 logits on f32_linear (RouterLinear's narrow rows), their top k (route_rows); then the experts on
+// the rows routed to them. The experts count as linears, as the op timer counts their call from Python.
 at::Tensor mixture(const at::Tensor& router, const RowExperts& experts, int64_t top_k, bool normalize,
                    const at::Tensor& h, double* clock, int64_t& touched) {
   const at::Tensor logits =
       timed(clock, LINEARS, [&] { return f32_linear(h, router, c10::nullopt, c10::nullopt, false); });
-  auto [weights, ids] = logits.softmax(-1).topk(top_k, -1);
-  if (normalize) weights = weights.div(weights.sum(-1, true));
+  const auto [weights, ids] = route_rows(logits, top_k, normalize);
   return timed(clock, LINEARS, [&] { return experts.rows(h, ids, weights, touched); });
 }
 
@@ -104,6 +102,21 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
               "a K and a V pool (and their scales, or none) per attention layer");
   TORCH_CHECK(!seconds || (seconds->scalar_type() == at::kDouble && seconds->numel() == 3 && seconds->is_contiguous()),
               "seconds must be 3 contiguous float64: linears, attention, elementwise");
+  // What the layers' kernels check, checked before the first of them moves a state or writes a pool: the positions
+  // in every rotary table, the rows' KV slots, blocks and lengths, and their state slots.
+  const int64_t rows = x.size(0);
+  bool plain = false;
+  for (size_t l = 0; l < layers; ++l) {
+    if (const auto& g = gated[l]) check_rope_tables(positions, rows, g->cos, g->signed_sin, head_dim);
+    plain = plain || (!gated[l] && !delta_nets[l]);
+    if (const auto& d = delta_nets[l])
+      TORCH_CHECK(conv_states->dim() == 4 && states->dim() == 5 && d->index >= 0 && d->index < conv_states->size(0) &&
+                      d->index < states->size(0),
+                  "layer ", l, ": its state index ", d->index, " is outside the state pools");
+  }
+  if (plain) check_rope_tables(positions, rows, cos, signed_sin, head_dim);
+  if (attention_layers > 0) check_decode_rows(rows, k_pools[0].size(0), slot_mapping, tables, lengths, block_size);
+  if (attention_layers < layers) check_slots(*state_slots, rows, std::min(conv_states->size(1), states->size(1)));
   double* clock = seconds ? seconds->data_ptr<double>() : nullptr;
   const auto project = [&](const std::vector<LinearPart>& parts, const at::Tensor& in,
                            const c10::optional<at::Tensor>& residual) {
@@ -122,15 +135,15 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
         return delta_net_decode(qkv, d->conv, kept, d->neg_a, d->dt_bias, d->norm, eps, state, *state_slots,
                                 d->key_heads, d->tiled);
       }
-      const size_t at = a++;
+      const size_t pool = a++;
       if (const auto& g = gated[l]) {
-        return gated_decode_attention(qkv, g->q_norm, g->k_norm, positions, g->cos, g->signed_sin, eps, k_pools[at],
-                                      v_pools[at], slot_mapping, tables, lengths, block_size, heads, kv_heads, scale,
-                                      k_scales[at], v_scales[at]);
+        return gated_decode_attention(qkv, g->q_norm, g->k_norm, positions, g->cos, g->signed_sin, eps, k_pools[pool],
+                                      v_pools[pool], slot_mapping, tables, lengths, block_size, heads, kv_heads, scale,
+                                      k_scales[pool], v_scales[pool]);
       }
       rope_(qkv, heads + kv_heads, head_dim, positions, cos, signed_sin, qk_norms[l], eps);
-      return decode_attention(qkv, k_pools[at], v_pools[at], slot_mapping, tables, lengths, block_size, heads,
-                              kv_heads, scale, k_scales[at], v_scales[at]);
+      return decode_attention(qkv, k_pools[pool], v_pools[pool], slot_mapping, tables, lengths, block_size, heads,
+                              kv_heads, scale, k_scales[pool], v_scales[pool]);
     });
     x = project(w[1], attended, x);
     const at::Tensor h = norm(x, norms[2 * l + 1]);

@@ -19,9 +19,8 @@
 #include <cmath>
 #include <vector>
 
-namespace {
-
-// slots: contiguous int64 (rows,), each inside a pool of `pool` slots and none given twice.
+// slots: contiguous int64 (rows,), each inside a pool of `pool` slots and none given twice (each state is one
+// sequence's, updated by one task).
 void check_slots(const at::Tensor& slots, int64_t rows, int64_t pool) {
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == rows && slots.is_contiguous(),
               "slots must be contiguous int64 (rows,)");
@@ -32,12 +31,14 @@ void check_slots(const at::Tensor& slots, int64_t rows, int64_t pool) {
   }
 }
 
+namespace {
+
 // states: (slots, heads, key dim, value dim) float32 on the CPU; slots inside `pool` (the smallest of the pools the
 // caller updates) and none given twice. Checked before anything is updated.
 void check_states(const at::Tensor& states, const at::Tensor& slots, int64_t rows, int64_t pool) {
   TORCH_CHECK(states.dim() == 4 && states.scalar_type() == at::kFloat && states.is_contiguous() && states.device().is_cpu(),
               "states must be contiguous float32 (slots, heads, key dim, value dim) on the CPU");
-  check_slots(slots, rows, pool);  // each state is one sequence's, updated by one task
+  check_slots(slots, rows, pool);
 }
 
 // The output gate's RMSNorm (models/delta_net.py's gated_rms_norm) on each head's output as the rule leaves it:
@@ -131,8 +132,9 @@ at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at:
 // SiLU; q and k L2-normalized per key head (q then scaled by key dim^-1/2) and given to the value heads that read
 // them (consecutive ones, or with `tiled` every key_heads-th, as llama.cpp orders them); the rule
 // (delta_rule_decode); each head's output through the gated RMSNorm with `norm` and z. Every sum runs in order with
-// one fused multiply-add at a time and every product stands alone, so each row's numbers are its own and the same
-// in every build. proj: (B, width) float32 rows (their stride may be wider); conv: (channels, K) float32;
+// one fused multiply-add at a time and every product stands alone, and the SiLUs' runs of channels never depend on
+// the threads, so each row's numbers are its own, whatever shares the call; the SiLUs take exp.h's vector exp where
+// it is built, so the portable build's differ in the last bits. proj: (B, width) float32 rows (their stride may be wider); conv: (channels, K) float32;
 // conv_states: (slots, channels, K - 1); neg_a, dt_bias: (value heads,); norm: (value dim,); states and slots as
 // delta_rule_decode. Returns (B, value heads * value dim), what out_proj takes.
 at::Tensor delta_net_decode(const at::Tensor& proj, const at::Tensor& conv, at::Tensor& conv_states,

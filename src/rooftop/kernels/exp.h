@@ -1,5 +1,5 @@
-// e^x for eight (or sixteen) floats at once, shared by SiLU (cpu.cpp) and the softmax of decode and prefill attention
-// (attention.cpp, prefill_attention.cpp).
+// e^x for eight (or sixteen) floats at once, shared by SiLU (cpu.cpp's silu_mul, and silu_in_place below for
+// delta_rule.cpp) and the softmax of decode and prefill attention (attention.cpp, prefill_attention.cpp).
 
 #pragma once
 
@@ -43,6 +43,8 @@ inline __m512 exp16_ps(__m512 x) {
 // x / (1 + e^-x) in place for n floats (SiLU): sixteen or eight at a time with exp16_ps / exp_ps where built, libm's
 // exp for the rest. A value's result depends only on where it falls in the n (vector body or tail), not on any
 // other value.
+namespace {
+
 inline void silu_in_place(float* x, int64_t n) {
   int64_t i = 0;
 #ifdef ROOFTOP_AVX512
@@ -61,3 +63,5 @@ inline void silu_in_place(float* x, int64_t n) {
 #endif
   for (; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i]));
 }
+
+}  // namespace

@@ -14,6 +14,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rope_(at::Tensor& qkv, int64_t heads, int64_t head_dim, const at::Tensor& positions, const at::Tensor& cos,
            const at::Tensor& signed_sin, const c10::optional<at::Tensor>& norm, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+// Each row's top k of softmax(logits) and their experts (an MoE router's), renormalized where asked (cpu.cpp).
+std::tuple<at::Tensor, at::Tensor> route_rows(const at::Tensor& logits, int64_t top_k, bool normalize);
 // One head of `dim` values in place: RMSNorm with `norm` (none: skipped), then rotate-half RoPE on its first `rotary`
 // values with the position's rows of the tables; `scratch` holds `dim` floats.
 void norm_rope_head(float* v, int64_t dim, const float* norm, float eps, const float* cos, const float* signed_sin,
@@ -21,6 +23,12 @@ void norm_rope_head(float* v, int64_t dim, const float* norm, float eps, const f
 // positions (rows,) int64 inside the tables; cos and signed_sin float32 (positions, rotary), rotary even, <= head_dim.
 void check_rope_tables(const at::Tensor& positions, int64_t rows, const at::Tensor& cos, const at::Tensor& signed_sin,
                        int64_t head_dim);
+
+// Each of `rows` decodes' slot, length and blocks within a pool of `pool_slots` slots (attention.cpp).
+void check_decode_rows(int64_t rows, int64_t pool_slots, const at::Tensor& slot_mapping, const at::Tensor& tables,
+                       const at::Tensor& lengths, int64_t block_size);
+// Each of `rows` state slots inside a pool of `pool` slots, none given twice (delta_rule.cpp).
+void check_slots(const at::Tensor& slots, int64_t rows, int64_t pool);
 
 // Decode attention over the paged KV pool, float32, bfloat16, float16, int8 or fp8 e4m3 (attention.cpp).
 at::Tensor decode_attention(const at::Tensor& qkv, at::Tensor& k_pool, at::Tensor& v_pool, const at::Tensor& slot_mapping,

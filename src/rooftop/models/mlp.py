@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rooftop.kernels import cpu
 from rooftop.models.ops import KernelOps, Ops, rowwise
 from rooftop.quant.linear import NARROW, WIDEN_ROWS, FloatLinear, Linear, RouterLinear, RowPlan
 
@@ -46,9 +47,14 @@ def route(
 ) -> Routing:
     """Softmax over the router's float32 logits, the top k, renormalized to sum to 1 when `normalize`
     (norm_topk_prob). The logits go by the step's plan like any float linear: a row's do not depend on its
-    neighbours, so neither do its experts."""
-    probs = torch.softmax(router(x.float(), plan=plan), dim=-1)
-    weights, experts = torch.topk(probs, top_k, dim=-1)
+    neighbours, so neither do its experts. On the CPU rooftop's kernel takes the three steps in one pass a row
+    (`route_rows`, as a decode step run in one call does), elsewhere PyTorch's ops."""
+    logits = router(x.float(), plan=plan)
+    kernels = cpu.ops() if logits.device.type == "cpu" else None
+    if kernels is not None:
+        weights, experts = kernels.route_rows(logits, top_k, normalize)
+        return Routing(experts, weights)
+    weights, experts = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return Routing(experts, weights)
