@@ -123,26 +123,10 @@ class KernelOps:
             q, k, v, gate = block.project(proj[:rows], positions[:rows])
             parts.append(block.gated(self.prefill_rows(q, k, v, k_pool, v_pool, meta), gate))
         if meta.has_decodes:
-            (k_values, k_scale), (v_values, v_scale) = kernel_view(k_pool), kernel_view(v_pool)
+            step, scales = decode_step(k_pool, v_pool, meta)
+            norms_and_rope = (block.q_norm, block.k_norm, positions[rows:], block.cos, block.signed_sin, block.eps)
             decodes = self.kernels.gated_decode_attention(
-                proj[rows:],
-                block.q_norm,
-                block.k_norm,
-                positions[rows:],
-                block.cos,
-                block.signed_sin,
-                block.eps,
-                k_values,
-                v_values,
-                meta.slot_mapping[rows:],
-                meta.decode_tables,
-                meta.decode_lengths,
-                meta.block_size,
-                block.heads,
-                block.kv_heads,
-                block.head_dim**-0.5,
-                k_scale=k_scale,
-                v_scale=v_scale,
+                proj[rows:], *norms_and_rope, *step, block.heads, block.kv_heads, block.head_dim**-0.5, **scales
             )
             parts.append(decodes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -187,23 +171,21 @@ class KernelOps:
             q, k, v = qkv[:rows].view(rows, -1, c.head_dim).split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=1)
             parts.append(self.prefill_rows(q, k, v, k_pool, v_pool, meta).reshape(rows, c.q_size))
         if meta.has_decodes:  # the new K/V written and each sequence's cache read in place from the pool
-            (k_values, k_scale), (v_values, v_scale) = kernel_view(k_pool), kernel_view(v_pool)
+            step, scales = decode_step(k_pool, v_pool, meta)
             decodes = self.kernels.decode_attention(
-                qkv[rows:],
-                k_values,
-                v_values,
-                meta.slot_mapping[rows:],
-                meta.decode_tables,
-                meta.decode_lengths,
-                meta.block_size,
-                c.num_heads,
-                c.num_kv_heads,
-                c.head_dim**-0.5,
-                k_scale=k_scale,
-                v_scale=v_scale,
+                qkv[rows:], *step, c.num_heads, c.num_kv_heads, c.head_dim**-0.5, **scales
             )
             parts.append(decodes)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def decode_step(k_pool, v_pool, meta: AttentionMetadata) -> tuple[tuple, dict]:
+    """What the decode kernels take of a step besides its q, k and v: the pools as stored, the decodes' slots,
+    block tables, lengths and the block size; and a quantized pool's scales."""
+    (k_values, k_scale), (v_values, v_scale) = kernel_view(k_pool), kernel_view(v_pool)
+    rows = meta.num_prefill_rows
+    step = (k_values, v_values, meta.slot_mapping[rows:], meta.decode_tables, meta.decode_lengths, meta.block_size)
+    return step, {"k_scale": k_scale, "v_scale": v_scale}
 
 
 Ops = TorchOps | KernelOps  # CudaOps is a TorchOps
