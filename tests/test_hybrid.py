@@ -444,9 +444,24 @@ def test_qwen3_next_matches_transformers(tiny_next):
 
 
 def test_qwen3_next_batched_requests_get_what_they_get_alone(tiny_next):
-    llm = LLM(model=str(tiny_next[0]), weights="int8")
-    assert llm.engine.model.decode_call is None  # its shared expert: decodes go layer by layer
-    assert_batch_invariant(llm, preempt=False)
+    assert_batch_invariant(LLM(model=str(tiny_next[0]), weights="int8"), preempt=False)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_qwen3_next_decodes_in_one_call_with_the_layer_by_layer_bits(tiny_next, weights, monkeypatch):
+    """Qwen3-Next's layers in the one call: its DeltaNet and gated attention layers, the experts and the shared
+    expert scaled by the sigmoid of its gate, each token and logprob as layer by layer."""
+    llm = LLM(model=str(tiny_next[0]), weights=weights)
+    assert llm.engine.model.layers[0].mlp.shared is not None
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
+    seeded = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True, logprobs=1)
+
+    def run(llm: LLM) -> list:
+        outs = llm.generate(["ab", "a longer prompt", [5, 6, 7, 8]], [greedy, seeded, greedy], use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+    one_call, layered, calls = both_ways(llm, run, monkeypatch)
+    assert one_call == layered and calls == 11
 
 
 def tiled(x: torch.Tensor, dim: int, key_heads: int, head_dim: int) -> torch.Tensor:

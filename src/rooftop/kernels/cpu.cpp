@@ -259,14 +259,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps,
                        std::vector<c10::optional<at::Tensor>> routers, std::vector<c10::optional<RowExperts>> experts,
                        int64_t top_k, bool normalize, std::vector<c10::optional<GatedLayer>> gated,
-                       std::vector<c10::optional<DeltaNetLayer>> delta_nets) {
-             return DecodeLayers{linears, norms,   qk_norms,  cos,   signed_sin, heads, kv_heads, head_dim,
-                                 scale,   eps,     routers,   experts, top_k,    normalize, gated, delta_nets};
+                       std::vector<c10::optional<DeltaNetLayer>> delta_nets,
+                       std::vector<c10::optional<at::Tensor>> shared_gates) {
+             return DecodeLayers{linears, norms,   qk_norms, cos,   signed_sin, heads,     kv_heads,   head_dim, scale,
+                                 eps,     routers, experts,  top_k, normalize,  gated,     delta_nets, shared_gates};
            }),
            py::arg("linears"), py::arg("norms"), py::arg("qk_norms"), py::arg("cos"), py::arg("signed_sin"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("scale"), py::arg("eps"),
            py::arg("routers"), py::arg("experts"), py::arg("top_k"), py::arg("normalize"), py::arg("gated"),
-           py::arg("delta_nets"))
+           py::arg("delta_nets"), py::arg("shared_gates"))
       // without the GIL: a step's kernels touch no Python object, and a server's event loop runs meanwhile
       .def("run", &DecodeLayers::run, "a step of decodes through every layer and the final norm",
            py::call_guard<py::gil_scoped_release>(), py::arg("x"),

@@ -8,6 +8,7 @@
 // adds the calls Python makes: the linears, attention (RoPE with it, as KernelOps.attention runs it), elementwise.
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <chrono>
@@ -86,8 +87,9 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
   const size_t layers = qk_norms.size();
   TORCH_CHECK(linears.size() == 4 * layers && norms.size() == 2 * layers + 1, "four linears and two norms per layer");
   TORCH_CHECK(routers.size() == layers && experts.size() == layers && gated.size() == layers &&
-                  delta_nets.size() == layers,
-              "a router and experts, a gated attention's and a Gated DeltaNet's tensors (or none) per layer");
+                  delta_nets.size() == layers && shared_gates.size() == layers,
+              "a router and experts, a shared expert's gate, a gated attention's and a Gated DeltaNet's tensors (or "
+              "none) per layer");
   size_t attention_layers = 0;
   for (size_t l = 0; l < layers; ++l) {
     if (!delta_nets[l]) ++attention_layers;
@@ -148,10 +150,21 @@ at::Tensor DecodeLayers::run(at::Tensor x, const at::Tensor& positions, const at
     x = project(w[1], attended, x);
     const at::Tensor h = norm(x, norms[2 * l + 1]);
     if (routers[l]) {
-      TORCH_CHECK(experts[l] && w[2].empty() && w[3].empty() && top_k >= 1,
-                  "layer ", l, ": a router, its experts, top_k >= 1 and no dense MLP");
+      const auto& shared_gate = shared_gates[l];
+      TORCH_CHECK(experts[l] && w[2].empty() == !shared_gate && w[3].empty() == !shared_gate && top_k >= 1,
+                  "layer ", l, ": a router, its experts, top_k >= 1 and no dense MLP but a shared expert's");
       int64_t count = 0;
-      x = x.add(mixture(*routers[l], *experts[l], top_k, normalize, h, clock, count));  // SparseMoE's residual + out
+      at::Tensor out = mixture(*routers[l], *experts[l], top_k, normalize, h, clock, count);
+      if (shared_gate) {  // + sigmoid(shared_gate(h)) * shared(h), the sigmoid on a row padded as rowwise pads it
+        const at::Tensor logit =
+            timed(clock, LINEARS, [&] { return f32_linear(h, *shared_gate, c10::nullopt, c10::nullopt, false); });
+        const at::Tensor gate = at::constant_pad_nd(logit, {0, 63}, 0).sigmoid().narrow(1, 0, 1);
+        const at::Tensor gate_up = project(w[2], h, c10::nullopt);
+        const at::Tensor shared =
+            project(w[3], timed(clock, ELEMENTWISE, [&] { return silu_mul(gate_up); }), c10::nullopt);
+        out = out.add(gate.mul(shared));
+      }
+      x = x.add(out);  // SparseMoE's residual + out
       if (touched) touched->data_ptr<int64_t>()[l] = count;
       continue;
     }

@@ -120,6 +120,9 @@ struct DecodeLayers {
   bool normalize;  // the top k's weights renormalized to sum to 1 (norm_topk_prob)
   std::vector<c10::optional<GatedLayer>> gated;  // per layer: a gated attention layer's, or none
   std::vector<c10::optional<DeltaNetLayer>> delta_nets;  // per layer: a Gated DeltaNet layer's, or none
+  // per layer: Qwen3-Next's shared expert's gate (1, hidden) float32, the expert's gate-up and down being the
+  // layer's MLP linears; or none
+  std::vector<c10::optional<at::Tensor>> shared_gates;
 
   // The pools: K and V (and their scales) per attention layer, in order; a hybrid's state pools (conv_states:
   // (linear layers, slots, channels, K - 1); states: (linear layers, slots, heads, key dim, value dim)) and each

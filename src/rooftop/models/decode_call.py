@@ -3,12 +3,12 @@
 Layer by layer, a decode step is some ten kernel calls a layer from Python (a mixture of experts' layer twice that,
 with its routing's), and between them the interpreter's code and objects come back from memory cold: each linear's
 weights have just streamed through the caches. Where every layer is the decoder block or a hybrid's (Qwen3.5's gated
-attention and Gated DeltaNet) on the CPU kernels (`KernelOps`), its MLP half dense or Qwen3-MoE's experts, and every
-linear runs in tiles (a GGUF's block formats, `--weights int8` or `int4`) or in bfloat16 on rooftop's kernel (a bf16
-checkpoint under `auto`), a step whose rows are all decodes runs the same kernels and PyTorch ops in the same order
-with the same arguments from one C++ call, so each row's result is the same bits either way (docs/PERFORMANCE.md
-has what it saves). Other models (Qwen3-Next's shared expert), prefill chunks and widened rows go layer by layer. The calibration's op timer reads each op's time from the call's own clocks
-(`seconds`). An MoE layer's experts are held the same way (`row_experts`), also for the rows of a step that goes
+attention and Gated DeltaNet) on the CPU kernels (`KernelOps`), its MLP half dense or a mixture of experts (Qwen3-MoE's,
+Qwen3-Next's with its shared expert), and every linear runs in tiles (a GGUF's block formats, `--weights int8` or
+`int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under `auto`), a step whose rows are all decodes runs
+the same kernels and PyTorch ops in the same order with the same arguments from one C++ call, so each row's result
+is the same bits either way (docs/PERFORMANCE.md has what it saves). Other models, prefill chunks and widened rows go
+layer by layer. The calibration's op timer reads each op's time from the call's own clocks (`seconds`). An MoE layer's experts are held the same way (`row_experts`), also for the rows of a step that goes
 layer by layer (a prefill's short chunks beside decodes), in one call a layer."""
 
 from __future__ import annotations
@@ -93,10 +93,11 @@ def row_experts(moe: SparseMoE, ops: Ops, split: bool) -> Any:
 
 def in_one_call(mlp: DenseMLP | SparseMoE) -> bool:
     """Whether the one call runs this MLP half: dense, or a mixture of experts whose experts are held for the kernels
-    (`row_experts`) and whose router runs on them, without Qwen3-Next's shared expert."""
+    (`row_experts`) and whose router (and Qwen3-Next's shared expert's gate) runs on them."""
     if type(mlp) is DenseMLP:
         return True
-    return isinstance(mlp, SparseMoE) and mlp.row is not None and type(mlp.router) is RouterLinear and not mlp.shared
+    routers_on_kernels = type(mlp.router) is RouterLinear and (not mlp.shared or type(mlp.shared_gate) is RouterLinear)
+    return isinstance(mlp, SparseMoE) and mlp.row is not None and routers_on_kernels
 
 
 def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> DecodeCall | None:
@@ -109,9 +110,11 @@ def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> Deco
         return None
     if not all(type(layer) in LAYERS and in_one_call(layer.mlp) for layer in layers):
         return None
-    parts = []  # per layer: qkv, o, gate_up, down, each a list of parts (an MoE layer's last two empty)
+    parts = []  # per layer: qkv, o, gate_up, down, each a list of parts (an MoE layer's last two empty but for
+    # Qwen3-Next's shared expert's)
     for layer in layers:
-        mlp = (layer.mlp.gate_up, layer.mlp.down) if type(layer.mlp) is DenseMLP else ()
+        dense = layer.mlp if type(layer.mlp) is DenseMLP else layer.mlp.shared  # Qwen3-Next's shared expert
+        mlp = (dense.gate_up, dense.down) if dense else ()
         parts += [lin.parts if isinstance(lin, ConcatLinear) else [lin] for lin in (*layer.linears()[:2], *mlp)]
         parts += [[]] * (2 - len(mlp))
     if not all(isinstance(part, TiledLinear | Bf16Linear) for each in parts for part in each):
@@ -137,6 +140,7 @@ def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> Deco
             first.normalize if first else False,
             [gated_layer(k, layer) if type(layer) is GatedAttentionBlock else None for layer in layers],
             [delta_net_layer(k, layer) if type(layer) is DeltaNetBlock else None for layer in layers],
+            [moe[i].shared_gate.weight if i in moe and moe[i].shared else None for i in range(len(layers))],
         ),
         ops,
         moe,
