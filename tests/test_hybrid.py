@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from test_batch_invariance import POOL, assert_batch_invariant
-from test_decode_call import both_ways
+from test_decode_call import both_ways, outputs, sampling
 from test_hf_models import PROMPT, save_random
 from test_moe import assert_greedy_as_transformers, rooftop_logits
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_5 import modeling_qwen3_5 as reference_rules
 
-from rooftop import LLM, SamplingParams
+from rooftop import LLM
 from rooftop.config import EngineConfig
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.enums import Phase
@@ -337,14 +337,7 @@ def test_a_step_of_decodes_runs_in_one_call_with_the_layer_by_layer_bits(tiny8, 
     its KV pool (an int8 or fp8 one with its scales): the tokens and logprobs of layer by layer, greedy and seeded,
     three sequences of different lengths; a step the call refuses moves no state."""
     llm = LLM(model=str(tiny8), weights=weights, kv_cache_dtype=kv)
-    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
-    seeded = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True, logprobs=1)
-
-    def run(llm: LLM) -> list:
-        outs = llm.generate(["ab", "a longer prompt", [5, 6, 7, 8]], [greedy, seeded, greedy], use_tqdm=False)
-        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
-
-    one_call, layered, calls = both_ways(llm, run, monkeypatch)
+    one_call, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
     assert one_call == layered and calls == 11
     model, pool = llm.engine.model, llm.engine._pool
     before = pool.states.conv.clone(), pool.states.recurrent.clone()
@@ -453,14 +446,7 @@ def test_qwen3_next_decodes_in_one_call_with_the_layer_by_layer_bits(tiny_next, 
     expert scaled by the sigmoid of its gate, each token and logprob as layer by layer."""
     llm = LLM(model=str(tiny_next[0]), weights=weights)
     assert llm.engine.model.layers[0].mlp.shared is not None
-    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
-    seeded = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True, logprobs=1)
-
-    def run(llm: LLM) -> list:
-        outs = llm.generate(["ab", "a longer prompt", [5, 6, 7, 8]], [greedy, seeded, greedy], use_tqdm=False)
-        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
-
-    one_call, layered, calls = both_ways(llm, run, monkeypatch)
+    one_call, layered, calls = both_ways(llm, lambda m: outputs(m, sampling()), monkeypatch)
     assert one_call == layered and calls == 11
 
 
