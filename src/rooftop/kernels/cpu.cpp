@@ -182,7 +182,7 @@ at::Tensor finite_rows(const at::Tensor& logits) {
 
 // Each row's top k of softmax(logits) (models/mlp.py's route: an MoE layer's experts): the k largest probabilities,
 // largest first (the lower expert first among equals), and their experts; where `normalize`, the k divided by their
-// sum (norm_topk_prob). One pass a row, where PyTorch's softmax, topk and division are three calls, ~28 µs a layer.
+// sum (norm_topk_prob). One pass a row, where PyTorch's softmax, topk and division are three calls.
 // Each row's numbers are its own, whatever rows share the call.
 std::tuple<at::Tensor, at::Tensor> route_rows(const at::Tensor& logits, int64_t top_k, bool normalize) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.device().is_cpu(),

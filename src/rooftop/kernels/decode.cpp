@@ -1,9 +1,9 @@
-// A step of decodes through a model's decoder layers in one call (models/decode_call.py): attention layers (a
-// hybrid's gated attention too) and a hybrid's Gated DeltaNet layers, each MLP half dense or a mixture of experts. Python runs a layer as some
-// ten kernel calls (a mixture of experts' layer as some twenty, with its routing's), and after each linear's weights
-// have streamed through the caches the interpreter's code and objects between the calls come back from memory cold;
-// here the same kernels and PyTorch ops run in the same order with the same arguments (models/blocks.py and
-// models/mlp.py on models/ops.py's KernelOps), so every row's result is the same bits either way.
+// A step of decodes through a model's decoder layers in one call (models/decode_call.py): attention layers (a hybrid's
+// gated attention too) and a hybrid's Gated DeltaNet layers, each MLP half dense or a mixture of experts. Python runs a
+// layer as some ten kernel calls (a mixture of experts' layer as some twenty, with its routing's), and after each
+// linear's weights have streamed through the caches the interpreter's code and objects between the calls come back from
+// memory cold; here the same kernels and PyTorch ops run in the same order with the same arguments (models/blocks.py
+// and models/mlp.py on models/ops.py's KernelOps), so every row's result is the same bits either way.
 // Given `seconds`, each call's time is added to its op class there, as the calibration's op timer (engine/calibrate.py)
 // adds the calls Python makes: the linears, attention (RoPE with it, as KernelOps.attention runs it), elementwise.
 

@@ -125,18 +125,18 @@ at::Tensor delta_rule_decode(const at::Tensor& q, const at::Tensor& k, const at:
 }
 
 // A Gated DeltaNet layer's decodes from its fused projection's rows, up to its out_proj (models/hybrid.py's
-// DeltaNetBlock; its PyTorch form, TorchOps.delta_net_decode, is some 40 small ops a layer). A row of `proj` holds
-// the convolution's channels (q, k and v of every head), the output gate z (value heads x value dim), then b and a
-// (one per value head). Per row: beta = sigmoid(b) and g = neg_a * softplus(a + dt_bias); the causal convolution
-// over the sequence's last K - 1 inputs (kept at its slot in conv_states, moved on by one in place) and its new one,
-// SiLU; q and k L2-normalized per key head (q then scaled by key dim^-1/2) and given to the value heads that read
-// them (consecutive ones, or with `tiled` every key_heads-th, as llama.cpp orders them); the rule
-// (delta_rule_decode); each head's output through the gated RMSNorm with `norm` and z. Every sum runs in order with
-// one fused multiply-add at a time and every product stands alone, and the SiLUs' runs of channels never depend on
-// the threads, so each row's numbers are its own, whatever shares the call; the SiLUs take exp.h's vector exp where
-// it is built, so the portable build's differ in the last bits. proj: (B, width) float32 rows (their stride may be wider); conv: (channels, K) float32;
-// conv_states: (slots, channels, K - 1); neg_a, dt_bias: (value heads,); norm: (value dim,); states and slots as
-// delta_rule_decode. Returns (B, value heads * value dim), what out_proj takes.
+// DeltaNetBlock; its PyTorch form, TorchOps.delta_net_decode, is some 40 small ops a layer). A row of `proj` holds the
+// convolution's channels (q, k and v of every head), the output gate z (value heads x value dim), then b and a (one per
+// value head). Per row: beta = sigmoid(b) and g = neg_a * softplus(a + dt_bias); the causal convolution over the
+// sequence's last K - 1 inputs (kept at its slot in conv_states, moved on by one in place) and its new one, SiLU; q and
+// k L2-normalized per key head (q then scaled by key dim^-1/2) and given to the value heads that read them (consecutive
+// ones, or with `tiled` every key_heads-th, as llama.cpp orders them); the rule (delta_rule_decode); each head's output
+// through the gated RMSNorm with `norm` and z. Every sum runs in order with one fused multiply-add at a time and every
+// product stands alone, and the SiLUs' runs of channels never depend on the threads, so each row's numbers are its own,
+// whatever shares the call; the SiLUs take exp.h's vector exp where it is built, so the portable build's differ in the
+// last bits. proj: (B, width) float32 rows (their stride may be wider); conv: (channels, K) float32; conv_states:
+// (slots, channels, K - 1); neg_a, dt_bias: (value heads,); norm: (value dim,); states and slots as delta_rule_decode.
+// Returns (B, value heads * value dim), what out_proj takes.
 at::Tensor delta_net_decode(const at::Tensor& proj, const at::Tensor& conv, at::Tensor& conv_states,
                             const at::Tensor& neg_a, const at::Tensor& dt_bias, const at::Tensor& norm, double eps,
                             at::Tensor& states, const at::Tensor& slots, int64_t key_heads, bool tiled) {

@@ -8,8 +8,9 @@ Qwen3-Next's with its shared expert), and every linear runs in tiles (a GGUF's b
 `int4`) or in bfloat16 on rooftop's kernel (a bf16 checkpoint under `auto`), a step whose rows are all decodes runs
 the same kernels and PyTorch ops in the same order with the same arguments from one C++ call, so each row's result
 is the same bits either way (docs/PERFORMANCE.md has what it saves). Other models, prefill chunks and widened rows go
-layer by layer. The calibration's op timer reads each op's time from the call's own clocks (`seconds`). An MoE layer's experts are held the same way (`row_experts`), also for the rows of a step that goes
-layer by layer (a prefill's short chunks beside decodes), in one call a layer."""
+layer by layer. The calibration's op timer reads each op's time from the call's own clocks (`seconds`). An MoE
+layer's experts are held the same way (`row_experts`), also for the rows of a step that goes layer by layer (a
+prefill's short chunks beside decodes), in one call a layer."""
 
 from __future__ import annotations
 
@@ -110,8 +111,7 @@ def decode_call(layers: list, norm: torch.Tensor, ops: Ops, split: bool) -> Deco
         return None
     if not all(type(layer) in LAYERS and in_one_call(layer.mlp) for layer in layers):
         return None
-    parts = []  # per layer: qkv, o, gate_up, down, each a list of parts (an MoE layer's last two empty but for
-    # Qwen3-Next's shared expert's)
+    parts = []  # per layer: qkv, o, gate_up, down, each a list of parts (an MoE layer's last two: its shared expert's)
     for layer in layers:
         dense = layer.mlp if type(layer.mlp) is DenseMLP else layer.mlp.shared  # Qwen3-Next's shared expert
         mlp = (dense.gate_up, dense.down) if dense else ()
