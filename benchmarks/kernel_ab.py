@@ -6,9 +6,9 @@ activation rows, and `stream_read` over as many bytes, round after round.
 
 Each directory holds the kernel sources (src/rooftop/kernels/*.cpp, *.h: e.g. `git show REV:PATH` of each) and is
 built as its own module. On a shared host a run of one build and then the other compares two minutes; taken in
-turn, both builds see the same minutes (docs/PERFORMANCE.md). The weights are tiled by this checkout's
-quant/tiles.py, so both builds must read that layout; they and the read are in the pages the engine puts its
-weights in (kernels/pages.py).
+turn, both builds see the same minutes (docs/PERFORMANCE.md). GGUF's block formats are tiled by each build's own
+repack, so two layouts of the tiles compare; Q4_1 and Q8_0 by this checkout's quant/tiles.py, which both builds
+must read. The weights and the read are in the pages the engine puts its weights in (kernels/pages.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import torch
-from kernel_speed import linear
+from kernel_speed import block_weight, linear
 
 from rooftop.kernels import cpu, pages
-from rooftop.quant.tiles import TILE_FORMATS
+from rooftop.quant.tiles import TILE_FORMATS, tile_blocks
 
 LAYERS = 16
 SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)]  # the 1B's QKV, O, gate-up, down: (N, K)
@@ -46,21 +46,25 @@ def main() -> None:
     args = parser.parse_args()
     builds = {"old": build(args.old), "new": build(args.new)}
     torch.set_num_threads(args.threads)
-    base = [linear(args.format, n, k) for n, k in SHAPES]
-    layers = [
-        [(pages.copy(lin.q), pages.copy(lin.dm), n, k) for lin, (n, k) in zip(base, SHAPES, strict=True)]
-        for _ in range(LAYERS)
-    ]
-    fmt = base[0].kernel_format
-    total = sum(q.nbytes + dm.nbytes for layer in layers for q, dm, _, _ in layer)
+    fmt = TILE_FORMATS.index(args.format)
+    if args.format in ("q4_1", "q8_0"):
+        base = [linear(args.format, n, k) for n, k in SHAPES]
+        layers = [[(pages.copy(lin.q), pages.copy(lin.dm)) for lin in base] for _ in range(LAYERS)]
+        tiles = dict.fromkeys(builds, layers)
+    else:
+        blocks = [block_weight(args.format, n, k) for n, k in SHAPES]
+        tiles = {
+            name: [[tile_blocks(w, module) for w in blocks] for _ in range(LAYERS)] for name, module in builds.items()
+        }
+    total = sum(q.nbytes + dm.nbytes for layer in tiles["new"] for q, dm in layer)
     blob = pages.empty(total // 64 * 64).fill_(1)
     xs = {k: torch.ones(args.rows, k) for _, k in SHAPES}
     seconds: dict[str, list[float]] = {"old": [], "new": [], "stream_read": []}
     for _ in range(args.rounds):
         for name, module in builds.items():
             start = time.perf_counter()
-            for layer in layers:
-                for q, dm, n, k in layer:
+            for layer in tiles[name]:
+                for (q, dm), (n, k) in zip(layer, SHAPES, strict=True):
                     module.tiled_linear(xs[k], q, dm, fmt, n, None, None)
             seconds[name].append(time.perf_counter() - start)
         start = time.perf_counter()

@@ -20,20 +20,27 @@ from rooftop.kernels import cpu
 from rooftop.quant.gguf_blocks import stored_blocks
 from rooftop.quant.gguf_quantize import quantize
 from rooftop.quant.linear import BlockLinear, Q4Linear, Q8Linear
-from rooftop.quant.weights import quantize_int4
+from rooftop.quant.weights import BlockWeight, quantize_int4
+
+
+def values(n: int, k: int) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.02
+
+
+def block_weight(fmt: str, n: int, k: int) -> BlockWeight:
+    """A random (n, k) matrix in GGUF's block format `fmt`, by rooftop's quantizer, as a file holds it."""
+    qtype = QType[fmt.upper()]
+    return stored_blocks(quantize(values(n, k).numpy(), qtype), qtype, (n, k))
 
 
 def linear(fmt: str, n: int, k: int):
     """A random (n, k) matrix quantized to `fmt` (GGUF's blocks by rooftop's quantizer; Q4_1 and Q8_0 by the
     engine's own int4 and int8 quantization), as the engine keeps it."""
-    values = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.02
     if fmt == "q4_1":
-        return Q4Linear.from_weight(quantize_int4(values), None)
+        return Q4Linear.from_weight(quantize_int4(values(n, k)), None)
     if fmt == "q8_0":
-        return Q8Linear.from_weight(values, None)
-    qtype = QType[fmt.upper()]
-    weight = stored_blocks(quantize(values.numpy(), qtype), qtype, (n, k))
-    return BlockLinear.from_weight(weight, None)
+        return Q8Linear.from_weight(values(n, k), None)
+    return BlockLinear.from_weight(block_weight(fmt, n, k), None)
 
 
 def median_seconds(fn, reps: int) -> float:

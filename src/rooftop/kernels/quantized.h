@@ -1,5 +1,5 @@
-// What rooftop's quantized linears (tiles.cpp) share: activations quantized to int8 per group of 32, the integer
-// dot products (AVX2's maddubs, or VNNI's dpbusd where the host has it) and the widening of weights for prefill.
+// What rooftop's quantized linears (tiles.cpp) share: activations quantized to int8 per group of 32, and the
+// widening of weights for prefill.
 
 #pragma once
 

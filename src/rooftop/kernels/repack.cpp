@@ -76,18 +76,17 @@ void tile_group(const uint8_t* const* rows_of_blocks, int64_t rows, int64_t g, u
     row_group<F>(rows_of_blocks[o], g, u[o], s);
     sub[0][o] = s[0], sub[1][o] = s[1];
   }
-  for (int j = 0; j < 4; ++j) {
-    for (int o = 0; o < TILE; ++o) {
-      for (int i = 0; i < 4; ++i) out[64 * j + 4 * o + i] = (u[o][8 * j + i] & 15) | (u[o][8 * j + 4 + i] << 4);
-    }
-  }
-  constexpr int bits = planes(F);
-  for (int p = 0; p < bits; ++p) {  // plane p: vectors 8p / bits .. at `bits` bits each
-    for (int o = 0; o < TILE; ++o) {
-      for (int i = 0; i < 4; ++i) {
-        uint8_t byte = 0;
-        for (int v = 0; v < 8 / bits; ++v) byte |= (u[o][4 * (p * 8 / bits + v) + i] >> 4) << (bits * v);
-        out[256 + 64 * p + 4 * o + i] = byte;
+  for (int o = 0; o < TILE; ++o) {
+    for (int i = 0; i < 4; ++i) {
+      const auto vector = [&](int v) { return u[o][4 * v + i]; };  // row o's level of vector v's input i
+      if constexpr (level_bits(F) == 4) {
+        for (int j = 0; j < 4; ++j) out[64 * j + 4 * o + i] = vector(2 * j) | (vector(2 * j + 1) << 4);
+      } else {
+        constexpr int b = level_bits(F), spare = 8 - b;
+        for (int c = 0; c < b; ++c) out[64 * c + 4 * o + i] = vector(c);
+        for (int s = 0; s < b * spare; ++s) {
+          out[64 * (s / spare) + 4 * o + i] |= ((vector(b + s / b) >> (s % b)) & 1) << (b + s % spare);
+        }
       }
     }
   }

@@ -64,14 +64,20 @@ __attribute__((always_inline)) inline void fetch_ahead(const Tiled& w, int64_t t
 // The stored level of input k (0..31) of output row o in a tile's group: signed q for Q8_0, unsigned u otherwise.
 template <Format F>
 inline int level(const uint8_t* b, int64_t o, int64_t k) {
+  const int64_t v = k / 4, at = 4 * o + k % 4;  // vector v's byte `at` of its chunk
   if constexpr (F == Q8_0) {
-    return static_cast<int8_t>(b[64 * (k / 4) + 4 * o + k % 4]);
+    return static_cast<int8_t>(b[64 * v + at]);
+  } else if constexpr (level_bits(F) == 4) {
+    return (b[64 * (v / 2) + at] >> (4 * (v % 2))) & 15;
   } else {
-    const uint8_t byte = b[64 * (k / 8) + 4 * o + k % 4];
-    const int v = k / 4, low = (k % 8) < 4 ? (byte & 15) : (byte >> 4), at = 4 * o + k % 4;
-    if constexpr (planes(F) == 1) return low | ((b[256 + at] >> v) & 1) << 4;
-    if constexpr (planes(F) == 2) return low | ((b[256 + 64 * (v / 4) + at] >> (2 * (v % 4))) & 3) << 4;
-    return low;
+    constexpr int bits = level_bits(F), spare = 8 - bits;
+    if (v < bits) return b[64 * v + at] & ((1 << bits) - 1);
+    int u = 0;
+    for (int j = 0; j < bits; ++j) {
+      const int64_t s = (v - bits) * bits + j;  // the spare bit that is bit j of vector v
+      u |= ((b[64 * (s / spare) + at] >> (bits + s % spare)) & 1) << j;
+    }
+    return u;
   }
 }
 
@@ -93,54 +99,105 @@ inline void row_scales(const Tiled& w, int64_t t, int64_t g, int64_t o, float& a
   }
 }
 
+// What an activation row's dots with group ag start from: -c times the row's sum of the inputs they cover (Q6_K:
+// its half of 16 inputs; else all 32, in half 0), which they would otherwise take off after.
+template <Format F>
+inline int32_t dots_start(const QuantizedRows& a, int64_t ag, int half, int c) {
+  if constexpr (F == Q6_K) return -c * a.sum16[2 * ag + half];
+  return half == 0 ? -c * a.sum[ag] : 0;
+}
+
 inline int32_t four_bytes(const int8_t* x) {
   int32_t v;
   std::memcpy(&v, x, 4);
   return v;
 }
 
-#ifdef ROOFTOP_AVX2
-// The high bits of vector v's levels (planes above), in place at bit 4 (and 5) of each byte, for rows 8h..8h+7:
-// a shift by a count within each 16-bit lane, then a mask, never moves a bit across bytes.
+// A piece of the spare bits that make vector v (b <= v < 8) of a b-bit format's group (tiles.h): `count` bits of
+// chunk `chunk` from bit `from`, which go to bits `to`.. of the vector's bytes. A piece never crosses a byte, and
+// from > to: it moves right.
+struct Piece {
+  int chunk, from, to, count;
+};
+
 template <Format F>
-inline __m256i high256(const uint8_t* b, int h, int v) {
-  if constexpr (planes(F) == 1) {
-    const __m256i p = load32(b + 256 + 32 * h);
-    const __m256i at4 = v < 4 ? _mm256_sll_epi16(p, _mm_cvtsi32_si128(4 - v)) : _mm256_srl_epi16(p, _mm_cvtsi32_si128(v - 4));
-    return _mm256_and_si256(at4, _mm256_set1_epi8(16));
+constexpr Piece piece(int v, int to) {
+  constexpr int bits = level_bits(F), spare = 8 - bits;
+  const int s = (v - bits) * bits + to, from = bits + s % spare;
+  return {s / spare, from, to, std::min(bits - to, 8 - from)};
+}
+
+// A piece's bits where they go, in each byte.
+constexpr char piece_mask(const Piece& p) { return static_cast<char>(((1 << p.count) - 1) << p.to); }
+
+#ifdef ROOFTOP_AVX2
+// Vector V of a b-bit format's group from its chunks' spare bits (rows 8h..8h+7 of a tile: bytes 32h.. of each
+// chunk), its pieces from bit To on added to w. Shifting a 16-bit lane right moves the next byte's low bits into
+// a byte's top, never into a piece's place: each piece needs one shift and one mask.
+template <Format F, int V, int To = 0>
+__attribute__((always_inline)) inline __m256i gather256(const __m256i chunk[], __m256i w) {
+  if constexpr (To == level_bits(F)) {
+    return w;
   } else {
-    const __m256i p = load32(b + 256 + 64 * (v / 4) + 32 * h);
-    const int bit = 2 * (v % 4);
-    const __m256i at4 = bit <= 4 ? _mm256_sll_epi16(p, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(p, _mm_cvtsi32_si128(bit - 4));
-    return _mm256_and_si256(at4, _mm256_set1_epi8(48));
+    constexpr Piece p = piece<F>(V, To);
+    const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(chunk[p.chunk], p.from - p.to), _mm256_set1_epi8(piece_mask(p)));
+    return gather256<F, V, To + p.count>(chunk, _mm256_or_si256(w, bits));
+  }
+}
+
+template <Format F, int V = level_bits(F)>
+__attribute__((always_inline)) inline void gather_all256(const __m256i chunk[], __m256i w[8]) {
+  if constexpr (V < 8) {
+    w[V] = gather256<F, V>(chunk, _mm256_setzero_si256());
+    gather_all256<F, V + 1>(chunk, w);
   }
 }
 #endif
 
 #ifdef ROOFTOP_AVX512
+// gather256 at 512 bits, a piece after the first added by one ternary logic op.
+template <Format F, int V, int To = 0>
+__attribute__((always_inline)) inline __m512i gather512(const __m512i chunk[], __m512i w) {
+  if constexpr (To == level_bits(F)) {
+    return w;
+  } else {
+    constexpr Piece p = piece<F>(V, To);
+    const __m512i bits = _mm512_srli_epi16(chunk[p.chunk], p.from - p.to), mask = _mm512_set1_epi8(piece_mask(p));
+    w = To == 0 ? _mm512_and_si512(bits, mask) : _mm512_ternarylogic_epi32(w, bits, mask, 0xf8);  // w | (bits & mask)
+    return gather512<F, V, To + p.count>(chunk, w);
+  }
+}
+
+template <Format F, int V = level_bits(F)>
+__attribute__((always_inline)) inline void gather_all512(const __m512i chunk[], __m512i w[8]) {
+  if constexpr (V < 8) {
+    w[V] = gather512<F, V>(chunk, _mm512_setzero_si512());
+    gather_all512<F, V + 1>(chunk, w);
+  }
+}
+
 // The 8 vectors of unsigned bytes of a tile's group, vector v against activations 4v..4v+3. dpbusd takes unsigned
-// weights: Q8_0's signed bytes go in as q + 128 (the sign bit flipped), and 128 * sum(x) comes off the dots.
+// weights: Q8_0's signed bytes go in as q + 128 (the sign bit flipped), and the dots start from -128 * sum(x).
 template <Format F>
 inline void unpack512(const uint8_t* b, __m512i w[8]) {
   if constexpr (F == Q8_0) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int v = 0; v < 8; ++v) w[v] = _mm512_xor_si512(_mm512_loadu_si512(b + 64 * v), flip);
-  } else {
+  } else if constexpr (level_bits(F) == 4) {
     const __m512i mask = _mm512_set1_epi8(15);
     for (int j = 0; j < 4; ++j) {
       const __m512i v = _mm512_loadu_si512(b + 64 * j);
       w[2 * j] = _mm512_and_si512(v, mask);
       w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
     }
-    if constexpr (planes(F) > 0) {
-      const __m512i bits = _mm512_set1_epi8(planes(F) == 1 ? 16 : 48);
-      for (int v = 0; v < 8; ++v) {
-        const __m512i p = _mm512_loadu_si512(b + 256 + 64 * (planes(F) == 2 ? v / 4 : 0));
-        const int bit = planes(F) == 1 ? v : 2 * (v % 4);
-        const __m512i at4 = bit <= 4 ? _mm512_sll_epi16(p, _mm_cvtsi32_si128(4 - bit)) : _mm512_srl_epi16(p, _mm_cvtsi32_si128(bit - 4));
-        w[v] = _mm512_ternarylogic_epi32(w[v], at4, bits, 0xf8);  // w | (at4 & bits)
-      }
+  } else {
+    constexpr int bits = level_bits(F);
+    __m512i chunk[bits];
+    for (int c = 0; c < bits; ++c) {
+      chunk[c] = _mm512_loadu_si512(b + 64 * c);
+      w[c] = _mm512_and_si512(chunk[c], _mm512_set1_epi8((1 << bits) - 1));
     }
+    gather_all512<F>(chunk, w);
   }
 }
 
@@ -167,9 +224,9 @@ inline __m512i dpwssd_broadcast(__m512i acc, __m512i u, const int32_t* x) {
   return acc;
 }
 
-// The dots of a group's 16 output rows with one activation row's 32 levels at x: p0 of inputs 0-15, p1 of 16-31.
+// p0, p1 plus the dots of a group's 16 output rows with one activation row's 32 levels at x: p0 of inputs 0-15, p1
+// of 16-31.
 __attribute__((always_inline)) inline void dots512(const __m512i u[8], const int8_t* x, __m512i& p0, __m512i& p1) {
-  p0 = _mm512_setzero_si512(), p1 = _mm512_setzero_si512();
   for (int v = 0; v < 4; ++v) {
     p0 = dpbusd_broadcast(p0, u[v], x + 4 * v);
     p1 = dpbusd_broadcast(p1, u[v + 4], x + 16 + 4 * v);
@@ -209,17 +266,14 @@ __attribute__((always_inline)) inline Group512 group512(const Tiled& w, int64_t 
 template <Format F>
 __attribute__((always_inline)) inline __m512 row512(__m512 acc, const Group512& q, const QuantizedRows& a, int64_t ag) {
   constexpr int c = F == Q8_0 ? 128 : offset(F);
-  __m512i p0, p1;
+  __m512i p0 = _mm512_set1_epi32(dots_start<F>(a, ag, 0, c)), p1 = _mm512_set1_epi32(dots_start<F>(a, ag, 1, c));
   dots512(q.u, a.q.data() + ag * GROUP, p0, p1);
   const __m512 xd = _mm512_set1_ps(a.d[ag]);
   if constexpr (F == Q6_K) {
-    p0 = _mm512_sub_epi32(p0, _mm512_set1_epi32(c * a.sum16[2 * ag]));
-    p1 = _mm512_sub_epi32(p1, _mm512_set1_epi32(c * a.sum16[2 * ag + 1]));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(q.sa, xd), acc);
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(q.sa2, xd), acc);
   } else {
-    __m512i dots = _mm512_add_epi32(p0, p1);
-    if constexpr (c != 0) dots = _mm512_sub_epi32(dots, _mm512_set1_epi32(c * a.sum[ag]));
+    const __m512i dots = _mm512_add_epi32(p0, p1);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(q.sa, xd), acc);
     if constexpr (minimum(F)) acc = _mm512_fmadd_ps(q.m, _mm512_set1_ps(a.s[ag]), acc);
     return acc;
@@ -249,11 +303,9 @@ __attribute__((always_inline)) inline KGroup512 k_group512(const Tiled& w, int64
 // sum + one activation row's group ag dotted with the group's 16 output rows, times their sub-block scales: integers.
 template <Format F>
 __attribute__((always_inline)) inline __m512i k_row512(__m512i sum, const KGroup512& q, const QuantizedRows& a, int64_t ag) {
-  __m512i p0, p1;
+  __m512i p0 = _mm512_set1_epi32(dots_start<F>(a, ag, 0, offset(F))), p1 = _mm512_set1_epi32(dots_start<F>(a, ag, 1, offset(F)));
   dots512(q.u, a.q.data() + ag * GROUP, p0, p1);
   if constexpr (F == Q6_K) {
-    p0 = _mm512_sub_epi32(p0, _mm512_set1_epi32(offset(F) * a.sum16[2 * ag]));
-    p1 = _mm512_sub_epi32(p1, _mm512_set1_epi32(offset(F) * a.sum16[2 * ag + 1]));
     return _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_mullo_epi32(p0, q.sc), _mm512_mullo_epi32(p1, q.sc2)));
   }
   return _mm512_add_epi32(sum, _mm512_mullo_epi32(_mm512_add_epi32(p0, p1), q.sc));
@@ -356,6 +408,14 @@ void tile_pair_any(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t t2
 #ifdef ROOFTOP_AVX2
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define ROOFTOP_DPBUSD256 1
+// acc + the dots of u's unsigned bytes with s's signed bytes, four at a time (lane i: bytes 4i..4i+3).
+inline __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
 #endif
 
 // Half h of a tile (output rows 8h..8h+7) as 8 vectors of bytes, vector v against activations 4v..4v+3. With
@@ -369,30 +429,35 @@ inline void unpack256(const uint8_t* b, int h, __m256i w[8]) {
       w[v] = _mm256_xor_si256(w[v], _mm256_set1_epi8(static_cast<char>(0x80)));
 #endif
     }
-  } else {
+  } else if constexpr (level_bits(F) == 4) {
     const __m256i mask = _mm256_set1_epi8(15);
     for (int j = 0; j < 4; ++j) {
       const __m256i v = load32(b + 64 * j + 32 * h);
       w[2 * j] = _mm256_and_si256(v, mask);
       w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
     }
-    if constexpr (planes(F) > 0) {
-      for (int v = 0; v < 8; ++v) w[v] = _mm256_or_si256(w[v], high256<F>(b, h, v));
+  } else {
+    constexpr int bits = level_bits(F);
+    __m256i chunk[bits];
+    for (int c = 0; c < bits; ++c) {
+      chunk[c] = load32(b + 64 * c + 32 * h);
+      w[c] = _mm256_and_si256(chunk[c], _mm256_set1_epi8((1 << bits) - 1));
     }
+    gather_all256<F>(chunk, w);
   }
 }
 
-// The dots of 8 outputs' 16 weights (4 vectors w, vector v against x[4v..4v+3]) with 16 activations, as int32.
-// Without VNNI, maddubs gives each output's pairs of products as int16 and madd sums those to int32: the int16
-// sums of several vectors are added before the one madd while they cannot overflow (|x| <= 127, levels u below
-// 16, 32, 64: four, four, two vectors; Q8_0's signed levels, made positive against x's flipped signs: one).
+// acc + the dots of 8 outputs' 16 weights (4 vectors w, vector v against x[4v..4v+3]) with 16 activations, as
+// int32. Without VNNI, maddubs gives each output's pairs of products as int16 (never saturating: unsigned levels
+// of at most 8 bits against activations in -127..127) and madd sums those to int32: the int16 sums of several
+// vectors are added before the one madd while they cannot overflow (levels u below 16, 32, 64: four, four, two
+// vectors; Q8_0's signed levels, made positive against x's flipped signs: one). Both give the same integers.
 template <Format F>
-inline __m256i dots16(const __m256i w[4], const int8_t* x) {
-  __m256i acc = _mm256_setzero_si256();
+inline __m256i dots16(const __m256i w[4], const int8_t* x, __m256i acc) {
 #ifdef ROOFTOP_DPBUSD256
-  for (int v = 0; v < 4; ++v) acc = _mm256_add_epi32(acc, dot_i32(w[v], _mm256_set1_epi32(four_bytes(x + 4 * v))));
+  for (int v = 0; v < 4; ++v) acc = dpbusd256(acc, w[v], _mm256_set1_epi32(four_bytes(x + 4 * v)));
 #else
-  constexpr int chain = F == Q8_0 ? 1 : planes(F) == 2 ? 2 : 4;
+  constexpr int chain = F == Q8_0 ? 1 : level_bits(F) == 6 ? 2 : 4;
   const auto pairs_of = [&](int v) {
     const __m256i xs = _mm256_set1_epi32(four_bytes(x + 4 * v));
     if constexpr (F == Q8_0) return _mm256_maddubs_epi16(_mm256_sign_epi8(w[v], w[v]), _mm256_sign_epi8(xs, w[v]));
@@ -471,10 +536,9 @@ void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
         for (int r = 0; r < R; ++r) {
           const int64_t ag = (r0 + r) * w.groups + g;
           const int8_t* x = a.q.data() + ag * GROUP;
-          __m256i p0 = dots16<F>(u, x), p1 = dots16<F>(u + 4, x + 16);
+          const __m256i p0 = dots16<F>(u, x, _mm256_set1_epi32(dots_start<F>(a, ag, 0, c)));
+          const __m256i p1 = dots16<F>(u + 4, x + 16, _mm256_set1_epi32(dots_start<F>(a, ag, 1, c)));
           if constexpr (F == Q6_K) {
-            p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(c * a.sum16[2 * ag]));
-            p1 = _mm256_sub_epi32(p1, _mm256_set1_epi32(c * a.sum16[2 * ag + 1]));
             sum[h][r] = _mm256_add_epi32(sum[h][r], _mm256_add_epi32(_mm256_mullo_epi32(p0, sc), _mm256_mullo_epi32(p1, sc2)));
           } else {
             sum[h][r] = _mm256_add_epi32(sum[h][r], _mm256_mullo_epi32(_mm256_add_epi32(p0, p1), sc));
@@ -496,17 +560,14 @@ void tile256(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, floa
       for (int r = 0; r < R; ++r) {
         const int64_t ag = (r0 + r) * w.groups + g;
         const int8_t* x = a.q.data() + ag * GROUP;
-        __m256i p0 = dots16<F>(u, x), p1 = dots16<F>(u + 4, x + 16);
+        const __m256i p0 = dots16<F>(u, x, _mm256_set1_epi32(dots_start<F>(a, ag, 0, c)));
+        const __m256i p1 = dots16<F>(u + 4, x + 16, _mm256_set1_epi32(dots_start<F>(a, ag, 1, c)));
         const __m256 xd = _mm256_set1_ps(a.d[ag]);
         if constexpr (F == Q6_K) {
-          p0 = _mm256_sub_epi32(p0, _mm256_set1_epi32(c * a.sum16[2 * ag]));
-          p1 = _mm256_sub_epi32(p1, _mm256_set1_epi32(c * a.sum16[2 * ag + 1]));
           acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(sa, xd), acc[h][r]);
           acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(sa2, xd), acc[h][r]);
         } else {
-          __m256i dots = _mm256_add_epi32(p0, p1);
-          if constexpr (c != 0) dots = _mm256_sub_epi32(dots, _mm256_set1_epi32(c * a.sum[ag]));
-          acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(sa, xd), acc[h][r]);
+          acc[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_mul_ps(sa, xd), acc[h][r]);
           if constexpr (minimum(F)) acc[h][r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ag]), acc[h][r]);
         }
       }
@@ -529,13 +590,12 @@ void tile_plain(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, f
         const uint8_t* b = w.group(F, t, g);
         const int64_t ag = (r0 + r) * w.groups + g;
         const int8_t* x = a.q.data() + ag * GROUP;
-        int32_t dots[2] = {0, 0};
+        int32_t dots[2] = {dots_start<F>(a, ag, 0, c), dots_start<F>(a, ag, 1, c)};
         for (int64_t k = 0; k < GROUP; ++k) dots[k / 16] += level<F>(b, o, k) * x[k];
         if constexpr (Super) {
           const uint8_t* sub = b + sub_scales_at(F);
           if constexpr (F == Q6_K) {
-            sum += static_cast<int8_t>(sub[o]) * (dots[0] - c * a.sum16[2 * ag]) +
-                   static_cast<int8_t>(sub[TILE + o]) * (dots[1] - c * a.sum16[2 * ag + 1]);
+            sum += static_cast<int8_t>(sub[o]) * dots[0] + static_cast<int8_t>(sub[TILE + o]) * dots[1];
           } else {
             sum += sub[o] * (dots[0] + dots[1]);
             minima += sub[TILE + o] * a.sum[ag];
@@ -552,10 +612,10 @@ void tile_plain(const Tiled& w, const QuantizedRows& a, int64_t t, int64_t r0, f
         float sa, sa2, m;
         row_scales<F>(w, t, g, o, sa, sa2, m);
         if constexpr (F == Q6_K) {
-          acc = std::fma(static_cast<float>(dots[0] - c * a.sum16[2 * ag]), sa * a.d[ag], acc);
-          acc = std::fma(static_cast<float>(dots[1] - c * a.sum16[2 * ag + 1]), sa2 * a.d[ag], acc);
+          acc = std::fma(static_cast<float>(dots[0]), sa * a.d[ag], acc);
+          acc = std::fma(static_cast<float>(dots[1]), sa2 * a.d[ag], acc);
         } else {
-          acc = std::fma(static_cast<float>(dots[0] + dots[1] - c * a.sum[ag]), sa * a.d[ag], acc);
+          acc = std::fma(static_cast<float>(dots[0] + dots[1]), sa * a.d[ag], acc);
           if constexpr (minimum(F)) acc = std::fma(m, a.s[ag], acc);
         }
       }
@@ -646,19 +706,17 @@ void widen_group(const Tiled& w, int64_t t, int64_t g, int64_t rows, int64_t k, 
   const uint8_t* b = w.group(F, t, g);
   alignas(64) uint8_t levels[TILE][GROUP];
 #ifdef ROOFTOP_AVX2
-  // Inputs 8j..8j+7 of a row are four bytes of two vectors (nibble formats: a chunk's low and high levels; Q8: chunks
-  // 2j and 2j + 1): interleaving their 32-bit lanes puts each row's 8 bytes side by side, two rows per 128 bits.
-  for (int j = 0; j < 4; ++j) {
-    for (int h = 0; h < 2; ++h) {
-      __m256i p, q;
-      if constexpr (nibbles(F)) {
-        const __m256i v = load32(b + 64 * j + 32 * h), mask = _mm256_set1_epi8(15);
-        p = _mm256_and_si256(v, mask), q = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-        if constexpr (planes(F) > 0) p = _mm256_or_si256(p, high256<F>(b, h, 2 * j)), q = _mm256_or_si256(q, high256<F>(b, h, 2 * j + 1));
-      } else {
-        p = load32(b + 128 * j + 32 * h), q = load32(b + 128 * j + 64 + 32 * h);
-      }
-      const __m256i pairs[2] = {_mm256_unpacklo_epi32(p, q), _mm256_unpackhi_epi32(p, q)};
+  // Inputs 8j..8j+7 of a row are four bytes of each of vectors 2j and 2j + 1: interleaving their 32-bit lanes puts
+  // each row's 8 bytes side by side, two rows per 128 bits.
+  for (int h = 0; h < 2; ++h) {
+    __m256i v[8];
+    if constexpr (unsigned_levels(F)) {
+      unpack256<F>(b, h, v);
+    } else {
+      for (int c = 0; c < 8; ++c) v[c] = load32(b + 64 * c + 32 * h);  // as stored, signed
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m256i pairs[2] = {_mm256_unpacklo_epi32(v[2 * j], v[2 * j + 1]), _mm256_unpackhi_epi32(v[2 * j], v[2 * j + 1])};
       for (int lane = 0; lane < 2; ++lane) {
         for (int u = 0; u < 2; ++u) {
           const __m128i two = lane ? _mm256_extracti128_si256(pairs[u], 1) : _mm256_castsi256_si128(pairs[u]);
@@ -685,12 +743,12 @@ void widen_group(const Tiled& w, int64_t t, int64_t g, int64_t rows, int64_t k, 
       const __m256 sv = _mm256_set1_ps(scale), mv = _mm256_set1_ps(shift);
       for (int e = 16 * half; e < 16 * half + 16; e += 8) {
         const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&levels[o][e]));
-        const __m256i ints = nibbles(F) ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
+        const __m256i ints = unsigned_levels(F) ? _mm256_cvtepu8_epi32(bytes) : _mm256_cvtepi8_epi32(bytes);
         put8(y + e, _mm256_fmadd_ps(_mm256_cvtepi32_ps(ints), sv, mv));
       }
 #else
       for (int64_t i = 16 * half; i < 16 * half + 16; ++i) {
-        const int u = nibbles(F) ? levels[o][i] : static_cast<int8_t>(levels[o][i]);
+        const int u = unsigned_levels(F) ? levels[o][i] : static_cast<int8_t>(levels[o][i]);
         put(y + i, std::fma(static_cast<float>(u), scale, shift));
       }
 #endif

@@ -2,8 +2,8 @@
 integer dot instruction multiplies four inputs of a row of activations with four weights of each of 16 output rows.
 
 Every GGUF block format reads as w = a·(u - c) + m (kernels/tiles.h says a, c and m per format); a tile's group
-of 32 inputs holds the 16 rows' low four bits of u, the higher bits of the 5- and 6-bit formats as bit planes and
-the K-quants' sub-block scales; its float16 scales sit beside it. Nothing is requantized: the file's levels and
+of 32 inputs holds the 16 rows' levels u (4-bit two to a byte, 5- and 6-bit one to a byte with the spare bits
+holding the rest) and the K-quants' sub-block scales; its float16 scales sit beside it. Nothing is requantized: the file's levels and
 scales are rearranged, the K-quants' packed 6-bit scales widened to a byte each (Q4_K: 4.625 bits per weight
 instead of 4.5). A file's block formats are repacked by the kernels (`tile_blocks`, kernels/repack.cpp); the
 groups rooftop quantizes itself (Q4_1's levels, Q8_0's bytes) here, in PyTorch's ops. The tiles are written into
@@ -21,9 +21,8 @@ from rooftop.quant.weights import GROUP, BlockWeight
 
 TILE = 16  # output rows per tile
 TILE_FORMATS = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # tiles.cpp's Format ids
-# The K-quants whose prefill chunks run with one activation scale per 256 (tiles.cpp's super_blocks). Not Q5_K: its
-# bit planes' unpacking outweighs what the form saves, and it gained nothing to pay for the coarser rounding
-# (docs/PERFORMANCE.md).
+# The K-quants whose prefill chunks run with one activation scale per 256 (tiles.cpp's super_blocks). Not Q5_K: it
+# gained too little to pay for the coarser rounding (docs/PERFORMANCE.md).
 SUPER_BLOCK_FORMATS = ("q4_k", "q6_k")
 
 
@@ -56,10 +55,11 @@ def tile_scales(*scales: torch.Tensor) -> torch.Tensor:
     return pages.copy(v.view(-1, TILE, len(scales), v.shape[-1]).permute(0, 3, 2, 1))
 
 
-def tile_blocks(w: BlockWeight) -> tuple[torch.Tensor, torch.Tensor]:
+def tile_blocks(w: BlockWeight, ops=None) -> tuple[torch.Tensor, torch.Tensor]:
     """A matrix in a GGUF block format as tiles.h's (q, dm), in the shapes the kernels give for it, written by them
-    straight into their pages from the rows where they are, in the matrix's order."""
-    ops, fmt = cpu.ops(), TILE_FORMATS.index(w.format)
+    straight into their pages from the rows where they are, in the matrix's order. `ops`: a build other than the
+    engine's (benchmarks/kernel_ab.py's, whose layout may differ)."""
+    ops, fmt = ops or cpu.ops(), TILE_FORMATS.index(w.format)
     q_shape, dm_shape = ops.tiled_shapes(fmt, *w.shape)
     q = pages.empty(math.prod(q_shape)).view(q_shape)
     dm = pages.empty(2 * math.prod(dm_shape)).view(torch.float16).view(dm_shape)
