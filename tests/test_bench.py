@@ -216,7 +216,7 @@ def test_quick_modes_outputs_are_llama_benchs():
 
     def out(fmt):
         stream = io.StringIO()
-        write_output(fmt, MACHINE, tests, stream)
+        write_output(fmt, [(MACHINE, tests)], stream)
         return stream.getvalue()
 
     header, rule, *rows = out("md").splitlines()
@@ -241,6 +241,63 @@ def test_quick_modes_outputs_are_llama_benchs():
     csv_header, *csv_rows = out("csv").splitlines()
     assert csv_header.startswith('"cpu_info","gpu_info","backends","model_filename","model_type","model_size"')
     assert "samples_ns" not in csv_header and len(csv_rows) == 3 and '"64","0","0"' in csv_rows[0]
+
+
+def test_several_thread_counts_are_rows_of_one_table_and_records_of_one_output():
+    """-t 1,2: each count's tests after the previous count's, as llama-bench lists them, each row and record with
+    its own count."""
+    import io
+
+    from rooftop.bench.quick import BenchTest
+    from rooftop.bench.quick_report import records, write_output
+
+    runs = [({**MACHINE, "threads": n}, [BenchTest(64, 0, 0, [0.5 / n]), BenchTest(0, 16, 0, [0.2])]) for n in (1, 2)]
+    stream = io.StringIO()
+    write_output("md", runs, stream)
+    _, _, *rows = stream.getvalue().splitlines()
+    assert [[c.strip() for c in row.strip("|").split("|")][4:8] for row in rows] == [
+        ["1", "q4_1", "float32", "pp64"],
+        ["1", "q4_1", "float32", "tg16"],
+        ["2", "q4_1", "float32", "pp64"],
+        ["2", "q4_1", "float32", "tg16"],
+    ]
+    assert [(r["n_threads"], r["n_prompt"], r["avg_ns"]) for r in records(runs)] == [
+        (1, 64, 500_000_000),
+        (1, 0, 200_000_000),
+        (2, 64, 250_000_000),
+        (2, 0, 200_000_000),
+    ]
+
+
+def test_bench_runs_the_tests_at_each_thread_count_against_its_own_roofs(tiny_gguf, tmp_path):
+    """-t 1,2 (llama-bench's -t list): the tests at 1 thread, then at 2, each count probed and cached apart (a count
+    other than the process's cores: probe-cpu-t<N>.json), each its own report in the JSON's runs."""
+    import torch
+
+    from rooftop.engine.probe import run_probe
+    from rooftop.roofline.probe import available_cores, cache_path
+
+    default = torch.get_num_threads()
+    try:
+        for n in (1, 2):  # quick probes where the run looks for them, as the suite's fixture does for its count
+            torch.set_num_threads(n)
+            own_file = n != available_cores()
+            assert cache_path().name == (f"probe-cpu-t{n}.json" if own_file else "probe-cpu.json")
+            if own_file:
+                cache_path().write_text(json.dumps(run_probe(quick=True).to_dict() | {"quick": False}))
+    finally:
+        torch.set_num_threads(default)
+    out = tmp_path / "t.json"
+    r = rooftop_in_process(
+        "bench", "-m", str(tiny_gguf), "-t", "1-2", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl", "--json", str(out)
+    )
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(x["n_threads"], x["n_prompt"], x["n_gen"]) for x in lines] == [(1, 8, 0), (1, 0, 4), (2, 8, 0), (2, 0, 4)]
+    runs = json.loads(out.read_text())["runs"]
+    assert [run["machine"]["threads"] for run in runs] == [1, 2]
+    assert all([t["test"] for t in run["tests"]] == ["pp8", "tg4"] and run["decode"]["measured_s"] > 0 for run in runs)
+    assert "1 thread:" in r.stderr and "2 threads:" in r.stderr  # each count's phase report, on stderr with -o
 
 
 def test_quick_modes_values_take_llama_benchs_ranges():
@@ -285,6 +342,8 @@ def test_quick_modes_values_take_llama_benchs_ranges():
         (["-n", "\u00b2"], "-n/--n-gen must be comma-separated integers or ranges"),
         (["-p", "1-10000000000"], "-p/--n-prompt: the range '1-10000000000' has 10000000000 values; at most 1000"),
         (["-pg", "1-2"], "-pg must be comma-separated integers, got '1-2'"),
+        (["-t", "0,2"], "-t/--threads must be integers >= 1"),
+        (["-t", "1,2", "-tp", "2"], "-t/--threads takes one count with --tensor-parallel-size (each rank's)"),
     ],
 )
 def test_quick_modes_llama_bench_options_fail_in_one_line_before_loading(args, words):

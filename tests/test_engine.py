@@ -315,7 +315,7 @@ def test_threads_set_the_intra_op_pool_and_default_to_the_cores_we_may_use(tiny_
     import torch
 
     from rooftop import LLM
-    from rooftop.engine.llm import available_cores
+    from rooftop.roofline.probe import available_cores
 
     try:
         LLM(model=tiny_gguf, threads=1)

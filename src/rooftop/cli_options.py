@@ -110,18 +110,20 @@ def parse_json_option(name: str, text: str | None) -> dict | None:
 
 def with_run_config(command: Callable) -> Callable:
     """Give `command` (whose last parameter is `run: RunConfig`) the engine options as CLI options; it receives
-    them as one validated RunConfig. Bad values fail with one line, before anything loads."""
+    them as one validated RunConfig. Bad values fail with one line, before anything loads. An option `command`
+    declares itself (`bench`'s --threads, which takes llama-bench's lists) replaces the shared one of its name,
+    whose field the RunConfig then leaves at its default for `command` to set."""
     own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "run"]
-    shared = _run_parameters()
+    shared = [p for p in _run_parameters() if p.name not in {o.name for o in own}]
     names = {p.name for p in shared}
 
     @functools.wraps(command)
     def wrapper(**kwargs):
         options = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
         with user_errors():
-            for name in JSON_FIELDS:
+            for name in JSON_FIELDS & options.keys():
                 options[name] = parse_json_option(name, options[name])
-            engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig)})
+            engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig) if f.name in options})
             run = RunConfig(**options, engine=engine)
             check_weight_choice(run.weights)
         if run.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0":

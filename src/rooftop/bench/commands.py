@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 from rich.console import Console
 from rich.progress import Progress
@@ -159,7 +161,20 @@ def bench(
             "of the table; the phase report then goes to stderr",
         ),
     ] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
+    threads: Annotated[
+        str | None,
+        typer.Option(
+            "--threads",
+            "-t",
+            metavar="<int,...>",
+            help="CPU threads for the model's ops (default: the cores this process may use); several, comma-separated "
+            "or ranges as -p's, run llama-bench's tests at each (its -t), each against its own roofs",
+        ),
+    ] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", help="write the results as JSON (several -t counts: one report per count, in runs)"),
+    ] = None,
     plots: Annotated[Path | None, typer.Option(help="write PNG plots into this directory")] = None,
     html_path: Annotated[Path | None, typer.Option("--html", help="write a self-contained HTML report")] = None,
     *,
@@ -168,23 +183,24 @@ def bench(
     """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions. Each measurement runs on
     a fresh engine with the engine options given, except four it sets itself: prefix caching off, the token budget
     and the prefill chunk raised to the longest prompt (one prefill step per prompt) and the sequence count to the
-    largest batch measured. With -p, -n, -pg, -d or -o, llama-bench's tests instead (ppN, tgN, ppN+tgM, at depths;
-    its t/s). `rooftop bench serve` loads a running OpenAI-compatible server."""
+    largest batch measured. With -p, -n, -pg, -d, -o or several -t counts, llama-bench's tests instead (ppN, tgN,
+    ppN+tgM, at depths; its t/s), at each thread count. `rooftop bench serve` loads a running OpenAI-compatible
+    server."""
     if ctx.invoked_subcommand is not None:
         return
-    from rooftop.bench.measure import fresh_engine, machine_info
-    from rooftop.engine.calibrate import load_or_calibrate
     from rooftop.engine.llm import LLM
-    from rooftop.engine.probe import keep_decode_read, load_or_run_probe, probe_device
 
     with user_errors():
         if reps < 1 or output_len < 2:
             raise InvalidRequestError("--reps must be >= 1 and --output-len >= 2")
         if output is not None and output not in OUTPUTS:
             raise InvalidRequestError(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}")
-        quick = any(option is not None for option in (pp, tg, pg, depth, output))
+        counts = _ints(threads, "-t/--threads") if threads is not None else []
+        if len(counts) > 1 and run.tensor_parallel_size > 1:
+            raise InvalidRequestError("-t/--threads takes one count with --tensor-parallel-size (each rank's)")
+        run = replace(run, threads=counts[0] if counts else None)
+        quick = len(counts) > 1 or any(option is not None for option in (pp, tg, pg, depth, output))
         tests = _tests(pp, tg, pg or [], depth or []) if quick else []
-        prompts = [t.n_prompt for t in tests if t.n_prompt]
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
         needed = max(t.context for t in tests) if quick else max(max(lens) + 1, min(lens) + output_len)
@@ -192,106 +208,150 @@ def bench(
             raise InvalidRequestError(
                 f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}"
             )
-        with err.status("reading this machine's roofs (measured once, then cached)..."):
-            probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
-            hw = probe.to_hardware(working_set=llm.weight_bytes)
-        with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
-            # on an engine set up as the measurements' are (no chunking of the longest prompt, room for the largest
-            # batch); quick mode measures batch 1 only: the quick calibration's shapes and its longest prompt
-            longest = max(prompts, default=None) if quick else max(lens)
-            engine = fresh_engine(llm, longest or 1, 1 if quick else max(batches))
-            calibration = load_or_calibrate(
-                llm,
-                hw,
-                quick=quick,
-                on_progress=lambda s: status.update(f"calibrating: {s}"),
-                engine=engine,
-                at_prompt=longest if quick else None,
-            )
-            del engine  # its KV pool
-        report = {"machine": machine_info(llm, hw, probe.cpu_model)}
         console = Console(highlight=False)
-        with Progress(console=err, transient=True) as progress:
-            if quick:
-                from rooftop.bench.quick import quick_bench
-
-                task = progress.add_task("bench", total=(reps + 1) * len(tests))
-                phases = quick_bench(
-                    llm, hw, calibration, tests, reps, lambda what: progress.update(task, description=what, advance=1)
-                )
-            else:
-                from rooftop.bench.sweep import sweep
-
-                task = progress.add_task("bench", total=(reps + 1) * (len(lens) + len(batches)))
-                result = sweep(
-                    llm,
-                    hw,
-                    calibration,
-                    lens,
-                    batches,
-                    output_len,
-                    reps,
-                    lambda what: progress.update(task, description=what, advance=1),
-                )
-        moved = 0.0  # the fastest decode's bytes per second, which may raise this machine's read
-        if quick:
-            report.update(repetitions=reps, tests=[t.to_dict() for t in tests])
-            report.update(_print_quick(console, report["machine"], tests, phases, llm.precision, output))
-            if "decode" in phases:
-                moved = phases["decode"].achieved_bytes_per_s
-        else:
-            report.update(
-                ttft=result.ttft,
-                decode=result.decode,
-                steps=[vars(p) for p in result.points],
-                gaps=[{"step": label, **{f"{k}_s": v for k, v in parts.items()}} for label, parts in result.gaps],
-            )
-            console.print(
-                f"{model_name(report['machine'])}: weights {report['machine']['weights_format']}, KV cache "
-                f"{report['machine']['kv_cache_dtype']}, {report['machine']['threads']} threads"
-            )
-            _print_sweep(console, result)
-            moved = max((r["achieved_bytes_per_s"] for r in result.decode), default=0.0)
-            written = _write_plots(
-                result, hw, llm.precision.compute, plots or (html_path.parent if html_path else None)
-            )
-            if html_path:
-                from rooftop.bench.html import write_html
-
-                err.print(f"report written to {write_html(report, written, html_path)}")
-        if kept := keep_decode_read(llm, moved):
-            err.print(kept)
+        if not quick:
+            _sweep(console, llm, lens, batches, output_len, reps, plots, html_path, json_path)
+            return
+        runs = []  # per thread count: its report, tests and phases
+        for count in counts if len(counts) > 1 else [None]:  # one count: the engine's already
+            if count is not None:
+                torch.set_num_threads(count)
+            runs.append(_quick_run(llm, _tests(pp, tg, pg or [], depth or []), reps))
+        _print_quick(console, runs, llm.precision, output)
         if json_path:
-            json_path.write_text(json.dumps(report, indent=2))
+            reports = [report for report, _, _ in runs]
+            json_path.write_text(json.dumps(reports[0] if len(reports) == 1 else {"runs": reports}, indent=2))
             err.print(f"results written to {json_path}")
 
 
-def _print_quick(
-    console: Console, machine: dict, tests: list[BenchTest], phases: dict, precision: Precision, output: str | None
-) -> dict:
-    """The tests' table, or llama-bench's `output` on stdout (the phase report then on stderr), and the phase
-    report of the same steps; each phase's numbers for the JSON report."""
+def _roofs_and_calibration(llm, quick: bool, longest: int | None, batch: int):
+    """This machine's roofs at the process's thread count (measured once, then cached) and the model's calibration
+    on an engine set up as the measurements' are (no chunking of the longest prompt, room for the largest batch)."""
+    from rooftop.bench.measure import fresh_engine
+    from rooftop.engine.calibrate import load_or_calibrate
+    from rooftop.engine.probe import load_or_run_probe, probe_device
+
+    threads = f" at {torch.get_num_threads()} threads" if llm.device.type == "cpu" else ""
+    with err.status(f"reading this machine's roofs{threads} (measured once, then cached)..."):
+        probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
+        hw = probe.to_hardware(working_set=llm.weight_bytes)
+    with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
+        engine = fresh_engine(llm, longest or 1, batch)
+        calibration = load_or_calibrate(
+            llm,
+            hw,
+            quick=quick,
+            on_progress=lambda s: status.update(f"calibrating: {s}"),
+            engine=engine,
+            at_prompt=longest if quick else None,
+        )
+        del engine  # its KV pool
+    return probe, hw, calibration
+
+
+def _quick_run(llm, tests: list[BenchTest], reps: int) -> tuple[dict, list[BenchTest], dict]:
+    """llama-bench's tests at the process's thread count: the JSON report's dict (machine, tests, each phase's
+    numbers), the tests with their samples and the phases' attribution. The quick calibration measures batch 1 only,
+    its shapes and the longest prompt's."""
+    from rooftop.bench.measure import machine_info
+    from rooftop.bench.quick import quick_bench
+    from rooftop.engine.probe import keep_decode_read
+
+    probe, hw, calibration = _roofs_and_calibration(llm, True, max((t.n_prompt for t in tests), default=None), 1)
+    machine = machine_info(llm, hw, probe.cpu_model)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("bench", total=(reps + 1) * len(tests))
+        phases = quick_bench(
+            llm, hw, calibration, tests, reps, lambda what: progress.update(task, description=what, advance=1)
+        )
+    if "decode" in phases and (kept := keep_decode_read(llm, phases["decode"].achieved_bytes_per_s)):
+        err.print(kept)
+    report = {"machine": machine, "repetitions": reps, "tests": [t.to_dict() for t in tests]}
+    for name, phase in phases.items():
+        report[name] = phase.to_dict()
+    if "decode" in phases:  # per step, as the phase's sentence says it: per token unless speculation verified several
+        d = phases["decode"]
+        report["decode"].update(measured_tpot_s=d.measured_s / d.steps, predicted_tpot_s=d.predicted_s / d.steps)
+    return report, tests, phases
+
+
+def _sweep(
+    console: Console,
+    llm,
+    lens: list[int],
+    batches: list[int],
+    output_len: int,
+    reps: int,
+    plots: Path | None,
+    html_path: Path | None,
+    json_path: Path | None,
+) -> None:
+    """The TTFT and decode sweep: its tables, plots, HTML and JSON."""
+    from rooftop.bench.measure import machine_info
+    from rooftop.bench.sweep import sweep
+    from rooftop.engine.probe import keep_decode_read
+
+    probe, hw, calibration = _roofs_and_calibration(llm, False, max(lens), max(batches))
+    report = {"machine": machine_info(llm, hw, probe.cpu_model)}
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("bench", total=(reps + 1) * (len(lens) + len(batches)))
+        result = sweep(
+            llm,
+            hw,
+            calibration,
+            lens,
+            batches,
+            output_len,
+            reps,
+            lambda what: progress.update(task, description=what, advance=1),
+        )
+    report.update(
+        ttft=result.ttft,
+        decode=result.decode,
+        steps=[vars(p) for p in result.points],
+        gaps=[{"step": label, **{f"{k}_s": v for k, v in parts.items()}} for label, parts in result.gaps],
+    )
+    console.print(
+        f"{model_name(report['machine'])}: weights {report['machine']['weights_format']}, KV cache "
+        f"{report['machine']['kv_cache_dtype']}, {report['machine']['threads']} threads"
+    )
+    _print_sweep(console, result)
+    written = _write_plots(result, hw, llm.precision.compute, plots or (html_path.parent if html_path else None))
+    if html_path:
+        from rooftop.bench.html import write_html
+
+        err.print(f"report written to {write_html(report, written, html_path)}")
+    if kept := keep_decode_read(llm, max((r["achieved_bytes_per_s"] for r in result.decode), default=0.0)):
+        err.print(kept)
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2))
+        err.print(f"results written to {json_path}")
+
+
+def _print_quick(console: Console, runs: list, precision: Precision, output: str | None) -> None:
+    """The tests' table of every thread count's run, or llama-bench's `output` on stdout (the phase report then on
+    stderr), and the phase report of each run's steps."""
     from rooftop.roofline.attribution import advice, gap_sentence
     from rooftop.roofline.report import gap_bar, phase_table
 
+    measured = [(report["machine"], tests) for report, tests, _ in runs]
     if output is None:  # at its full width where no terminal narrows it: a log keeps each test on one line
-        shown = table(machine, tests)
+        shown = table(measured)
         full = console.measure(shown, options=console.options.update_width(1000)).maximum
         (console if console.is_terminal else Console(highlight=False, width=full)).print(shown)
     else:
-        write_output(output, machine, tests, sys.stdout)
+        write_output(output, measured, sys.stdout)
         sys.stdout.flush()
     out = console if output is None else err
-    out.print(phase_table(phases))
-    out.print(gap_sentence(phases))
-    for name, phase in phases.items():
-        out.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
-        out.print(advice(name, phase, precision.kv_bytes, precision.weights.bits_per_weight()))
-    found = {name: phase.to_dict() for name, phase in phases.items()}
-    if "decode" in phases:  # per step, as the phase's sentence says it: per token unless speculation verified several
-        d = phases["decode"]
-        found["decode"].update(measured_tpot_s=d.measured_s / d.steps, predicted_tpot_s=d.predicted_s / d.steps)
-    return found
+    for report, _, phases in runs:
+        if len(runs) > 1:
+            count = report["machine"]["threads"]
+            out.print(f"\n{count} thread{'' if count == 1 else 's'}:")
+        out.print(phase_table(phases))
+        out.print(gap_sentence(phases))
+        for name, phase in phases.items():
+            out.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
+            out.print(advice(name, phase, precision.kv_bytes, precision.weights.bits_per_weight()))
 
 
 def _print_sweep(console: Console, result) -> None:

@@ -33,41 +33,41 @@ def params_text(count: int) -> str:
     return f"{count / 1e6:.2f} M" if count < 1e9 else f"{count / 1e9:.2f} B"
 
 
-def rows(machine: dict, tests: list[BenchTest]) -> list[list[str]]:
+Runs = list[tuple[dict, list[BenchTest]]]  # per thread count (-t): the machine it ran on, its tests
+
+
+def rows(runs: Runs) -> list[list[str]]:
     """The table's cells (COLUMNS): each test's t/s ± the spread of its repetitions' rates, and a decode test's
-    TPOT, 1 / its t/s."""
-    model = [
-        model_name(machine),
-        size_text(machine["weight_bytes"]),
-        params_text(machine["parameters"]),
-        machine["backend"],
-        str(machine["threads"]),
-        machine["weights_format"],
-        machine["kv_cache_dtype"],
-    ]
-    return [
-        [
-            *model,
-            t.name,
-            f"{t.tokens_per_s:.2f} ± {t.tokens_per_s_stdev:.2f}",
-            "" if t.tpot_s is None else seconds(t.tpot_s),
+    TPOT, 1 / its t/s; a run's tests after the run before (llama-bench's order for its -t lists)."""
+    cells = []
+    for machine, tests in runs:
+        model = [
+            model_name(machine),
+            size_text(machine["weight_bytes"]),
+            params_text(machine["parameters"]),
+            machine["backend"],
+            str(machine["threads"]),
+            machine["weights_format"],
+            machine["kv_cache_dtype"],
         ]
-        for t in tests
-    ]
+        for t in tests:
+            rate = f"{t.tokens_per_s:.2f} ± {t.tokens_per_s_stdev:.2f}"
+            cells.append([*model, t.name, rate, "" if t.tpot_s is None else seconds(t.tpot_s)])
+    return cells
 
 
-def table(machine: dict, tests: list[BenchTest]) -> Table:
+def table(runs: Runs) -> Table:
     out = Table()
     for name in COLUMNS:
         out.add_column(name, justify="right" if name in RIGHT else "left")
-    for row in rows(machine, tests):
+    for row in rows(runs):
         out.add_row(*row)
     return out
 
 
-def markdown(machine: dict, tests: list[BenchTest]) -> str:
+def markdown(runs: Runs) -> str:
     """llama-bench's markdown table: padded cells, numbers right-aligned (`---:`)."""
-    cells = rows(machine, tests)
+    cells = rows(runs)
     widths = [max(len(name), *(len(row[i]) for row in cells)) for i, name in enumerate(COLUMNS)]
 
     def line(values) -> str:
@@ -87,7 +87,7 @@ def markdown(machine: dict, tests: list[BenchTest]) -> str:
     return "\n".join([line(COLUMNS), rule, *(line(row) for row in cells)]) + "\n"
 
 
-def records(machine: dict, tests: list[BenchTest]) -> list[dict]:
+def records(runs: Runs) -> list[dict]:
     """One record per test under llama-bench's field names, with rooftop's values (avg_ts: the table's t/s, the
     tokens over avg_ns; type_k and type_v: the KV cache's dtype as rooftop names it; test_time: when the run
     started), then rooftop's own fields."""
@@ -119,16 +119,17 @@ def records(machine: dict, tests: list[BenchTest]) -> list[dict]:
             "dtype": machine["dtype"],
             "device": machine["device"],
         }
+        for machine, tests in runs
         for t in tests
     ]
 
 
-def write_output(fmt: str, machine: dict, tests: list[BenchTest], out: TextIO) -> None:
+def write_output(fmt: str, runs: Runs, out: TextIO) -> None:
     """The results as llama-bench's `-o` prints them: md, csv (every field quoted), json (an array) or jsonl."""
     if fmt == "md":
-        out.write(markdown(machine, tests))
+        out.write(markdown(runs))
         return
-    found = records(machine, tests)
+    found = records(runs)
     if fmt == "json":
         out.write(json.dumps(found, indent=2) + "\n")
     elif fmt == "jsonl":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import weight_bytes
 from rooftop.roofline.precision import KV_BYTES, KV_SCALE_BYTES, Precision
+from rooftop.roofline.probe import available_cores
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STEP_HISTORY = 10_000  # step records kept for the phase report
@@ -68,11 +68,6 @@ class StreamChunk:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its affinity mask: a container's or `taskset`'s limit, not the host's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

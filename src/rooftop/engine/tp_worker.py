@@ -32,7 +32,7 @@ from rooftop.engine.distributed import (
     run_config_from_env,
     time_all_reduce,
 )
-from rooftop.engine.llm import available_cores, resolve_dtype
+from rooftop.engine.llm import resolve_dtype
 from rooftop.engine.llm_engine import pool_from_spec
 from rooftop.engine.runner import execute
 from rooftop.errors import RooftopError, TensorParallelError
@@ -41,6 +41,7 @@ from rooftop.loading.model_files import load_weights
 from rooftop.models.kv_cache import KVPool
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
+from rooftop.roofline.probe import available_cores
 
 
 def receive(plans: object) -> tuple:

@@ -17,7 +17,6 @@ from rooftop.config import RunConfig
 from rooftop.console import err, user_errors
 from rooftop.engine.distributed import launch_of, rank_device, rank_threads
 from rooftop.engine.lead import Lead, lead_group
-from rooftop.engine.llm import available_cores
 from rooftop.engine.probe import load_or_run_probe
 from rooftop.engine.tp_worker import serve_rank
 from rooftop.errors import InvalidRequestError
@@ -25,7 +24,7 @@ from rooftop.roofline.api import resolve, resolve_hardware
 from rooftop.roofline.explain import explain as explain_text
 from rooftop.roofline.precision import DEFAULT_STATE_DTYPE, STATE_DTYPES, WEIGHTS_HELP
 from rooftop.roofline.predict import DEFAULT_GPU_MEMORY_UTILIZATION, analyze
-from rooftop.roofline.probe import OBSERVED, ProbeResult, cache_path, read_cache
+from rooftop.roofline.probe import OBSERVED, ProbeResult, available_cores, cache_path, read_cache
 from rooftop.roofline.speculative import predict_speculative
 
 ModelArg = Annotated[

@@ -381,17 +381,27 @@ def _all_reduce(collectives: CollectiveTimer, device: str, plan: Plan) -> dict:
     }
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or `taskset`'s limit, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cache_path(device: str = "cpu", tensor_parallel: str = "") -> Path:
-    """`$ROOFTOP_CACHE_DIR/probe-<device>.json` (a tensor-parallel group's: `probe-<device>-<group>.json`), else
-    under `$XDG_CACHE_HOME/rooftop`, else `~/.cache/rooftop`."""
+    """`$ROOFTOP_CACHE_DIR/probe-<device>.json` (a tensor-parallel group's: `probe-<device>-<group>.json`; a process
+    on fewer or more threads than its cores, as `rooftop bench -t 1,2` runs: `probe-<device>-t<threads>.json`, so
+    that each thread count keeps its roofs), else under `$XDG_CACHE_HOME/rooftop`, else `~/.cache/rooftop`."""
     if os.environ.get("ROOFTOP_CACHE_DIR"):
         directory = Path(os.environ["ROOFTOP_CACHE_DIR"])
     elif os.environ.get("XDG_CACHE_HOME"):
         directory = Path(os.environ["XDG_CACHE_HOME"]) / "rooftop"
     else:
         directory = Path.home() / ".cache" / "rooftop"
-    group = f"-{tensor_parallel.replace(' ', '-')}" if tensor_parallel else ""
-    return directory / f"probe-{device.replace(':', '-')}{group}.json"
+    threads = torch.get_num_threads()
+    if tensor_parallel:
+        suffix = f"-{tensor_parallel.replace(' ', '-')}"
+    else:
+        suffix = "" if threads == available_cores() else f"-t{threads}"
+    return directory / f"probe-{device.replace(':', '-')}{suffix}.json"
 
 
 def load_or_run_probe(
