@@ -319,6 +319,39 @@ def test_quick_modes_values_take_llama_benchs_ranges():
     assert [t.name for t in mixed] == names + [f"{n} @ d{d}" for d in (32, 64) for n in names]
 
 
+def test_ubatch_sizes_chunk_each_prompt_and_run_the_tests_once_each():
+    """-ub 8,16 (llama-bench's): each test with a prompt at each size, in llama-bench's order, a tgN once (it has no
+    prompt to chunk); a depth that is not a multiple of -ub is refused, since the prompt must start a chunk."""
+    from rooftop.bench.commands import _tests
+
+    tests = _tests(["32"], ["4"], ["16,2"], ["0"], ["8,16"])
+    assert [(t.name, t.n_ubatch, t.chunk) for t in tests] == [
+        ("pp32", 8, 8),
+        ("tg4", None, 1),
+        ("pp16+tg2", 8, 8),
+        ("pp32", 16, 16),
+        ("pp16+tg2", 16, 16),
+    ]
+    assert [t.chunk for t in _tests(["32"], ["0"], [], ["64"])] == [64]  # without -ub: the depth, then the prompt
+    with pytest.raises(RooftopError, match="pp32 @ d20: with -ub 8 a depth must be a multiple of it"):
+        _tests(["32"], ["0"], [], ["20"], ["8"])
+    assert [t.name for t in _tests(["32"], ["0"], [], ["16"], ["8"])] == ["pp32 @ d16"]  # below the prompt: chunks
+
+
+def test_a_prompt_in_ubatches_is_timed_over_all_its_steps(tiny_gguf, tmp_path):
+    """pp16 with -ub 8 is two prefill steps, both timed and attributed; after a depth of 16 still two (the context's
+    chunks are not timed)."""
+    out = tmp_path / "ub.json"
+    r = rooftop_in_process(
+        "bench", "-m", str(tiny_gguf), "-p", "16", "-n", "0", "-ub", "8", "-d", "0,16", "-r", "1", "-o", "json",
+        "--json", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert [(x["n_prompt"], x["n_depth"], x["n_ubatch"]) for x in json.loads(r.stdout)] == [(16, 0, 8), (16, 16, 8)]
+    prefill = json.loads(out.read_text())["prefill"]
+    assert (prefill["steps"], prefill["tokens"]) == (4, 32)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -343,6 +376,7 @@ def test_quick_modes_values_take_llama_benchs_ranges():
         (["-p", "1-10000000000"], "-p/--n-prompt: the range '1-10000000000' has 10000000000 values; at most 1000"),
         (["-pg", "1-2"], "-pg must be comma-separated integers, got '1-2'"),
         (["-t", "0,2"], "-t/--threads must be integers >= 1"),
+        (["-ub", "0"], "-ub/--ubatch-size must be integers >= 1"),
         (["-t", "1,2", "-tp", "2"], "-t/--threads takes one count with --tensor-parallel-size (each rank's)"),
     ],
 )

@@ -72,19 +72,34 @@ def _pairs(texts: list[str]) -> list[tuple[int, int]]:
     return [(pp, tg) for pp, tg in pairs]
 
 
-def _tests(pp: list[str] | None, tg: list[str] | None, pg: list[str], depths: list[str]) -> list[BenchTest]:
+def _tests(
+    pp: list[str] | None, tg: list[str] | None, pg: list[str], depths: list[str], ubatches: list[str] | None = None
+) -> list[BenchTest]:
     """llama-bench's tests: a ppN per prompt length, a tgN per generation length, a ppN+tgM per -pg pair (each
     option repeatable and comma-separated; 0 runs none; the one of -p and -n not given takes llama-bench's default,
-    512 or 128), each at every depth of -d (default 0)."""
+    512 or 128), each at every depth of -d (default 0), a test with a prompt at every -ub (default: the prompt in one
+    step)."""
     prompts = [n for text in pp or ["512"] for n in _ints(text, "-p/--n-prompt", least=0)]
     gens = [n for text in tg or ["128"] for n in _ints(text, "-n/--n-gen", least=0)]
     lengths = [*((n, 0) for n in prompts), *((0, n) for n in gens), *_pairs(pg)]
     ds = [d for text in depths or ["0"] for d in _ints(text, "-d/--n-depth", least=0)]
-    tests = [BenchTest(p, g, d) for d in ds for p, g in lengths if p or g]
+    ubs = [u for text in ubatches or [] for u in _ints(text, "-ub/--ubatch-size")] or [None]
+    tests = [  # a tgN has no prompt to chunk: it runs once
+        BenchTest(p, g, d, n_ubatch=u if p else None)
+        for u in ubs
+        for d in ds
+        for p, g in lengths
+        if p or (g and u == ubs[0])
+    ]
     if not tests:
         raise InvalidRequestError("nothing to run: -p and -n are both 0")
     for t in tests:
-        if 0 < t.n_depth < t.n_prompt:
+        if t.n_ubatch is not None and t.n_prompt and t.n_depth % t.n_ubatch:
+            raise InvalidRequestError(
+                f"{t.name}: with -ub {t.n_ubatch} a depth must be a multiple of it (the context is prefilled in "
+                "chunks of -ub from the first token, and the prompt, timed, starts at a chunk's start)"
+            )
+        if t.n_ubatch is None and 0 < t.n_depth < t.n_prompt:
             raise InvalidRequestError(
                 f"{t.name}: a depth must be 0 or at least the prompt's {t.n_prompt} tokens (the context is "
                 "prefilled as one chunk and the prompt, timed, as the next)"
@@ -143,6 +158,17 @@ def bench(
             "and not timed (0, or at least the test's prompt); comma-separated, repeated or ranges as -p's (default 0)",
         ),
     ] = None,
+    ubatch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ubatch-size",
+            "-ub",
+            metavar="<int,...>",
+            help="quick mode (llama-bench's -ub): a test with a prompt prefills it in chunks of this many tokens, "
+            "each a step, all timed (a depth then a multiple of it); comma-separated, repeated or ranges as -p's, "
+            "each a run of those tests (default: the prompt in one step)",
+        ),
+    ] = None,
     reps: Annotated[
         int,
         typer.Option(
@@ -183,7 +209,7 @@ def bench(
     """Measure TTFT, TPOT and throughput on this machine beside the roofline's predictions. Each measurement runs on
     a fresh engine with the engine options given, except four it sets itself: prefix caching off, the token budget
     and the prefill chunk raised to the longest prompt (one prefill step per prompt) and the sequence count to the
-    largest batch measured. With -p, -n, -pg, -d, -o or several -t counts, llama-bench's tests instead (ppN, tgN,
+    largest batch measured. With -p, -n, -pg, -d, -ub, -o or several -t counts, llama-bench's tests instead (ppN, tgN,
     ppN+tgM, at depths; its t/s), at each thread count. `rooftop bench serve` loads a running OpenAI-compatible
     server."""
     if ctx.invoked_subcommand is not None:
@@ -199,8 +225,8 @@ def bench(
         if len(counts) > 1 and run.tensor_parallel_size > 1:
             raise InvalidRequestError("-t/--threads takes one count with --tensor-parallel-size (each rank's)")
         run = replace(run, threads=counts[0] if counts else None)
-        quick = len(counts) > 1 or any(option is not None for option in (pp, tg, pg, depth, output))
-        tests = _tests(pp, tg, pg or [], depth or []) if quick else []
+        quick = len(counts) > 1 or any(option is not None for option in (pp, tg, pg, depth, ubatch, output))
+        tests = _tests(pp, tg, pg or [], depth or [], ubatch) if quick else []
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
         needed = max(t.context for t in tests) if quick else max(max(lens) + 1, min(lens) + output_len)
@@ -216,7 +242,7 @@ def bench(
         for count in counts if len(counts) > 1 else [None]:  # one count: the engine's already
             if count is not None:
                 torch.set_num_threads(count)
-            runs.append(_quick_run(llm, _tests(pp, tg, pg or [], depth or []), reps))
+            runs.append(_quick_run(llm, _tests(pp, tg, pg or [], depth or [], ubatch), reps))
         _print_quick(console, runs, llm.precision, output)
         if json_path:
             reports = [report for report, _, _ in runs]

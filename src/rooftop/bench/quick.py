@@ -23,18 +23,25 @@ class BenchTest:
     token after it, as llama-bench computes the last position's logits), tgN (`n_gen` decode steps after a 1-token
     prompt, whose prefill is not timed: llama-bench's tg decodes from an empty context, independent of -p) or
     ppN+tgM (-pg: the prefill, then the decode steps, timed together), each after `n_depth` tokens of context (-d)
-    that are prefilled first and not timed. Each sample is the wall time of the timed steps (forward pass,
-    scheduling and greedy sampling: what a request waits for; llama-bench samples nothing)."""
+    that are prefilled first and not timed. A prompt is prefilled in chunks of `n_ubatch` tokens, each a step
+    (llama-bench's -ub), where given. Each sample is the wall time of the timed steps (forward pass, scheduling and
+    greedy sampling: what a request waits for; llama-bench samples nothing)."""
 
     n_prompt: int
     n_gen: int
     n_depth: int = 0
     samples_s: list[float] = field(default_factory=list)
+    n_ubatch: int | None = None  # None: the prompt in one step
 
     @property
     def name(self) -> str:
         parts = [f"{kind}{n}" for kind, n in (("pp", self.n_prompt), ("tg", self.n_gen)) if n]
         return "+".join(parts) + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+    @property
+    def chunk(self) -> int:
+        """The prompt's tokens per step: -ub's, else the whole prompt (or the depth, which is then one step too)."""
+        return self.n_ubatch or max(self.n_depth, self.n_prompt, 1)
 
     @property
     def tokens(self) -> int:
@@ -77,6 +84,7 @@ class BenchTest:
             "n_prompt": self.n_prompt,
             "n_gen": self.n_gen,
             "n_depth": self.n_depth,
+            "n_ubatch": self.chunk,
             "tokens": self.tokens,
             "samples_s": self.samples_s,
             "samples_tokens_per_s": self.samples_tokens_per_s,
@@ -88,16 +96,17 @@ class BenchTest:
 
 
 def timed_steps(llm: LLM, test: BenchTest, variant: int) -> list[StepRecord]:
-    """Run the test once on a fresh engine; the steps it times. A prompt at a depth is the chunk after the
-    context's: the engine prefills in chunks of the depth (the prompt's length without one), so the context is one
-    step and the prompt the next (a depth is 0 or at least the prompt, commands.py checks)."""
+    """Run the test once on a fresh engine; the steps it times. A prompt at a depth starts at a chunk's start: the
+    engine prefills in chunks of the test's `chunk` from the first token (the depth without -ub: the context in one
+    step, the prompt the next), and a depth is 0 or a multiple of -ub and at least the prompt without it
+    (commands.py checks), so the prompt's steps are those past the context."""
     if not test.n_prompt:  # the prefill's sampled token, then one decode step per token
         run = run_batch(llm, [synthetic_prompt(llm, max(test.n_depth, 1), variant)], test.n_gen + 1)
         return [r for r in run.records if r.phase is Phase.DECODE]
     prompt = synthetic_prompt(llm, test.n_depth + test.n_prompt, variant)
-    run = run_batch(llm, [prompt], test.n_gen + 1, chunk=max(test.n_depth, test.n_prompt))
-    *_, prefill = (r for r in run.records if r.phase is Phase.PREFILL)
-    return [prefill, *(r for r in run.records if r.phase is Phase.DECODE)]
+    run = run_batch(llm, [prompt], test.n_gen + 1, chunk=test.chunk)
+    prefill = [r for r in run.records if r.phase is Phase.PREFILL and r.shape.seqs[0].cached >= test.n_depth]
+    return [*prefill, *(r for r in run.records if r.phase is Phase.DECODE)]
 
 
 def quick_bench(

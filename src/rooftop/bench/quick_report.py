@@ -15,7 +15,8 @@ from rooftop.roofline.report import seconds
 
 OUTPUTS = ("md", "csv", "json", "jsonl")
 COLUMNS = ("model", "size", "params", "backend", "threads", "weights", "KV cache", "test", "t/s", "TPOT")
-RIGHT = {"size", "params", "threads", "test", "t/s", "TPOT"}  # llama-bench's numbers, right-aligned
+UBATCH = "n_ubatch"  # a column before the test's where -ub was given, as llama-bench adds one
+RIGHT = {"size", "params", "threads", UBATCH, "test", "t/s", "TPOT"}  # llama-bench's numbers, right-aligned
 SAMPLES = ("samples_ns", "samples_ts")  # in llama-bench's json and jsonl, not in its csv
 
 
@@ -36,9 +37,18 @@ def params_text(count: int) -> str:
 Runs = list[tuple[dict, list[BenchTest]]]  # per thread count (-t): the machine it ran on, its tests
 
 
+def columns(runs: Runs) -> tuple[str, ...]:
+    """COLUMNS, with n_ubatch before the test where a test ran with -ub."""
+    if not any(t.n_ubatch for _, tests in runs for t in tests):
+        return COLUMNS
+    at = COLUMNS.index("test")
+    return (*COLUMNS[:at], UBATCH, *COLUMNS[at:])
+
+
 def rows(runs: Runs) -> list[list[str]]:
-    """The table's cells (COLUMNS): each test's t/s ± the spread of its repetitions' rates, and a decode test's
+    """The table's cells (`columns`): each test's t/s ± the spread of its repetitions' rates, and a decode test's
     TPOT, 1 / its t/s; a run's tests after the run before (llama-bench's order for its -t lists)."""
+    ubatch = UBATCH in columns(runs)
     cells = []
     for machine, tests in runs:
         model = [
@@ -52,13 +62,14 @@ def rows(runs: Runs) -> list[list[str]]:
         ]
         for t in tests:
             rate = f"{t.tokens_per_s:.2f} ± {t.tokens_per_s_stdev:.2f}"
-            cells.append([*model, t.name, rate, "" if t.tpot_s is None else seconds(t.tpot_s)])
+            chunk = [str(t.chunk) if t.n_prompt else ""] if ubatch else []
+            cells.append([*model, *chunk, t.name, rate, "" if t.tpot_s is None else seconds(t.tpot_s)])
     return cells
 
 
 def table(runs: Runs) -> Table:
     out = Table()
-    for name in COLUMNS:
+    for name in columns(runs):
         out.add_column(name, justify="right" if name in RIGHT else "left")
     for row in rows(runs):
         out.add_row(*row)
@@ -67,30 +78,30 @@ def table(runs: Runs) -> Table:
 
 def markdown(runs: Runs) -> str:
     """llama-bench's markdown table: padded cells, numbers right-aligned (`---:`)."""
-    cells = rows(runs)
-    widths = [max(len(name), *(len(row[i]) for row in cells)) for i, name in enumerate(COLUMNS)]
+    cells, names = rows(runs), columns(runs)
+    widths = [max(len(name), *(len(row[i]) for row in cells)) for i, name in enumerate(names)]
 
     def line(values) -> str:
         return (
             "| "
             + " | ".join(
-                v.rjust(w) if name in RIGHT else v.ljust(w) for name, v, w in zip(COLUMNS, values, widths, strict=True)
+                v.rjust(w) if name in RIGHT else v.ljust(w) for name, v, w in zip(names, values, widths, strict=True)
             )
             + " |"
         )
 
     rule = (
         "| "
-        + " | ".join("-" * (w - 1) + ":" if n in RIGHT else "-" * w for n, w in zip(COLUMNS, widths, strict=True))
+        + " | ".join("-" * (w - 1) + ":" if n in RIGHT else "-" * w for n, w in zip(names, widths, strict=True))
         + " |"
     )
-    return "\n".join([line(COLUMNS), rule, *(line(row) for row in cells)]) + "\n"
+    return "\n".join([line(names), rule, *(line(row) for row in cells)]) + "\n"
 
 
 def records(runs: Runs) -> list[dict]:
     """One record per test under llama-bench's field names, with rooftop's values (avg_ts: the table's t/s, the
-    tokens over avg_ns; type_k and type_v: the KV cache's dtype as rooftop names it; test_time: when the run
-    started), then rooftop's own fields."""
+    tokens over avg_ns; n_ubatch: a prompt's tokens per step; type_k and type_v: the KV cache's dtype as rooftop
+    names it; test_time: when the run started), then rooftop's own fields."""
     return [
         {
             "cpu_info": machine["cpu"],
@@ -106,6 +117,7 @@ def records(runs: Runs) -> list[dict]:
             "n_prompt": t.n_prompt,
             "n_gen": t.n_gen,
             "n_depth": t.n_depth,
+            "n_ubatch": t.chunk,
             "test_time": machine["date"],
             "avg_ns": round(t.mean_s * 1e9),
             "stddev_ns": round(statistics.stdev(t.samples_s) * 1e9) if len(t.samples_s) > 1 else 0,
