@@ -57,6 +57,18 @@ def test_a_batch_over_two_ranks_gives_each_request_what_it_gets_alone(tiny_tp):
     assert streamed == batched[0][0]
 
 
+def test_prompt_logprobs_over_two_ranks_are_one_ranks(tiny_llm, tiny_tp):
+    """vLLM's prompt_logprobs under tensor parallelism: the prompt's rows gathered from the ranks like the sampled
+    row's, each prompt token's log-probability the one rank's (float32: within the split sums' rounding)."""
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2)
+    for prompt in TINY_PROMPTS[2:]:
+        ids = tiny_llm.tokenizer.encode(prompt)
+        one, two = (llm.generate([ids], params)[0].prompt_logprobs for llm in (tiny_llm, tiny_tp))
+        assert one[0] is None and two[0] is None and len(two) == len(one) == len(ids) > 2
+        for token, a, b in zip(ids[1:], one[1:], two[1:], strict=True):
+            assert b[token].logprob == pytest.approx(a[token].logprob, abs=1e-4)
+
+
 def test_a_split_model_runs_only_through_the_engine(tiny_tp):
     assert tiny_tp.model.rank_config.num_heads == 2 and tiny_tp.model.rank_config.num_kv_heads == 1
     with pytest.raises(UnsupportedModelError, match="every rank computes the step"):
