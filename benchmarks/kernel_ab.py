@@ -81,11 +81,9 @@ def main() -> None:
     weights = args.layers * sum(n * k for n, k in shapes) * args.rows
     print(f"{args.format}, {args.rows} row(s), {total / 1e6:.0f} MB, {args.rounds} rounds (GB/s; G weights x rows/s)")
     for name, taken in seconds.items():
-        fast = min(taken)
-        rate = "" if name == "stream_read" else f"  ({weights / statistics.median(taken) / 1e9:.1f} G weights/s)"
-        print(
-            f"  {name:12s} median {total / statistics.median(taken) / 1e9:5.1f}  fastest {total / fast / 1e9:5.1f}{rate}"
-        )
+        fast, median = min(taken), statistics.median(taken)
+        rate = "" if name == "stream_read" else f"  ({weights / median / 1e9:.1f} G weights/s)"
+        print(f"  {name:12s} median {total / median / 1e9:5.1f}  fastest {total / fast / 1e9:5.1f}{rate}")
     ratios = [n / o for o, n in zip(seconds["old"], seconds["new"], strict=True)]
     print(f"  new/old time per round: median {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
 

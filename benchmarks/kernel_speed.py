@@ -23,23 +23,24 @@ from rooftop.quant.linear import BlockLinear, Q4Linear, Q8Linear
 from rooftop.quant.weights import BlockWeight, quantize_int4
 
 
-def values(n: int, k: int) -> torch.Tensor:
+def random_values(n: int, k: int) -> torch.Tensor:
+    """Seeded float weights of a trained model's spread, the same for a shape in every script that times it."""
     return torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.02
 
 
 def block_weight(fmt: str, n: int, k: int) -> BlockWeight:
     """A random (n, k) matrix in GGUF's block format `fmt`, by rooftop's quantizer, as a file holds it."""
     qtype = QType[fmt.upper()]
-    return stored_blocks(quantize(values(n, k).numpy(), qtype), qtype, (n, k))
+    return stored_blocks(quantize(random_values(n, k).numpy(), qtype), qtype, (n, k))
 
 
 def linear(fmt: str, n: int, k: int):
     """A random (n, k) matrix quantized to `fmt` (GGUF's blocks by rooftop's quantizer; Q4_1 and Q8_0 by the
     engine's own int4 and int8 quantization), as the engine keeps it."""
     if fmt == "q4_1":
-        return Q4Linear.from_weight(quantize_int4(values(n, k)), None)
+        return Q4Linear.from_weight(quantize_int4(random_values(n, k)), None)
     if fmt == "q8_0":
-        return Q8Linear.from_weight(values(n, k), None)
+        return Q8Linear.from_weight(random_values(n, k), None)
     return BlockLinear.from_weight(block_weight(fmt, n, k), None)
 
 

@@ -288,16 +288,35 @@ def test_bench_runs_the_tests_at_each_thread_count_against_its_own_roofs(tiny_gg
     finally:
         torch.set_num_threads(default)
     out = tmp_path / "t.json"
-    r = rooftop_in_process(
-        "bench", "-m", str(tiny_gguf), "-t", "1-2", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl", "--json", str(out)
-    )
+    try:
+        r = rooftop_in_process(
+            "bench", "-m", str(tiny_gguf), "-t", "1", "-t", "2", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl",
+            "--json", str(out),
+        )  # fmt: skip
+    finally:  # the command sets each count in this process
+        torch.set_num_threads(default)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert [(x["n_threads"], x["n_prompt"], x["n_gen"]) for x in lines] == [(1, 8, 0), (1, 0, 4), (2, 8, 0), (2, 0, 4)]
     runs = json.loads(out.read_text())["runs"]
     assert [run["machine"]["threads"] for run in runs] == [1, 2]
+    assert runs[0]["machine"]["roofs"] != runs[1]["machine"]["roofs"]  # each count against its own probe
     assert all([t["test"] for t in run["tests"]] == ["pp8", "tg4"] and run["decode"]["measured_s"] > 0 for run in runs)
     assert "1 thread:" in r.stderr and "2 threads:" in r.stderr  # each count's phase report, on stderr with -o
+
+
+def test_a_torchrun_rank_takes_the_first_thread_count(monkeypatch):
+    """Under torchrun a rank other than 0 serves rank 0's steps at the engine's --threads: bench's own -t (a list)
+    must reach its RunConfig as `generate`'s --threads does."""
+    import rooftop.engine.tp_worker as tp_worker
+
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    served = []
+    monkeypatch.setattr(tp_worker, "serve_rank", lambda run, launch: served.append(run.threads) or 0)
+    for args in (["bench", "-tp", "2", "-t", "3"], ["generate", "hi", "-tp", "2", "--threads", "3"]):
+        assert rooftop_in_process(*args).returncode == 0
+    assert served == [3, 3]
 
 
 def test_quick_modes_values_take_llama_benchs_ranges():
@@ -350,6 +369,10 @@ def test_a_prompt_in_ubatches_is_timed_over_all_its_steps(tiny_gguf, tmp_path):
     assert [(x["n_prompt"], x["n_depth"], x["n_ubatch"]) for x in json.loads(r.stdout)] == [(16, 0, 8), (16, 16, 8)]
     prefill = json.loads(out.read_text())["prefill"]
     assert (prefill["steps"], prefill["tokens"]) == (4, 32)
+    # a chunk past the engine's step budget (1024 tokens by default) raises the budget with it, as a prompt does
+    r = rooftop_in_process("bench", "-m", str(tiny_gguf), "-p", "8", "-n", "0", "-ub", "2048", "-r", "1", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["n_ubatch"] == 2048
 
 
 @pytest.mark.parametrize(
@@ -377,6 +400,9 @@ def test_a_prompt_in_ubatches_is_timed_over_all_its_steps(tiny_gguf, tmp_path):
         (["-pg", "1-2"], "-pg must be comma-separated integers, got '1-2'"),
         (["-t", "0,2"], "-t/--threads must be integers >= 1"),
         (["-ub", "0"], "-ub/--ubatch-size must be integers >= 1"),
+        (["-t", "1", "-t", "x"], "-t/--threads must be comma-separated integers"),
+        (["-p", "8", "--html", "r.html"], "--html: the sweep's options; llama-bench's tests (-p, -n, -pg, -d, -ub"),
+        (["-t", "1,2", "--batch-sizes", "4", "--plots", "d"], "--batch-sizes, --plots: the sweep's options"),
         (["-t", "1,2", "-tp", "2"], "-t/--threads takes one count with --tensor-parallel-size (each rank's)"),
     ],
 )

@@ -327,3 +327,16 @@ def test_a_max_model_len_past_the_models_positions_is_refused(tiny_gguf):
     """It was cut to the model's 64 positions without a word (an option silently ignored); vLLM refuses it too."""
     args = ["generate", "hi", "--model", str(tiny_gguf), "--max-model-len", "100000"]
     assert_user_error(rooftop_in_process(*args), "max_model_len 100000 is more than the model's 64 positions")
+
+
+def test_a_command_option_named_like_an_engine_option_is_refused_unless_it_sets_the_field():
+    """A command's own option may stand for a RunConfig field only with a parser to the field's value (bench's -t);
+    any other clash with the shared options is a programming error, caught at import."""
+    from rooftop.cli_options import with_run_config
+    from rooftop.config import RunConfig
+
+    def command(threads: str = "1", *, run: RunConfig) -> None: ...
+
+    with pytest.raises(TypeError, match=r"command declares shared engine options of its own: \['threads'\]"):
+        with_run_config(command)
+    assert with_run_config(command, run_fields={"threads": int}).__signature__.parameters["threads"].default == "1"

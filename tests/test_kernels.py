@@ -390,7 +390,8 @@ def test_the_avx2_dot_products_match_vnni():
     """On a VNNI host the kernels' integer dots are one dpbusd; AVX2 hosts multiply byte pairs into int16 first
     (maddubs). Built here without VNNI (~30 s, cached), every format's tiled linear and decode attention over int8
     keys must give the same integer dots and then do the same float operations in the same order at either width:
-    the same bits, and so must the dequantizations and decode attention on every pool."""
+    the same bits, and so must the dequantizations and decode attention on every pool. On an AVX-512 host the
+    256-bit loops with dpbusd (hosts with AVX-VNNI and no AVX-512 run them) are built and compared too."""
     avx2 = cpu.build(f"rooftop_cpu_avx2_{cpu.sources_version()}", "-march=native -mno-avx512vnni -mno-avxvnni")
     for call in tiled_calls():
         assert torch.equal(call(avx2), call(kernels))
@@ -401,6 +402,10 @@ def test_the_avx2_dot_products_match_vnni():
     assert torch.equal(avx2.f32_linear(x, w), kernels.f32_linear(x, w))
     for call in decode_attention_calls():  # the same integer dots, and the same FMAs per output float at any width
         assert torch.equal(call(avx2), call(kernels))
+    if "avx512_vnni" in open("/proc/cpuinfo").read().split():  # the 256-bit loops on dpbusd (AVX-VNNI hosts'), ~30 s
+        vnni256 = cpu.build(f"rooftop_cpu_vnni256_{cpu.sources_version()}", "-march=native -mno-avx512bw")
+        for call in tiled_calls():
+            assert torch.equal(call(vnni256), call(kernels))
 
 
 @pytest.mark.slow

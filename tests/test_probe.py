@@ -255,14 +255,25 @@ def test_to_hardware_carries_the_roofs(result):
 
 
 def test_cache_path_precedence(monkeypatch, tmp_path):
+    """Where the probe is cached; a CPU probe on a thread count other than the process's cores in a file of its own
+    (`rooftop bench -t 1,2`), a GPU's and a tensor-parallel group's whatever the threads."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("ROOFTOP_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    assert probe.cache_path("cpu") == tmp_path / "home" / ".cache" / "rooftop" / "probe-cpu.json"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert probe.cache_path("cuda:1") == tmp_path / "xdg" / "rooftop" / "probe-cuda-1.json"
-    monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path / "mine"))
-    assert probe.cache_path("cpu") == tmp_path / "mine" / "probe-cpu.json"
+    threads, cores = torch.get_num_threads(), probe.available_cores()
+    try:
+        torch.set_num_threads(cores)
+        assert probe.cache_path("cpu") == tmp_path / "home" / ".cache" / "rooftop" / "probe-cpu.json"
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        assert probe.cache_path("cuda:1") == tmp_path / "xdg" / "rooftop" / "probe-cuda-1.json"
+        monkeypatch.setenv("ROOFTOP_CACHE_DIR", str(tmp_path / "mine"))
+        assert probe.cache_path("cpu") == tmp_path / "mine" / "probe-cpu.json"
+        torch.set_num_threads(cores + 1)
+        assert probe.cache_path("cpu") == tmp_path / "mine" / f"probe-cpu-t{cores + 1}.json"
+        assert probe.cache_path("cuda:1").name == "probe-cuda-1.json"
+        assert probe.cache_path("cpu", "gloo x2").name == "probe-cpu-gloo-x2.json"
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_ladder_stops_before_a_size_that_would_take_too_long():

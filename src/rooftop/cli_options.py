@@ -108,22 +108,31 @@ def parse_json_option(name: str, text: str | None) -> dict | None:
         raise InvalidRequestError(f"{option} is not valid JSON ({e.msg} at character {e.pos}): {text!r}", name) from e
 
 
-def with_run_config(command: Callable) -> Callable:
+def with_run_config(command: Callable | None = None, *, run_fields: dict[str, Callable] | None = None) -> Callable:
     """Give `command` (whose last parameter is `run: RunConfig`) the engine options as CLI options; it receives
-    them as one validated RunConfig. Bad values fail with one line, before anything loads. An option `command`
-    declares itself (`bench`'s --threads, which takes llama-bench's lists) replaces the shared one of its name,
-    whose field the RunConfig then leaves at its default for `command` to set."""
+    them as one validated RunConfig. Bad values fail with one line, before anything loads. `run_fields`: RunConfig
+    fields that `command` declares as options of its own (`bench`'s --threads, which takes llama-bench's lists),
+    each with the parser from its value to the field's: the RunConfig holds the parsed value (so that every rank of
+    a tensor-parallel run has it) and `command` still gets its option as given. Any other option named like a
+    shared one is refused here, at import."""
+    if command is None:
+        return functools.partial(with_run_config, run_fields=run_fields)
+    parsers = run_fields or {}
     own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "run"]
-    shared = [p for p in _run_parameters() if p.name not in {o.name for o in own}]
+    clashes = {p.name for p in own} & {p.name for p in _run_parameters()} - parsers.keys()
+    if clashes:
+        raise TypeError(f"{command.__name__} declares shared engine options of its own: {sorted(clashes)}")
+    shared = [p for p in _run_parameters() if p.name not in parsers]
     names = {p.name for p in shared}
 
     @functools.wraps(command)
     def wrapper(**kwargs):
         options = {name: kwargs.pop(name) for name in list(kwargs) if name in names}
         with user_errors():
-            for name in JSON_FIELDS & options.keys():
+            options |= {name: parse(kwargs[name]) for name, parse in parsers.items()}
+            for name in JSON_FIELDS:
                 options[name] = parse_json_option(name, options[name])
-            engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig) if f.name in options})
+            engine = EngineConfig(**{f.name: options.pop(f.name) for f in fields(EngineConfig)})
             run = RunConfig(**options, engine=engine)
             check_weight_choice(run.weights)
         if run.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0":

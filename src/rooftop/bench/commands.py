@@ -1,12 +1,12 @@
-"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with -p/-n/-pg/-d/-o, llama-bench's tests (the quick mode);
-its subcommands `serve` and `report` load and report on any OpenAI-compatible server."""
+"""`rooftop bench`: the sweep (table, JSON, plots, HTML) or, with -p/-n/-pg/-d/-ub/-o or several -t counts,
+llama-bench's tests (the quick mode); its subcommands `serve` and `report` load and report on any OpenAI-compatible
+server."""
 
 from __future__ import annotations
 
 import json
 import re
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -83,13 +83,13 @@ def _tests(
     gens = [n for text in tg or ["128"] for n in _ints(text, "-n/--n-gen", least=0)]
     lengths = [*((n, 0) for n in prompts), *((0, n) for n in gens), *_pairs(pg)]
     ds = [d for text in depths or ["0"] for d in _ints(text, "-d/--n-depth", least=0)]
-    ubs = [u for text in ubatches or [] for u in _ints(text, "-ub/--ubatch-size")] or [None]
+    sizes = [n for text in ubatches or [] for n in _ints(text, "-ub/--ubatch-size")] or [None]
     tests = [  # a tgN has no prompt to chunk: it runs once
-        BenchTest(p, g, d, n_ubatch=u if p else None)
-        for u in ubs
+        BenchTest(p, g, d, n_ubatch=size if p else None)
+        for size in sizes
         for d in ds
         for p, g in lengths
-        if p or (g and u == ubs[0])
+        if p or (g and size == sizes[0])
     ]
     if not tests:
         raise InvalidRequestError("nothing to run: -p and -n are both 0")
@@ -107,16 +107,24 @@ def _tests(
     return tests
 
 
-@with_run_config
+def _thread_counts(texts: list[str] | None) -> list[int]:
+    """-t's counts (llama-bench's lists and ranges, repeatable); none given: the engine's default."""
+    return [n for text in texts or [] for n in _ints(text, "-t/--threads")]
+
+
+PROMPT_LENS, BATCH_SIZES, OUTPUT_LEN = "16,64,256,1024", "1,2,4,8,16,32", 32  # the sweep's defaults
+
+
+@with_run_config(run_fields={"threads": lambda texts: next(iter(_thread_counts(texts)), None)})
 def bench(
     ctx: typer.Context,
     prompt_lens: Annotated[
         str, typer.Option(help="prompt lengths for the TTFT sweep, comma-separated or ranges as -p's")
-    ] = "16,64,256,1024",
+    ] = PROMPT_LENS,
     batch_sizes: Annotated[
         str, typer.Option(help="batch sizes for the decode sweep, comma-separated or ranges as -p's")
-    ] = "1,2,4,8,16,32",
-    output_len: Annotated[int, typer.Option(help="tokens generated per sequence in the decode sweep")] = 32,
+    ] = BATCH_SIZES,
+    output_len: Annotated[int, typer.Option(help="tokens generated per sequence in the decode sweep")] = OUTPUT_LEN,
     pp: Annotated[
         list[str] | None,
         typer.Option(
@@ -188,13 +196,13 @@ def bench(
         ),
     ] = None,
     threads: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--threads",
             "-t",
             metavar="<int,...>",
-            help="CPU threads for the model's ops (default: the cores this process may use); several, comma-separated "
-            "or ranges as -p's, run llama-bench's tests at each (its -t), each against its own roofs",
+            help="CPU threads for the model's ops (default: the cores this process may use); several, comma-separated, "
+            "repeated or ranges as -p's, run llama-bench's tests at each (its -t), each against its own roofs",
         ),
     ] = None,
     json_path: Annotated[
@@ -221,11 +229,23 @@ def bench(
             raise InvalidRequestError("--reps must be >= 1 and --output-len >= 2")
         if output is not None and output not in OUTPUTS:
             raise InvalidRequestError(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}")
-        counts = _ints(threads, "-t/--threads") if threads is not None else []
+        counts = _thread_counts(threads)  # the first is the engine's already (run.threads)
         if len(counts) > 1 and run.tensor_parallel_size > 1:
             raise InvalidRequestError("-t/--threads takes one count with --tensor-parallel-size (each rank's)")
-        run = replace(run, threads=counts[0] if counts else None)
         quick = len(counts) > 1 or any(option is not None for option in (pp, tg, pg, depth, ubatch, output))
+        sweep_only = {
+            "--prompt-lens": prompt_lens != PROMPT_LENS,
+            "--batch-sizes": batch_sizes != BATCH_SIZES,
+            "--output-len": output_len != OUTPUT_LEN,
+            "--plots": plots is not None,
+            "--html": html_path is not None,
+        }
+        if quick and any(sweep_only.values()):
+            given = ", ".join(name for name, set_ in sweep_only.items() if set_)
+            raise InvalidRequestError(
+                f"{given}: the sweep's options; llama-bench's tests (-p, -n, -pg, -d, -ub, -o or several -t counts) "
+                "take none of them"
+            )
         tests = _tests(pp, tg, pg or [], depth or [], ubatch) if quick else []
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
@@ -283,7 +303,8 @@ def _quick_run(llm, tests: list[BenchTest], reps: int) -> tuple[dict, list[Bench
     from rooftop.bench.quick import quick_bench
     from rooftop.engine.probe import keep_decode_read
 
-    probe, hw, calibration = _roofs_and_calibration(llm, True, max((t.n_prompt for t in tests), default=None), 1)
+    longest = max((t.n_prompt for t in tests if t.n_prompt), default=None)  # None: tg tests alone
+    probe, hw, calibration = _roofs_and_calibration(llm, True, longest, 1)
     machine = machine_info(llm, hw, probe.cpu_model)
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("bench", total=(reps + 1) * len(tests))

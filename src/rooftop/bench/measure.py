@@ -34,7 +34,7 @@ def fresh_engine(llm: LLM, max_tokens_per_step: int, max_num_seqs: int = 256, ch
     room for every sequence and no chunking of the prompt, or chunks of `chunk` tokens where given (each
     measurement sees exactly the steps it asks for)."""
     base = llm.run_config.engine
-    budget = max(max_tokens_per_step, base.max_num_batched_tokens)
+    budget = max(max_tokens_per_step, base.max_num_batched_tokens, chunk or 0)  # a chunk runs in one step
     config = replace(
         base,
         max_num_seqs=max(max_num_seqs, base.max_num_seqs),

@@ -84,7 +84,7 @@ class BenchTest:
             "n_prompt": self.n_prompt,
             "n_gen": self.n_gen,
             "n_depth": self.n_depth,
-            "n_ubatch": self.chunk,
+            "n_ubatch": self.chunk if self.n_prompt else None,
             "tokens": self.tokens,
             "samples_s": self.samples_s,
             "samples_tokens_per_s": self.samples_tokens_per_s,

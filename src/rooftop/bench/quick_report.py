@@ -117,7 +117,7 @@ def records(runs: Runs) -> list[dict]:
             "n_prompt": t.n_prompt,
             "n_gen": t.n_gen,
             "n_depth": t.n_depth,
-            "n_ubatch": t.chunk,
+            "n_ubatch": t.chunk if t.n_prompt else None,  # a tg test has no prompt to chunk
             "test_time": machine["date"],
             "avg_ns": round(t.mean_s * 1e9),
             "stddev_ns": round(statistics.stdev(t.samples_s) * 1e9) if len(t.samples_s) > 1 else 0,

@@ -149,19 +149,6 @@ inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cas
 // Eight float16 scales as float32 (F16C): the scales stay at the file's 16 bits, a fifth of Q4's bytes.
 inline __m256 half8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
-// Dot products of 32 unsigned x signed bytes, as 8 int32 lanes (lane i: bytes 4i..4i+3). VNNI does it in one
-// instruction; AVX2 multiplies byte pairs into int16 first, which never saturates for rooftop's formats (unsigned
-// weights of at most 8 bits against activations in -127..127), so both give the same integers.
-inline __m256i dot_i32(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
 #endif
 
 // Widened weights for a prefill chunk's matmul, as float32 or (where the host has AMX) bfloat16.

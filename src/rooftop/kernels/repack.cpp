@@ -85,7 +85,9 @@ void tile_group(const uint8_t* const* rows_of_blocks, int64_t rows, int64_t g, u
         constexpr int b = level_bits(F), spare = 8 - b;
         uint32_t spares = 0;  // spare bit s at bit s: the other vectors' levels, b bits each
         for (int e = 0; e < spare; ++e) spares |= static_cast<uint32_t>(vector(b + e)) << (b * e);
-        for (int c = 0; c < b; ++c) out[64 * c + 4 * o + i] = vector(c) | ((spares >> (spare * c)) & ((1 << spare) - 1)) << b;
+        for (int c = 0; c < b; ++c) {
+          out[64 * c + 4 * o + i] = vector(c) | ((spares >> (spare * c)) & ((1 << spare) - 1)) << b;
+        }
       }
     }
   }

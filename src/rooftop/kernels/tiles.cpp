@@ -140,7 +140,8 @@ __attribute__((always_inline)) inline __m256i gather256(const __m256i chunk[], _
     return w;
   } else {
     constexpr Piece p = piece<F>(V, To);
-    const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(chunk[p.chunk], p.from - p.to), _mm256_set1_epi8(piece_mask(p)));
+    const __m256i shifted = _mm256_srli_epi16(chunk[p.chunk], p.from - p.to);
+    const __m256i bits = _mm256_and_si256(shifted, _mm256_set1_epi8(piece_mask(p)));
     return gather256<F, V, To + p.count>(chunk, _mm256_or_si256(w, bits));
   }
 }

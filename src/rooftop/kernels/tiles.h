@@ -32,9 +32,10 @@ constexpr int64_t TILE = 16;  // output rows per tile: one 512-bit vector of int
 enum Format : int64_t { Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };  // quant/tiles.py's TILE_FORMATS
 
 constexpr bool k_quant(Format f) { return f >= Q4_K; }
-constexpr int level_bits(Format f) { return f == Q8_0 ? 8 : f == Q6_K ? 6 : (f == Q5_0 || f == Q5_1 || f == Q5_K) ? 5 : 4; }
+constexpr int level_bits(Format f) {
+  return f == Q8_0 ? 8 : f == Q6_K ? 6 : (f == Q5_0 || f == Q5_1 || f == Q5_K) ? 5 : 4;
+}
 constexpr bool unsigned_levels(Format f) { return f != Q8_0; }
-constexpr bool spares(Format f) { return level_bits(f) == 5 || level_bits(f) == 6; }  // the layout's spare bits
 constexpr int offset(Format f) { return f == Q4_0 ? 8 : f == Q5_0 ? 16 : f == Q6_K ? 32 : 0; }  // c above
 constexpr bool minimum(Format f) { return f == Q4_1 || f == Q5_1 || f == Q4_K || f == Q5_K; }  // m above
 constexpr int parts(Format f) { return minimum(f) ? 2 : 1; }  // float16 vectors per tile and scale block

@@ -3,9 +3,9 @@ integer dot instruction multiplies four inputs of a row of activations with four
 
 Every GGUF block format reads as w = a·(u - c) + m (kernels/tiles.h says a, c and m per format); a tile's group
 of 32 inputs holds the 16 rows' levels u (4-bit two to a byte, 5- and 6-bit one to a byte with the spare bits
-holding the rest) and the K-quants' sub-block scales; its float16 scales sit beside it. Nothing is requantized: the file's levels and
-scales are rearranged, the K-quants' packed 6-bit scales widened to a byte each (Q4_K: 4.625 bits per weight
-instead of 4.5). A file's block formats are repacked by the kernels (`tile_blocks`, kernels/repack.cpp); the
+holding the rest) and the K-quants' sub-block scales; its float16 scales sit beside it. Nothing is requantized:
+the file's levels and scales are rearranged, the K-quants' packed 6-bit scales widened to a byte each (Q4_K: 4.625
+bits per weight instead of 4.5). A file's block formats are repacked by the kernels (`tile_blocks`, kernels/repack.cpp); the
 groups rooftop quantizes itself (Q4_1's levels, Q8_0's bytes) here, in PyTorch's ops. The tiles are written into
 2 MiB pages where the host gives them (kernels/pages.py): every decode step streams them.
 """

@@ -387,9 +387,10 @@ def available_cores() -> int:
 
 
 def cache_path(device: str = "cpu", tensor_parallel: str = "") -> Path:
-    """`$ROOFTOP_CACHE_DIR/probe-<device>.json` (a tensor-parallel group's: `probe-<device>-<group>.json`; a process
-    on fewer or more threads than its cores, as `rooftop bench -t 1,2` runs: `probe-<device>-t<threads>.json`, so
-    that each thread count keeps its roofs), else under `$XDG_CACHE_HOME/rooftop`, else `~/.cache/rooftop`."""
+    """`$ROOFTOP_CACHE_DIR/probe-<device>.json` (a tensor-parallel group's, whatever its threads:
+    `probe-<device>-<group>.json`; a CPU probe on fewer or more threads than the process's cores, as `rooftop bench -t
+    1,2` runs: `probe-cpu-t<threads>.json`, so that each thread count keeps its roofs), else under
+    `$XDG_CACHE_HOME/rooftop`, else `~/.cache/rooftop`."""
     if os.environ.get("ROOFTOP_CACHE_DIR"):
         directory = Path(os.environ["ROOFTOP_CACHE_DIR"])
     elif os.environ.get("XDG_CACHE_HOME"):
@@ -400,7 +401,7 @@ def cache_path(device: str = "cpu", tensor_parallel: str = "") -> Path:
     if tensor_parallel:
         suffix = f"-{tensor_parallel.replace(' ', '-')}"
     else:
-        suffix = "" if threads == available_cores() else f"-t{threads}"
+        suffix = "" if device != "cpu" or threads == available_cores() else f"-t{threads}"
     return directory / f"probe-{device.replace(':', '-')}{suffix}.json"
 
 
