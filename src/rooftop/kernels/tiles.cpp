@@ -131,52 +131,49 @@ constexpr Piece piece(int v, int to) {
 constexpr char piece_mask(const Piece& p) { return static_cast<char>(((1 << p.count) - 1) << p.to); }
 
 #ifdef ROOFTOP_AVX2
-// Vector V of a b-bit format's group from its chunks' spare bits (rows 8h..8h+7 of a tile: bytes 32h.. of each
-// chunk), its pieces from bit To on added to w. Shifting a 16-bit lane right moves the next byte's low bits into
-// a byte's top, never into a piece's place: each piece needs one shift and one mask.
-template <Format F, int V, int To = 0>
-__attribute__((always_inline)) inline __m256i gather256(const __m256i chunk[], __m256i w) {
+// What gathering a piece takes at each width: w | (bits & mask), its mask in every byte, a 16-bit lane's shift.
+inline __m256i or_masked(__m256i w, __m256i bits, __m256i mask) {
+  return _mm256_or_si256(w, _mm256_and_si256(bits, mask));
+}
+inline __m256i byte_mask(__m256i /* the width */, char mask) { return _mm256_set1_epi8(mask); }
+template <int N>
+inline __m256i shift_right16(__m256i v) { return _mm256_srli_epi16(v, N); }
+#endif
+#ifdef ROOFTOP_AVX512
+inline __m512i or_masked(__m512i w, __m512i bits, __m512i mask) {
+  return _mm512_ternarylogic_epi32(w, bits, mask, 0xf8);
+}
+inline __m512i byte_mask(__m512i /* the width */, char mask) { return _mm512_set1_epi8(mask); }
+template <int N>
+inline __m512i shift_right16(__m512i v) { return _mm512_srli_epi16(v, N); }
+#endif
+
+#ifdef ROOFTOP_AVX2
+// Vector V of a b-bit format's group (or, at 256 bits, rows 8h..8h+7 of it: bytes 32h.. of each chunk) from its
+// chunks' spare bits, its pieces from bit To on added to w. Shifting a 16-bit lane right moves the next byte's low
+// bits into a byte's top, never into a piece's place: each piece needs one shift and one masked merge.
+template <Format F, int V, int To = 0, typename Vec>
+__attribute__((always_inline)) inline Vec gathered(const Vec chunk[], Vec w) {
   if constexpr (To == level_bits(F)) {
     return w;
   } else {
     constexpr Piece p = piece<F>(V, To);
-    const __m256i shifted = _mm256_srli_epi16(chunk[p.chunk], p.from - p.to);
-    const __m256i bits = _mm256_and_si256(shifted, _mm256_set1_epi8(piece_mask(p)));
-    return gather256<F, V, To + p.count>(chunk, _mm256_or_si256(w, bits));
+    w = or_masked(w, shift_right16<p.from - p.to>(chunk[p.chunk]), byte_mask(w, piece_mask(p)));
+    return gathered<F, V, To + p.count>(chunk, w);
   }
 }
 
-template <Format F, int V = level_bits(F)>
-__attribute__((always_inline)) inline void gather_all256(const __m256i chunk[], __m256i w[8]) {
+// Vectors b..7 of a b-bit format's group.
+template <Format F, int V = level_bits(F), typename Vec>
+__attribute__((always_inline)) inline void gather_all(const Vec chunk[], Vec w[8]) {
   if constexpr (V < 8) {
-    w[V] = gather256<F, V>(chunk, _mm256_setzero_si256());
-    gather_all256<F, V + 1>(chunk, w);
+    w[V] = gathered<F, V>(chunk, Vec{});
+    gather_all<F, V + 1>(chunk, w);
   }
 }
 #endif
 
 #ifdef ROOFTOP_AVX512
-// gather256 at 512 bits, a piece after the first added by one ternary logic op.
-template <Format F, int V, int To = 0>
-__attribute__((always_inline)) inline __m512i gather512(const __m512i chunk[], __m512i w) {
-  if constexpr (To == level_bits(F)) {
-    return w;
-  } else {
-    constexpr Piece p = piece<F>(V, To);
-    const __m512i bits = _mm512_srli_epi16(chunk[p.chunk], p.from - p.to), mask = _mm512_set1_epi8(piece_mask(p));
-    w = To == 0 ? _mm512_and_si512(bits, mask) : _mm512_ternarylogic_epi32(w, bits, mask, 0xf8);  // w | (bits & mask)
-    return gather512<F, V, To + p.count>(chunk, w);
-  }
-}
-
-template <Format F, int V = level_bits(F)>
-__attribute__((always_inline)) inline void gather_all512(const __m512i chunk[], __m512i w[8]) {
-  if constexpr (V < 8) {
-    w[V] = gather512<F, V>(chunk, _mm512_setzero_si512());
-    gather_all512<F, V + 1>(chunk, w);
-  }
-}
-
 // The 8 vectors of unsigned bytes of a tile's group, vector v against activations 4v..4v+3. dpbusd takes unsigned
 // weights: Q8_0's signed bytes go in as q + 128 (the sign bit flipped), and the dots start from -128 * sum(x).
 template <Format F>
@@ -198,7 +195,7 @@ inline void unpack512(const uint8_t* b, __m512i w[8]) {
       chunk[c] = _mm512_loadu_si512(b + 64 * c);
       w[c] = _mm512_and_si512(chunk[c], _mm512_set1_epi8((1 << bits) - 1));
     }
-    gather_all512<F>(chunk, w);
+    gather_all<F>(chunk, w);
   }
 }
 
@@ -444,7 +441,7 @@ inline void unpack256(const uint8_t* b, int h, __m256i w[8]) {
       chunk[c] = load32(b + 64 * c + 32 * h);
       w[c] = _mm256_and_si256(chunk[c], _mm256_set1_epi8((1 << bits) - 1));
     }
-    gather_all256<F>(chunk, w);
+    gather_all<F>(chunk, w);
   }
 }
 
