@@ -18,6 +18,7 @@ from rooftop.loading.gguf import read_matrix
 from rooftop.loading.gguf_file import TensorInfo
 from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize, stored_blocks, supported_types
 from rooftop.quant.linear import BlockLinear, RowPlan, make_linear, widen_dtype
+from rooftop.quant.tiles import SUPER_BLOCK_FORMATS
 from rooftop.quant.weights import Int4Weight
 
 kernels = cpu.ops()
@@ -80,7 +81,7 @@ def test_stored_blocks_run_exactly_as_gguf_decodes_them(qtype):
         bf16 = torch.bfloat16  # what a prefill chunk widens to where the host multiplies it natively
         assert torch.equal(lin.dequantize(bf16), reference.to(bf16))
         wide = lin(x, plan=RowPlan((rows,)))  # a prefill chunk: widened where the host does, else on the kernel
-        if widen_dtype() is None and qtype in (QType.Q4_K, QType.Q6_K):  # activations per 256
+        if widen_dtype() is None and w.format in SUPER_BLOCK_FORMATS:  # the K-quants' activations per 256
             exact = int8_activations(x, 256).double() @ reference.double().t() + lin.bias.double()
             torch.testing.assert_close(wide, exact.float(), atol=1e-4, rtol=1e-4)
             # a row's result is its own chunk's: beside another chunk, or beside decode rows (which keep scales per 32)

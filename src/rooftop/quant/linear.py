@@ -534,7 +534,7 @@ class TiledLinear(_KernelLinear):
         return TILE_FORMATS.index(self.format)
 
     def kernel(self, x: torch.Tensor, residual: torch.Tensor | None, chunk: bool = False) -> torch.Tensor:
-        """x @ W^T (+ bias) (+ residual) on the kernel. A prefill chunk's rows of Q4_K or Q6_K take one activation
+        """x @ W^T (+ bias) (+ residual) on the kernel. A prefill chunk's rows of a K-quant take one activation
         scale per 256 and sum each super-block in integers (tiles.cpp's super_blocks): the faster form for many
         rows; a decode's rows keep scales per 32, which streamed the weights faster."""
         fmt, super_blocks = self.kernel_format, chunk and self.format in SUPER_BLOCK_FORMATS

@@ -21,9 +21,9 @@ from rooftop.quant.weights import GROUP, BlockWeight
 
 TILE = 16  # output rows per tile
 TILE_FORMATS = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")  # tiles.cpp's Format ids
-# The K-quants whose prefill chunks run with one activation scale per 256 (tiles.cpp's super_blocks). Not Q5_K: it
-# gained too little to pay for the coarser rounding (docs/PERFORMANCE.md).
-SUPER_BLOCK_FORMATS = ("q4_k", "q6_k")
+# The K-quants whose prefill chunks run with one activation scale per 256 (tiles.cpp's super_blocks): every one, since
+# Q5_K's levels unpack one to a byte (before, its bit planes' unpacking left the form no faster; docs/PERFORMANCE.md).
+SUPER_BLOCK_FORMATS = ("q4_k", "q5_k", "q6_k")
 
 
 def _padded_rows(t: torch.Tensor) -> torch.Tensor:
