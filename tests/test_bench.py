@@ -346,7 +346,7 @@ def test_ubatch_sizes_chunk_each_prompt_and_run_the_tests_once_each():
     tests = _tests(["32"], ["4"], ["16,2"], ["0"], ["8,16"])
     assert [(t.name, t.n_ubatch, t.chunk) for t in tests] == [
         ("pp32", 8, 8),
-        ("tg4", None, 1),
+        ("tg4", None, None),
         ("pp16+tg2", 8, 8),
         ("pp32", 16, 16),
         ("pp16+tg2", 16, 16),

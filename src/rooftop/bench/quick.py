@@ -39,9 +39,10 @@ class BenchTest:
         return "+".join(parts) + (f" @ d{self.n_depth}" if self.n_depth else "")
 
     @property
-    def chunk(self) -> int:
-        """The prompt's tokens per step: -ub's, else the whole prompt (or the depth, which is then one step too)."""
-        return self.n_ubatch or max(self.n_depth, self.n_prompt, 1)
+    def chunk(self) -> int | None:
+        """The prompt's tokens per step (llama-bench's n_ubatch): -ub's, else the whole prompt (or the depth, which is
+        then one step too); None for a tg test, which has no prompt to chunk."""
+        return (self.n_ubatch or max(self.n_depth, self.n_prompt)) if self.n_prompt else None
 
     @property
     def tokens(self) -> int:
@@ -84,7 +85,7 @@ class BenchTest:
             "n_prompt": self.n_prompt,
             "n_gen": self.n_gen,
             "n_depth": self.n_depth,
-            "n_ubatch": self.chunk if self.n_prompt else None,
+            "n_ubatch": self.chunk,
             "tokens": self.tokens,
             "samples_s": self.samples_s,
             "samples_tokens_per_s": self.samples_tokens_per_s,

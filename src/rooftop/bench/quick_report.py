@@ -62,7 +62,7 @@ def rows(runs: Runs) -> list[list[str]]:
         ]
         for t in tests:
             rate = f"{t.tokens_per_s:.2f} ± {t.tokens_per_s_stdev:.2f}"
-            chunk = [str(t.chunk) if t.n_prompt else ""] if ubatch else []
+            chunk = [str(t.chunk or "")] if ubatch else []
             cells.append([*model, *chunk, t.name, rate, "" if t.tpot_s is None else seconds(t.tpot_s)])
     return cells
 
@@ -117,7 +117,7 @@ def records(runs: Runs) -> list[dict]:
             "n_prompt": t.n_prompt,
             "n_gen": t.n_gen,
             "n_depth": t.n_depth,
-            "n_ubatch": t.chunk if t.n_prompt else None,  # a tg test has no prompt to chunk
+            "n_ubatch": t.chunk,
             "test_time": machine["date"],
             "avg_ns": round(t.mean_s * 1e9),
             "stddev_ns": round(statistics.stdev(t.samples_s) * 1e9) if len(t.samples_s) > 1 else 0,
