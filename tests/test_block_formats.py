@@ -16,10 +16,11 @@ from rooftop.errors import ModelLoadError
 from rooftop.kernels import cpu
 from rooftop.loading.gguf import read_matrix
 from rooftop.loading.gguf_file import TensorInfo
+from rooftop.models.tensors import Tensors
 from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize, stored_blocks, supported_types
 from rooftop.quant.linear import BlockLinear, RowPlan, make_linear, widen_dtype
 from rooftop.quant.tiles import SUPER_BLOCK_FORMATS
-from rooftop.quant.weights import Int4Weight
+from rooftop.quant.weights import Int4Weight, Int8GroupWeight, quantize_int4, quantize_int8_groups
 
 kernels = cpu.ops()
 needs_kernels = pytest.mark.skipif(kernels is None, reason="rooftop's CPU kernels did not build on this machine")
@@ -130,7 +131,9 @@ def test_tiles_are_made_from_the_rows_where_they_are_in_the_matrixs_order(qtype)
 @pytest.mark.parametrize(
     "qtype", [QType.Q2_K, QType.Q3_K, QType.IQ4_NL, QType.IQ4_XS, QType.TQ2_0], ids=lambda t: t.name
 )
-def test_rarer_types_decode_as_gguf_does_and_convert_to_rooftops_int4(qtype):
+def test_rarer_types_decode_as_gguf_does_and_become_each_policys_groups(qtype):
+    """A type the kernels do not run is read as gguf's float values; the model holds them as they are under float,
+    and as its policy's groups, rounded once from them, under int4 (Q4_1, what `auto` makes) and int8 (Q8_0)."""
     assert qtype in supported_types()
     shape = (8, 512)
     block, nbytes = GGML_QUANT_SIZES[qtype]  # gguf cannot write these: random blocks
@@ -142,9 +145,22 @@ def test_rarer_types_decode_as_gguf_does_and_convert_to_rooftops_int4(qtype):
     reference = torch.from_numpy(gguf.quants.dequantize(raw, qtype).astype(np.float32))
     assert torch.equal(dequantize(raw.reshape(-1), qtype, shape), reference)
     w = read_matrix(TensorInfo("blk.0.ffn_up.weight", shape, qtype, raw.reshape(-1)))
-    assert isinstance(w, Int4Weight)  # Q4_1's groups of 32, which rooftop's kernel runs
-    error = (w.dequantize() - reference).norm() / reference.norm().clamp(min=1e-12)
-    assert float(error) < 0.15  # one more rounding, at 4 bits
+    assert torch.equal(w, reference)
+    name, cpu_ = "model.layers.0.mlp.up_proj.weight", torch.device("cpu")
+    held = {
+        policy: Tensors({name: w}, torch.float32, cpu_, policy, True, converted_types={name: qtype.name})
+        for policy in ("float", "int8", "int4")
+    }
+    assert torch.equal(held["float"].take(name, shape), reference) and held["float"].conversions == {}
+    int4, int8 = held["int4"].take(name, shape), held["int8"].take(name, shape)
+    assert isinstance(int4, Int4Weight) and isinstance(int8, Int8GroupWeight)
+    assert held["int4"].conversions == {name: f"{qtype.name} -> Q4_1"}
+    assert held["int8"].conversions == {name: f"{qtype.name} -> Q8_0"}
+    torch.testing.assert_close(int4.dequantize(), quantize_int4(reference).dequantize(), rtol=0, atol=0)
+    torch.testing.assert_close(int8.dequantize(), quantize_int8_groups(reference).dequantize(), rtol=0, atol=0)
+    for weight, bound in ((int4, 0.15), (int8, 0.01)):  # one rounding at 4 bits, at 8
+        error = (weight.dequantize() - reference).norm() / reference.norm().clamp(min=1e-12)
+        assert float(error) < bound
 
 
 @needs_kernels
@@ -184,6 +200,40 @@ def test_bad_blocks_are_refused_with_the_reason():
         kernels.tiled_linear(
             torch.randn(1, 256), lin.q[..., :256].contiguous(), lin.dm, lin.kernel_format, 4, None, None
         )
+
+
+def test_a_type_the_kernels_do_not_run_keeps_the_files_values_under_every_weight_choice(tmp_path):
+    """A Q3_K matrix (read as gguf's float values) in a float file: `float` and `auto` multiply by exactly them,
+    `int8` by their Q8_0 groups and `int4` by their Q4_1 groups, each rounded once from the file's values (not Q4_1's
+    values again), and the run reports the conversion it made. (In a mostly quantized file `auto` is int4: the
+    mixed-file tests in test_dummy_weights.py and test_make_gguf.py.)"""
+    from gguf_factory import write_tiny_gguf
+
+    from rooftop import LLM
+    from rooftop.loading.gguf_file import read_gguf
+
+    path = tmp_path / "q3.gguf"
+    write_tiny_gguf(path, qtype=lambda name: QType.Q3_K if "attn_output" in name else QType.F32)
+    t = next(t for t in read_gguf(path).tensors if t.name == "blk.0.attn_output.weight")
+    values = torch.from_numpy(gguf.quants.dequantize(np.asarray(t.data), QType.Q3_K).astype(np.float32)).reshape(
+        t.shape
+    )
+    x = torch.randn(3, values.shape[1], generator=torch.Generator().manual_seed(8))
+    expected = {
+        "float": (values, None),
+        "int8": (quantize_int8_groups(values).dequantize(), "Q3_K -> Q8_0"),
+        "int4": (quantize_int4(values).dequantize(), "Q3_K -> Q4_1"),
+        "auto": (values, None),  # the file is mostly float32: auto is float
+    }
+    for choice, (weight, conversion) in expected.items():
+        llm = LLM(model=str(path), weights=choice)
+        o_projs = [f"model.layers.{i}.self_attn.o_proj.weight" for i in range(llm.config.num_layers)]
+        assert llm.model.conversions == ({name: conversion for name in o_projs} if conversion else {}), choice
+        if conversion and cpu.ops() is None:
+            continue  # PyTorch's quantized ops take other activations than the kernels' int8 rows
+        activations = int8_activations(x) if conversion else x
+        exact = (activations.double() @ weight.double().t()).float()
+        torch.testing.assert_close(llm.model.layers[0].o(x), exact, atol=1e-4, rtol=1e-4, msg=choice)
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,8 @@ from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.loading.bundled import bundled_model_path
 from rooftop.loading.gguf import (
     GROUP_TYPES,
-    conversions,
     converted,
+    converted_types,
     hf_name,
     linear_value_order,
     native_format,
@@ -218,8 +218,8 @@ def tensor_form(name: str, shape: tuple[int, ...], policy: str, device: torch.de
 
 def file_form(t: TensorInfo) -> str:
     """What a GGUF's matrix is made as, following read_matrix: its block format (q4_k, ...), "int8" for Q8_0, "int4"
-    for Q4_1 and for the types converted to it at load, "bf16" for BF16 (drawn and held as bfloat16), "float" for the
-    other float types."""
+    for Q4_1 and for the types the kernels do not run (as `auto` holds them: CONVERTED_TO), "bf16" for BF16 (drawn
+    and held as bfloat16), "float" for the other float types."""
     if t.qtype in STORED_TYPES:
         return STORED_TYPES[t.qtype]
     if t.qtype in GROUP_TYPES:
@@ -344,7 +344,7 @@ class Source:
     float_dtype: str | None = None  # the checkpoint's float dtype where the config does not say (a preset's)
     from_gguf: bool = False  # a GGUF's header: its tensors are laid out as llama.cpp's converter writes them
     forms: dict[str, str] = field(default_factory=dict)  # a GGUF's: HF name -> each matrix's form (file_form)
-    conversions: dict[str, str] = field(default_factory=dict)  # a GGUF's matrices converted at load, as reported
+    converted_types: dict[str, str] = field(default_factory=dict)  # a GGUF's matrices the kernels do not run
 
     @property
     def values(self) -> torch.dtype | None:
@@ -376,7 +376,7 @@ def _gguf_source(path: Path) -> Source:
         tokenizer,
         from_gguf=True,
         forms=forms,
-        conversions=conversions(tensors),
+        converted_types=converted_types(tensors),
     )
 
 
@@ -545,6 +545,6 @@ def dummy_weights(source: Source, weights: str, device: torch.device, dtype: tor
         tokenizer,
         source.name,
         source.native_format,
-        source.conversions,
+        source.converted_types,
         linear_value_order=order,
     )

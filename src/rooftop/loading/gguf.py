@@ -16,8 +16,7 @@ from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import Shard, shard_tensor
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import STORED_TYPES, bf16_values, dequantize, q4_1_parts, q8_0_parts, stored_blocks
-from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight, quantize_int4
-from rooftop.roofline.precision import CONVERTED_TO
+from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight
 
 GROUP_TYPES = (QType.Q4_1, QType.Q8_0)
 FLOAT_TYPES = (QType.F32, QType.F16, QType.BF16)
@@ -110,24 +109,22 @@ def group_weight(t: TensorInfo) -> Int4Weight | Int8GroupWeight:
 
 def converted(t: TensorInfo) -> bool:
     """Whether a matrix is of a type the kernels do not run (the 2- and 3-bit K-quants, the IQ and ternary types,
-    ...), and so converted at load to rooftop's own group-32 int4 (CONVERTED_TO: Q4_1, which the analyzer costs it
-    as), one tensor in float32 at a time."""
+    ...): read as its float32 values, one tensor at a time, and held as the weight policy's groups (models/tensors.py:
+    under `auto` rooftop's own group-32 int4, CONVERTED_TO: Q4_1, which the analyzer costs it as)."""
     return len(t.shape) == 2 and t.qtype not in (*FLOAT_TYPES, *GROUP_TYPES, *STORED_TYPES) and t.shape[1] % 32 == 0
 
 
 def read_matrix(t: TensorInfo) -> Weight:
-    """A 2-D tensor as the engine keeps it: Q4_1/Q8_0 as integer groups, the stored block formats as their rows of
-    blocks, the rarer quantized types converted to Q4_1 (one tensor in float32 at a time), BF16 as bfloat16 (the
-    model's tensors widen it where they hold float32; a bf16-fp32 linear holds it as it is), the other float types as
-    float32."""
+    """A 2-D tensor as the file holds it: Q4_1/Q8_0 as integer groups, the stored block formats as their rows of
+    blocks, BF16 as bfloat16 (the model's tensors widen it where they hold float32; a bf16-fp32 linear holds it as it
+    is), the other types (float, and the rarer quantized ones) as their float32 values."""
     if t.qtype in GROUP_TYPES:
         return group_weight(t)
     if t.qtype in STORED_TYPES:
         return stored_blocks(t.data, t.qtype, t.shape, t.name)
     if t.qtype == QType.BF16:
         return bf16_values(t.data, t.shape, t.name)
-    values = dequantize(t.data, t.qtype, t.shape, t.name)
-    return quantize_int4(values) if converted(t) else values
+    return dequantize(t.data, t.qtype, t.shape, t.name)
 
 
 def read_tensor(t: TensorInfo, config: ModelConfig, name: str, shard: Shard | None = None) -> Weight:
@@ -177,10 +174,9 @@ def native_format(tensors: list[TensorInfo]) -> str:
     return "float" if most in FLOAT_TYPES else "int8" if most == QType.Q8_0 else "int4"
 
 
-def conversions(tensors: list[TensorInfo]) -> dict[str, str]:
-    """HF name -> "Q3_K -> Q4_1" for each matrix converted at load (what the run reports beside its formats)."""
-    into = CONVERTED_TO.upper()  # GGUF's spelling of the type
-    return {hf_name(t.name): f"{t.qtype.name} -> {into}" for t in tensors if converted(t) and hf_name(t.name)}
+def converted_types(tensors: list[TensorInfo]) -> dict[str, str]:
+    """HF name -> the GGUF type ("Q3_K") of each matrix the kernels do not run (`converted`)."""
+    return {hf_name(t.name): t.qtype.name for t in tensors if converted(t) and hf_name(t.name)}
 
 
 def linear_value_order(config: ModelConfig) -> str:
@@ -215,6 +211,6 @@ def load_gguf(path: Path) -> LoadedModel:
         tokenizer,
         str(path),
         native_format(tensors),
-        conversions(tensors),
+        converted_types(tensors),
         linear_value_order=linear_value_order(config),
     )

@@ -53,7 +53,9 @@ class LoadedModel:
     tokenizer: Tokenizer
     source: str
     native_format: str = field(default="float")  # "int4" for a mostly 4-6-bit GGUF, "int8" for Q8_0, else "float"
-    conversions: dict[str, str] = field(default_factory=dict)  # HF name -> "Q3_K -> Q4_1": converted at load
+    # HF name -> the GGUF type ("Q3_K") of each matrix the kernels do not run: the builder holds it as the weight
+    # policy's groups (models/tensors.py)
+    converted_types: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what the loader left out, for the run's report
     # Gated DeltaNet value heads: "grouped" by key head (Hugging Face's) or "tiled" (llama.cpp's Qwen3.5 GGUFs:
     # value head j reads key head j % key heads)

@@ -200,7 +200,7 @@ def build_model(
     policy = weight_policy(weights, loaded.native_format, device, dtype)
     if tp is not None and tp.size > 1:
         check_tensor_parallel(c, tp.size)
-    t = Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp)
+    t = Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp, loaded.converted_types)
     try:
         return _build(loaded, t, dtype, device, policy, on_layer)
     except ShardError as e:  # a format's blocks that this many ranks would cut: which sizes keep them whole
@@ -256,4 +256,4 @@ def _build(
             on_layer()
     local = rank_config(c, 1 if tp is None else tp.size)
     ops = choose_ops(local, dtype, device, cos, sin)
-    return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy, loaded.conversions, tp)
+    return Transformer(c, dtype, device, embed, blocks, norm, lm_head, ops, policy, t.conversions, tp)

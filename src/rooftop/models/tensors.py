@@ -12,7 +12,12 @@ from rooftop.loading.loaded import LazyWeights
 from rooftop.loading.shard import Shard, shard_weight
 from rooftop.models.parallel import RowParallel, TPGroup, split
 from rooftop.quant.linear import Linear, as_stored, make_linear, runs_bf16
-from rooftop.quant.weights import Weight, to_float
+from rooftop.quant.weights import Int4Weight, Weight, quantize_int4, quantize_int8_groups, to_float
+from rooftop.roofline.precision import CONVERTED_TO
+
+# The groups a quantized policy holds a matrix of a type the kernels do not run as (GGUF's names): `auto` on such a
+# file is int4, so its matrices are CONVERTED_TO, which the analyzer costs them as.
+CONVERTED_UNDER = {"int4": CONVERTED_TO.upper(), "int8": "Q8_0"}
 
 Part = tuple[int, int] | None  # rows or columns start:stop of a tensor one rank reads; None: all of them
 
@@ -21,8 +26,10 @@ class Tensors:
     """The file's tensors in the form the model keeps: float tensors in its dtype on its device, quantized groups and
     blocks as they are under a quantized policy (the linears repack them: on the CPU for its kernels, on CUDA for
     tinygemm and the Q8_0 kernel), dequantized for float linears.
-    `stored` (the `auto` weight choice): each quantized matrix runs in the format the file holds it in. Under tensor
-    parallelism (`tp`) each tensor is read in the part this rank holds."""
+    `stored` (the `auto` weight choice): each quantized matrix runs in the format the file holds it in. A matrix of a
+    type the kernels do not run (`converted_types`: HF name -> its GGUF type, Q3_K, IQ2_XXS, ...) comes as its float
+    values: a float policy keeps them, a quantized one makes them its groups (CONVERTED_UNDER), each rounded once
+    from the file's values. Under tensor parallelism (`tp`) each tensor is read in the part this rank holds."""
 
     def __init__(
         self,
@@ -32,10 +39,20 @@ class Tensors:
         policy: str,
         stored: bool,
         tp: TPGroup | None = None,
+        converted_types: Mapping[str, str] | None = None,
     ):
         self.weights, self.dtype, self.device, self.policy, self.stored = weights, dtype, device, policy, stored
         self.keep_groups = policy != "float"
         self.tp = tp if tp is not None and tp.size > 1 else None
+        self.converted_types = converted_types or {}
+
+    @property
+    def conversions(self) -> dict[str, str]:
+        """HF name -> "Q3_K -> Q4_1": each matrix made the policy's groups from a type the kernels do not run (what
+        the run reports beside its formats); none under a float policy, which holds their values."""
+        if not self.keep_groups:
+            return {}
+        return {name: f"{qtype} -> {CONVERTED_UNDER[self.policy]}" for name, qtype in self.converted_types.items()}
 
     def linear(self, weight: Weight | list[Weight], bias: torch.Tensor | None, lm_head: bool = False) -> Linear:
         return make_linear(weight, bias, self.policy, lm_head, self.stored, self.device)
@@ -75,11 +92,20 @@ class Tensors:
             w = shard_weight(self.weights[name], shard, name)
         if shape is not None and tuple(w.shape) != shape:
             raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
+        if name in self.converted_types and self.keep_groups:
+            w = self.policy_groups(w)
         if not isinstance(w, torch.Tensor) and not self.keep_groups:
             w = w.dequantize()
         if not isinstance(w, torch.Tensor):
             return w
         return w.contiguous() if self.keeps_bf16(w) else w.to(device=self.device, dtype=self.dtype).contiguous()
+
+    def policy_groups(self, w: Weight) -> Weight:
+        """A matrix of a type the kernels do not run (its float values; a dummy's made as `auto` holds it, Q4_1) as
+        the quantized policy's groups."""
+        if self.policy == "int4":
+            return w if isinstance(w, Int4Weight) else quantize_int4(to_float(w))
+        return quantize_int8_groups(to_float(w))
 
     def keeps_bf16(self, w: torch.Tensor) -> bool:
         """Whether a bf16 checkpoint's matrix stays bfloat16 as it was read: where `auto` holds it as a bf16-fp32
