@@ -1,6 +1,7 @@
 """Attribution is the analyzer on recorded shapes; the bench's JSON, plots and HTML; the phase report."""
 
 import json
+from pathlib import Path
 
 import pytest
 from gguf_factory import with_nan_output_norm
@@ -85,6 +86,17 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
     page = (tmp_path / "b.html").read_text()
     assert page.count("data:image/png;base64,") == 4
     assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
+
+
+def test_an_html_report_without_plots_leaves_no_pictures_beside_it(tiny_gguf, tmp_path):
+    """The page embeds its plots; without --plots they are drawn for it alone, not written into its folder."""
+    page = tmp_path / "report" / "b.html"
+    page.parent.mkdir()
+    args = ["--prompt-lens", "4", "--batch-sizes", "1", "--output-len", "2", "--reps", "1", "--html", str(page)]
+    r = rooftop_in_process("bench", "-m", str(tiny_gguf), *args)
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in page.parent.iterdir()] == ["b.html"] and not list(tmp_path.glob("*.png"))
+    assert page.read_text().count("data:image/png;base64,") == 4
 
 
 def test_bad_sweep_lists(tiny_gguf):
@@ -381,7 +393,11 @@ def test_a_prompt_in_ubatches_is_timed_over_all_its_steps(tiny_gguf, tmp_path):
         (["-p", "0", "-n", "0"], "nothing to run: -p and -n are both 0"),
         (["--n-prompt", "8,x"], "-p/--n-prompt must be comma-separated integers"),
         (["-n", "-1"], "-n/--n-gen must be integers >= 0"),
-        (["-p", "8", "-r", "0"], "--reps must be >= 1"),
+        (["-p", "8", "-r", "0"], "-r/--reps must be at least 1, got 0"),
+        (["-p", "8", "--json", "/nonexistent/r.json"], "--json /nonexistent/r.json: no folder /nonexistent"),
+        (["--json", str(Path(__file__).parent)], f"--json {Path(__file__).parent}: a folder, not a file"),
+        (["--plots", __file__], f"--plots {__file__}: {__file__} is a file, not a folder"),
+        (["--html", "/nonexistent/r.html"], "--html /nonexistent/r.html: no folder /nonexistent"),
         (["-o", "sql"], "--output must be one of md, csv, json, jsonl"),
         (["-pg", "512"], "-pg takes two integers, <pp>,<tg>, got '512'"),
         (["-pg", "512,0"], "-pg must be integers >= 1"),

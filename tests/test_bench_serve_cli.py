@@ -196,6 +196,9 @@ def closed_port() -> int:
         (["--dataset", "jsonl"], ["needs --dataset-path"]),
         (["--dataset", "sharegpt", "--dataset-path", "/nonexistent.json"], ["/nonexistent.json: cannot read"]),
         (["--tokenizer", "/nonexistent.gguf"], ["--tokenizer /nonexistent.gguf: no such file"]),
+        # before the load runs, not after it: its results would be lost
+        (["--save-result", "/nonexistent/r.json"], ["--save-result /nonexistent/r.json: no folder /nonexistent"]),
+        (["--plots", __file__], [f"--plots {__file__}: {__file__} is a file, not a folder"]),
     ],
 )
 def test_bad_input_is_one_line(args, words):
@@ -220,21 +223,6 @@ def test_unreachable_server_and_wrong_model(server, tmp_path):
         "bench", "serve", "--base-url", server.base_url, "--model", "nope", "--num-prompts", 1, "--input-len", 4
     )
     assert_user_error(wrong, "the test request to", "failed: HTTP 404", "does not exist")
-    unwritable = rooftop(
-        "bench",
-        "serve",
-        "--base-url",
-        server.base_url,
-        "--num-prompts",
-        1,
-        "--input-len",
-        4,
-        "--output-len",
-        2,
-        "--save-result",
-        tmp_path / "no" / "such" / "dir.json",
-    )
-    assert_user_error(unwritable, "cannot write", "dir.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"summary": {}}')
     assert_user_error(rooftop("bench", "report", bad), "not a `rooftop bench serve` result")

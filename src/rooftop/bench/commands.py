@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,7 @@ from rooftop.bench.quick_report import OUTPUTS, model_name, table, write_output
 from rooftop.bench.serve import commands as serve_commands
 from rooftop.cli_options import with_run_config
 from rooftop.config import RunConfig
-from rooftop.console import err, user_errors
+from rooftop.console import check_output_file, check_output_folder, err, user_errors
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.precision import Precision
 from rooftop.roofline.report import seconds
@@ -225,8 +226,15 @@ def bench(
     from rooftop.engine.llm import LLM
 
     with user_errors():
-        if reps < 1 or output_len < 2:
-            raise InvalidRequestError("--reps must be >= 1 and --output-len >= 2")
+        if reps < 1:
+            raise InvalidRequestError(f"-r/--reps must be at least 1, got {reps}")
+        if output_len < 2:
+            raise InvalidRequestError(
+                f"--output-len must be at least 2 (a decode step after the prefill's token), got {output_len}"
+            )
+        check_output_file(json_path, "--json")
+        check_output_folder(plots, "--plots")
+        check_output_file(html_path, "--html")
         if output is not None and output not in OUTPUTS:
             raise InvalidRequestError(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         counts = _thread_counts(threads)  # the first is the engine's already (run.threads)
@@ -363,11 +371,13 @@ def _sweep(
         f"{report['machine']['kv_cache_dtype']}, {report['machine']['threads']} threads"
     )
     _print_sweep(console, result)
-    written = _write_plots(result, hw, llm.precision.compute, plots or (html_path.parent if html_path else None))
+    written = _write_plots(result, hw, llm.precision.compute, plots)
     if html_path:
         from rooftop.bench.html import write_html
 
-        err.print(f"report written to {write_html(report, written, html_path)}")
+        with tempfile.TemporaryDirectory() as drawn:  # without --plots the page's own, not left beside it
+            pictures = written or _write_plots(result, hw, llm.precision.compute, Path(drawn), say=False)
+            err.print(f"report written to {write_html(report, pictures, html_path)}")
     if kept := keep_decode_read(llm, max((r["achieved_bytes_per_s"] for r in result.decode), default=0.0)):
         err.print(kept)
     if json_path:
@@ -458,7 +468,7 @@ def _print_advice(console: Console, rows: list[tuple[str, str]]) -> None:
         console.print(f"{first if first == last else f'{first}-{last}'}: {said}")
 
 
-def _write_plots(result, hw, compute: str, directory: Path | None) -> list[Path]:
+def _write_plots(result, hw, compute: str, directory: Path | None, say: bool = True) -> list[Path]:
     if directory is None:
         return []
     from rooftop.bench.plots import batch_plot, gap_plot, roofline_plot, ttft_plot
@@ -470,7 +480,8 @@ def _write_plots(result, hw, compute: str, directory: Path | None) -> list[Path]
         ttft_plot(result, directory / "ttft.png"),
         batch_plot(result, directory / "batch.png"),
     ]
-    err.print(f"plots written to {directory}")
+    if say:
+        err.print(f"plots written to {directory}")
     return written
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 import rooftop
-from rooftop.console import err, user_errors
+from rooftop.console import check_output_file, check_output_folder, err, user_errors
 from rooftop.errors import InvalidRequestError, RooftopError
 
 ENDPOINTS = {
@@ -78,6 +78,8 @@ def serve(
     from rooftop.bench.serve.datasets import build_requests, load_tokenizer
 
     with user_errors():
+        check_output_file(save_result, "--save-result")
+        check_output_folder(plots, "--plots")
         slos = _slos(ctx, goodput)
         levels = _levels(sweep_concurrency) if sweep_concurrency else [max_concurrency]
         if sweep_concurrency and max_concurrency:
@@ -145,6 +147,7 @@ def report(
     from rooftop.bench.serve.report import print_result
 
     with user_errors():
+        check_output_folder(plots, "--plots")
         slos = _slos(ctx, goodput)
         try:
             result = json.loads(path.read_text())
