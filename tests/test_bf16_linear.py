@@ -185,9 +185,15 @@ def test_a_bf16_gguf_runs_its_matrices_as_the_file_holds_them(tmp_path):
     assert auto.generate([[1, 7, 30]], greedy)[0].token_ids == float32.generate([[1, 7, 30]], greedy)[0].token_ids
 
 
-def test_bf16_fp32_is_not_an_exact_choice_and_says_how_to_get_it(bf16_checkpoint):
-    with pytest.raises(UnsupportedModelError, match="run as bf16-fp32 on the CPU with --weights auto"):
-        LLM(model=str(bf16_checkpoint[0]), weights="bf16-fp32")
+def test_bf16_fp32_names_a_bf16_checkpoints_own_weights_and_elsewhere_says_how_to_get_it(bf16_checkpoint, tiny_gguf):
+    """As `auto` runs a bf16 checkpoint on the CPU, the format it runs as is also an exact choice there; on a float32
+    file it is refused, and bf16 (the model's dtype) says which --dtype it takes."""
+    exact = LLM(model=str(bf16_checkpoint[0]), weights="bf16-fp32")
+    assert exact.precision.weights.name == "bf16-fp32"
+    with pytest.raises(UnsupportedModelError, match="run as bf16-fp32 on the CPU with --weights auto or bf16-fp32"):
+        LLM(model=tiny_gguf, weights="bf16-fp32")
+    with pytest.raises(UnsupportedModelError, match="bf16 weights run with --dtype bfloat16"):
+        LLM(model=str(bf16_checkpoint[0]), weights="bf16")
 
 
 def test_the_calibration_times_bf16_fp32_linears_as_linears(bf16_checkpoint):

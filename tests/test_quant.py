@@ -75,6 +75,22 @@ def test_an_exact_format_runs_where_the_engine_has_it_and_is_refused_elsewhere(t
         LLM(model=tiny_gguf, weights="q4_0")
 
 
+@needs_kernels
+def test_a_block_format_a_file_holds_throughout_is_an_exact_choice(tmp_path):
+    """`--weights q4_0` on a Q4_0 file is what `auto` runs (a llama.cpp user's habit: naming the file's type)."""
+    from gguf import GGMLQuantizationType as T
+    from gguf_factory import write_tiny_gguf
+
+    from rooftop import LLM, SamplingParams
+
+    path = tmp_path / "q4_0.gguf"
+    write_tiny_gguf(path, qtype=lambda name: T.Q4_0 if name.startswith("blk.") else T.F32)
+    exact, auto = LLM(model=path, weights="q4_0"), LLM(model=path)
+    assert exact.precision.weights.name == auto.precision.weights.name == "q4_0"
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    assert exact.generate([[3, 4, 5]], greedy)[0].token_ids == auto.generate([[3, 4, 5]], greedy)[0].token_ids
+
+
 def test_each_linear_reports_its_format_in_the_analyzers_vocabulary(pytorch_kernels):
     from rooftop.quant.weights import quantize_int4
     from rooftop.roofline.precision import WEIGHT_FORMATS

@@ -41,8 +41,9 @@ from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import Shard, shard_weight
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize
-from rooftop.quant.linear import weight_policy
+from rooftop.quant.linear import as_file_choice, weight_policy
 from rooftop.quant.weights import BLOCK_FORMATS, GROUP, BlockWeight, Int4Weight, Int8GroupWeight, Weight
+from rooftop.roofline.api import gguf_weights
 from rooftop.roofline.ops import weight_bytes
 from rooftop.roofline.precision import WEIGHT_FORMATS, precision
 from rooftop.roofline.presets import find_preset
@@ -345,6 +346,7 @@ class Source:
     from_gguf: bool = False  # a GGUF's header: its tensors are laid out as llama.cpp's converter writes them
     forms: dict[str, str] = field(default_factory=dict)  # a GGUF's: HF name -> each matrix's form (file_form)
     converted_types: dict[str, str] = field(default_factory=dict)  # a GGUF's matrices the kernels do not run
+    file_format: str | None = None  # a GGUF's blocks' format(s) (LoadedModel.file_format)
 
     @property
     def values(self) -> torch.dtype | None:
@@ -377,6 +379,7 @@ def _gguf_source(path: Path) -> Source:
         from_gguf=True,
         forms=forms,
         converted_types=converted_types(tensors),
+        file_format=held.name if (held := gguf_weights(tensors)) else None,
     )
 
 
@@ -485,6 +488,7 @@ def check_fits(loaded: LoadedModel, weights: str, device: torch.device, dtype: t
     available = available_bytes(device)
     if available is None or not is_runnable(loaded.config):
         return
+    weights = as_file_choice(weights, loaded.file_format, device)
     policy = weight_policy(weights, loaded.native_format, device, dtype)
     auto = weights == "auto" and isinstance(loaded.weights, DummyWeights)
     matrices = loaded.weights.matrices if auto else {}
@@ -530,7 +534,8 @@ def made_as(
 
 def dummy_weights(source: Source, weights: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
     """load_dummy for a source already in hand (e.g. a preset's config changed in code, as benchmarks/moe.py does)."""
-    policy = weight_policy(weights, source.native_format, device, dtype)
+    file_format = source.file_format or ("bf16" if source.values == torch.bfloat16 else None)
+    policy = weight_policy(as_file_choice(weights, file_format, device), source.native_format, device, dtype)
     readers, matrices = {}, {}
     for name, shape in tensor_shapes(source.config, source.from_gguf).items():
         form, values = made_as(source, name, shape, policy, device)
@@ -547,4 +552,5 @@ def dummy_weights(source: Source, weights: str, device: torch.device, dtype: tor
         source.native_format,
         source.converted_types,
         linear_value_order=order,
+        file_format=file_format,
     )

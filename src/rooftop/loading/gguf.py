@@ -17,6 +17,7 @@ from rooftop.loading.shard import Shard, shard_tensor
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import STORED_TYPES, bf16_values, dequantize, q4_1_parts, q8_0_parts, stored_blocks
 from rooftop.quant.weights import Int4Weight, Int8GroupWeight, Weight
+from rooftop.roofline.api import gguf_weights
 
 GROUP_TYPES = (QType.Q4_1, QType.Q8_0)
 FLOAT_TYPES = (QType.F32, QType.F16, QType.BF16)
@@ -213,4 +214,5 @@ def load_gguf(path: Path) -> LoadedModel:
         native_format(tensors),
         converted_types(tensors),
         linear_value_order=linear_value_order(config),
+        file_format=held.name if (held := gguf_weights(tensors)) else None,
     )

@@ -93,4 +93,11 @@ def load_hf_dir(path: Path) -> LoadedModel:
         if skipped
         else []
     )
-    return LoadedModel(config=config, weights=LazyWeights(readers), tokenizer=tokenizer, source=str(path), notes=notes)
+    return LoadedModel(
+        config=config,
+        weights=LazyWeights(readers),
+        tokenizer=tokenizer,
+        source=str(path),
+        notes=notes,
+        file_format="bf16" if config.torch_dtype == "bfloat16" else None,  # the float checkpoint auto keeps as stored
+    )

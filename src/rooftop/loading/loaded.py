@@ -60,3 +60,5 @@ class LoadedModel:
     # Gated DeltaNet value heads: "grouped" by key head (Hugging Face's) or "tiled" (llama.cpp's Qwen3.5 GGUFs:
     # value head j reads key head j % key heads)
     linear_value_order: str = "grouped"
+    # what the file's transformer blocks hold, by the analyzer's name ("q4_k", "q4_k+q6_k", "bf16"); None where unknown
+    file_format: str | None = None

@@ -28,7 +28,7 @@ from rooftop.models.parallel import (
 from rooftop.models.rope import cos_sin_table
 from rooftop.models.tensors import Tensors
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import embedding_table, router_linear, weight_policy
+from rooftop.quant.linear import as_file_choice, embedding_table, router_linear, weight_policy
 from rooftop.quant.weights import Weight, to_float
 
 
@@ -197,6 +197,7 @@ def build_model(
     as each layer is built (a progress bar's)."""
     c, device = loaded.config, torch.device(device)
     check_runnable(c)
+    weights = as_file_choice(weights, loaded.file_format, device)
     policy = weight_policy(weights, loaded.native_format, device, dtype)
     if tp is not None and tp.size > 1:
         check_tensor_parallel(c, tp.size)

@@ -685,6 +685,16 @@ def linear_format(policy: str, device: torch.device, dtype: torch.dtype, lm_head
     return FLOAT_FORMATS[dtype] if kind is FloatLinear else kind.format
 
 
+def as_file_choice(choice: str, file_format: str | None, device: torch.device) -> str:
+    """A `--weights` choice that names the one format a file's blocks hold and `auto` runs as stored (q4_k for a
+    Q4_K file, q8_0 for a Q8_0 one; bf16-fp32 for a bf16 checkpoint on the CPU) is `auto`; any other as given."""
+    if file_format in (*BLOCK_FORMATS, "q8_0", "q4_1") and choice == file_format:
+        return "auto"
+    if file_format == "bf16" and choice == Bf16Linear.format and device.type == "cpu" and cpu.ops() is not None:
+        return "auto"
+    return choice
+
+
 def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.dtype) -> str:
     """The policy that runs a `--weights` choice here: "auto" is the file's closest format (`native`: float, int8 or
     int4, each of which runs on the CPU and on CUDA); an exact format only where one policy's block linears are that
@@ -702,13 +712,17 @@ def weight_policy(choice: str, native: str, device: torch.device, dtype: torch.d
     if choice in BLOCK_FORMATS and device.type == "cpu" and cpu.ops() is not None:  # it runs them, from a file only
         raise UnsupportedModelError(
             f"rooftop's engine makes no {choice} weights out of others on {device.type} (it makes {here}); a "
-            f"GGUF's own {choice} tensors run as stored with --weights auto"
+            f"GGUF's own {choice} tensors run as stored with --weights auto (or {choice}, where they are all the "
+            "file's blocks hold)"
         )
-    stored = "; a bf16 checkpoint's weights run as bf16-fp32 on the CPU with --weights auto"
-    raise UnsupportedModelError(
-        f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here})"
-        + (stored if choice == Bf16Linear.format else "")
-    )
+    floats = {name: str(t).removeprefix("torch.") for t, name in FLOAT_FORMATS.items()}
+    if choice in floats:  # float weights are the model's dtype
+        hint = f"; {choice} weights run with --dtype {floats[choice]}"
+    elif choice == Bf16Linear.format:
+        hint = "; a bf16 checkpoint's weights run as bf16-fp32 on the CPU with --weights auto or bf16-fp32"
+    else:
+        hint = ""
+    raise UnsupportedModelError(f"rooftop's engine cannot run {choice} weights on {device.type} (it runs {here}){hint}")
 
 
 def as_stored(weight: Weight, policy: str, device: torch.device) -> bool:
