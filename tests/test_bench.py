@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from gguf import GGMLQuantizationType as T
 from gguf_factory import with_nan_output_norm
 from test_cli import assert_user_error, rooftop_in_process
 
@@ -97,6 +98,26 @@ def test_an_html_report_without_plots_leaves_no_pictures_beside_it(tiny_gguf, tm
     assert r.returncode == 0, r.stderr
     assert [p.name for p in page.parent.iterdir()] == ["b.html"] and not list(tmp_path.glob("*.png"))
     assert page.read_text().count("data:image/png;base64,") == 4
+
+
+def test_several_models_run_llama_benchs_tests_in_turn(tiny_gguf, tmp_path):
+    """llama-bench's several -m: every model's tests, in the order given, in one table or output; -h is help."""
+    from gguf_factory import write_tiny_gguf
+
+    other = tmp_path / "other.gguf"
+    write_tiny_gguf(other, qtype=lambda name: T.Q8_0 if name.startswith("blk.") else T.F32)
+    r = rooftop_in_process(
+        "bench", "-m", str(tiny_gguf), "-p", "8", "-n", "2", "-r", "1", "-m", str(other), "-o", "json"
+    )
+    assert r.returncode == 0, r.stderr
+    records = json.loads(r.stdout)
+    assert [(Path(x["model_filename"]).name, x["n_prompt"], x["n_gen"]) for x in records] == [
+        (tiny_gguf.name, 8, 0),
+        (tiny_gguf.name, 0, 2),
+        ("other.gguf", 8, 0),
+        ("other.gguf", 0, 2),
+    ]
+    assert "llama-bench's" in rooftop_in_process("bench", "-h").stdout
 
 
 def test_bad_sweep_lists(tiny_gguf):
@@ -420,6 +441,17 @@ def test_a_prompt_in_ubatches_is_timed_over_all_its_steps(tiny_gguf, tmp_path):
         (["-p", "8", "--html", "r.html"], "--html: the sweep's options; llama-bench's tests (-p, -n, -pg, -d, -ub"),
         (["-t", "1,2", "--batch-sizes", "4", "--plots", "d"], "--batch-sizes, --plots: the sweep's options"),
         (["-t", "1,2", "-tp", "2"], "-t/--threads takes one count with --tensor-parallel-size (each rank's)"),
+        # llama-bench's options without a counterpart, as its users type them: each named, with what to use instead
+        (["-ngl", "99"], "llama-bench's -ngl has no counterpart in rooftop bench: every layer runs on --device"),
+        (["-p", "8", "-fa", "1"], "llama-bench's -fa has no counterpart in rooftop bench: rooftop's attention is"),
+        (["-ctv", "q8_0"], "llama-bench's -ctv has no counterpart in rooftop bench: --kv-cache-dtype sets K's and V's"),
+        (["-b", "512"], "llama-bench's -b has no counterpart in rooftop bench: rooftop has no logical batch"),
+        (
+            ["--split-mode=row"],
+            "llama-bench's --split-mode has no counterpart in rooftop bench: --device cuda runs one",
+        ),
+        (["-m", "/nonexistent-2.gguf", "-p", "8"], "/nonexistent-2.gguf: no such file or directory"),
+        (["-m", "smollm2-135m"], "several -m/--model: llama-bench's tests (-p, -n, -pg, -d, -ub, -o) run each model"),
     ],
 )
 def test_quick_modes_llama_bench_options_fail_in_one_line_before_loading(args, words):

@@ -8,6 +8,7 @@ import json
 import re
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -24,7 +25,7 @@ from rooftop.cli_options import with_run_config
 from rooftop.config import RunConfig
 from rooftop.console import check_output_file, check_output_folder, err, user_errors
 from rooftop.errors import InvalidRequestError
-from rooftop.roofline.precision import Precision
+from rooftop.roofline.api import resolve_model
 from rooftop.roofline.report import seconds
 
 INTEGER = re.compile(r"-?[0-9]+")
@@ -223,7 +224,6 @@ def bench(
     server."""
     if ctx.invoked_subcommand is not None:
         return
-    from rooftop.engine.llm import LLM
 
     with user_errors():
         if reps < 1:
@@ -254,28 +254,48 @@ def bench(
                 f"{given}: the sweep's options; llama-bench's tests (-p, -n, -pg, -d, -ub, -o or several -t counts) "
                 "take none of them"
             )
+        more = ctx.meta.get(MORE_MODELS, [])
+        if more and not quick:
+            raise InvalidRequestError(
+                "several -m/--model: llama-bench's tests (-p, -n, -pg, -d, -ub, -o) run each model in turn; the sweep "
+                "takes one"
+            )
+        if more and run.tensor_parallel_size > 1:
+            raise InvalidRequestError("several -m/--model run on one device: --tensor-parallel-size takes one model")
+        for model in more:  # a mistyped path refused now, not after the first model's minutes
+            resolve_model(model)
         tests = _tests(pp, tg, pg or [], depth or [], ubatch) if quick else []
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
-        llm = LLM.from_config(run)  # its own bar shows the layers built (engine/progress.py)
-        needed = max(t.context for t in tests) if quick else max(max(lens) + 1, min(lens) + output_len)
-        if needed > llm.max_model_len:
-            raise InvalidRequestError(
-                f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}"
-            )
         console = Console(highlight=False)
         if not quick:
+            llm = _engine(run, max(max(lens) + 1, min(lens) + output_len))
             _sweep(console, llm, lens, batches, output_len, reps, plots, html_path, json_path)
             return
-        runs = []  # per thread count: its report, tests and phases
-        for count in counts if len(counts) > 1 else [None]:  # one count: the engine's already
-            if count is not None:
-                torch.set_num_threads(count)
-            runs.append(_quick_run(llm, _tests(pp, tg, pg or [], depth or [], ubatch), reps))
-        _print_quick(console, runs, llm.precision, output)
+        runs = []  # per model and thread count: its report, tests, phases and precision
+        for model in [run.model, *more]:  # llama-bench's order: each model at every count
+            llm = _engine(replace(run, model=model), max(t.context for t in tests))
+            for count in counts if len(counts) > 1 else [None]:  # one count: the engine's already
+                if count is not None:
+                    torch.set_num_threads(count)
+                runs.append((*_quick_run(llm, _tests(pp, tg, pg or [], depth or [], ubatch), reps), llm.precision))
+            llm.close()
+            del llm  # its weights and KV cache, before the next model's
+        _print_quick(console, runs, output)
         if json_path:
-            reports = [report for report, _, _ in runs]
+            reports = [report for report, *_ in runs]
             json_path.write_text(json.dumps(reports[0] if len(reports) == 1 else {"runs": reports}, indent=2))
             err.print(f"results written to {json_path}")
+
+
+def _engine(run: RunConfig, needed: int):
+    """The run's engine (its own bar shows the layers built: engine/progress.py), refused where its context cannot
+    hold `needed` tokens."""
+    from rooftop.engine.llm import LLM
+
+    llm = LLM.from_config(run)
+    if needed > llm.max_model_len:
+        raise InvalidRequestError(f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}")
+    return llm
 
 
 def _roofs_and_calibration(llm, quick: bool, longest: int | None, batch: int):
@@ -385,13 +405,13 @@ def _sweep(
         err.print(f"results written to {json_path}")
 
 
-def _print_quick(console: Console, runs: list, precision: Precision, output: str | None) -> None:
-    """The tests' table of every thread count's run, or llama-bench's `output` on stdout (the phase report then on
-    stderr), and the phase report of each run's steps."""
+def _print_quick(console: Console, runs: list, output: str | None) -> None:
+    """The tests' table of every model's and thread count's run, or llama-bench's `output` on stdout (the phase
+    report then on stderr), and the phase report of each run's steps."""
     from rooftop.roofline.attribution import advice, gap_sentence
     from rooftop.roofline.report import gap_bar, phase_table
 
-    measured = [(report["machine"], tests) for report, tests, _ in runs]
+    measured = [(report["machine"], tests) for report, tests, *_ in runs]
     if output is None:  # at its full width where no terminal narrows it: a log keeps each test on one line
         shown = table(measured)
         full = console.measure(shown, options=console.options.update_width(1000)).maximum
@@ -400,10 +420,10 @@ def _print_quick(console: Console, runs: list, precision: Precision, output: str
         write_output(output, measured, sys.stdout)
         sys.stdout.flush()
     out = console if output is None else err
-    for report, _, phases in runs:
+    for report, _, phases, precision in runs:
         if len(runs) > 1:
             count = report["machine"]["threads"]
-            out.print(f"\n{count} thread{'' if count == 1 else 's'}:")
+            out.print(f"\n{model_name(report['machine'])}, {count} thread{'' if count == 1 else 's'}:")
         out.print(phase_table(phases))
         out.print(gap_sentence(phases))
         for name, phase in phases.items():
@@ -485,7 +505,65 @@ def _write_plots(result, hw, compute: str, directory: Path | None, say: bool = T
     return written
 
 
-app = typer.Typer(pretty_exceptions_enable=False)
+# llama-bench's options that rooftop bench has no counterpart for, each with what to do instead. Click would read
+# "-ngl 99" as -n with "gl" and 99 as a command, and say so.
+LLAMA_BENCH_ONLY = {
+    ("-ngl", "--n-gpu-layers"): "every layer runs on --device (cpu, or cuda for a GPU): there are no layers to offload",
+    ("-fa", "--flash-attn"): "rooftop's attention is always its own fused kernel: there is nothing to switch",
+    ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): "--kv-cache-dtype sets K's and V's together (auto, float32, "
+    "bfloat16, float16, int8 or fp8_e4m3)",
+    ("-b", "--batch-size"): "rooftop has no logical batch beside the physical one: -ub prefills a prompt in chunks",
+    ("-mg", "--main-gpu", "-sm", "--split-mode", "-ts", "--tensor-split"): "--device cuda runs one GPU, and "
+    "--tensor-parallel-size splits the model over several",
+    ("-nkvo", "--no-kv-offload"): "the KV cache lives on --device with the model",
+    ("-mmp", "--mmap"): "a GGUF's tensors are always read from its memory map",
+    ("-embd", "--embeddings"): "rooftop bench times generation only",
+}
+
+
+class LlamaBenchOptions(typer.core.TyperGroup):
+    """`rooftop bench`'s arguments as llama-bench users write them: its options without a counterpart refused by name
+    with what to use instead, -h for help, and several -m run one after the other (llama-bench's order)."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        if args and args[0] in self.commands:  # `rooftop bench serve ...`: its own options
+            return super().parse_args(ctx, args)
+        for arg in args:
+            name = arg.split("=", 1)[0]
+            for names, instead in LLAMA_BENCH_ONLY.items():
+                if name in names:
+                    err.print(
+                        f"[bold red]error:[/] llama-bench's {name} has no counterpart in rooftop bench: {instead}"
+                    )
+                    raise typer.Exit(1)
+        models, rest = _models(args)
+        ctx.meta[MORE_MODELS] = models[1:]
+        return super().parse_args(ctx, rest if not models else ["-m", models[0], *rest])
+
+
+MORE_MODELS = "rooftop.bench.more_models"  # the -m values after the first, which the engine's RunConfig does not hold
+
+
+def _models(args: list[str]) -> tuple[list[str], list[str]]:
+    """Every -m/--model value in `args`, in order, and the other arguments."""
+    models, rest, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-m", "--model") and i + 1 < len(args):
+            models.append(args[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--model="):
+            models.append(arg.removeprefix("--model="))
+        else:
+            rest.append(arg)
+        i += 1
+    return models, rest
+
+
+app = typer.Typer(
+    cls=LlamaBenchOptions, pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]}
+)
 app.callback(invoke_without_command=True)(bench)
 extra_goodput_values = {"allow_extra_args": True}  # vLLM's `--goodput ttft:500 tpot:50`
 app.command("serve", context_settings=extra_goodput_values)(serve_commands.serve)
