@@ -194,8 +194,21 @@ def test_unknown_names_and_bad_formats_fail_clearly(tmp_path):
         load_dummy("qwen3-9b", "auto", CPU, torch.float32)
     with pytest.raises(ModelLoadError, match="no config.json"):
         load_dummy(tmp_path, "auto", CPU, torch.float32)
-    with pytest.raises(InvalidRequestError, match="load_format must be one of auto, dummy; got 'pt'"):
+    with pytest.raises(
+        InvalidRequestError, match=r"load_format \(--load-format\) must be one of auto, dummy; got 'pt'"
+    ):
         LLM(model="smollm2-135m", load_format="pt")
+    with pytest.raises(InvalidRequestError, match="got 'gguf' \\(a GGUF reads with auto\\)"):
+        LLM(load_format="gguf")
+    with pytest.raises(InvalidRequestError, match=r"dummy_seed \(--dummy-seed\) 3 seeds load_format 'dummy'"):
+        LLM(dummy_seed=3)  # the file's weights: a seed would change nothing
+
+
+def test_cli_refuses_a_dummy_seed_without_dummy_weights():
+    assert_user_error(
+        rooftop_in_process("generate", "hi", "--dummy-seed", "3"),
+        "dummy_seed (--dummy-seed) 3 seeds load_format 'dummy' (--load-format dummy) only; with 'auto' the weights are",
+    )
 
 
 def test_ids_outside_the_vocabulary_detokenize_as_placeholders():
@@ -225,7 +238,8 @@ def test_a_preset_name_without_dummy_weights_gets_the_option_named():
 
 def test_cli_rejects_a_bad_load_format_before_loading():
     assert_user_error(
-        rooftop_in_process("generate", "hi", "--load-format", "safetensors"), "load_format must be one of auto, dummy"
+        rooftop_in_process("generate", "hi", "--load-format", "safetensors"),
+        "load_format (--load-format) must be one of auto, dummy",
     )
 
 

@@ -356,11 +356,21 @@ class RunConfig:
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.load_format not in LOAD_FORMATS:
+            gguf = " (a GGUF reads with auto)" if self.load_format == "gguf" else ""
             raise InvalidRequestError(
-                f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}", "load_format"
+                f"load_format (--load-format) must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}{gguf}",
+                "load_format",
             )
         if not isinstance(self.dummy_seed, int) or self.dummy_seed < 0:
-            raise InvalidRequestError(f"dummy_seed must be an integer >= 0, got {self.dummy_seed!r}", "dummy_seed")
+            raise InvalidRequestError(
+                f"dummy_seed (--dummy-seed) must be an integer >= 0, got {self.dummy_seed!r}", "dummy_seed"
+            )
+        if self.dummy_seed and self.load_format != "dummy":
+            raise InvalidRequestError(
+                f"dummy_seed (--dummy-seed) {self.dummy_seed} seeds load_format 'dummy' (--load-format dummy) only; "
+                f"with {self.load_format!r} the weights are the file's",
+                "dummy_seed",
+            )
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidRequestError(f"threads must be an integer >= 1, got {self.threads!r}", "threads")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
