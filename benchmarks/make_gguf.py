@@ -33,6 +33,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from rooftop.console import check_output_file
+from rooftop.errors import RooftopError
 from rooftop.loading.bundled import bundled_model_path
 from rooftop.loading.gguf_file import read_gguf
 from rooftop.quant.gguf_quantize import quantize
@@ -402,21 +404,27 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="output file (default: PRESET-TYPE.gguf here)")
     args = parser.parse_args(argv)
-    config = model_config(args.preset, args.vocab, args.layers)
+    if args.seed < 0:
+        parser.error(f"--seed {args.seed}: must be >= 0")
     path = args.out or Path(f"{args.preset}-{args.type}.gguf")
+    try:
+        config = model_config(args.preset, args.vocab, args.layers)
+        check_output_file(path, "--out")
+    except RooftopError as e:
+        parser.error(str(e))
     console = Console()
     counts = write_gguf(config, args.type, path, args.seed, console)
     console.print(
         f"wrote {path} ({path.stat().st_size / 1e6:,.1f} MB): {config.name}, layers {config.num_layers}, vocabulary {config.vocab_size}"
     )
     console.print("tensors per type: " + ", ".join(f"{n} {name}" for name, n in counts.most_common()))
-    asked = SINGLE.get(args.type)
-    fallen = [f"{n} {name}" for name, n in counts.most_common() if name not in (asked.name, "F32")] if asked else []
+    asked = [SINGLE[args.type]] if args.type in SINGLE else [MIXES[args.type], T.Q6_K]
+    fallen = [f"{n} {name}" for name, n in counts.most_common() if name not in (*(t.name for t in asked), "F32")]
     if fallen:
-        block = gguf.GGML_QUANT_SIZES[asked][0]
+        block = gguf.GGML_QUANT_SIZES[asked[0]][0]
         console.print(
-            f"note: {', '.join(fallen)} instead of {asked.name}: their rows are not whole {block}-value blocks, and "
-            "llama.cpp's quantizer falls back the same way"
+            f"note: {', '.join(fallen)} instead of {' or '.join(t.name for t in asked)}: their rows are not whole "
+            f"{block}-value blocks, and llama.cpp's quantizer falls back the same way"
         )
     return path
 

@@ -277,3 +277,29 @@ def test_a_k_quant_that_falls_back_says_so(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "tensors per type: 7 Q5_0, 3 F32, 1 Q4_K" in out
     assert "note: 7 Q5_0 instead of Q4_K: their rows are not whole 256-value blocks" in out
+
+
+def test_a_mix_that_falls_back_says_so(tmp_path, capsys):
+    make_gguf.main(
+        ["--preset", "smollm2-135m", "--layers", "1", "--type", "q4_k_m", "--vocab", "1000"]
+        + ["--out", str(tmp_path / "m.gguf")]
+    )
+    out = " ".join(capsys.readouterr().out.split())
+    assert "note: 5 Q5_0, 2 Q8_0 instead of Q4_K or Q6_K: their rows are not whole 256-value blocks" in out
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--preset", "nope"], "unknown model preset 'nope'; known: smollm2-135m"),
+        (["--preset", "smollm2-135m", "--seed", "-1"], "--seed -1: must be >= 0"),
+        (
+            ["--preset", "smollm2-135m", "--out", "/nonexistent/m.gguf"],
+            "--out /nonexistent/m.gguf: no folder /nonexistent",
+        ),
+    ],
+)
+def test_bad_arguments_are_one_line_before_anything_is_written(args, words, capsys):
+    with pytest.raises(SystemExit) as stop:
+        make_gguf.main([*args, "--type", "q4_0"])
+    assert stop.value.code == 2 and words in capsys.readouterr().err
