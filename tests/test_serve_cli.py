@@ -199,9 +199,17 @@ def serve_in_process(*args: str):
 
 
 def test_a_model_that_cannot_load_ends_with_one_line_and_exit_1(tmp_path):
-    result = serve_in_process("--model", str(tmp_path / "missing.gguf"), "--port", str(free_port()))
+    """A missing path is refused before the server starts (it said it was up, then stopped); a file that is there but
+    not a model fails in the load, after it, with the same one line."""
+    missing = serve_in_process("--model", str(tmp_path / "missing.gguf"), "--port", str(free_port()))
+    assert missing.exit_code == 1
+    assert "error:" in missing.stderr and "missing.gguf: no such file" in missing.stderr
+    assert "Traceback" not in missing.stderr and "Uvicorn running" not in missing.stderr
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file" * 10)
+    result = serve_in_process("--model", str(broken), "--port", str(free_port()))
     assert result.exit_code == 1
-    assert "error:" in result.stderr and "missing.gguf" in result.stderr and "Traceback" not in result.stderr
+    assert "error:" in result.stderr and "broken.gguf" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bad_options_are_refused_before_loading():

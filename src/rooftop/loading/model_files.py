@@ -9,7 +9,7 @@ import torch
 from rooftop.config import RunConfig
 from rooftop.errors import ModelLoadError
 from rooftop.loading.bundled import bundled_model_path
-from rooftop.loading.dummy import load_dummy
+from rooftop.loading.dummy import find_source, load_dummy
 from rooftop.loading.gguf import load_gguf
 from rooftop.loading.hf import load_hf_dir
 from rooftop.loading.loaded import LoadedModel
@@ -19,11 +19,7 @@ from rooftop.roofline.presets import PRESETS
 def load_model(path: str | Path | None = None) -> LoadedModel:
     """Load `path` (a .gguf file or an HF directory); None loads the bundled SmolLM2-135M-Instruct."""
     path = Path(path) if path is not None else bundled_model_path()
-    if not path.exists():
-        preset = (
-            f" ({path} is a preset: --load-format dummy runs it with random weights)" if str(path) in PRESETS else ""
-        )
-        raise ModelLoadError(f"{path}: no such file or directory{preset}")
+    check_exists(path)
     if path.is_dir():
         return load_hf_dir(path)
     if path.suffix == ".json":  # read as a GGUF, it failed on the magic: say what the file is and what runs it
@@ -32,6 +28,24 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
             "Hugging Face directory with *.safetensors loads its weights)"
         )
     return load_gguf(path)
+
+
+def check_exists(path: Path) -> None:
+    """A model path that names nothing: refused naming it (and a preset's name pointed to dummy weights)."""
+    if not path.exists():
+        preset = (
+            f" ({path} is a preset: --load-format dummy runs it with random weights)" if str(path) in PRESETS else ""
+        )
+        raise ModelLoadError(f"{path}: no such file or directory{preset}")
+
+
+def check_source(run: RunConfig) -> None:
+    """Refuse a run's model that names nothing loadable before anything waits on its load (a server's port): a
+    missing path, or for dummy weights a source without a config. The file itself is read by the load."""
+    if run.load_format == "dummy":
+        find_source(run.model)
+    elif run.model is not None:
+        check_exists(Path(run.model))
 
 
 def load_weights(run: RunConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -68,10 +68,12 @@ def serve(
     run: RunConfig,
 ) -> None:
     """Serve the model over HTTP: OpenAI's /v1/chat/completions and /v1/completions, /metrics, and a dashboard at /."""
+    from rooftop.loading.model_files import check_source
     from rooftop.serve.config import ServeConfig
     from rooftop.serve.server import run as run_server
 
     with user_errors():
+        check_source(run)  # a missing model refused now: not after the server has said it is up
         config = ServeConfig(
             run=run,
             host=host,
