@@ -257,6 +257,11 @@ def test_dummy_weights_too_big_for_the_device_are_refused_before_any_tensor(monk
     )
     with pytest.raises(ModelLoadError, match=r"its int8 weights take at least 28\.9 GB \(as q8_0\)"):
         LLM(model="dense-27b", load_format="dummy", weights="int8")
+    # float weights a choice names are the model's dtype: float32's twice bf16's bytes
+    with pytest.raises(ModelLoadError, match=r"its float weights take at least 108\.9 GB \(as fp32\)"):
+        LLM(model="dense-27b", load_format="dummy", weights="float", dtype="float32")
+    with pytest.raises(ModelLoadError, match=r"available on cpu; tensor parallelism over GPUs or a bigger device"):
+        LLM(model="llama-3.1-70b", load_format="dummy", weights="int4")  # no --weights int4 hint to int4 itself
     dummy.check_fits(load_dummy("dense-27b", "int4", CPU, torch.float32), "int4", CPU, torch.float32)  # 17 GB fit
     dummy.check_fits(load_dummy("dense-27b", "float", META, torch.bfloat16), "float", META, torch.bfloat16)
 

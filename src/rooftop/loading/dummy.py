@@ -41,7 +41,7 @@ from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import Shard, shard_weight
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.quant.gguf_blocks import STORED_TYPES, dequantize
-from rooftop.quant.linear import as_file_choice, weight_policy
+from rooftop.quant.linear import FLOAT_FORMATS, as_file_choice, weight_policy
 from rooftop.quant.weights import BLOCK_FORMATS, GROUP, BlockWeight, Int4Weight, Int8GroupWeight, Weight
 from rooftop.roofline.api import gguf_weights
 from rooftop.roofline.ops import weight_bytes
@@ -495,17 +495,18 @@ def check_fits(loaded: LoadedModel, weights: str, device: torch.device, dtype: t
     if matrices:
         held = held_formats(matrices)
         need, fmt = sum(held.values()), "+".join(sorted(held, key=held.get, reverse=True))
-    else:
-        fmt = SMALLEST_FORMAT[policy]
+    else:  # floats a choice names are widened to the model's dtype; auto keeps a bf16 checkpoint's
+        fmt = FLOAT_FORMATS[dtype] if policy == "float" and weights != "auto" else SMALLEST_FORMAT[policy]
         need = weight_bytes(loaded.config, precision(fmt))
     need /= ranks if device.type == "cuda" else 1
     if need > available:
         per = f" per GPU of {ranks}" if device.type == "cuda" and ranks > 1 else ""
+        fewer = "fewer bits per weight (--weights int4), " if policy != "int4" else ""
         raise ModelLoadError(
             f"{loaded.source}: its {policy} weights take at least {need / 1e9:.1f} GB{per} (as {fmt}), but "
-            f"{available / 1e9:.1f} GB of memory is available on {device.type}; fewer bits per weight (--weights "
-            f"int4), tensor parallelism over GPUs or a bigger device would hold them, and `rooftop roofline -m "
-            f"{loaded.source}` analyzes the model without any"
+            f"{available / 1e9:.1f} GB of memory is available on {device.type}; {fewer}tensor parallelism over GPUs "
+            f"or a bigger device would hold them, and `rooftop roofline -m {loaded.source}` analyzes the model "
+            "without any"
         )
 
 
