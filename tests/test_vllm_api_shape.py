@@ -209,3 +209,16 @@ def test_the_server_renders_chat_template_kwargs_and_continue_final_message(llm)
             assert error["param"] in ("chat_template_kwargs", "continue_final_message"), (name, error)
         r = httpx.post(f"{url}/tokenize", json={"prompt": "hi", **off})
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_llms_seed_repeats_the_sampled_outputs_of_unseeded_requests(tiny_gguf):
+    """vLLM's LLM(seed=...): requests without a seed of their own draw from the generator it seeds, so a script's
+    sampled outputs repeat; an option LLM does not take is refused naming LLM, not the class behind it."""
+    params = SamplingParams(max_tokens=8, temperature=1.0)
+    first, second = (LLM(model=tiny_gguf, seed=7).generate([[5, 6, 7]] * 3, params) for _ in range(2))
+    assert [o.token_ids for o in first] == [o.token_ids for o in second]
+    assert len({tuple(o.token_ids) for o in first}) > 1  # drawn, not greedy: the three differ
+    with pytest.raises(InvalidRequestError, match=r"LLM\(\) takes no 'sead' \(its engine options: max_num_seqs"):
+        LLM(model=tiny_gguf, sead=7)
+    with pytest.raises(InvalidRequestError, match="seed must be an integer >= 0, got -1"):
+        LLM(model=tiny_gguf, seed=-1)

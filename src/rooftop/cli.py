@@ -51,7 +51,9 @@ def weight_formats_line(bytes_by_format: dict[str, int], conversions: dict[str, 
     )
     if conversions:
         kinds = Counter(conversions.values())
-        line += "; converted at load: " + ", ".join(f"{n} tensors {kind}" for kind, n in kinds.most_common())
+        line += "; converted at load: " + ", ".join(
+            f"{n} tensor{'' if n == 1 else 's'} {kind}" for kind, n in kinds.most_common()
+        )
     return line
 
 

@@ -7,7 +7,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -92,6 +92,8 @@ class LLM:
     runs here (e.g. "q4_1", "q8_0").
     `threads`: CPU threads for the model's ops (default: the cores this process may use); it sets PyTorch's one
     intra-op pool, so it holds for the whole process.
+    `seed` (vLLM's): seeds torch's generator once the engine is up, which the requests without a seed of their own
+    (SamplingParams.seed) draw from, so a script's sampled outputs repeat from run to run.
     `load_format` (vLLM's): "auto" reads the weights from the model's file; "dummy" makes seeded random ones
     (`dummy_seed`) in the `weights` format and reads no weight file, and `model` may then also be a preset name of
     the analyzer (`rooftop.roofline.presets`) or a config.json.
@@ -118,10 +120,15 @@ class LLM:
         dummy_seed: int = 0,
         tensor_parallel_size: int = 1,
         distributed_timeout_s: float = 60.0,
+        seed: int | None = None,
         **engine_options,
     ):
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")
+        unknown = sorted(set(engine_options) - {f.name for f in fields(EngineConfig)})
+        if unknown:  # EngineConfig's TypeError would name a class the caller never called
+            known = ", ".join(f.name for f in fields(EngineConfig))
+            raise InvalidRequestError(f"LLM() takes no {', '.join(map(repr, unknown))} (its engine options: {known})")
         engine = EngineConfig(**engine_options)
         run = RunConfig(
             model,
@@ -135,7 +142,11 @@ class LLM:
             distributed_timeout_s,
             engine,
         )
+        if seed is not None and (not isinstance(seed, int) or seed < 0):
+            raise InvalidRequestError(f"seed must be an integer >= 0, got {seed!r}", "seed")
         self._start(run)
+        if seed is not None:
+            torch.manual_seed(seed)
 
     @classmethod
     def from_config(cls, run: RunConfig) -> LLM:
