@@ -335,9 +335,12 @@ def test_generate_says_which_format_ran_for_how_many_bytes_and_what_was_converte
         assert {part.split()[0] for part in held} == {"q4_k", "q5_0", "q6_k", "q5_k", "q8_0", "q4_0", "q5_1"}
     rare = tmp_path / "q3_k.gguf"
     write_tiny_gguf(rare, qtype={"blk.0.ffn_up.weight": QType.Q3_K, "blk.1.ffn_up.weight": QType.Q3_K})
-    out = rooftop_in_process("generate", "hi", "--model", str(rare), "-n", "2", "--no-roofline")
+    out = rooftop_in_process("generate", "hi", "--model", str(rare), "-n", "2", "--no-roofline", "--weights", "int4")
     assert out.returncode == 0, out.stderr
     assert "converted at load: 2 tensors Q3_K -> Q4_1" in out.stderr
+    out = rooftop_in_process("generate", "hi", "--model", str(rare), "-n", "2", "--no-roofline")
+    assert out.returncode == 0, out.stderr
+    assert "converted at load" not in out.stderr  # a float file: auto is float, and keeps the file's values
 
 
 def test_an_exact_block_format_choice_points_to_auto(k_quant_mix):
