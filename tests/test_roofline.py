@@ -538,12 +538,14 @@ def test_explains_decode_lever_weighs_the_block_linears_bits_not_the_models_mean
 
 
 def test_the_converted_type_has_one_spelling_and_resolve_hardware_no_unused_probe():
-    """The loader's CONVERTED_TO ("Q4_1") and the analyzer's ("q4_1") were two constants for one fact."""
+    """The loader's CONVERTED_TO ("Q4_1") and the analyzer's ("q4_1") were two constants for one fact: the model's
+    builder, which now makes the conversion, spells it from the analyzer's."""
     import inspect
 
     from rooftop.loading import gguf
+    from rooftop.models import tensors
     from rooftop.roofline.api import resolve_hardware
     from rooftop.roofline.precision import CONVERTED_TO
 
-    assert gguf.CONVERTED_TO is CONVERTED_TO
+    assert tensors.CONVERTED_UNDER["int4"] == CONVERTED_TO.upper() and not hasattr(gguf, "CONVERTED_TO")
     assert "probe" not in inspect.signature(resolve_hardware).parameters
