@@ -293,6 +293,25 @@ def test_non_finite_logits_end_only_their_own_request(eng, monkeypatch):
     assert is_idle(eng.stats())
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_constraints_that_leave_no_token_end_only_their_own_request(eng, temperature):
+    """min_tokens bans the end-of-sequence ids that allowed_token_ids allows alone: that request ends with an error
+    saying so (it failed every request in its step: multinomial raised on its row), and a request sharing its steps
+    runs on; at temperature 0 it ended at once on the banned token (argmax of a row of -inf)."""
+    eos = eng.tokenizer.eos_token_ids
+    stuck = SamplingParams(max_tokens=4, temperature=temperature, allowed_token_ids=list(eos), min_tokens=1)
+    eng.add_request("stuck", "first prompt", stuck)
+    eng.add_request(
+        "fine", "second prompt", SamplingParams(max_tokens=6, temperature=temperature, seed=0, ignore_eos=True)
+    )
+    deltas = drain(eng)
+    ended = {d.request_id: d for d in deltas if d.finished}
+    assert ended["stuck"].finish_reason == "error" and "leave no token to sample" in ended["stuck"].output.error
+    assert ended["stuck"].output.token_ids == []
+    assert ended["fine"].finish_reason == "length" and len(ended["fine"].output.token_ids) == 6
+    assert is_idle(eng.stats())
+
+
 def test_logits_too_large_to_sum_are_still_sampled(eng, monkeypatch):
     """Finite logits whose row sum overflows float32 are finite: the request samples its argmax, with no error."""
     logits = eng.model.logits

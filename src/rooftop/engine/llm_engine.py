@@ -43,6 +43,10 @@ from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import SeqShape, StepShape
 
 log = logging.getLogger("rooftop.engine")
+NO_TOKEN = (
+    "its constraints leave no token to sample at this step (min_tokens, allowed_token_ids, bad_words, stop_token_ids "
+    "and its structured output together ban every one)"
+)
 
 
 def pool_from_spec(model: Transformer, spec: tuple[int, int, str, int]) -> KVPool:
@@ -335,11 +339,14 @@ class LLMEngine:
                 )
                 good.append(first + j)
         tokens: dict[int, int] = {}
+        closed: set[int] = set()  # rows whose constraints leave no token
         error = "the model produced non-finite logits"
         if good:
             try:
                 kept = logits if len(good) == logits.shape[0] else logits[good]  # indexing copies the rows
-                tokens = dict(zip(good, sample(kept, rows), strict=True))
+                drawn = sample(kept, rows)
+                tokens = {i: t for i, t in zip(good, drawn, strict=True) if t is not None}
+                closed = {i for i, t in zip(good, drawn, strict=True) if t is None}
             except (RuntimeError, ValueError):  # a sampling failure fails this step's samples, not the engine
                 log.exception("sampling failed")
                 tokens, error = {}, "sampling failed on this step (the log has the details)"
@@ -349,7 +356,8 @@ class LLMEngine:
             s = batch[i]
             run = accepted_run(s.draft, [tokens.get(first + j) for j in range(count)])
             if run is None:  # a row it needed has no token (with drafts: the step's accepted run is dropped too)
-                deltas.append(self._outputs.on_error(s.seq, error))
+                why = NO_TOKEN if any(first + j in closed for j in range(count)) else error
+                deltas.append(self._outputs.on_error(s.seq, why))
                 continue
             k_logprobs = s.seq.params.logprobs
             logprobs = None

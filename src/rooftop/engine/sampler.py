@@ -259,13 +259,28 @@ def draw(c: Candidates, generators: list[torch.Generator | None], drafts: list[i
     return picks
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int | None]:
     """One token id per row of (B, vocab) float32 logits: logit biases, bans (allowed_token_ids, min_tokens,
     bad_words), the grammars' masks, penalties, then greedy rows by argmax and the others drawn among their
     candidates, each group in batched calls. Rows with top-k or top-p draw among a few hundred tokens at most (a draw
-    over all 49152 took ~2 ms of random numbers), the others over the whole vocabulary."""
+    over all 49152 took ~2 ms of random numbers), the others over the whole vocabulary. A row whose bans and grammar
+    leave no token (min_tokens against allowed_token_ids that are all end-of-sequence ids, bad_words over all of
+    them) gets None, and the others are sampled as without it: one request's constraints never fail another's."""
     logits = apply_grammars(apply_bans(apply_logit_bias(logits, rows), rows), [r.grammar for r in rows])
     logits = apply_penalties(logits, rows)
+    open_ = torch.isfinite(logits).any(-1).tolist()
+    if not all(open_):
+        live = [i for i, o in enumerate(open_) if o]
+        tokens: list[int | None] = [None] * len(rows)
+        if live:
+            for i, token in zip(live, _sample(logits[live], [rows[i] for i in live]), strict=True):
+                tokens[i] = token
+        return tokens
+    return _sample(logits, rows)
+
+
+def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+    """`sample` of rows that each have a token to take."""
     greedy = [r.params.greedy for r in rows]
     if all(greedy):
         return argmax(logits).tolist()
