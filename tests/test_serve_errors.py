@@ -28,6 +28,13 @@ CASES = [
     ("temperature a string", CHAT, chat(temperature="hot"), 400, "temperature: Input should be a valid number"),
     ("max_tokens a string", CHAT, chat(max_tokens="5"), 400, "max_tokens: Input should be a valid integer"),
     ("stream a string", CHAT, chat(stream="yes"), 400, "stream: Input should be a valid boolean"),
+    (
+        "stream_options without stream",
+        CHAT,
+        chat(stream_options={"include_usage": True}),
+        400,
+        "stream_options is only allowed with stream: true",
+    ),
     ("content a number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
     (
         "NaN temperature",
@@ -142,6 +149,7 @@ PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the 
     "a batch past the bound": "prompt",
     "a batch with one prompt too long": "prompt",
     "oversized body": None,
+    "stream_options without stream": "stream_options",
 }
 
 
@@ -185,6 +193,22 @@ def test_tokenize_needs_a_prompt_or_messages(server):
     assert response.status_code == 400 and "either prompt or messages" in response.json()["error"]["message"]
     response = httpx.post(f"{server}/detokenize", json={"tokens": [-1]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "tokens"
+
+
+def test_openais_nullable_booleans_take_null_as_their_default(server):
+    """OpenAI's stream, logprobs, echo and parallel_tool_calls are `boolean | null`: SDKs that send every field send
+    them as null, which OpenAI and vLLM read as the default (they were refused: "Input should be a valid boolean")."""
+    nulls = {"stream": None, "logprobs": None, "parallel_tool_calls": None}
+    response = httpx.post(f"{server}{CHAT}", json=chat(**nulls), timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["logprobs"] is None
+    response = httpx.post(f"{server}{TEXT}", json={"prompt": "hi", "max_tokens": 2, "echo": None, "stream": None})
+    assert response.status_code == 200, response.text
+    assert not response.json()["choices"][0]["text"].startswith("hi")  # echo null: no echo
+    options = {"include_usage": True, "include_obfuscation": True}  # a hint: no padding either way
+    streamed = httpx.post(f"{server}{CHAT}", json=chat(stream=True, stream_options=options), timeout=30)
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert '"completion_tokens": 2' in streamed.text.replace('":2', '": 2')
 
 
 @pytest.mark.parametrize(
@@ -269,7 +293,6 @@ HINTS = {  # OpenAI's fields that change nothing here: accepted, listed in the R
     "prompt_cache_key": "k",
     "prompt_cache_retention": "24h",
     "prompt_cache_options": {"ttl": "30m"},
-    "stream_options": {"include_usage": True, "include_obfuscation": True},
     "modalities": ["text"],
 }
 

@@ -281,3 +281,13 @@ def test_the_server_refuses_bad_specs_by_name_and_keeps_serving(server):
         assert error["param"] == param and message in error["message"], error
     ok = httpx.post(f"{server}/v1/chat/completions", json={**chat, "response_format": {"type": "text"}}, timeout=60)
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_tokenizer_without_the_models_end_of_sequence_ids_is_a_clear_refusal(llm):
+    """A dummy model of a preset (Qwen3's EOS 151645) borrows SmolLM2's 49152-token tokenizer: llguidance's ValueError
+    was a 500 for every request with tools or a JSON format; it is a 400 naming the ids."""
+    compiler = GrammarCompiler(llm.tokenizer.backend, 151936, [151645])
+    with pytest.raises(
+        InvalidRequestError, match=r"need a tokenizer that holds the model's end-of-sequence ids \[151645\]"
+    ):
+        compiler.start(StructuredOutputsParams(json_object=True))

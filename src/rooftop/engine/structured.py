@@ -201,9 +201,17 @@ class GrammarCompiler:
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
         if self._tokenizer is None:
-            self._tokenizer = llguidance.LLTokenizer(
-                self._source.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids
-            )
+            try:
+                self._tokenizer = llguidance.LLTokenizer(
+                    self._source.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids
+                )
+            except ValueError as e:  # a dummy preset's: SmolLM2's tokenizer beside the config's end-of-sequence ids
+                raise InvalidRequestError(
+                    f"structured output and tools need a tokenizer that holds the model's end-of-sequence ids "
+                    f"{self.eos_token_ids}, and this model's does not ({e}); a dummy model of a preset borrows "
+                    "SmolLM2's tokenizer",
+                    "structured_outputs",
+                ) from None
         return self._tokenizer
 
     def start(self, spec: StructuredOutputsParams) -> GrammarState:

@@ -15,7 +15,7 @@ from rooftop.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from rooftop.engine.structured import StructuredOutputsParams
 from rooftop.engine.tools import Function, ToolChoice, check_tool_choice, check_tools, with_tool_grammar
 from rooftop.errors import InvalidRequestError
-from rooftop.serve.body import Body, Float
+from rooftop.serve.body import Body, Float, NullFalse, NullTrue
 from rooftop.serve.formats import ResponseFormat, StructuredOutputs
 from rooftop.serve.messages import Message
 
@@ -48,7 +48,7 @@ class SamplingFields(Body):
     ignore_eos: bool = False
     n: int | None = None
     logit_bias: dict[str, Float] | None = None
-    stream: bool = False
+    stream: NullFalse = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
@@ -84,6 +84,10 @@ class SamplingFields(Body):
                 raise InvalidRequestError(f"{name} is not supported: {why}", name)
         if self.prompt_logprobs is not None and self.stream:
             raise InvalidRequestError(self.STREAMED_PROMPT_LOGPROBS, "prompt_logprobs")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError(
+                "stream_options is only allowed with stream: true (as OpenAI has it)", "stream_options"
+            )
         return SamplingParams(
             n=self.choices,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
@@ -152,16 +156,16 @@ class ChatCompletionRequest(SamplingFields):
     prompt_field: ClassVar[str] = "messages"  # the field a too-long prompt is blamed on
     messages: list[Message]
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: NullFalse = False
     top_logprobs: int | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: NullTrue = True
     # vLLM's chat template fields (loading/tokenizer.py: apply_chat_template)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None  # the template's own variables, e.g. enable_thinking
-    echo: bool = False  # vLLM's: a reply that continues the assistant's last message starts with that message
+    echo: NullFalse = False  # vLLM's: a reply that continues the assistant's last message starts with that message
     modalities: list[str] | None = None  # ["text"] only
     audio: Any = None
     prediction: Any = None
@@ -243,7 +247,7 @@ class CompletionRequest(SamplingFields):
     prompt_field: ClassVar[str] = "prompt"
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
-    echo: bool = False
+    echo: NullFalse = False
     suffix: str | None = None
     best_of: int | None = None
 
