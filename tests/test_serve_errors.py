@@ -10,6 +10,9 @@ CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 HI = [{"role": "user", "content": "hi"}]
 
 
+IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}  # as OpenAI's clients send it
+
+
 def chat(**fields) -> dict:
     return {"messages": HI, "max_tokens": 2, **fields}
 
@@ -68,7 +71,21 @@ CASES = [
     ("n 0", CHAT, chat(n=0), 400, "n must be in [1, 128]"),
     ("n 129", TEXT, {"prompt": "hi", "n": 129}, 400, "n must be in [1, 128]"),
     ("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0].role"),
-    ("image part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, "only text parts"),
+    (
+        "image part",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "?"}, IMAGE]}]),
+        400,
+        "messages[0].content[1]: image_url parts are not supported (rooftop takes text only)",
+    ),
+    ("no user content", CHAT, chat(messages=[{"role": "user", "content": None}]), 400, "a user message needs content"),
+    (
+        "tool result without its call",
+        CHAT,
+        chat(messages=[*HI, {"role": "tool", "content": "42"}]),
+        400,
+        "messages[1]: a tool message needs the tool_call_id of the call it answers",
+    ),
     (
         "chat prompt too long",
         CHAT,
@@ -140,6 +157,8 @@ PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the 
     "n 129": "n",
     "unknown role": "messages[0].role",
     "image part": "messages[0].content",
+    "no user content": "messages[0].content",
+    "tool result without its call": "messages[1].tool_call_id",
     "chat prompt too long": "messages",
     "prompt too long": "prompt",
     "token id out of range": "prompt",

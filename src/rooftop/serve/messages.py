@@ -15,8 +15,14 @@ REPLY_ONLY = ("annotations", "audio", "function_call")
 
 
 class ContentPart(Body):
+    """A part of a message's content: text, or OpenAI's other kinds, which are named so that they are refused by their
+    kind (rooftop takes text only), not as an unknown field of a text part."""
+
     type: str
     text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
 
 
 class Message(Body):
@@ -38,17 +44,27 @@ class Message(Body):
                     f"messages[{index}].{name} is not supported (rooftop takes text and tool calls)",
                     f"messages[{index}].{name}",
                 )
-        message = {"role": self.role, "content": self._text(index) or self.refusal or ""}
+        text = self._text(index)
+        if not text and self.role in ("system", "developer", "user"):
+            raise InvalidRequestError(
+                f"messages[{index}]: a {self.role} message needs content", f"messages[{index}].content"
+            )
+        if self.role == "tool" and self.tool_call_id is None:
+            raise InvalidRequestError(
+                f"messages[{index}]: a tool message needs the tool_call_id of the call it answers",
+                f"messages[{index}].tool_call_id",
+            )
+        message = {"role": self.role, "content": text or self.refusal or ""}
         extra = {"name": self.name, "tool_calls": self.tool_calls, "tool_call_id": self.tool_call_id}
         return message | {k: v for k, v in extra.items() if v is not None}
 
     def _text(self, index: int) -> str | None:
         if not isinstance(self.content, list):
             return self.content
-        for part in self.content:
+        for i, part in enumerate(self.content):
             if part.type != "text" or part.text is None:
                 raise InvalidRequestError(
-                    f"messages[{index}].content: only text parts are supported, got a {part.type!r} part",
+                    f"messages[{index}].content[{i}]: {part.type} parts are not supported (rooftop takes text only)",
                     f"messages[{index}].content",
                 )
         return "".join(p.text for p in self.content)
