@@ -271,6 +271,13 @@ def test_an_internal_error_is_a_plain_500_on_a_connection_that_stays_usable(long
 
 REFUSED = [  # (path, body, words the message must hold, param): fields rooftop does not implement, bad values of new ones
     (CHAT, chat(n=2, seed=2**64 - 1), "seed + n - 1 must be at most", "seed"),
+    (
+        CHAT,
+        chat(guided_choice=["yes", "no"]),
+        "guided_choice is not a field rooftop implements (refused rather than ignored): vLLM's "
+        "structured_outputs.choice replaced it",
+        "guided_choice",
+    ),
     (CHAT, chat(prompt_logprobs=1, stream=True), "not available with stream: true", "prompt_logprobs"),
     (CHAT, chat(min_tokens=3, max_tokens=2), "min_tokens must be at most max_tokens (2), got 3", "min_tokens"),
     (TEXT, {"prompt": "a", "skip_special_tokens": 1}, "skip_special_tokens", "skip_special_tokens"),

@@ -40,6 +40,15 @@ class ApiError(Exception):
         return error_response(self.status, self.message, self.param, self.headers)
 
 
+# vLLM's older guided decoding fields, which its structured_outputs replaced: each its structured_outputs key
+GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     return {
         "error": {
@@ -102,7 +111,8 @@ def _describe(error: dict) -> tuple[str, str | None]:
     if error["type"] == "extra_forbidden":  # a field of any name (a key need not be an identifier)
         parent, name = _path(error["loc"][:-1]), str(error["loc"][-1])
         path = f"{parent}.{name}" if parent else name
-        return f"{path} is not a field rooftop implements (refused rather than ignored)", path
+        instead = f": vLLM's structured_outputs.{GUIDED[name]} replaced it" if not parent and name in GUIDED else ""
+        return f"{path} is not a field rooftop implements (refused rather than ignored){instead}", path
     path = _path(error["loc"])
     if not path:
         return f"the body must be a JSON object: {error['msg']}", None
