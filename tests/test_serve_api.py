@@ -128,6 +128,18 @@ def test_sampling_fields_reach_the_engine(server):
     assert text(temperature=0, extra_body={"ignore_eos": True, "repetition_penalty": 1.5})[0] != greedy
     stop = greedy[5:7]
     assert text(temperature=0, stop=[stop], extra_body={"ignore_eos": True}) == (greedy[: greedy.index(stop)], "stop")
+    # vLLM's stop_reason: the stop string that ended the choice (None for the length), in the reply and the stream
+    same = {"model": "tiny-long", "prompt": "Sample me", "max_tokens": 24, "temperature": 0, "stop": [stop]}
+    stopped = c.completions.create(**same, extra_body={"ignore_eos": True})
+    assert stopped.choices[0].model_extra["stop_reason"] == stop
+    chunks = list(
+        c.completions.create(
+            model="tiny-long", prompt="Sample me", max_tokens=24, temperature=0, stop=[stop], stream=True
+        )
+    )
+    assert [ch.choices[0].model_extra["stop_reason"] for ch in chunks if ch.choices[0].finish_reason] == [stop]
+    long = c.completions.create(model="tiny-long", prompt="Sample me", max_tokens=2, temperature=0)
+    assert long.choices[0].finish_reason == "length" and long.choices[0].model_extra["stop_reason"] is None
 
 
 def test_logprobs(server):

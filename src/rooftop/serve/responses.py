@@ -116,6 +116,7 @@ class Responses:
             prompt = output.prompt_logprobs if self.echo_logprobs else None
             choice["logprobs"] = self.logprobs(i, None if logprobs is None else self.generated(logprobs[i]), prompt)
             choice["finish_reason"] = self.finish_reason(output, bool(calls))
+            choice["stop_reason"] = output.stop_reason  # vLLM's: the stop string or token id that ended it
             if output.prompt_logprobs is not None and self.kind != "chat":
                 choice["prompt_logprobs"] = self._vllm_entries(output.prompt_logprobs)
             choices.append(choice)
@@ -173,14 +174,20 @@ class Responses:
         if delta.finished:
             called = bool(self.readers and self.readers[index].calls)
             finish = self.finish_reason(delta.output, called)
-            end = self.chunk(index, {} if self.kind == "chat" else "", None, finish)
+            end = self.chunk(index, {} if self.kind == "chat" else "", None, finish, delta.output.stop_reason)
             chunks.append(end | {"timings": timings(delta.output.metrics, not self.echo_only)})
         return chunks
 
     def chunk(
-        self, index: int, piece: dict | str, logprobs: dict | None = None, finish_reason: str | None = None
+        self,
+        index: int,
+        piece: dict | str,
+        logprobs: dict | None = None,
+        finish_reason: str | None = None,
+        stop_reason: str | int | None = None,
     ) -> dict:
-        """A stream chunk with one choice: a chat's delta (a dict) or a completion's text."""
+        """A stream chunk with one choice: a chat's delta (a dict) or a completion's text; the last one's
+        finish_reason and vLLM's stop_reason."""
         choice: dict = {"index": index}
         if self.kind == "chat":
             choice["delta"] = piece
@@ -188,6 +195,7 @@ class Responses:
             choice["text"] = piece
         choice["logprobs"] = logprobs
         choice["finish_reason"] = finish_reason
+        choice["stop_reason"] = stop_reason
         return {**self._head(chunk=True), "choices": [choice]} | ({"usage": None} if self.include_usage else {})
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> dict:
