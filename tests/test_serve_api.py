@@ -159,6 +159,11 @@ def test_logprobs(server):
     lp = text.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     assert "".join(lp.tokens) == text.choices[0].text  # one byte per token, all printable here or not: same decode
+    # a drawn token outside the top 1 is in its position's top_logprobs too (OpenAI's "up to logprobs + 1")
+    drawn = c.completions.create(model="tiny-long", prompt="hi", max_tokens=16, logprobs=1, temperature=5.0, seed=3)
+    lp = drawn.choices[0].logprobs
+    assert all(t in top and top[t] == got for t, got, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+    assert any(len(top) == 2 for top in lp.top_logprobs)  # at temperature 5, some drawn token is not the likeliest
 
 
 def test_n_choices_are_indexed_seeded_shared_and_counted(server):

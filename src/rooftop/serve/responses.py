@@ -229,11 +229,15 @@ class Responses:
         return {
             "tokens": tokens,
             "token_logprobs": [None if lp is None else _finite(lp) for _, lp, _ in rows],
-            "top_logprobs": [
-                None if top is None else {self._token(i): _finite(lp) for i, lp in top} for *_, top in rows
-            ],
+            "top_logprobs": [None if top is None else self._top(token_id, lp, top) for token_id, lp, top in rows],
             "text_offset": offsets,
         }
+
+    def _top(self, token_id: int, logprob: float, top: list[tuple[int, float]]) -> dict[str, float]:
+        """A completion position's top_logprobs: the k most likely tokens and, as OpenAI's legacy completions always
+        give it, the chosen one (up to k + 1 entries)."""
+        entries = {self._token(i): _finite(lp) for i, lp in top}
+        return entries | ({} if any(i == token_id for i, _ in top) else {self._token(token_id): _finite(logprob)})
 
     def _vllm_entries(self, entries: list[TokenLogprob | None]) -> list[dict | None]:
         return [None if e is None else self._vllm_entry(e) for e in entries]
