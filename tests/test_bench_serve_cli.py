@@ -199,6 +199,11 @@ def closed_port() -> int:
         # before the load runs, not after it: its results would be lost
         (["--save-result", "/nonexistent/r.json"], ["--save-result /nonexistent/r.json: no folder /nonexistent"]),
         (["--plots", __file__], [f"--plots {__file__}: {__file__} is a file, not a folder"]),
+        # vllm bench serve's options spelt otherwise here: named, with what to use
+        (["--backend", "openai-chat"], ["vllm bench serve's --backend has no counterpart", "--endpoint chat"]),
+        (["--host", "127.0.0.1", "--port", "8000"], ["--host has no counterpart", "--base-url http://HOST:PORT/v1"]),
+        (["--result-dir", "out"], ["--result-dir has no counterpart", "--save-result FILE"]),
+        (["--percentile-metrics=ttft"], ["--percentile-metrics has no counterpart", "p90 and p99"]),
     ],
 )
 def test_bad_input_is_one_line(args, words):

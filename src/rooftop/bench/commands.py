@@ -521,6 +521,35 @@ LLAMA_BENCH_ONLY = {
 }
 
 
+# `vllm bench serve`'s options that `rooftop bench serve` spells otherwise or has no counterpart for
+VLLM_BENCH_ONLY = {
+    ("--backend",): "--endpoint chat or completions picks the API (vLLM's --endpoint path works too)",
+    ("--host", "--port"): "--base-url http://HOST:PORT/v1 names the server",
+    ("--result-dir", "--result-filename"): "--save-result FILE names the JSON file itself",
+    ("--percentile-metrics", "--metric-percentiles"): "every latency is reported with its mean, median, std, p90 "
+    "and p99",
+}
+
+
+def refuse_foreign(args: list[str], foreign: dict[tuple[str, ...], str], tool: str, command: str) -> None:
+    """Another tool's option without a counterpart here, refused by name with what to use instead (click would
+    have said "No such option", or read a multi-letter short option as letters)."""
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        for names, instead in foreign.items():
+            if name in names:
+                err.print(f"[bold red]error:[/] {tool}'s {name} has no counterpart in {command}: {instead}")
+                raise typer.Exit(1)
+
+
+class VllmBenchOptions(typer.core.TyperCommand):
+    """`rooftop bench serve`'s arguments as `vllm bench serve` users write them (VLLM_BENCH_ONLY)."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        refuse_foreign(args, VLLM_BENCH_ONLY, "vllm bench serve", "rooftop bench serve")
+        return super().parse_args(ctx, args)
+
+
 class LlamaBenchOptions(typer.core.TyperGroup):
     """`rooftop bench`'s arguments as llama-bench users write them: its options without a counterpart refused by name
     with what to use instead, -h for help, and several -m run one after the other (llama-bench's order)."""
@@ -528,14 +557,7 @@ class LlamaBenchOptions(typer.core.TyperGroup):
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         if args and args[0] in self.commands:  # `rooftop bench serve ...`: its own options
             return super().parse_args(ctx, args)
-        for arg in args:
-            name = arg.split("=", 1)[0]
-            for names, instead in LLAMA_BENCH_ONLY.items():
-                if name in names:
-                    err.print(
-                        f"[bold red]error:[/] llama-bench's {name} has no counterpart in rooftop bench: {instead}"
-                    )
-                    raise typer.Exit(1)
+        refuse_foreign(args, LLAMA_BENCH_ONLY, "llama-bench", "rooftop bench")
         models, rest = _models(args)
         ctx.meta[MORE_MODELS] = models[1:]
         return super().parse_args(ctx, rest if not models else ["-m", models[0], *rest])
@@ -566,5 +588,5 @@ app = typer.Typer(
 )
 app.callback(invoke_without_command=True)(bench)
 extra_goodput_values = {"allow_extra_args": True}  # vLLM's `--goodput ttft:500 tpot:50`
-app.command("serve", context_settings=extra_goodput_values)(serve_commands.serve)
+app.command("serve", cls=VllmBenchOptions, context_settings=extra_goodput_values)(serve_commands.serve)
 app.command("report", context_settings=extra_goodput_values)(serve_commands.report)
