@@ -31,6 +31,7 @@ CASES = [
     ("temperature a string", CHAT, chat(temperature="hot"), 400, "temperature: Input should be a valid number"),
     ("max_tokens a string", CHAT, chat(max_tokens="5"), 400, "max_tokens: Input should be a valid integer"),
     ("stream a string", CHAT, chat(stream="yes"), 400, "stream: Input should be a valid boolean"),
+    ("max_tokens a boolean", CHAT, chat(max_tokens=True), 400, "max_tokens: Input should be a valid integer, got true"),
     (
         "stream_options without stream",
         CHAT,
@@ -169,6 +170,7 @@ PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the 
     "a batch with one prompt too long": "prompt",
     "oversized body": None,
     "stream_options without stream": "stream_options",
+    "max_tokens a boolean": "max_tokens",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -118,9 +119,16 @@ def _describe(error: dict) -> tuple[str, str | None]:
         return f"the body must be a JSON object: {error['msg']}", None
     if error["type"] == "missing":
         return f"{path} is required", path
-    got = repr(error.get("input"))
+    got = _as_json(error.get("input"))  # as the client wrote it: true, null, "5"
     got = got if len(got) <= 40 else got[:37] + "..."
     return f"{path}: {error['msg']}, got {got}", path
+
+
+def _as_json(value) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):  # not from JSON (a value a validator made)
+        return repr(value)
 
 
 def _path(loc: tuple) -> str:
