@@ -162,7 +162,9 @@ def test_logprobs(server):
     # a drawn token outside the top 1 is in its position's top_logprobs too (OpenAI's "up to logprobs + 1")
     drawn = c.completions.create(model="tiny-long", prompt="hi", max_tokens=16, logprobs=1, temperature=5.0, seed=3)
     lp = drawn.choices[0].logprobs
-    assert all(t in top and top[t] == got for t, got, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+    assert all(
+        t in top and top[t] == got for t, got, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True)
+    )
     assert any(len(top) == 2 for top in lp.top_logprobs)  # at temperature 5, some drawn token is not the likeliest
 
 

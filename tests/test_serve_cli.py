@@ -212,6 +212,17 @@ def test_a_model_that_cannot_load_ends_with_one_line_and_exit_1(tmp_path):
     assert "error:" in result.stderr and "broken.gguf" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_port_in_use_is_refused_before_loading():
+    """uvicorn binds after the app's start, which loads the model: a port another process holds failed only then."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        result = serve_in_process("--port", str(taken))
+    assert result.exit_code == 1 and f"cannot listen on 127.0.0.1:{taken}" in result.stderr
+    assert "loading" not in result.stderr
+
+
 def test_bad_options_are_refused_before_loading():
     result = serve_in_process("--max-num-seqs", "0")
     assert result.exit_code == 1 and "max_num_seqs must be an integer >= 1" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import Annotated
 
 import typer
@@ -88,6 +89,7 @@ def serve(
             allowed_origins=allowed_origins or [],
             allowed_hosts=allowed_hosts or [],
         )
+        check_port(config.host, config.port)  # a port in use, before the model's load (uvicorn binds after it)
         if not api_key and not _is_loopback(config.host):
             err.print(
                 f"[yellow]warning:[/] no --api-key: anyone who can reach {config.host}:{port} can use this server"
@@ -95,6 +97,20 @@ def serve(
         load_error = run_server(config)
         if load_error is not None:
             raise RooftopError(load_error)
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port another process holds on `host`, by binding it for a moment as uvicorn will (SO_REUSEADDR: a
+    port with only closed connections left on it is free)."""
+    if port == 0:
+        return
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        raise RooftopError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 def _is_loopback(host: str) -> bool:
