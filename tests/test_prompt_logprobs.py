@@ -130,7 +130,8 @@ def test_echo_with_logprobs_puts_the_prompts_before_the_outputs(server):
         token_id, first = next(iter(entry.items()))  # the prompt token's own, then the top 2
         assert first["decoded_token"] == "Hello there"[p] and first["rank"] >= 1 and len(entry) <= 3
         assert logprobs["token_logprobs"][p] == first["logprob"]
-        assert len(logprobs["top_logprobs"][p]) <= 2
+        top = logprobs["top_logprobs"][p]  # the top 2 and the prompt token's own (OpenAI's up to logprobs + 1)
+        assert len(top) <= 3 and top["Hello there"[p]] == first["logprob"]
     assert logprobs["token_logprobs"][n:] == plain["token_logprobs"]
     assert logprobs["top_logprobs"][n:] == plain["top_logprobs"]
     assert logprobs["text_offset"] == list(range(len(logprobs["tokens"])))  # one character per byte token here
