@@ -220,7 +220,8 @@ def test_openais_nullable_booleans_take_null_as_their_default(server):
     """OpenAI's stream, logprobs, echo and parallel_tool_calls are `boolean | null`: SDKs that send every field send
     them as null, which OpenAI and vLLM read as the default (they were refused: "Input should be a valid boolean")."""
     nulls = {"stream": None, "logprobs": None, "parallel_tool_calls": None}
-    response = httpx.post(f"{server}{CHAT}", json=chat(**nulls), timeout=30)
+    empty_system = [{"role": "system", "content": ""}, *HI]  # an empty string is content (a missing one is refused)
+    response = httpx.post(f"{server}{CHAT}", json=chat(**nulls, messages=empty_system), timeout=30)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["logprobs"] is None
     response = httpx.post(f"{server}{TEXT}", json={"prompt": "hi", "max_tokens": 2, "echo": None, "stream": None})

@@ -45,7 +45,7 @@ class Message(Body):
                     f"messages[{index}].{name}",
                 )
         text = self._text(index)
-        if not text and self.role in ("system", "developer", "user"):
+        if self.content in (None, []) and self.role in ("system", "developer", "user"):  # "" is content: an empty one
             raise InvalidRequestError(
                 f"messages[{index}]: a {self.role} message needs content", f"messages[{index}].content"
             )
