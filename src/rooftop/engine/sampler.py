@@ -268,15 +268,33 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int | None]:
     them) gets None, and the others are sampled as without it: one request's constraints never fail another's."""
     logits = apply_grammars(apply_bans(apply_logit_bias(logits, rows), rows), [r.grammar for r in rows])
     logits = apply_penalties(logits, rows)
-    open_ = torch.isfinite(logits).any(-1).tolist()
-    if not all(open_):
-        live = [i for i, o in enumerate(open_) if o]
+    closed = closed_rows(logits, rows)
+    if closed:
+        live = [i for i in range(len(rows)) if i not in closed]
         tokens: list[int | None] = [None] * len(rows)
         if live:
             for i, token in zip(live, _sample(logits[live], [rows[i] for i in live]), strict=True):
                 tokens[i] = token
         return tokens
     return _sample(logits, rows)
+
+
+def closed_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> set[int]:
+    """The rows whose bans and grammar leave no token. Only a row narrowed to a few tokens (allowed_token_ids, a
+    grammar) can be one, and only its narrowed logits are looked at: a row's other bans (min_tokens, bad_words) take
+    a handful of tokens out of the whole vocabulary, and a pass over every row's logits would cost every decode step
+    (docs/PERFORMANCE.md)."""
+    closed = set()
+    for i, r in enumerate(rows):
+        if r.grammar is not None:
+            narrowed = logits[i]
+        elif r.params.allowed_token_ids is not None:
+            narrowed = logits[i, r.params.allowed_token_ids]
+        else:
+            continue
+        if not bool(torch.isfinite(narrowed).any()):
+            closed.add(i)
+    return closed
 
 
 def _sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
