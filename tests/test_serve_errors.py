@@ -79,6 +79,13 @@ CASES = [
         400,
         "messages[0].content[1]: image_url parts are not supported (rooftop takes text only)",
     ),
+    (
+        "a text part with an image",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "?", "image_url": IMAGE["image_url"]}]}]),
+        400,
+        "messages[0].content[0].image_url is not a field of a text part",
+    ),
     ("no user content", CHAT, chat(messages=[{"role": "user", "content": None}]), 400, "a user message needs content"),
     (
         "tool result without its call",
@@ -159,6 +166,7 @@ PARAMS = {  # the field each refusal names, as OpenAI's `param`; None where the 
     "unknown role": "messages[0].role",
     "image part": "messages[0].content",
     "no user content": "messages[0].content",
+    "a text part with an image": "messages[0].content[0].image_url",
     "tool result without its call": "messages[1].tool_call_id",
     "chat prompt too long": "messages",
     "prompt too long": "prompt",

@@ -67,4 +67,9 @@ class Message(Body):
                     f"messages[{index}].content[{i}]: {part.type} parts are not supported (rooftop takes text only)",
                     f"messages[{index}].content",
                 )
+            if other := next((k for k in ("image_url", "input_audio", "file") if getattr(part, k) is not None), None):
+                raise InvalidRequestError(
+                    f"messages[{index}].content[{i}].{other} is not a field of a text part",
+                    f"messages[{index}].content[{i}].{other}",
+                )
         return "".join(p.text for p in self.content)
