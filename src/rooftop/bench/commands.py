@@ -25,7 +25,6 @@ from rooftop.cli_options import with_run_config
 from rooftop.config import RunConfig
 from rooftop.console import check_output_file, check_output_folder, err, user_errors
 from rooftop.errors import InvalidRequestError
-from rooftop.roofline.api import resolve_model
 from rooftop.roofline.report import seconds
 
 INTEGER = re.compile(r"-?[0-9]+")
@@ -262,8 +261,10 @@ def bench(
             )
         if more and run.tensor_parallel_size > 1:
             raise InvalidRequestError("several -m/--model run on one device: --tensor-parallel-size takes one model")
+        from rooftop.loading.model_files import check_source
+
         for model in more:  # a mistyped path refused now, not after the first model's minutes
-            resolve_model(model)
+            check_source(replace(run, model=model))
         tests = _tests(pp, tg, pg or [], depth or [], ubatch) if quick else []
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         console = Console(highlight=False)
