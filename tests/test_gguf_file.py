@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from gguf import GGUFReader
 
 from rooftop.errors import ModelLoadError, UnsupportedModelError
@@ -160,3 +161,18 @@ def test_a_built_model_holds_none_of_the_files_pages(tmp_path):
     data = sum(t.data.nbytes for t in read_gguf(path).tensors) // 1024
     build_model(loaded, torch.float32, "cpu")
     assert mapped_kb(path) <= 16 < data // 8  # the header's pages at most
+
+
+def test_a_tensor_the_config_does_not_fit_is_named_as_the_file_names_it(tiny_gguf):
+    """A shape mismatch points into the file (`blk.0.ffn_gate.weight`), with the model's name beside it."""
+    from rooftop.loading.gguf import load_gguf
+    from rooftop.models.loader import build_model
+
+    loaded = load_gguf(tiny_gguf)
+    loaded.config.intermediate_size = 512  # the file's ffn matrices are 256 wide
+    message = (
+        "tensor blk.0.ffn_gate.weight (model.layers.0.mlp.gate_proj.weight) has shape (256, 256), "
+        "the config implies (512, 256)"
+    )
+    with pytest.raises(ModelLoadError, match=re.escape(message)):
+        build_model(loaded, torch.float32, "cpu", "float")

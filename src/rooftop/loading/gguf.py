@@ -192,7 +192,7 @@ def load_gguf(path: Path) -> LoadedModel:
     meta = gguf_file.metadata
     config = config_from_gguf(gguf_file)
     tensors = [part for t in gguf_file.tensors for part in split_experts(t)]
-    readers = {}
+    readers, file_names = {}, {}
     for t in tensors:
         name = hf_name(t.name)
         if name is None:
@@ -200,6 +200,7 @@ def load_gguf(path: Path) -> LoadedModel:
                 config.rope_freq_factors = dequantize(t.data, t.qtype, t.shape, t.name).tolist()
             continue
         readers[name] = partial(read_tensor, t, config, name)
+        file_names[name] = t.name
     try:
         tokenizer = Tokenizer.from_gguf_metadata(meta)
     except RooftopError:
@@ -208,7 +209,7 @@ def load_gguf(path: Path) -> LoadedModel:
         raise ModelLoadError(f"{path}: the GGUF tokenizer data is invalid ({type(e).__name__}: {e})") from None
     return LoadedModel(
         config,
-        LazyWeights(readers, gguf_file.release_pages),
+        LazyWeights(readers, gguf_file.release_pages, file_names),
         tokenizer,
         str(path),
         native_format(tensors),

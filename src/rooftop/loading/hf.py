@@ -74,14 +74,16 @@ def load_hf_dir(path: Path) -> LoadedModel:
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
     config = read_hf_config(path / "config.json", generation)
     check_runnable(config)  # before reading gigabytes of weights the engine could not use
-    readers, skipped = {}, 0
+    readers, file_names, skipped = {}, {}, 0
     for f in _weight_files(path):
         try:
             with safe_open(f, framework="pt") as opened:
                 names = list(opened.keys())
         except Exception as e:  # safetensors raises its own error types on a bad header or short file
             raise ModelLoadError(f"{f}: unreadable safetensors file ({e})") from None
-        readers.update({text: partial(_read, f, name) for name in names if (text := text_model_name(name))})
+        for name in names:
+            if (text := text_model_name(name)) is not None:
+                readers[text], file_names[text] = partial(_read, f, name), name
         skipped += sum(1 for name in names if text_model_name(name) is None)
     if "lm_head.weight" not in readers:
         config.tie_word_embeddings = True
@@ -95,7 +97,7 @@ def load_hf_dir(path: Path) -> LoadedModel:
     )
     return LoadedModel(
         config=config,
-        weights=LazyWeights(readers),
+        weights=LazyWeights(readers, file_names=file_names),
         tokenizer=tokenizer,
         source=str(path),
         notes=notes,

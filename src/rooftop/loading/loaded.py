@@ -14,10 +14,21 @@ from rooftop.quant.weights import Weight
 class LazyWeights(Mapping[str, Weight]):
     """Tensors read from the file when asked for, not before: the model builds each layer's linears from a few
     tensors at a time, so loading never holds the whole model widened to float32. Each reader takes the part of
-    its tensor to read (a `Shard`, under tensor parallelism) or None for all of it."""
+    its tensor to read (a `Shard`, under tensor parallelism) or None for all of it. `file_names`: the file's own
+    name of each tensor where it differs (a GGUF's `blk.0.attn_q.weight`), for errors that point into the file."""
 
-    def __init__(self, readers: dict[str, Callable[[Shard | None], Weight]], release: Callable[[], None] | None = None):
-        self._readers, self._release = readers, release
+    def __init__(
+        self,
+        readers: dict[str, Callable[[Shard | None], Weight]],
+        release: Callable[[], None] | None = None,
+        file_names: dict[str, str] | None = None,
+    ):
+        self._readers, self._release, self._file_names = readers, release, file_names or {}
+
+    def described(self, name: str) -> str:
+        """`name` as a user finds it in the file: the file's name, with the model's beside it where they differ."""
+        file_name = self._file_names.get(name, name)
+        return name if file_name == name else f"{file_name} ({name})"
 
     def release_pages(self) -> None:
         """Let go of the file's pages that reading mapped (a GGUF's tiles are made from views of its mapping):

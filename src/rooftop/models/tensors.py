@@ -91,7 +91,8 @@ class Tensors:
         else:
             w = shard_weight(self.weights[name], shard, name)
         if shape is not None and tuple(w.shape) != shape:
-            raise ModelLoadError(f"tensor {name} has shape {tuple(w.shape)}, the config implies {shape}")
+            where = self.weights.described(name) if isinstance(self.weights, LazyWeights) else name
+            raise ModelLoadError(f"tensor {where} has shape {tuple(w.shape)}, the config implies {shape}")
         if name in self.converted_types and self.keep_groups:
             w = self.policy_groups(w)
         if not isinstance(w, torch.Tensor) and not self.keep_groups:
