@@ -127,6 +127,21 @@ def test_concurrency_sweep(server, tmp_path):
     assert rooftop("bench", "report", tmp_path / "s.json").stdout == r.stdout
 
 
+def test_vllms_bare_save_result_writes_into_result_dir(server, tmp_path, monkeypatch):
+    """`vllm bench serve --save-result --result-dir D [--result-filename F]`: the flag alone, the file placed by
+    the other two, named as vLLM names it where F is not given; the flag last writes into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    args = ["bench", "serve", "--base-url", server.base_url, "--input-len", 4, "--output-len", 2, "--num-prompts", 2]
+    named = rooftop(*args, "--save-result", "--result-dir", tmp_path / "out", "--result-filename", "r.json")
+    assert named.returncode == 0, named.stderr
+    assert json.loads((tmp_path / "out" / "r.json").read_text())["summary"]["completed"] == 2
+    default = rooftop(*args, "--max-concurrency", 2, "--save-result")
+    assert default.returncode == 0, default.stderr
+    [written] = [p.name for p in tmp_path.glob("*.json")]
+    assert re.fullmatch(rf"openai-infqps-concurrency2-{MODEL.split('/')[-1]}-\d{{8}}-\d{{6}}\.json", written), written
+    assert f"results written to {tmp_path / written}" in default.stderr
+
+
 def test_a_sweep_writes_plots_only_where_asked(server, tmp_path, monkeypatch):
     """Without --plots no PNG is written, not even concurrency.png into the current directory (as the engine's
     sweep, which writes its plots only into --plots DIR)."""
@@ -202,7 +217,11 @@ def closed_port() -> int:
         # vllm bench serve's options spelt otherwise here: named, with what to use
         (["--backend", "openai-chat"], ["vllm bench serve's --backend has no counterpart", "--endpoint chat"]),
         (["--host", "127.0.0.1", "--port", "8000"], ["--host has no counterpart", "--base-url http://HOST:PORT/v1"]),
-        (["--result-dir", "out"], ["--result-dir has no counterpart", "--save-result FILE"]),
+        # vLLM's --result-dir and --result-filename place a bare --save-result's file, and nothing without it
+        (["--result-dir", "out"], ["--result-dir and --result-filename say where --save-result writes"]),
+        (["--save-result", "r.json", "--result-dir", "out"], ["--save-result r.json names the file itself"]),
+        (["--save-result", "--result-filename", "a/r.json"], ["--result-filename a/r.json: a file's name, not a path"]),
+        (["--save-result", "--result-dir", __file__], [f"--result-dir {__file__}: {__file__} is a file"]),
         (["--percentile-metrics=ttft"], ["--percentile-metrics has no counterpart", "p90 and p99"]),
     ],
 )

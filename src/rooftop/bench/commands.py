@@ -526,7 +526,6 @@ LLAMA_BENCH_ONLY = {
 VLLM_BENCH_ONLY = {
     ("--backend",): "--endpoint chat or completions picks the API (vLLM's --endpoint path works too)",
     ("--host", "--port"): "--base-url http://HOST:PORT/v1 names the server",
-    ("--result-dir", "--result-filename"): "--save-result FILE names the JSON file itself",
     ("--percentile-metrics", "--metric-percentiles"): "every latency is reported with its mean, median, std, p90 "
     "and p99",
 }
@@ -548,7 +547,16 @@ class VllmBenchOptions(typer.core.TyperCommand):
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         refuse_foreign(args, VLLM_BENCH_ONLY, "vllm bench serve", "rooftop bench serve")
-        return super().parse_args(ctx, args)
+        return super().parse_args(ctx, bare_save_result(args))
+
+
+def bare_save_result(args: list[str]) -> list[str]:
+    """vLLM's --save-result is a flag (--result-dir and --result-filename place the file) where rooftop's also takes
+    the file: given alone (last, or before another option) it becomes `--save-result=`, the empty file."""
+    return [
+        "--save-result=" if arg == "--save-result" and (i + 1 == len(args) or args[i + 1].startswith("-")) else arg
+        for i, arg in enumerate(args)
+    ]
 
 
 class LlamaBenchOptions(typer.core.TyperGroup):

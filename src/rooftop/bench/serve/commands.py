@@ -66,7 +66,18 @@ def serve(
     ] = None,
     ignore_eos: Annotated[bool, Opt(help="send ignore_eos: true so every request makes max_tokens tokens")] = True,
     timeout: Annotated[float, Opt(help="seconds before a request counts as failed")] = 3600.0,
-    save_result: Annotated[Path | None, Opt(help="write the summary and every request's record as JSON")] = None,
+    save_result: Annotated[
+        str | None,
+        Opt(
+            help="write the summary and every request's record as JSON: into FILE, or, given alone as vLLM's flag, "
+            "into --result-dir as --result-filename"
+        ),
+    ] = None,
+    result_dir: Annotated[Path | None, Opt(help="with a bare --save-result: the folder (default: here)")] = None,
+    result_filename: Annotated[
+        str | None,
+        Opt(help="with a bare --save-result: the file's name (default: vLLM's, e.g. openai-infqps-MODEL-DATE.json)"),
+    ] = None,
     plots: Annotated[Path | None, Opt(help="write PNG plots into this directory")] = None,
     sweep_concurrency: Annotated[
         str | None, Opt(help="run once per max concurrency, e.g. 1,2,4,8,16 (with --plots: plotted against it)")
@@ -78,7 +89,7 @@ def serve(
     from rooftop.bench.serve.datasets import build_requests, load_tokenizer
 
     with user_errors():
-        check_output_file(save_result, "--save-result")
+        saved = _result_path(save_result, result_dir, result_filename)
         check_output_folder(plots, "--plots")
         slos = _slos(ctx, goodput)
         levels = _levels(sweep_concurrency) if sweep_concurrency else [max_concurrency]
@@ -95,6 +106,11 @@ def serve(
             requests = build_requests(dataset, dataset_path, tok, num_prompts, input_len, output_len, range_ratio, seed)
         chat = ENDPOINTS[endpoint] == "chat"
         name = asyncio.run(server_model(base, model, api_key))
+        if saved is not None and saved.is_dir():  # vLLM's name, now that the model's is known
+            saved = saved / _vllm_result_name(
+                ENDPOINTS[endpoint], request_rate, sweep_concurrency, max_concurrency, name
+            )
+            check_output_file(saved, "--save-result")
         target = Target(
             f"{base}/{'chat/completions' if chat else 'completions'}", name, chat, ignore_eos, timeout, api_key
         )
@@ -124,14 +140,54 @@ def serve(
         from rooftop.bench.serve.report import print_result
 
         print_result(Console(highlight=False), result)
-        if save_result:
+        if saved is not None:
             try:
-                save_result.write_text(json.dumps(result, indent=1))
+                saved.write_text(json.dumps(result, indent=1))
             except OSError as e:
-                raise RooftopError(f"cannot write {save_result}: {e}") from None
-            err.print(f"results written to {save_result}")
+                raise RooftopError(f"cannot write {saved}: {e}") from None
+            err.print(f"results written to {saved}")
         if plots:
             _write_plots(result, plots)
+
+
+def _result_path(save_result: str | None, result_dir: Path | None, result_filename: str | None) -> Path | None:
+    """Where the results go, checked before the run: --save-result FILE, or vLLM's bare --save-result (the empty
+    string here: VllmBenchOptions) with --result-dir (made where missing) and --result-filename. A folder is returned
+    where the file's name is vLLM's default, which needs the served model's name."""
+    if save_result is None:
+        if result_dir is not None or result_filename is not None:
+            raise InvalidRequestError(
+                "--result-dir and --result-filename say where --save-result writes: add --save-result"
+            )
+        return None
+    if save_result:
+        if result_dir is not None or result_filename is not None:
+            raise InvalidRequestError(
+                f"--save-result {save_result} names the file itself: drop --result-dir and --result-filename, or give "
+                "--save-result alone"
+            )
+        check_output_file(Path(save_result), "--save-result")
+        return Path(save_result)
+    folder = result_dir or Path.cwd()
+    check_output_folder(folder, "--result-dir")
+    folder.mkdir(parents=True, exist_ok=True)
+    if result_filename is None:
+        return folder
+    if Path(result_filename).name != result_filename:
+        raise InvalidRequestError(f"--result-filename {result_filename}: a file's name, not a path (--result-dir)")
+    check_output_file(folder / result_filename, "--result-filename")
+    return folder / result_filename
+
+
+def _vllm_result_name(
+    endpoint: str, request_rate: float, sweep_concurrency: str | None, max_concurrency: int | None, model: str
+) -> str:
+    """`vllm bench serve`'s file name: backend (openai, or openai-chat), rate, concurrency, model, date and time."""
+    backend = "openai-chat" if endpoint == "chat" else "openai"
+    levels = sweep_concurrency.replace(",", "-") if sweep_concurrency else max_concurrency
+    concurrency = f"-concurrency{levels}" if levels is not None else ""
+    when = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{backend}-{request_rate}qps{concurrency}-{model.rstrip('/').split('/')[-1]}-{when}.json"
 
 
 def report(
