@@ -328,6 +328,11 @@ def test_a_phase_faster_than_its_bound_is_told_to_probe_again():
     compute = phase("prefill", bound=3.0, host=0.1, around=0.1, compute_time=3.0, memory_time=1.0)
     compute = replace(compute, flops=3e9, measured_s=2.0)
     assert "it moved 1.5 GFLOP/s, above the probe's peak of 1 GFLOP/s" in advice("prefill", compute)
+    # a tensor-parallel prefill whose collectives bound it: the all-reduce's probe was slow, not the FLOP/s'
+    collectives = replace(compute, comm_time_s=4.0, bound_s=4.0, measured_s=3.5)
+    said = advice("prefill", collectives)
+    assert said.startswith("prefill ran faster than its bound: 3.5 s against 4 s for its tensor-parallel"), said
+    assert "--tensor-parallel-size" in said and "GFLOP/s" not in said
 
 
 def test_memory_bound_decode_advice_names_what_its_bytes_are():

@@ -74,6 +74,7 @@ class PhaseAttribution:
     expected_s: float | None = None  # the calibrated time of the steps, with a calibration
     gap: Gap | None = None  # the steps' gaps summed, with a calibration
     kv_share: float = 0.0  # the KV cache's share of the bytes no fusion avoids (weights, KV cache, state)
+    comm_time_s: float = 0.0  # Σ the tensor-parallel collectives at the probed latency and interconnect bandwidth
 
     @property
     def achieved_flops_per_s(self) -> float:
@@ -160,6 +161,7 @@ def attribute_phases(steps: list[StepAttribution], hw: Hardware) -> dict[str, Ph
             gap=None if None in gaps else functools.reduce(operator.add, gaps),
             kv_share=sum(s.predicted.kv_share * s.predicted.essential_bytes for s in chosen)
             / max(sum(s.predicted.essential_bytes for s in chosen), 1.0),
+            comm_time_s=sum(s.predicted.comm_time_s for s in chosen),
         )
     return phases
 
@@ -225,7 +227,15 @@ def advice(name: str, p: PhaseAttribution, kv_value_bytes: float = 4, weight_bit
 def beat_bound(name: str, p: PhaseAttribution) -> str:
     """A phase that ran faster than its bound did more per second than the probe measured this machine doing: the
     roof came from a slower minute (a shared host's read moves by half between minutes, docs/PERFORMANCE.md), and
-    the lever is to measure it again, not a setting of the run."""
+    the lever is to measure it again, not a setting of the run. Where the collectives bound it, their probed time
+    was slower than they ran."""
+    if p.comm_time_s >= max(p.compute_time_s, p.memory_time_s):
+        return (
+            f"{name} ran faster than its bound: {seconds(p.measured_s)} against {seconds(p.comm_time_s)} for its "
+            "tensor-parallel collectives at the probed all-reduce latency and bandwidth, so the group's all-reduce "
+            "was faster now than when it was probed; `rooftop probe --force` with this run's --tensor-parallel-size "
+            "measures it again"
+        )
     if p.roof == "memory":
         done, roof = si(p.achieved_bytes_per_s, "B/s"), f"the probe's read of {si(p.bandwidth, 'B/s')}"
     else:
