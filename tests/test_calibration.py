@@ -346,6 +346,8 @@ def test_memory_bound_decode_advice_names_what_its_bytes_are():
     one_sequence = phase("decode", bound=3.0, host=0.1, around=0.1, tokens=10, kv_share=0.2)
     said = advice("decode", one_sequence, kv_value_bytes=4)
     assert "--weights int4" in said and "speculative decoding (--speculative-config" in said
+    hybrid = advice("decode", one_sequence, kv_value_bytes=4, speculative=False)  # a model the engine cannot speculate
+    assert "--weights int4" in hybrid and "--speculative-config" not in hybrid
 
 
 @pytest.mark.parametrize(

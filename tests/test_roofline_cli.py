@@ -490,3 +490,18 @@ def test_speculation_with_one_output_token_is_refused():
     assert_error(run(*args, "0.7"), "--num-speculative-tokens needs --output 2 or more", "one output token has none")
     assert_error(run(*args, "0.7", "--json"), "--num-speculative-tokens needs --output 2 or more")
     assert run(*args[:6], "2", *args[7:], "0.7").exit_code == 0
+
+
+def test_speculative_decoding_is_a_lever_only_where_the_engine_runs_it_and_it_helps():
+    """explain offered speculative decoding to a hybrid (whose recurrent state the engine cannot roll back: it
+    refuses) and to an MoE at one sequence (whose verify step reads the experts of all its tokens, and is predicted
+    slower); roofline's what-if for a hybrid says the engine does not run it."""
+    lever = "speculative decoding (--speculative-config"
+    assert lever in run("explain", "-m", "qwen3-8b", "-H", "h200").output
+    assert lever not in run("explain", "-m", "qwen3.6-27b", "-H", "h200").output
+    assert lever not in run("explain", "-m", "qwen3-30b-a3b", "-H", "h200").output
+    args = ("roofline", "-H", "h200", "--num-speculative-tokens", "1", "--acceptance", "0.7")
+    hybrid = run(*args, "-m", "qwen3.6-27b").output
+    assert "1 draft token accepted at 70% each" in hybrid
+    assert "rooftop's engine does not run speculative decoding on this hybrid model" in hybrid
+    assert "does not run speculative" not in run(*args, "-m", "qwen3-8b").output

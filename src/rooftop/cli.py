@@ -144,7 +144,7 @@ def print_phase_report(llm: LLM, since: float) -> None:
             err.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
     for name, phase in phases.items():
         err.print(
-            f"[dim]{escape(advice(name, phase, llm.precision.kv_bytes, llm.precision.weights.bits_per_weight()))}[/]"
+            f"[dim]{escape(advice(name, phase, p.kv_bytes, p.weights.bits_per_weight(), llm.config.can_speculate))}[/]"
         )
     if "decode" in phases and (kept := keep_decode_read(llm, phases["decode"].achieved_bytes_per_s)):
         err.print(f"[dim]{escape(kept)}[/]")

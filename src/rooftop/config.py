@@ -124,6 +124,12 @@ class ModelConfig:
         return self.num_experts > 0
 
     @property
+    def can_speculate(self) -> bool:
+        """Whether rooftop's speculative decoding runs this model: it rolls rejected drafts back in the KV cache,
+        and a hybrid's linear-attention layers keep a recurrent state that cannot be rolled back."""
+        return not self.num_linear_attention_layers
+
+    @property
     def num_full_attention_layers(self) -> int:
         return self.num_layers if self.layer_types is None else self.layer_types.count(FULL_ATTENTION)
 

@@ -272,13 +272,19 @@ def bench(
             llm = _engine(run, max(max(lens) + 1, min(lens) + output_len))
             _sweep(console, llm, lens, batches, output_len, reps, plots, html_path, json_path)
             return
-        runs = []  # per model and thread count: its report, tests, phases and precision
+        runs = []  # per model and thread count: its report, tests, phases, precision and whether it speculates
         for model in [run.model, *more]:  # llama-bench's order: each model at every count
             llm = _engine(replace(run, model=model), max(t.context for t in tests))
             for count in counts if len(counts) > 1 else [None]:  # one count: the engine's already
                 if count is not None:
                     torch.set_num_threads(count)
-                runs.append((*_quick_run(llm, _tests(pp, tg, pg or [], depth or [], ubatch), reps), llm.precision))
+                runs.append(
+                    (
+                        *_quick_run(llm, _tests(pp, tg, pg or [], depth or [], ubatch), reps),
+                        llm.precision,
+                        llm.config.can_speculate,
+                    )
+                )
             llm.close()
             del llm  # its weights and KV cache, before the next model's
         _print_quick(console, runs, output)
@@ -421,7 +427,7 @@ def _print_quick(console: Console, runs: list, output: str | None) -> None:
         write_output(output, measured, sys.stdout)
         sys.stdout.flush()
     out = console if output is None else err
-    for report, _, phases, precision in runs:
+    for report, _, phases, precision, speculative in runs:
         if len(runs) > 1:
             count = report["machine"]["threads"]
             out.print(f"\n{model_name(report['machine'])}, {count} thread{'' if count == 1 else 's'}:")
@@ -429,7 +435,7 @@ def _print_quick(console: Console, runs: list, output: str | None) -> None:
         out.print(gap_sentence(phases))
         for name, phase in phases.items():
             out.print(gap_bar(name, phase.gap, phase.steps if name == "decode" else 1))
-            out.print(advice(name, phase, precision.kv_bytes, precision.weights.bits_per_weight()))
+            out.print(advice(name, phase, precision.kv_bytes, precision.weights.bits_per_weight(), speculative))
 
 
 def _print_sweep(console: Console, result) -> None:

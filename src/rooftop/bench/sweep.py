@@ -92,7 +92,7 @@ def _add_prefill(result: SweepResult, llm: LLM, hw: Hardware, calibration: Calib
             "achieved_flops_per_s": phase.achieved_flops_per_s,
             "pct_of_compute_roof": phase.pct_of_compute_roof,
             "prefill_tokens_per_s": S / att.measured_s,
-            "advice": advice("prefill", phase, p.kv_bytes, p.weights.bits_per_weight()),
+            "advice": advice("prefill", phase, p.kv_bytes, p.weights.bits_per_weight(), llm.config.can_speculate),
         }
     )
     result.points.append(_point("prefill", f"pp{S}", att, hw))
@@ -131,7 +131,7 @@ def _add_decode(
             "predicted_tokens_per_s_total": B / predicted,
             "achieved_bytes_per_s": phase.achieved_bytes_per_s,
             "pct_of_bandwidth_roof": phase.pct_of_bandwidth_roof,
-            "advice": advice("decode", phase, p.kv_bytes, p.weights.bits_per_weight()),
+            "advice": advice("decode", phase, p.kv_bytes, p.weights.bits_per_weight(), llm.config.can_speculate),
         }
     )
     result.points.append(_point("decode", f"b{B}", att, hw))

@@ -94,7 +94,7 @@ def make_proposer(
     method needs the `target` model (a self-draft is made of its layers; a draft file must share its vocabulary)."""
     if config is None:
         return None
-    if model.num_linear_attention_layers:
+    if not model.can_speculate:
         raise InvalidRequestError(
             "speculative decoding rolls rejected drafts back in the KV cache; this hybrid model's linear-attention "
             "layers keep a recurrent state that cannot be rolled back",

@@ -188,10 +188,12 @@ def gap_sentence(phases: dict[str, PhaseAttribution]) -> str:
     return "; ".join(parts) + "."
 
 
-def advice(name: str, p: PhaseAttribution, kv_value_bytes: float = 4, weight_bits: float = 16) -> str:
+def advice(
+    name: str, p: PhaseAttribution, kv_value_bytes: float = 4, weight_bits: float = 16, speculative: bool = True
+) -> str:
     """The lever that would move this phase, chosen from what its time went to (its gap's largest part) and, for
     a memory-bound decode, from what its bytes are (the KV cache is stored at `kv_value_bytes` per value, the
-    weights at `weight_bits` each)."""
+    weights at `weight_bits` each); speculative decoding only where the model runs it (`ModelConfig.can_speculate`)."""
     if p.measured_s < p.bound_s:
         return beat_bound(name, p)
     if p.bound == "host":
@@ -215,7 +217,9 @@ def advice(name: str, p: PhaseAttribution, kv_value_bytes: float = 4, weight_bit
             "format (--weights) runs other kernels"
         )
     if p.roof == "memory" and name == "decode":
-        return "decode is memory-bound: " + decode_lever(p.kv_share, kv_value_bytes, p.tokens / p.steps, weight_bits)
+        return "decode is memory-bound: " + decode_lever(
+            p.kv_share, kv_value_bytes, p.tokens / p.steps, weight_bits, speculative
+        )
     if p.roof == "memory":
         return f"{name} is memory-bound (few tokens per step): longer chunks or more prompts per step share the weights' read"
     return (

@@ -153,6 +153,12 @@ def roofline(
             print_prediction(pred, Console(highlight=False))
             if spec:
                 typer.echo(speculative_sentence(spec))
+                if not config.can_speculate:
+                    typer.echo(
+                        "rooftop's engine does not run speculative decoding on this hybrid model (its linear-attention "
+                        "layers' recurrent state cannot be rolled back past rejected drafts): the prediction is an "
+                        "engine's that can"
+                    )
         if plot:
             from rooftop.roofline.plot import plot_roofline
 

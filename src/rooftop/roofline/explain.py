@@ -7,7 +7,9 @@ from rooftop.roofline.ops import expert_bytes, shares_table, table_bytes
 from rooftop.roofline.precision import Precision
 from rooftop.roofline.predict import Prediction, StepTime
 from rooftop.roofline.report import NO_DECODE, decode_lever, seconds, si, weight_formats
+from rooftop.roofline.speculative import predict_speculative
 
+TYPICAL_DRAFTS, TYPICAL_ACCEPTANCE = 4, 0.7  # what "speculative decoding would help" is judged at
 CACHE_OPS = {"attention", "linear_conv", "linear_recurrence"}  # what reads and writes the KV cache and the state
 EXPERT_OPS = ("experts_gate_up", "experts_down")  # what reads the routed experts' matrices
 
@@ -76,7 +78,13 @@ def explain(pred: Prediction, config: ModelConfig, p: Precision) -> str:
         )
     decode = (
         "memory-bound by the last token: "
-        + decode_lever(pred.decode_last.kv_share, pred.kv_bytes_per_value, pred.batch, p.weights.bits_per_weight())
+        + decode_lever(
+            pred.decode_last.kv_share,
+            pred.kv_bytes_per_value,
+            pred.batch,
+            p.weights.bits_per_weight(),
+            speculation_helps(pred, config, p),
+        )
         + " (fewer bytes do not cut prefill's math)"
         if pred.decode_last.bound == "memory"
         else f"{d.bound}-bound at this batch, so fewer FLOPs per token (a smaller batch per step) or a faster "
@@ -127,3 +135,14 @@ def _times(pred: Prediction) -> str:
             else "."
         )
     )
+
+
+def speculation_helps(pred: Prediction, config: ModelConfig, p: Precision) -> bool:
+    """Whether speculative decoding is a lever here: the engine runs it on this model, and a verify step of
+    TYPICAL_DRAFTS drafts accepted at TYPICAL_ACCEPTANCE beats plain decode steps (a mixture of experts' verify step
+    reads the experts of all its tokens, which can cost more than the tokens it yields)."""
+    if not config.can_speculate or pred.tpot_s is None:
+        return False
+    context = pred.prompt_len + pred.output_len // 2
+    spec = predict_speculative(config, p, pred.hw, TYPICAL_DRAFTS, TYPICAL_ACCEPTANCE, context, pred.batch, pred.tp)
+    return spec.speedup > 1

@@ -39,11 +39,13 @@ def seconds(value: float | None) -> str:
 NO_DECODE = "none: one output token is the prefill's, and no decode step follows (TPOT needs two)"
 
 
-def decode_lever(kv_share: float, kv_value_bytes: float, batch: float, weight_bits: float = 16) -> str:
+def decode_lever(
+    kv_share: float, kv_value_bytes: float, batch: float, weight_bits: float = 16, speculative: bool = True
+) -> str:
     """What would move a memory-bound decode step, from what its bytes are: the KV cache (`kv_share` of the bytes
     no fusion avoids, stored at `kv_value_bytes` per value) or the weights (`weight_bits` each: a 4-bit format is
     not told to read 4 bits); at one sequence per step, speculative decoding shares the weights' read across
-    several of its tokens."""
+    several of its tokens, where it runs and would speed the step up (`speculative`)."""
     if kv_share >= 0.5 and kv_value_bytes > 1:
         lever = (
             f"the KV cache is {100 * kv_share:.0f}% of each step's bytes, so store it in fewer "
@@ -56,7 +58,7 @@ def decode_lever(kv_share: float, kv_value_bytes: float, batch: float, weight_bi
             if weight_bits > 5
             else f" (the weights are {weight_bits:.2g} bits each already)"
         )
-    if batch < 1.5:
+    if batch < 1.5 and speculative:
         lever += (
             "; with one sequence, speculative decoding (--speculative-config, ngram where the output quotes the "
             "input) verifies several tokens per read"
@@ -238,7 +240,7 @@ def speculative_sentence(spec: SpeculativePrediction) -> str:
     """What speculative decoding's prediction says, in one sentence."""
     k, a = spec.num_speculative_tokens, spec.acceptance
     return (
-        f"speculative decoding, {k} draft tokens accepted at {a:.0%} each: {spec.tokens_per_step:.2f} tokens per "
+        f"speculative decoding, {k} draft token{'' if k == 1 else 's'} accepted at {a:.0%} each: {spec.tokens_per_step:.2f} tokens per "
         f"verify step of {seconds(spec.verify.time_s)} (a decode step: {seconds(spec.decode.time_s)}, "
         f"{spec.context} tokens deep), TPOT {seconds(spec.tpot_s)} instead of {seconds(spec.decode_tpot_s)}: "
         f"{spec.speedup:.2f}x"
