@@ -84,6 +84,18 @@ def test_a_bf16_preset_prefills_at_the_float32_roof_on_a_probed_cpu():
     assert p.compute == "fp32" and p.embedding_format.bits == p.head().weights.bits == 16
 
 
+def test_exact_float_weights_on_a_probed_device_compute_and_cache_in_their_dtype():
+    """The engine runs --weights bf16 (or fp16) only with that --dtype, so its KV cache is 2 bytes a value, not the
+    probe's float32 engine's 4; on a datasheet device the KV follows the activations as before."""
+    hw = probed().to_hardware()
+    for weights in ("bf16", "fp16"):
+        p = resolve_precision(weights, None, None, hw, find_preset("qwen3-0.6b"))
+        assert (p.activation_bytes, p.kv_bytes) == (2, 2), weights
+    p = resolve_precision("fp32", None, None, hw, find_preset("qwen3-0.6b"))
+    assert (p.activation_bytes, p.kv_bytes) == (4, 4)
+    assert resolve_precision("int8", None, None, hw, find_preset("qwen3-0.6b")).kv_bytes == 4  # the probe's fp32
+
+
 def test_a_config_jsons_bf16_checkpoint_runs_as_bf16_fp32_and_a_quantized_one_as_it_says():
     hw = probed().to_hardware()
     config = replace(find_preset("qwen3-0.6b"), torch_dtype="bfloat16", tie_word_embeddings=False)

@@ -191,8 +191,8 @@ def resolve_precision(
     device (`hw.engine_auto`: a bf16 checkpoint as bf16-fp32 on rooftop's CPU kernels). A GGUF type rooftop's loader
     converts (Q2_K, Q3_K, the IQ types) is the Q4_1 it becomes on a probed device, where rooftop's engine runs it,
     and as stored elsewhere (`as_converted`). The activations are what rooftop's engine computes in on a probed
-    device (`hw.engine_dtype`), else of the weights' compute width; the KV cache is `kv` (default: the activations'
-    width), a linear-attention state `state_dtype`. Under auto a GGUF's embedding table and lm_head are their own
+    device (`hw.engine_dtype`; an exact float `--weights` there is the run's --dtype, which the engine requires),
+    else of the weights' compute width; the KV cache is `kv` (default: the activations' width), a linear-attention state `state_dtype`. Under auto a GGUF's embedding table and lm_head are their own
     tensors' formats (`tables`, file_tables), as the engine holds them, but for a table on a probed GPU, which the
     engine widens to its float dtype (`hw.widens_tables`); under int8 or int4 they are not integer groups
     (`integer_tables`)."""
@@ -204,10 +204,11 @@ def resolve_precision(
         file_format = as_converted(file_format)
         tables = None if tables is None else (as_converted(tables[0]), as_converted(tables[1]))
     held = checkpoint_weights(config) if auto and file_format is None and config is not None else None
+    activations = weights if hw.probed and weights in FLOAT_DTYPES.values() else hw.engine_dtype
     p = (
         held.as_run(hw.engine_auto).precision(kv, hw.engine_dtype)
         if held is not None
-        else precision(weight_format(weights, file_format, hw.engine_formats, hw.engine_auto), kv, hw.engine_dtype)
+        else precision(weight_format(weights, file_format, hw.engine_formats, hw.engine_auto), kv, activations)
     )
     if not auto:
         return integer_tables(p, weights, hw, tables).with_state(state_dtype)
