@@ -505,3 +505,24 @@ def test_speculative_decoding_is_a_lever_only_where_the_engine_runs_it_and_it_he
     assert "1 draft token accepted at 70% each" in hybrid
     assert "rooftop's engine does not run speculative decoding on this hybrid model" in hybrid
     assert "does not run speculative" not in run(*args, "-m", "qwen3-8b").output
+
+
+def test_explain_takes_tensor_parallelism_and_custom_hardware_as_roofline_does():
+    """Its memory check told a 70B on an H100 to "use more tensor parallelism", which explain had no option for;
+    custom hardware could not be timed under --tp (no option gave its interconnect)."""
+    assert_error(run("explain", "-m", "llama-3.1-70b", "-H", "h100"), "use more tensor parallelism")
+    text = run("explain", "-m", "llama-3.1-70b", "-H", "h100", "--tp", "4").output
+    assert "on NVIDIA H100 SXM, split over 4 of them (tensor parallel" in text
+    assert "It must read 34.8 GB of the 35.3 GB of weights" in text  # 141 GB of bf16 weights over 4
+    custom = ("-m", "llama-3.1-70b", "--peak-tflops", "100", "--bandwidth-tbs", "1", "--memory-gb", "80", "--tp", "4")
+    assert_error(run("roofline", *custom), "has no interconnect bandwidth")
+    assert run("roofline", *custom, "--interconnect-gbs", "100").exit_code == 0
+    assert run("explain", *custom, "--interconnect-gbs", "100").exit_code == 0
+    assert_error(run("roofline", "-H", "h100", "--interconnect-gbs", "100"), "--interconnect-gbs describes custom")
+
+
+def test_this_machine_is_named_in_any_case_and_a_group_is_checked_before_its_probe():
+    """-H THIS was an unknown name (catalog names ignore case), and the list of known names left 'this' out; a tp
+    the model cannot split asked for a group probe first, only to be refused after it."""
+    assert_error(run("roofline", "-H", "thiss"), "unknown hardware 'thiss'", "this")
+    assert_error(run("roofline", "-m", "smollm2-135m", "-H", "THIS", "--tp", "2"), "valid sizes: 1, 3, 9")

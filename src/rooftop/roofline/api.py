@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rooftop.config import ModelConfig
 from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.roofline.hardware import Hardware, custom_hardware
-from rooftop.roofline.ops import weight_bytes
+from rooftop.roofline.ops import check_tp, weight_bytes
 from rooftop.roofline.precision import (
     DEFAULT_STATE_DTYPE,
     FLOAT_DTYPES,
@@ -142,9 +142,14 @@ def resolve_hardware(
         if any(v is None for v in explicit):
             raise InvalidRequestError("custom hardware needs all of --peak-tflops, --bandwidth-tbs and --memory-gb")
         return custom_hardware(peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)
-    if hardware is None or hardware == "this":
+    if is_this(hardware):
         return _probe(None).to_hardware()
     return find_hardware(hardware)
+
+
+def is_this(hardware: str | Hardware | None) -> bool:
+    """Whether `hardware` names this machine: none given, or "this" in any case, as catalog names are."""
+    return hardware is None or (isinstance(hardware, str) and hardware.strip().lower() == "this")
 
 
 def _probe(probe: Callable[[], ProbeResult] | None) -> ProbeResult:
@@ -168,7 +173,8 @@ def resolve(
     (`ProbeResult.to_hardware`), the roof `rooftop bench` bounds the same model by: weights that stay partly in a
     cache read faster than DRAM."""
     config, file_format = resolve_model(model)
-    measured = _probe(probe) if hardware is None or hardware == "this" else None
+    check_tp(config, tp)  # before a probe of a group that could not split the model
+    measured = _probe(probe) if is_this(hardware) else None
     hw = measured.to_hardware() if measured is not None else resolve_hardware(hardware)
     p = resolve_precision(weights, kv, file_format, hw, config, state_dtype, file_tables(model))
     if measured is not None:

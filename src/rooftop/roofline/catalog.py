@@ -142,4 +142,4 @@ def find_hardware(name: str) -> Hardware:
     key = ALIASES.get(key, key)
     if key in CATALOG:
         return CATALOG[key]
-    raise InvalidRequestError(f"unknown hardware {name!r}" + suggest(key or name, list(CATALOG)))
+    raise InvalidRequestError(f"unknown hardware {name!r}" + suggest(key or name, [*CATALOG, "this"]))

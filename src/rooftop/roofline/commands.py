@@ -52,6 +52,15 @@ StateDtypeArg = Annotated[
     str,
     typer.Option(help=f"recurrent state of linear-attention (Gated DeltaNet) layers: {'|'.join(STATE_DTYPES)}"),
 ]
+TpArg = Annotated[int, typer.Option("--tp", help="tensor-parallel degree: the devices the model is split over")]
+PeakArg = Annotated[float | None, typer.Option(help="custom hardware: dense peak TFLOP/s")]
+BandwidthArg = Annotated[float | None, typer.Option(help="custom hardware: memory TB/s")]
+MemoryArg = Annotated[float | None, typer.Option(help="custom hardware: memory GB")]
+InterconnectArg = Annotated[
+    float | None, typer.Option(help="custom hardware: interconnect GB/s per device (times --tp's all-reduces)")
+]
+ComputeEfficiencyArg = Annotated[float, typer.Option(help="fraction of peak FLOP/s reachable")]
+MemoryEfficiencyArg = Annotated[float, typer.Option(help="fraction of peak bandwidth reachable")]
 UtilizationArg = Annotated[
     float,
     typer.Option(help="fraction of the device's memory an engine uses (vLLM's option): the max batch's capacity"),
@@ -67,12 +76,18 @@ def _resolve(
     peak_tflops,
     bandwidth_tbs,
     memory_gb,
+    interconnect_gbs,
     compute_efficiency,
     memory_efficiency,
     tp: int = 1,
 ):
     if any(v is not None for v in (peak_tflops, bandwidth_tbs, memory_gb)):
-        hardware = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb)
+        hardware = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)
+    elif interconnect_gbs is not None:
+        raise InvalidRequestError(
+            "--interconnect-gbs describes custom hardware: give it with --peak-tflops, "
+            "--bandwidth-tbs and --memory-gb (a catalog device has its own)"
+        )
     probe = load_or_run_probe if tp == 1 else lambda: group_probe(tp)
     config, hw, p = resolve(model, hardware, weights, kv, tp, state_dtype, probe)
     return config, hw.scaled(compute_efficiency, memory_efficiency), p
@@ -99,12 +114,13 @@ def roofline(
     batch: Annotated[int, typer.Option("--batch", "-b", help="sequences decoded together")] = 1,
     weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
     kv: KvArg = None,
-    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
-    peak_tflops: Annotated[float | None, typer.Option(help="custom hardware: dense peak TFLOP/s")] = None,
-    bandwidth_tbs: Annotated[float | None, typer.Option(help="custom hardware: memory TB/s")] = None,
-    memory_gb: Annotated[float | None, typer.Option(help="custom hardware: memory GB")] = None,
-    compute_efficiency: Annotated[float, typer.Option(help="fraction of peak FLOP/s reachable")] = 1.0,
-    memory_efficiency: Annotated[float, typer.Option(help="fraction of peak bandwidth reachable")] = 1.0,
+    tp: TpArg = 1,
+    peak_tflops: PeakArg = None,
+    bandwidth_tbs: BandwidthArg = None,
+    memory_gb: MemoryArg = None,
+    interconnect_gbs: InterconnectArg = None,
+    compute_efficiency: ComputeEfficiencyArg = 1.0,
+    memory_efficiency: MemoryEfficiencyArg = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON with SI units in the keys")] = False,
     plot: Annotated[str | None, typer.Option(help="write the roofline chart to this PNG")] = None,
     gpu_memory_utilization: UtilizationArg = DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -128,6 +144,7 @@ def roofline(
             peak_tflops,
             bandwidth_tbs,
             memory_gb,
+            interconnect_gbs,
             compute_efficiency,
             memory_efficiency,
             tp,
@@ -169,16 +186,34 @@ def explain(
     model: ModelArg = None,
     hardware: HardwareArg = None,
     prompt: PromptArg = 1024,
-    output: Annotated[int, typer.Option("--output", "-n")] = 256,
+    output: Annotated[int, typer.Option("--output", "-n", help="output tokens")] = 256,
     weights: Annotated[str | None, typer.Option(help=WEIGHTS_HELP)] = None,
     kv: KvArg = None,
+    tp: TpArg = 1,
+    peak_tflops: PeakArg = None,
+    bandwidth_tbs: BandwidthArg = None,
+    memory_gb: MemoryArg = None,
+    interconnect_gbs: InterconnectArg = None,
     gpu_memory_utilization: UtilizationArg = DEFAULT_GPU_MEMORY_UTILIZATION,
     state_dtype: StateDtypeArg = DEFAULT_STATE_DTYPE,
 ) -> None:
     """The two phases in plain words, with this model's numbers (one sequence, which must fit, as in roofline)."""
     with user_errors():
-        config, hw, p = _resolve(model, hardware, weights, kv, state_dtype, None, None, None, 1.0, 1.0)
-        pred = analyze(config, hw, p, prompt, output, 1, 1, gpu_memory_utilization=gpu_memory_utilization)
+        config, hw, p = _resolve(
+            model,
+            hardware,
+            weights,
+            kv,
+            state_dtype,
+            peak_tflops,
+            bandwidth_tbs,
+            memory_gb,
+            interconnect_gbs,
+            1.0,
+            1.0,
+            tp,
+        )
+        pred = analyze(config, hw, p, prompt, output, 1, tp, gpu_memory_utilization=gpu_memory_utilization)
         typer.echo(explain_text(pred, config, p))
 
 

@@ -44,8 +44,15 @@ def explain(pred: Prediction, config: ModelConfig, p: Precision) -> str:
         bandwidth += f" (this machine's read of {si(hw.working_set, 'B')}, the model's weights)"
     cache = "the KV cache" + (" and recurrent state" if pred.state_bytes_per_sequence else "")
     cache_bytes = sum(op.essential_bytes for op in d.ops if op.name in CACHE_OPS)
+    split = (
+        f", split over {pred.tp} of them (tensor parallel: each holds and reads 1/{pred.tp} of the weights and does "
+        f"1/{pred.tp} of the math, and all-reduces join their parts twice a layer; every number below is one device's)"
+        if pred.tp > 1
+        else ""
+    )
     lines = [
-        f"{pred.model} on {hw.name} (weights {weight_formats(pred)}, {pred.parameters.total / 1e9:.3g}B parameters):",
+        f"{pred.model} on {hw.name}{split} (weights {weight_formats(pred)}, {pred.parameters.total / 1e9:.3g}B "
+        "parameters):",
         "",
         f"1. Your prompt becomes {s} tokens.",
         f"2. Prefill pushes all {s} tokens through the model in one pass. It reads {weights_read(prefill, pred, config, p)} "
