@@ -526,3 +526,12 @@ def test_this_machine_is_named_in_any_case_and_a_group_is_checked_before_its_pro
     the model cannot split asked for a group probe first, only to be refused after it."""
     assert_error(run("roofline", "-H", "thiss"), "unknown hardware 'thiss'", "this")
     assert_error(run("roofline", "-m", "smollm2-135m", "-H", "THIS", "--tp", "2"), "valid sizes: 1, 3, 9")
+
+
+def test_efficiencies_given_are_named_as_the_expectation():
+    """Given --compute-efficiency/--memory-efficiency, the expected line said the H100 had no published efficiencies
+    (it has; the given ones replace them)."""
+    given = run("roofline", "-m", "qwen3-8b", "-H", "h100", "--memory-efficiency", "0.8", "--compute-efficiency", "0.7")
+    assert "at the efficiencies given (0.7 of the compute peaks, 0.8 of the memory roof)" in given.output
+    assert "no published efficiencies" not in given.output
+    assert "at the efficiencies published engines reach here" in run("roofline", "-m", "qwen3-8b", "-H", "h100").output

@@ -51,6 +51,7 @@ class Hardware:
     working_set: float | None = None
     # the share of the device's memory roof memory_bandwidth is (--memory-efficiency, `scaled`): 1 for the roof itself
     memory_efficiency: float = 1.0
+    compute_efficiency: float = 1.0  # the share of the datasheet's peaks peak_flops are (--compute-efficiency)
 
     @property
     def probed(self) -> bool:
@@ -89,6 +90,7 @@ class Hardware:
             memory_bandwidth=self.memory_bandwidth * memory_efficiency,
             efficiency=self.efficiency if compute_efficiency == memory_efficiency == 1.0 else None,
             memory_efficiency=self.memory_efficiency * memory_efficiency,
+            compute_efficiency=self.compute_efficiency * compute_efficiency,
         )
 
 

@@ -107,6 +107,12 @@ def op_table(title: str, step: StepTime, pred: Prediction) -> Table:
 
 
 def _expected(pred: Prediction) -> str:
+    hw = pred.hw
+    if hw.compute_efficiency != 1.0 or hw.memory_efficiency != 1.0:
+        return (
+            f"the rows above, at the efficiencies given ({hw.compute_efficiency:.3g} of the compute peaks, "
+            f"{hw.memory_efficiency:.3g} of the memory roof), in place of those published engines reach"
+        )
     if pred.expected_ttft_s is None:
         return (
             "no published efficiencies for this device: --compute-efficiency/--memory-efficiency set them "
