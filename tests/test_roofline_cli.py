@@ -78,8 +78,8 @@ def test_json_has_self_describing_keys():
         "max_batch",
         "prefill_compute_bound_from_tokens",
         "decode_compute_bound_from_batch",
-        "output_tokens_per_s_per_seq",
-        "output_tokens_per_s_total",
+        "decode_tokens_per_s_per_seq",
+        "decode_tokens_per_s_total",
     ):
         assert key in data, key
     assert data["weights_format"] == "int4" and data["kv_bytes_per_value"] == 1 and data["batch"] == 4
@@ -450,7 +450,7 @@ def test_one_output_token_has_no_tpot(tmp_path):
     """TPOT is (E2E - TTFT) / (n - 1): after one output token no decode step follows, and roofline reported the first
     decode step's time as TPOT (bench reports none)."""
     data = json.loads(run("roofline", "-m", small_json(tmp_path), "-H", "h100", "-p", "64", "-n", "1", "--json").output)
-    for key in ("tpot_s", "tpot_bound_s", "expected_tpot_s", "tpot_first_s", "output_tokens_per_s_per_seq"):
+    for key in ("tpot_s", "tpot_bound_s", "expected_tpot_s", "tpot_first_s", "decode_tokens_per_s_per_seq"):
         assert data[key] is None, key
     assert data["e2e_s"] == data["ttft_s"]
     text = run("roofline", "-m", small_json(tmp_path), "-H", "h100", "-p", "64", "-n", "1").output
@@ -535,3 +535,14 @@ def test_efficiencies_given_are_named_as_the_expectation():
     assert "at the efficiencies given (0.7 of the compute peaks, 0.8 of the memory roof)" in given.output
     assert "no published efficiencies" not in given.output
     assert "at the efficiencies published engines reach here" in run("roofline", "-m", "qwen3-8b", "-H", "h100").output
+
+
+def test_decode_rate_and_output_throughput_are_told_apart():
+    """ "output tok/s" was batch / TPOT, the decode rate; vLLM's output throughput counts the prefill's time too."""
+    args = ("roofline", "-m", "qwen3-30b-a3b", "-H", "h100", "-b", "32", "--weights", "int4", "--kv", "fp8")
+    data = json.loads(run(*args, "--json").output)
+    assert data["decode_tokens_per_s_total"] == pytest.approx(32 / data["tpot_s"])
+    assert data["output_tokens_per_s"] == pytest.approx(32 * 256 / data["e2e_s"])
+    assert data["output_tokens_per_s"] < data["decode_tokens_per_s_total"]
+    text = run(*args).output
+    assert "decode tok/s" in text and "(1 / TPOT)" in text and "over the end-to-end time" in text

@@ -182,12 +182,18 @@ class Prediction:
         return self.decode_total_s / (self.output_len - 1) if self.output_len > 1 else None
 
     @property
-    def output_tokens_per_s_per_seq(self) -> float | None:
+    def decode_tokens_per_s_per_seq(self) -> float | None:
+        """The decode rate, 1 / TPOT (the prefill's time not in it)."""
         return None if self.tpot_s is None else 1 / self.tpot_s
 
     @property
-    def output_tokens_per_s_total(self) -> float | None:
+    def decode_tokens_per_s_total(self) -> float | None:
         return None if self.tpot_s is None else self.batch / self.tpot_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        """Every sequence's output tokens over the end-to-end time, prefill included (vLLM's output throughput)."""
+        return self.batch * self.output_len / self.e2e_s
 
     def to_dict(self) -> dict:
         """Self-describing keys with SI units in their names."""
@@ -250,8 +256,9 @@ class Prediction:
             "tpot_first_s": None if self.tpot_s is None else self.decode_first.time_s,
             "tpot_last_s": None if self.tpot_s is None else self.decode_last.time_s,
             "e2e_s": self.e2e_s,
-            "output_tokens_per_s_per_seq": self.output_tokens_per_s_per_seq,
-            "output_tokens_per_s_total": self.output_tokens_per_s_total,
+            "decode_tokens_per_s_per_seq": self.decode_tokens_per_s_per_seq,
+            "decode_tokens_per_s_total": self.decode_tokens_per_s_total,
+            "output_tokens_per_s": self.output_tokens_per_s,
             "prefill": {**step(self.prefill), "ops": op_rows(self.prefill)},
             "decode": {**step(self.decode_first), "ops": op_rows(self.decode_first)},
             "decode_last": step(self.decode_last),

@@ -153,11 +153,13 @@ def summary_table(pred: Prediction) -> Table:
         ("expected", _expected(pred)),
         ("end-to-end", seconds(pred.e2e_s)),
         (
-            "output tok/s",
+            "decode tok/s",
             "none (no decode step)"
             if pred.tpot_s is None
-            else f"{pred.output_tokens_per_s_per_seq:.4g} per sequence, {pred.output_tokens_per_s_total:.4g} in total",
+            else f"{pred.decode_tokens_per_s_per_seq:.4g} per sequence, {pred.decode_tokens_per_s_total:.4g} in total "
+            "(1 / TPOT)",
         ),
+        ("output tok/s", f"{pred.output_tokens_per_s:.4g} (all output tokens over the end-to-end time)"),
         (
             "memory",
             f"{si(pred.memory_needed_bytes, 'B')} needed (prefill activations {si(pred.activation_bytes, 'B')} of it) "
