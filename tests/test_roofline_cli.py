@@ -546,3 +546,13 @@ def test_decode_rate_and_output_throughput_are_told_apart():
     assert data["output_tokens_per_s"] < data["decode_tokens_per_s_total"]
     text = run(*args).output
     assert "decode tok/s" in text and "(1 / TPOT)" in text and "over the end-to-end time" in text
+
+
+def test_a_crossover_to_compute_bound_weighs_the_collectives_too():
+    """An interconnect-bound tensor-parallel step was called compute-bound from 3 prompt tokens (the crossover
+    compared the math with the memory traffic alone)."""
+    args = ("-m", "smollm2-135m", "--peak-tflops", "10", "--bandwidth-tbs", "1", "--memory-gb", "80", "--tp", "3")
+    data = json.loads(run("roofline", *args, "--interconnect-gbs", "1", "-p", "38", "-n", "16", "--json").output)
+    assert data["prefill"]["bound"] == "interconnect" and data["decode"]["bound"] == "interconnect"
+    assert data["prefill_compute_bound_from_tokens"] > 38
+    assert data["decode_compute_bound_from_batch"] is None or data["decode_compute_bound_from_batch"] > 1

@@ -400,7 +400,9 @@ def _first_true(predicate, limit: int = MAX_SEARCH) -> int | None:
 
 
 def compute_bound(step: StepTime) -> bool:
-    return step.compute_time_s >= step.memory_time_s
+    """Whether the step's math takes longer than its memory traffic and its collectives (under tensor parallelism
+    a step can be interconnect-bound at any length)."""
+    return step.bound == "compute"
 
 
 def prefill_crossover(config: ModelConfig, p: Precision, hw: Hardware, tp: int = 1) -> int | None:

@@ -169,7 +169,8 @@ def summary_table(pred: Prediction) -> Table:
         ("prefill compute-bound", "never" if prefill_x is None else f"from {prefill_x} prompt tokens"),
         (
             "decode compute-bound",
-            "never at this context (each sequence's KV reads grow with the batch)"
+            f"never at this context (each sequence's KV reads{' and all-reduces' if pred.tp > 1 else ''} grow with "
+            "the batch)"
             if decode_x is None
             else f"from batch {decode_x}",
         ),
