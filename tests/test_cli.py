@@ -311,6 +311,8 @@ def test_every_command_that_starts_an_engine_takes_the_same_engine_options(comma
             ["chat", "--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}'],
             ["method must be one of ngram, draft; got 'medusa'"],
         ),
+        # a CUDA option on the CPU was ignored without a word
+        (["generate", "hi", "--cuda-graph-sizes", "8"], ["cuda_graph_sizes", "cpu captures none"]),
     ],
 )
 def test_bad_engine_options_fail_in_one_line_before_anything_loads(args, words):

@@ -393,3 +393,9 @@ class RunConfig:
             raise InvalidRequestError(
                 f"device must be a torch device name (cpu, cuda, cuda:1 ...); got {self.device!r}"
             )
+        if self.engine.cuda_graph_sizes is not None and not self.device.startswith("cuda"):
+            raise InvalidRequestError(
+                f"cuda_graph_sizes: the decode batch sizes captured as CUDA graphs, and {self.device} captures none "
+                "(every step runs op by op there); drop it or run on cuda",
+                "cuda_graph_sizes",
+            )
