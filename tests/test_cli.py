@@ -105,6 +105,21 @@ def test_chat_is_multi_turn_and_ends_on_eof(tiny_gguf, tiny_llm):
     assert r.stdout == "".join(f"{a}\n" for a in answers)
 
 
+def test_chat_takes_stop_strings_as_generate_does(tiny_gguf, tiny_llm):
+    """The README's sampling options hold for chat too: --stop was "No such option" there."""
+    from rooftop import SamplingParams
+
+    prompt = tiny_llm.apply_chat_template([{"role": "user", "content": "hi"}])
+    full = tiny_llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0))[0].text
+    assert len(full) >= 3
+    stop = full[2]
+    r = rooftop_in_process(
+        "chat", "--model", str(tiny_gguf), "-n", "8", "--temperature", "0", "--stop", stop, stdin="hi\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == full[: full.index(stop)] + "\n"
+
+
 def test_chat_prompts_a_terminal_on_stderr_and_keeps_stdout_the_answers(tiny_gguf, tiny_llm):
     """Typed at a terminal, `>>> ` goes to stderr, as python's REPL writes it: `rooftop chat > answers.txt` kept
     the prompts in the file when they went to stdout."""

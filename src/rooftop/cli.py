@@ -228,6 +228,7 @@ def chat(
     min_p: MinPOpt = 0.0,
     repetition_penalty: RepPenaltyOpt = 1.0,
     seed: SeedOpt = None,
+    stop: StopOpt = None,
     stats: Annotated[bool, typer.Option(help="print TTFT/TPOT after each answer")] = False,
     *,
     run: RunConfig,
@@ -242,6 +243,7 @@ def chat(
             min_p=min_p,
             repetition_penalty=repetition_penalty,
             seed=seed,
+            stop=stop or [],
         )
         llm = load(run)
         if not llm.tokenizer.chat_template:
