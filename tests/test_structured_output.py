@@ -161,6 +161,16 @@ def test_max_tokens_cuts_with_length(llm):
     assert out.finish_reason == "length" and len(out.token_ids) == 5 and out.text.startswith('{"')
 
 
+def test_a_stop_string_ends_a_structured_output_and_is_named_as_its_stop_reason(llm):
+    """As vLLM: a stop string cuts the output where it meets it, complete or not; stop_reason tells that from a
+    complete output (None: it ended at EOS)."""
+    whole = llm.chat(PROMPT, json_params(temperature=0))[0]
+    assert whole.finish_reason == "stop" and whole.stop_reason is None
+    cut = llm.chat(PROMPT, json_params(temperature=0, stop=['"age"']))[0]
+    assert cut.finish_reason == "stop" and cut.stop_reason == '"age"'
+    assert whole.text.startswith(cut.text) and '"age"' in whole.text[len(cut.text) :]
+
+
 def test_an_unconstrained_row_is_untouched_by_constrained_neighbours(llm):
     """Greedy: the same tokens alone and batched with constrained rows; the masks leave its logits bit-identical."""
     free = SamplingParams(max_tokens=24, temperature=0)
