@@ -466,3 +466,6 @@ def test_the_calibrate_command_labels_each_curves_points_by_what_they_are_drawn_
     assert re.search(r"at 1 token .* at \d+ tokens", rows["prefill.host"])
     assert re.search(r"at 1 seq .* at \d+ seqs", rows["decode.host"])
     assert re.search(r"\(roofline .*\(roofline ", rows["prefill.linears"])
+    # run again, it says it read the cache (it said "cached in" either way)
+    again = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["calibrate", "-m", str(tiny_gguf), "--quick"])
+    assert "read from the cache (`--force` calibrates again)" in again.stderr

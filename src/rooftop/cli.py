@@ -312,7 +312,7 @@ def calibrate(
     """Time the engine's linears, attention, elementwise ops and host work inside real steps of this model, at
     decode batches and prompt lengths within the engine's limits, and cache the result: what `generate` and `bench`
     compute their expected times from."""
-    from rooftop.engine.calibrate import cache_path, load_or_calibrate
+    from rooftop.engine.calibrate import cache_path, cached_calibration, load_or_calibrate, serves
     from rooftop.engine.probe import load_or_run_probe, probe_device
 
     with user_errors():
@@ -320,6 +320,7 @@ def calibrate(
         with err.status("measuring this machine's roofs (once; cached)..."):
             probe = load_or_run_probe(probe_device(llm.device), collectives=llm.lead)
             hw = probe.to_hardware(working_set=llm.weight_bytes)
+        reused = not force and serves(cached_calibration(llm, hw, llm.engine), quick)
         with err.status("calibrating...") as status:
             cal = load_or_calibrate(llm, hw, force, quick, lambda s: status.update(f"calibrating: {s}"))
     table = Table("curve", "points", "first point: measured", "last point: measured")
@@ -328,7 +329,8 @@ def calibrate(
             key, str(len(curve.points)), *(curve_cell(key, x, y) for x, y in (curve.points[0], curve.points[-1]))
         )
     err.print(table)
-    err.print(f"[dim]cached in {cache_path(llm, hw)}{' (quick)' if cal.quick else ''}[/]")
+    where = "read from the cache (`--force` calibrates again): " if reused else "measured and cached in "
+    err.print(f"[dim]{where}{cache_path(llm, hw)}{' (quick)' if cal.quick else ''}[/]")
 
 
 app.add_typer(bench_commands.app, name="bench")

@@ -16,7 +16,16 @@ import typer
 from rooftop.config import DTYPES, LOAD_FORMATS, EngineConfig, RunConfig
 from rooftop.console import user_errors
 from rooftop.errors import InvalidRequestError
-from rooftop.roofline.precision import WEIGHTS_HELP, check_weight_choice
+from rooftop.roofline.precision import WEIGHT_CHOICES, check_weight_choice
+
+# --weights as the engine takes it (the analyzer's help adds what each choice means on a datasheet device)
+ENGINE_WEIGHTS_HELP = (
+    "auto (the file's own format: a GGUF's tensors as stored, a bf16 checkpoint as bf16-fp32 on the CPU kernels, "
+    "other floats in the run's dtype), float (the run's dtype), int8 or int4 (Q8_0 / Q4_1 groups of 32 on the CPU "
+    "kernels, else int8 per row / int4 per 32), or an exact format: "
+    f"{', '.join(WEIGHT_CHOICES[4:])} (refused where the engine does not make it; a file's own block formats run as "
+    "stored under auto)"
+)
 
 RUN_HELP = {
     "model": (
@@ -27,7 +36,7 @@ RUN_HELP = {
     ),
     "dtype": (f"{', '.join(DTYPES)} (auto: float32 on CPU, bfloat16 on a GPU)",),
     "device": ("torch device: cpu, cuda, cuda:1 ...",),
-    "weights": (WEIGHTS_HELP,),
+    "weights": (ENGINE_WEIGHTS_HELP,),
     "threads": ("CPU threads for the model's ops (llama.cpp's --threads; default: the cores this process may use)",),
     "load_format": (
         f"{', '.join(LOAD_FORMATS)} (vLLM's): auto reads the weights from the model's file; dummy makes seeded "

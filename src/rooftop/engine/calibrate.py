@@ -423,6 +423,11 @@ def cached_calibration(
     return None
 
 
+def serves(cached: Calibration | None, quick: bool) -> bool:
+    """Whether a cached calibration serves a request: a full one serves a quick request too."""
+    return cached is not None and (quick or not cached.quick)
+
+
 def load_or_calibrate(
     llm: LLM,
     hw: Hardware,
@@ -437,7 +442,7 @@ def load_or_calibrate(
     eng = engine or llm.engine
     path = cache_path(llm, hw, eng, at_prompt)
     cached = None if force else cached_calibration(llm, hw, eng, at_prompt)
-    if cached is not None and (quick or not cached.quick):
+    if serves(cached, quick):
         return cached
     result = calibrate(llm, hw, quick, on_progress, eng, at_prompt)
     with contextlib.suppress(OSError):
