@@ -71,8 +71,10 @@ def plot_roofline(pred: Prediction, path: str | Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable FLOP/s")
+    split = f" x{pred.tp} (tensor parallel; each device's ops)" if pred.tp > 1 else ""
     ax.set_title(
-        f"{pred.model} on {hw.name}: prefill of {pred.prompt_len} tokens, decode at batch {pred.batch} ({pred.weights_format})"
+        f"{pred.model} on {hw.name}{split}: prefill of {pred.prompt_len} tokens, decode at batch {pred.batch} "
+        f"({pred.weights_format})"
     )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="lower right")
