@@ -36,14 +36,27 @@ def support(logits: torch.Tensor) -> set[int]:
     "kwargs, message",
     [
         ({"max_tokens": 0}, "max_tokens must be an integer >= 1"),
-        ({"temperature": -0.1}, "temperature must be >= 0"),
+        ({"temperature": -0.1}, "temperature must be a finite number >= 0"),
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
-        ({"top_k": -1}, "top_k must be an integer >= 0"),
+        ({"top_k": -2}, "top_k must be an integer >= 0"),
         ({"min_p": -0.1}, r"min_p must be in \[0, 1\]"),
         ({"min_p": 1.5}, r"min_p must be in \[0, 1\]"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
-        ({"stop": [""]}, "stop strings must be non-empty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0"),
+        ({"stop": [""]}, "stop must be a non-empty string or a list of them"),
+        # values of the wrong type, and non-finite ones, were let through to fail (or mislead) inside a step
+        ({"stop": 123}, "stop must be a non-empty string or a list of them, got 123"),
+        ({"stop_token_ids": ["a", 5]}, r"stop_token_ids must be a list of token ids \(integers >= 0\)"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids must be a list of token ids"),
+        ({"stop_token_ids": 5}, "stop_token_ids must be a list of token ids"),
+        ({"logprobs": True}, r"logprobs must be an integer in \[0, 20\], got True"),
+        ({"temperature": float("inf")}, "temperature must be a finite number"),
+        ({"temperature": "a"}, "temperature must be a finite number"),
+        ({"temperature": None}, "temperature must be a finite number"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number"),
+        ({"max_tokens": True}, "max_tokens must be an integer >= 1 or None"),
+        ({"seed": True}, "seed must be an integer"),
+        ({"ignore_eos": "yes"}, "ignore_eos must be true or false, got 'yes'"),
         ({"logit_bias": {5: 101}}, r"biases in \[-100, 100\]"),
         ({"logit_bias": {-1: 1}}, "logit_bias maps token ids"),
         ({"logit_bias": {"5": 1}}, "logit_bias maps token ids"),
@@ -57,6 +70,13 @@ def test_invalid_params_raise_typed_errors(kwargs, message):
 
 def test_single_stop_string_becomes_a_list():
     assert SamplingParams(stop="###").stop == ["###"]
+
+
+def test_vllms_spellings_of_off_and_of_no_limit_are_taken():
+    """top_k -1 is vLLM's "consider all tokens" (its old default), max_tokens None its "until EOS or the context's
+    end": both were refused."""
+    assert SamplingParams(top_k=-1).top_k == 0
+    assert SamplingParams(max_tokens=None, min_tokens=3).max_tokens is None
 
 
 def test_top_k_keeps_the_k_largest():

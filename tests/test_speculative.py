@@ -306,7 +306,7 @@ def test_the_counts_follow_vllms_definitions():
         ({"method": "eagle", "num_speculative_tokens": 2}, "method must be one of ngram, draft; got 'eagle'"),
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, r"unknown speculative_config keys \['lookahead'\]"),
         ({"method": "ngram"}, "speculative_config needs num_speculative_tokens"),
-        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5}, "prompt_lookup_min .* cannot exceed"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}, "prompt_lookup_min .* cannot exceed"),
         ({"method": "draft", "num_speculative_tokens": 2}, "method 'draft' takes exactly one of model .* and draft_layers"),
         ({"method": "draft", "num_speculative_tokens": 2, "model": "x.gguf", "draft_layers": 4}, "takes exactly one of model"),
         ({"method": "draft", "num_speculative_tokens": 2, "draft_layers": 0}, "draft_layers must be an integer >= 1, got 0"),
@@ -319,6 +319,20 @@ def test_the_counts_follow_vllms_definitions():
 def test_bad_speculative_options_are_refused_by_name(options, message):
     with pytest.raises(InvalidRequestError, match=message):
         EngineConfig(speculative_config=options)
+
+
+def test_the_ngram_lookups_bounds_are_filled_in_as_vllm_fills_them():
+    """A min alone was refused for exceeding the unset max's default (4); a max alone kept a min of 2."""
+    config = SpeculativeConfig.from_dict
+    bounds = [
+        (c.prompt_lookup_min, c.prompt_lookup_max)
+        for c in (
+            config({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 6}),
+            config({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}),
+            config({"method": "ngram", "num_speculative_tokens": 2}),
+        )
+    ]
+    assert bounds == [(6, 6), (3, 3), (5, 5)]
 
 
 def test_vllms_other_spellings_of_a_method_are_rooftops():

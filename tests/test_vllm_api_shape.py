@@ -222,3 +222,65 @@ def test_llms_seed_repeats_the_sampled_outputs_of_unseeded_requests(tiny_gguf):
         LLM(model=tiny_gguf, sead=7)
     with pytest.raises(InvalidRequestError, match="seed must be an integer >= 0, got -1"):
         LLM(model=tiny_gguf, seed=-1)
+
+
+def test_what_vllm_code_calls_on_an_llm_and_its_outputs(llm):
+    """get_tokenizer() and its apply_chat_template(tokenize=...), CompletionOutput.finished(), logprobs None where
+    none were asked for, OpenAI's content parts in LLM.chat, max_tokens None (to EOS or the context's end)."""
+    tokenizer = llm.get_tokenizer()
+    text = tokenizer.apply_chat_template(HI, add_generation_prompt=True)
+    assert tokenizer.apply_chat_template(HI, add_generation_prompt=True, tokenize=True) == tokenizer.encode(
+        text, add_special_tokens=False
+    )
+    greedy = SamplingParams(max_tokens=3, temperature=0)
+    [plain] = llm.chat(HI, greedy, use_tqdm=False)
+    assert plain.outputs[0].finished() and plain.logprobs is None and plain.outputs[0].logprobs is None
+    assert plain.outputs[0].cumulative_logprob is None
+    parts = [{"role": "user", "content": [{"type": "text", "text": "H"}, {"type": "text", "text": "i"}]}]
+    assert llm.chat(parts, greedy, use_tqdm=False)[0].token_ids == plain.token_ids
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(InvalidRequestError, match=r"messages\[0\].content\[0\]: image_url parts are not supported"):
+        llm.chat(image, greedy, use_tqdm=False)
+    to_the_end = llm.generate([BYTE + 65] * 4, SamplingParams(max_tokens=None, temperature=0, ignore_eos=True))[0]
+    assert len(to_the_end.token_ids) == llm.engine.max_model_len - 4 and to_the_end.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda llm: llm.generate(None),
+            r"prompts must be a prompt \(text, token ids or a prompt dict\) or a list of them, got NoneType",
+        ),
+        (lambda llm: llm.generate(5), "prompts must be a prompt"),
+        (lambda llm: llm.generate(["a"], {"max_tokens": 3}), "sampling_params must be a SamplingParams or a list"),
+        (lambda llm: llm.chat(HI, {"max_tokens": 3}), "sampling_params must be a SamplingParams or a list"),
+        # a stop token outside the vocabulary was ignored (or, beside min_tokens, banned another token)
+        (lambda llm: llm.generate("a", SamplingParams(stop_token_ids=[10**9])), r"stop_token_ids out of range"),
+    ],
+)
+def test_arguments_of_the_wrong_kind_are_refused_by_name(llm, call, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        call(llm)
+
+
+def test_chat_with_tools_takes_a_list_of_sampling_params(llm):
+    """One SamplingParams per conversation, as without tools (it failed on the list)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    params = [SamplingParams(max_tokens=2, temperature=0), SamplingParams(max_tokens=5, temperature=0)]
+    outputs = llm.chat([HI, HI], params, tools=[tool], tool_choice="none", use_tqdm=False)
+    assert [len(o.token_ids) for o in outputs] == [2, 5]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"block_size": True}, "block_size must be an integer >= 1, got True"),
+        ({"num_kv_blocks": False}, "num_kv_blocks must be an integer >= 1, got False"),
+        ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be true or false, got 'no'"),
+    ],
+)
+def test_engine_options_of_the_wrong_type_are_refused(options, message):
+    """A bool counted as an integer (block_size=True ran blocks of one token) and "no" as true (caching stayed on)."""
+    with pytest.raises(InvalidRequestError, match=message):
+        EngineConfig(**options)

@@ -161,6 +161,9 @@ def check_runnable(config: ModelConfig) -> None:
 SPECULATIVE_METHODS = ("ngram", "draft")
 
 
+NGRAM_LOOKUP = 5  # vLLM's prompt_lookup_min and _max where neither is given
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding, as vLLM's --speculative-config: each decoding sequence proposes up to
@@ -168,12 +171,13 @@ class SpeculativeConfig:
     `ngram` proposes the continuation of the latest earlier occurrence of the sequence's last n tokens
     (prompt_lookup_max >= n >= prompt_lookup_min) in its prompt and output; `draft` proposes greedily with a draft
     model: the file `model` (sharing the target's tokenizer and vocabulary), or, with `draft_layers` N (rooftop's
-    own key; vLLM has none), a self-draft: the target's own first N layers, final norm and lm_head."""
+    own key; vLLM has none), a self-draft: the target's own first N layers, final norm and lm_head. vLLM's rule
+    fills the lookup's bounds: one given sets the other, none gives 5 and 5."""
 
     method: str
     num_speculative_tokens: int
-    prompt_lookup_max: int = 4
-    prompt_lookup_min: int = 2
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
     model: str | None = None
     draft_layers: int | None = None  # method draft: the target's first N layers as the draft (a self-draft)
 
@@ -183,6 +187,13 @@ class SpeculativeConfig:
                 f"speculative_config method must be one of {', '.join(SPECULATIVE_METHODS)}; got {self.method!r}",
                 "speculative_config",
             )
+        given = self.prompt_lookup_max or self.prompt_lookup_min or NGRAM_LOOKUP  # a frozen dataclass's own fill-in
+        object.__setattr__(
+            self, "prompt_lookup_max", given if self.prompt_lookup_max is None else self.prompt_lookup_max
+        )
+        object.__setattr__(
+            self, "prompt_lookup_min", given if self.prompt_lookup_min is None else self.prompt_lookup_min
+        )
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -275,8 +286,12 @@ class EngineConfig:
                 "speculative_config",
             )
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise InvalidRequestError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}", name)
+        for name in ("enable_prefix_caching", "batch_invariant", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be true or false, got {getattr(self, name)!r}", name)
         if self.cuda_graph_sizes is not None and (
             not isinstance(self.cuda_graph_sizes, list | tuple)
             or not self.cuda_graph_sizes
@@ -287,8 +302,8 @@ class EngineConfig:
             )
         for name in ("kv_cache_bytes", "num_kv_blocks", "max_model_len", "chunked_prefill_size"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}", name)
         if self.chunked_prefill_size is not None and self.chunked_prefill_size > self.max_num_batched_tokens:
             raise InvalidRequestError(
                 f"chunked_prefill_size ({self.chunked_prefill_size}) cannot exceed max_num_batched_tokens "

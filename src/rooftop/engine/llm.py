@@ -26,6 +26,7 @@ from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.dummy import check_fits
 from rooftop.loading.model_files import load_weights
+from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
 from rooftop.roofline.ops import weight_bytes
@@ -54,6 +55,19 @@ def as_prompt(prompt: Prompt) -> str | list[int]:
 
 
 Messages = list[dict]
+
+
+def each_params(given: SamplingParams | list[SamplingParams] | None, count: int) -> list[SamplingParams]:
+    """The sampling params of each of `count` prompts: one for all, or a list (one each: its length is checked by
+    the caller); anything else is refused by name."""
+    listed = list(given) if isinstance(given, list | tuple) else [given or SamplingParams()] * count
+    wrong = next((p for p in listed if not isinstance(p, SamplingParams)), None)
+    if wrong is not None:
+        raise InvalidRequestError(
+            f"sampling_params must be a SamplingParams or a list of them, got {type(wrong).__name__}",
+            "sampling_params",
+        )
+    return listed
 
 
 @dataclass
@@ -190,6 +204,10 @@ class LLM:
         self._request_ids = itertools.count()
         self._inbox: dict[str, list[RequestDelta]] = {}  # deltas stepped out for a request not being read now
 
+    def get_tokenizer(self) -> Tokenizer:
+        """vLLM's accessor of the model's tokenizer (`encode`, `decode`, `apply_chat_template`)."""
+        return self.tokenizer
+
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel group and leave it (the process may then lead another); a
         no-op for one device."""
@@ -235,8 +253,13 @@ class LLM:
             raise InvalidRequestError(f"use_tqdm must be True or False, not {use_tqdm!r}", "use_tqdm")
         if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
-        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if not isinstance(prompts, list | tuple):
+            raise InvalidRequestError(
+                "prompts must be a prompt (text, token ids or a prompt dict) or a list of them, got "
+                f"{type(prompts).__name__}",
+                "prompts",
+            )
+        params_list = each_params(sampling_params, len(prompts))
         if len(params_list) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         arrival = time.perf_counter()
@@ -283,7 +306,10 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         functions = [] if tools is None else check_tools(tools)
         choice = check_tool_choice(tool_choice, functions)
-        params = with_tool_grammar(sampling_params or SamplingParams(), functions, choice, parallel_tool_calls)
+        params = [
+            with_tool_grammar(p, functions, choice, parallel_tool_calls)
+            for p in each_params(sampling_params, len(conversations))
+        ]
         offered = functions if choice.mode != "none" else []
         template = {
             "add_generation_prompt": add_generation_prompt,

@@ -179,6 +179,8 @@ class LLMEngine:
         ids, text = self._tokenize(prompt)
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError.of(len(ids), self.max_model_len)
+        if params.max_tokens is None:  # vLLM's: until EOS or the context's end
+            params = replace(params, max_tokens=self.max_model_len - len(ids))
         longest = min(len(ids) + params.max_tokens, self.max_model_len)
         if self._blocks.blocks_needed(longest) > self._blocks.num_blocks:
             raise InvalidRequestError(
@@ -189,11 +191,10 @@ class LLMEngine:
         outside = [t for t in params.logit_bias or {} if t >= vocab]
         if outside:
             raise InvalidRequestError(f"logit_bias token ids out of range [0, {vocab}): {outside[:5]}", "logit_bias")
-        outside = [t for t in params.allowed_token_ids or [] if t >= vocab]
-        if outside:
-            raise InvalidRequestError(
-                f"allowed_token_ids out of range [0, {vocab}): {outside[:5]}", "allowed_token_ids"
-            )
+        for name in ("allowed_token_ids", "stop_token_ids"):
+            outside = [t for t in getattr(params, name) or [] if t >= vocab]
+            if outside:
+                raise InvalidRequestError(f"{name} out of range [0, {vocab}): {outside[:5]}", name)
         bad_words = bad_word_token_ids(
             params.bad_words, lambda word: self.tokenizer.encode(word, add_special_tokens=False)
         )

@@ -148,7 +148,7 @@ class OutputProcessor:
             stop_reason=state.stop_reason,
             metrics=seq.metrics,
             error=state.error,
-            logprobs=seq.logprobs,
+            logprobs=None if seq.params.logprobs is None else seq.logprobs,
             prompt_logprobs=prompt_logprobs(seq),
         )
 

@@ -23,13 +23,17 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: FinishReason | None
-    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] | None = None  # LLM.chat with tools: the calls read from `text` (which keeps them)
     stop_reason: str | int | None = None
 
     @property
     def cumulative_logprob(self) -> float | None:
-        return sum(t.logprob for t in self.logprobs) if self.logprobs else None
+        return None if self.logprobs is None else sum(t.logprob for t in self.logprobs)
+
+    def finished(self) -> bool:
+        """vLLM's (a method here, where RequestOutput's is a field): whether a finish reason ended this output."""
+        return self.finish_reason is not None
 
 
 @dataclass
@@ -45,7 +49,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     metrics: RequestMetrics
     error: str | None = None
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
+    logprobs: list[TokenLogprob] | None = None  # one per output token when params.logprobs is set, else None
     tool_calls: list[ToolCall] | None = None  # output 0's (CompletionOutput.tool_calls)
     outputs: list[CompletionOutput] = field(default_factory=list)  # all n; just this one's where left empty
     stop_reason: str | int | None = None  # output 0's (CompletionOutput.stop_reason)

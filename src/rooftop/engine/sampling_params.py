@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from rooftop.engine.structured import StructuredOutputsParams
@@ -15,8 +16,8 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 @dataclass
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0, top_p 1, min_p 0, repetition_penalty 1 and presence/frequency_penalty 0
-    switch those off. `logprobs` k records each output token's log-probability and the k most likely alternatives;
+    """temperature 0 is greedy; top_k 0 (or vLLM's -1), top_p 1, min_p 0, repetition_penalty 1 and
+    presence/frequency_penalty 0 switch those off. `max_tokens` None is vLLM's: until EOS or the context's end. `logprobs` k records each output token's log-probability and the k most likely alternatives;
     `prompt_logprobs` k the same of each prompt token after the first (vLLM's: such a request computes its whole
     prompt, reading nothing from the prefix cache, whose positions have no logits). `logit_bias` maps token ids to a
     bias in [-100, 100] added to their logits before anything else (OpenAI's). `structured_outputs` constrains every
@@ -32,7 +33,7 @@ class SamplingParams:
     the output ends with the tokens before it)."""
 
     n: int = 1
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -56,81 +57,84 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-
         def check(ok: bool, param: str, message: str) -> None:
             if not ok:
                 raise InvalidRequestError(message, param)
 
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = self.stop if self.stop is not None else []
         check(
-            isinstance(self.n, int) and not isinstance(self.n, bool) and 1 <= self.n <= MAX_N,
-            "n",
-            f"n must be in [1, {MAX_N}], got {self.n!r}",
+            isinstance(self.stop, list | tuple) and all(isinstance(s, str) and s for s in self.stop),
+            "stop",
+            f"stop must be a non-empty string or a list of them, got {_brief(self.stop)}",
         )
+        self.stop = list(self.stop)
+        self.stop_token_ids = self.stop_token_ids if self.stop_token_ids is not None else []
         check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            isinstance(self.stop_token_ids, list | tuple) and all(_integer(t, 0) for t in self.stop_token_ids),
+            "stop_token_ids",
+            f"stop_token_ids must be a list of token ids (integers >= 0), got {_brief(self.stop_token_ids)}",
+        )
+        self.stop_token_ids = list(self.stop_token_ids)
+        check(_integer(self.n, 1, MAX_N), "n", f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        check(
+            self.max_tokens is None or _integer(self.max_tokens, 1),
             "max_tokens",
-            f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+            f"max_tokens must be an integer >= 1 or None (until EOS or the context's end), got {self.max_tokens!r}",
         )
         check(
-            isinstance(self.min_tokens, int) and not isinstance(self.min_tokens, bool) and self.min_tokens >= 0,
-            "min_tokens",
-            f"min_tokens must be an integer >= 0, got {self.min_tokens!r}",
+            _integer(self.min_tokens, 0), "min_tokens", f"min_tokens must be an integer >= 0, got {self.min_tokens!r}"
         )
         check(
-            self.min_tokens <= self.max_tokens,
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
             "min_tokens",
             f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens}",
         )
-        check(self.temperature >= 0, "temperature", f"temperature must be >= 0, got {self.temperature}")
-        check(0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
         check(
-            isinstance(self.top_k, int) and self.top_k >= 0,
-            "top_k",
-            f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}",
+            _number(self.temperature) and self.temperature >= 0,
+            "temperature",
+            f"temperature must be a finite number >= 0, got {self.temperature!r}",
         )
-        check(0 <= self.min_p <= 1, "min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        check(_number(self.top_p) and 0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         check(
-            self.repetition_penalty > 0,
+            _integer(self.top_k, -1),
+            "top_k",
+            f"top_k must be an integer >= 0 (0, or vLLM's -1, disables it), got {self.top_k!r}",
+        )
+        self.top_k = max(self.top_k, 0)
+        check(_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
+        check(
+            _number(self.repetition_penalty) and self.repetition_penalty > 0,
             "repetition_penalty",
-            f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+            f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}",
         )
         for name in ("presence_penalty", "frequency_penalty"):
-            check(-2 <= getattr(self, name) <= 2, name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
+            value = getattr(self, name)
+            check(_number(value) and -2 <= value <= 2, name, f"{name} must be in [-2, 2], got {value!r}")
         check(
-            self.seed is None or (isinstance(self.seed, int) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]),
+            self.seed is None or _integer(self.seed, SEED_RANGE[0], SEED_RANGE[1]),
             "seed",
             f"seed must be an integer in [-2**63, 2**64 - 1] (a torch generator's range), got {self.seed!r}",
         )
         check(
-            not isinstance(self.seed, int) or self.seed + self.n - 1 <= SEED_RANGE[1],
+            self.seed is None or self.seed + self.n - 1 <= SEED_RANGE[1],
             "seed",
             f"seed + n - 1 must be at most 2**64 - 1 (output i is seeded with seed + i), got seed {self.seed}",
         )
-        check(
-            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
-            "logprobs",
-            f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
-        )
-        check(
-            self.prompt_logprobs is None
-            or (
-                isinstance(self.prompt_logprobs, int)
-                and not isinstance(self.prompt_logprobs, bool)
-                and 0 <= self.prompt_logprobs <= MAX_LOGPROBS
-            ),
-            "prompt_logprobs",
-            f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}",
-        )
-        check(
-            all(isinstance(s, str) and s for s in self.stop),
-            "stop",
-            f"stop strings must be non-empty strings, got {self.stop!r}",
-        )
-        for name in ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"):
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            check(
+                value is None or _integer(value, 0, MAX_LOGPROBS),
+                name,
+                f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}",
+            )
+        for name in (
+            "ignore_eos",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+        ):
             check(
                 isinstance(getattr(self, name), bool),
                 name,
@@ -138,12 +142,7 @@ class SamplingParams:
             )
         allowed = self.allowed_token_ids
         check(
-            allowed is None
-            or (
-                isinstance(allowed, list | tuple)
-                and allowed
-                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in allowed)
-            ),
+            allowed is None or (isinstance(allowed, list | tuple) and allowed and all(_integer(t, 0) for t in allowed)),
             "allowed_token_ids",
             f"allowed_token_ids must be a non-empty list of token ids (integers >= 0), got {_brief(allowed)}",
         )
@@ -155,8 +154,8 @@ class SamplingParams:
         bias = self.logit_bias or {}
         check(
             isinstance(bias, dict)
-            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in bias)
-            and all(isinstance(b, int | float) and abs(b) <= MAX_LOGIT_BIAS for b in bias.values()),
+            and all(_integer(t, 0) for t in bias)
+            and all(_number(b) and abs(b) <= MAX_LOGIT_BIAS for b in bias.values()),
             "logit_bias",
             f"logit_bias maps token ids (integers >= 0) to biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
             f"got {_brief(self.logit_bias)}",
@@ -187,3 +186,13 @@ class SamplingParams:
 def _brief(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _integer(value, low: int, high: float = math.inf) -> bool:
+    """An int (not a bool, which Python counts as one) in [low, high]."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _number(value) -> bool:
+    """A finite real number (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -61,6 +61,7 @@ def tool_messages(messages: list[dict], functions: list[Function], template_take
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InvalidRequestError(f"message {i} must be a dict with 'role' and 'content'")
+    messages = [m | {"content": _content(m.get("content"), i)} if "content" in m else m for i, m in enumerate(messages)]
     calls = [_calls(m, i) for i, m in enumerate(messages)]
     for i, m in enumerate(messages):
         if m.get("role") == "tool" and not isinstance(m.get("tool_call_id", ""), str):
@@ -89,6 +90,19 @@ def tool_messages(messages: list[dict], functions: list[Function], template_take
         else:
             out.insert(0, {"role": "system", "content": prompt})
     return out
+
+
+def _content(content, i: int) -> str | None:
+    """A message's content as text: OpenAI's list of content parts joined where each is a text part ({"type":
+    "text", "text": ...}); an image, audio or file part refused by its kind, as the server refuses it."""
+    if not isinstance(content, list):
+        return content
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = f"{kind} parts are not supported (rooftop takes text only)" if kind else "not a content part"
+            raise InvalidRequestError(f"messages[{i}].content[{j}]: {what}", f"messages[{i}].content")
+    return "".join(part["text"] for part in content)
 
 
 def _text(message: dict) -> dict:

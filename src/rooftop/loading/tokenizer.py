@@ -129,11 +129,13 @@ class Tokenizer:
         tools: list[dict] | None = None,
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
-    ) -> str:
+        tokenize: bool = False,
+    ) -> str | list[int]:
         """The prompt text for `messages` (and `tools`, for a template that takes them), rendered like
         transformers' `apply_chat_template`: `chat_template_kwargs` become variables of the template (vLLM's, e.g.
         Qwen3's enable_thinking), and `continue_final_message` leaves the last message open for the model to go on
-        with (transformers' rule, which vLLM uses: the text ends where that message's content does)."""
+        with (transformers' rule, which vLLM uses: the text ends where that message's content does). `tokenize`:
+        its token ids instead (transformers' option; its default here is the text, which vLLM's callers ask for)."""
         if not self.chat_template:
             raise InvalidRequestError("this model has no chat template; pass the prompt as raw text")
         for i, message in enumerate(messages):
@@ -155,9 +157,10 @@ class Tokenizer:
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
-        except jinja2.TemplateError as e:
+        except (jinja2.TemplateError, TypeError) as e:  # a TypeError: a value the template's expressions cannot take
             raise InvalidRequestError(f"the chat template rejected these messages: {e}") from None
-        return _open_final_message(text, messages) if continue_final_message else text
+        text = _open_final_message(text, messages) if continue_final_message else text
+        return self.encode(text, add_special_tokens=False) if tokenize else text
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict) -> Tokenizer:
