@@ -77,7 +77,7 @@ class SamplingParams:
             f"stop_token_ids must be a list of token ids (integers >= 0), got {_brief(self.stop_token_ids)}",
         )
         self.stop_token_ids = list(self.stop_token_ids)
-        check(_integer(self.n, 1, MAX_N), "n", f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        check(_integer(self.n, 1, MAX_N), "n", f"n must be in [1, {MAX_N}], got {self.n!r}")
         check(
             self.max_tokens is None or _integer(self.max_tokens, 1),
             "max_tokens",
