@@ -284,3 +284,13 @@ def test_engine_options_of_the_wrong_type_are_refused(options, message):
     """A bool counted as an integer (block_size=True ran blocks of one token) and "no" as true (caching stayed on)."""
     with pytest.raises(InvalidRequestError, match=message):
         EngineConfig(**options)
+
+
+def test_detokenize_false_gives_the_token_ids_without_text(llm):
+    """vLLM's detokenize=False: the same tokens, no text; stop strings, matched in the text, are refused with it."""
+    greedy = dict(max_tokens=4, temperature=0, ignore_eos=True)
+    with_text = llm.generate("ab", SamplingParams(**greedy), use_tqdm=False)[0]
+    ids_only = llm.generate("ab", SamplingParams(**greedy, detokenize=False), use_tqdm=False)[0]
+    assert ids_only.token_ids == with_text.token_ids and ids_only.text == "" and with_text.text
+    with pytest.raises(InvalidRequestError, match="detokenize=False"):
+        SamplingParams(detokenize=False, stop=["x"])

@@ -69,7 +69,7 @@ class OutputProcessor:
             state.finish_reason = FinishReason.STOP
         elif not early and token_id in p.stop_token_ids:
             state.finish_reason, state.stop_reason = FinishReason.STOP, token_id
-        if state.finish_reason is None or p.include_stop_str_in_output:  # vLLM's: a stop token's text stays too
+        if p.detokenize and (state.finish_reason is None or p.include_stop_str_in_output):  # a stop token's text stays
             before = len(state.text)
             state.text += state.detokenizer.add(token_id)
             cut = state.finish_reason is None and not early and self._cut_at_stop_string(state, p, before)
@@ -79,7 +79,7 @@ class OutputProcessor:
             state.finish_reason = FinishReason.LENGTH
         if state.finish_reason is not None:
             seq.metrics.finished_time = now
-            if not cut:  # bytes held back for an incomplete character are text all the same at the end
+            if not cut and p.detokenize:  # bytes held back for an incomplete character are text all the same at the end
                 before = len(state.text)
                 state.text += state.detokenizer.flush()
                 if not early:

@@ -30,7 +30,8 @@ class SamplingParams:
     vLLM decodes them with a fast tokenizer, never spaced apart: `spaces_between_special_tokens` is accepted either
     way and changes nothing, as there. `allowed_token_ids` restricts every token to those ids; `bad_words` bans each
     word's token sequence (the last token of a word's tokens, with or without a leading space, is banned wherever
-    the output ends with the tokens before it)."""
+    the output ends with the tokens before it). `detokenize=False` makes no text (`text` stays ""): the token ids
+    alone, as vLLM's."""
 
     n: int = 1
     max_tokens: int | None = 16
@@ -55,6 +56,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = field(default_factory=list)
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         def check(ok: bool, param: str, message: str) -> None:
@@ -134,12 +136,18 @@ class SamplingParams:
             "include_stop_str_in_output",
             "skip_special_tokens",
             "spaces_between_special_tokens",
+            "detokenize",
         ):
             check(
                 isinstance(getattr(self, name), bool),
                 name,
                 f"{name} must be true or false, got {getattr(self, name)!r}",
             )
+        check(
+            self.detokenize or not self.stop,
+            "stop",
+            "stop strings are matched in the text, which detokenize=False does not make (stop_token_ids end it by id)",
+        )
         allowed = self.allowed_token_ids
         check(
             allowed is None or (isinstance(allowed, list | tuple) and allowed and all(_integer(t, 0) for t in allowed)),
