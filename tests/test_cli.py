@@ -172,7 +172,7 @@ def test_chat_reports_a_too_long_turn_and_goes_on(tiny_gguf):
         (["--temperature", "-1"], ["temperature"]),
         (["--top-p", "0"], ["top_p"]),
         (["--top-p", "1.5"], ["top_p"]),
-        (["--top-k", "-1"], ["top_k"]),
+        (["--top-k", "-2"], ["top_k"]),  # -1 is vLLM's spelling of 0
         (["--min-p", "1.5"], ["min_p"]),
         (["--dtype", "int3"], ["dtype"]),
     ],
