@@ -19,7 +19,7 @@ from transformers import (
 
 from rooftop import LLM, SamplingParams
 from rooftop.enums import Phase
-from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rooftop.loading.model_files import load_model
 from rooftop.models.kv_cache import KVCache
 from rooftop.models.loader import build_model
@@ -262,3 +262,90 @@ def test_qk_norms_and_biases_decode_the_same_bits_in_one_call(built, name):
     one_call = run()
     model.decode_call = None
     assert run() == one_call
+
+
+def edited(src: Path, dst: Path, config: dict | None = None, tensors=None) -> Path:
+    """A copy of checkpoint `src` with config.json's fields updated by `config` and its tensors (all of them, in one
+    file) passed through `tensors(dict) -> dict`."""
+    from safetensors.torch import load_file, save_file
+
+    path = copy_model(src, dst)
+    if config:
+        cfg = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps(cfg | config))
+    if tensors is not None:
+        state = {}
+        for f in sorted(path.glob("*.safetensors")):
+            state |= load_file(f)
+            f.unlink()
+        (path / "model.safetensors.index.json").unlink(missing_ok=True)
+        save_file(tensors(state), path / "model.safetensors")
+    return path
+
+
+@pytest.mark.parametrize(
+    "config, error, words",
+    [
+        ({"hidden_act": "gelu"}, UnsupportedModelError, "hidden_act 'gelu' is not supported"),
+        ({"mlp_bias": True}, UnsupportedModelError, "mlp_bias true is not supported"),
+        ({"quantization_config": {"quant_method": "fp8"}}, UnsupportedModelError, "a fp8-quantized checkpoint"),
+    ],
+)
+def test_a_config_the_engine_would_run_as_another_model_is_refused(built, tmp_path, config, error, words):
+    """A gelu MLP, MLP biases and an fp8 checkpoint's scales were ignored: the model ran, computing something else."""
+    path = edited(built["llama-tied"].path, tmp_path / "m", config)
+    with pytest.raises(error, match=words):
+        rooftop_model(path)
+
+
+def test_what_a_checkpoints_tensors_leave_out_or_add_is_named(built, tmp_path):
+    """A missing k bias dropped all three (q and v too), an integer tensor was cast to float, an untied model
+    without its lm_head took the embedding table, and a tensor the model does not use went unmentioned."""
+    qwen2 = built["qwen2-sharded"].path
+    no_k = edited(
+        qwen2, tmp_path / "no_k", tensors=lambda s: {k: v for k, v in s.items() if "0.self_attn.k_proj.b" not in k}
+    )
+    with pytest.raises(ModelLoadError, match=r"no tensor model.layers.0.self_attn.k_proj.bias, beside the other"):
+        rooftop_model(no_k)
+    as_int = edited(qwen2, tmp_path / "int", tensors=lambda s: s | {"lm_head.weight": s["lm_head.weight"].int()})
+    with pytest.raises(UnsupportedModelError, match="tensor lm_head.weight is int32"):
+        rooftop_model(as_int)
+    no_head = edited(
+        qwen2, tmp_path / "no_head", tensors=lambda s: {k: v for k, v in s.items() if k != "lm_head.weight"}
+    )
+    with pytest.raises(
+        ModelLoadError, match="no tensor lm_head.weight, and config.json says tie_word_embeddings false"
+    ):
+        load_model(no_head)
+    extra = edited(qwen2, tmp_path / "extra", tensors=lambda s: s | {"foo.bar": torch.zeros(2)})
+    loaded = load_model(extra)
+    build_model(loaded, torch.float32, "cpu", "float")
+    assert loaded.notes[-1] == "1 tensor of the file not used by the model: foo.bar"
+
+
+def test_a_bos_added_by_the_tokenizers_post_processor_is_added(built, tmp_path):
+    """Llama 3's tokenizer_config.json has no add_bos_token: its BOS comes from tokenizer.json's post-processor,
+    which transformers and vLLM run; rooftop left it out."""
+    from tokenizers import processors
+
+    path = copy_model(built["llama-tied"].path, tmp_path / "m")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    bos = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").unlink(missing_ok=True)
+    encoded = load_model(path).tokenizer.encode(PROMPT)
+    assert encoded == tok.encode(PROMPT).ids and encoded[0] == bos
+
+
+def test_text_the_model_has_no_ids_for_is_refused(tmp_path):
+    """A bare config.json of a small vocabulary runs on SmolLM2's tokenizer (dummy weights): its text became ids the
+    embedding has no rows for, an IndexError from inside the forward pass."""
+    cfg = {**SHAPE, "architectures": ["LlamaForCausalLM"], "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    llm = LLM(model=str(tmp_path / "config.json"), load_format="dummy", num_kv_blocks=16)
+    with pytest.raises(InvalidRequestError, match=r"the tokenizer makes token ids the model's vocabulary \(100\)"):
+        llm.generate("Hello there", SamplingParams(max_tokens=1))
+    assert len(llm.generate([[5, 6]], SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2

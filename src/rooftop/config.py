@@ -83,6 +83,8 @@ class ModelConfig:
     # what a config.json says its weights are stored in; the analyzer's default precision reads both
     # (roofline.precision.checkpoint_weights), the engine neither
     torch_dtype: str | None = None  # config.json's torch_dtype (transformers 5: dtype), e.g. "bfloat16"
+    hidden_act: str = "silu"  # the MLP's gate activation (config.json's hidden_act): the engine runs silu
+    mlp_bias: bool = False  # biases on the MLP's projections (Llama's mlp_bias): the engine's have none
     quantization_config: dict | None = None  # config.json's quantization_config as written (quant_method, bits, ...)
 
     def __post_init__(self) -> None:
@@ -151,10 +153,22 @@ def is_runnable(config: ModelConfig) -> bool:
 
 
 def check_runnable(config: ModelConfig) -> None:
+    """Refuse a model the engine would run as another: an architecture it does not run, or a config.json field that
+    changes the math from what its layers compute (the analyzer, which costs shapes, takes them all)."""
     if not is_runnable(config):
         raise UnsupportedModelError(
             f"{config.architecture!r} models can be analyzed (`rooftop roofline`) but not run; "
             f"the engine runs {', '.join(RUNNABLE_ARCHITECTURES)}"
+        )
+    if config.hidden_act not in ("silu", "swish"):
+        raise UnsupportedModelError(
+            f"hidden_act {config.hidden_act!r} is not supported: the engine's MLP gates with silu (`rooftop "
+            "roofline` analyzes the model)"
+        )
+    if config.mlp_bias:
+        raise UnsupportedModelError(
+            "mlp_bias true is not supported: the engine's MLP projections carry no biases (`rooftop roofline` "
+            "analyzes the model)"
         )
 
 

@@ -383,7 +383,14 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequestError("the prompt is empty")
-            return self.tokenizer.encode(prompt), prompt
+            ids, vocab = self.tokenizer.encode(prompt), self.model.config.vocab_size
+            outside = sorted({i for i in ids if i >= vocab})
+            if outside:  # a tokenizer beside a config of a smaller vocabulary (a bare config.json's dummy run)
+                raise InvalidRequestError(
+                    f"the tokenizer makes token ids the model's vocabulary ({vocab}) does not hold: {outside[:5]}; "
+                    "send token ids below it"
+                )
+            return ids, prompt
         ids = list(prompt)
         if not ids:
             raise InvalidRequestError("the prompt is empty")

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from rooftop.config import check_runnable
-from rooftop.errors import ModelLoadError
+from rooftop.errors import ModelLoadError, UnsupportedModelError
 from rooftop.loading.hf_config import read_hf_config, read_json
 from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import Shard
@@ -37,7 +37,7 @@ def _read(f: Path, name: str, shard: Shard | None = None) -> torch.Tensor:
     or only its rows or columns `shard` (safetensors reads just those bytes)."""
     with safe_open(f, framework="pt") as opened:
         if shard is None:
-            return _widened(opened.get_tensor(name))
+            return _widened(opened.get_tensor(name), name)
         part = opened.get_slice(name)
         size = part.get_shape()[shard.dim]
         if size != shard.total:
@@ -45,10 +45,17 @@ def _read(f: Path, name: str, shard: Shard | None = None) -> torch.Tensor:
                 f"tensor {name} has {size} along dimension {shard.dim}, the config implies {shard.total}"
             )
         rows = slice(shard.start, shard.stop)
-        return _widened(part[rows] if shard.dim == 0 else part[:, rows])
+        return _widened(part[rows] if shard.dim == 0 else part[:, rows], name)
 
 
-def _widened(t: torch.Tensor) -> torch.Tensor:
+def _widened(t: torch.Tensor, name: str) -> torch.Tensor:
+    """A float tensor widened to float32 (bfloat16 kept); an integer or fp8 one is a quantized checkpoint's, whose
+    values mean nothing without its scales: refused."""
+    if not t.is_floating_point() or t.element_size() == 1:
+        raise UnsupportedModelError(
+            f"tensor {name} is {str(t.dtype).removeprefix('torch.')}: the engine reads float16, "
+            "bfloat16 and float32 safetensors"
+        )
     return t if t.dtype == torch.bfloat16 else t.float()
 
 
@@ -66,6 +73,14 @@ def text_model_name(name: str) -> str | None:
     return "model." + name.removeprefix(TEXT_PREFIX) if name.startswith(TEXT_PREFIX) else name
 
 
+def _says_untied(config_file: Path) -> bool:
+    """Whether config.json itself (or its text_config) sets tie_word_embeddings false: without the field a file with
+    no lm_head is read as tied, as transformers' default for such files is."""
+    raw = read_json(config_file)
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    return raw.get("tie_word_embeddings", text.get("tie_word_embeddings")) is False
+
+
 def load_hf_dir(path: Path) -> LoadedModel:
     """Load an HF directory's config and tokenizer; its tensors are read (as float32, or bfloat16) when the model
     asks."""
@@ -74,6 +89,12 @@ def load_hf_dir(path: Path) -> LoadedModel:
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
     config = read_hf_config(path / "config.json", generation)
     check_runnable(config)  # before reading gigabytes of weights the engine could not use
+    if config.quantization_config:
+        method = config.quantization_config.get("quant_method", "unnamed")
+        raise UnsupportedModelError(
+            f"{path}: a {method}-quantized checkpoint (config.json's quantization_config): the engine reads float "
+            "safetensors and GGUF files; `rooftop roofline` analyzes it, and --load-format dummy runs its shapes"
+        )
     readers, file_names, skipped = {}, {}, 0
     for f in _weight_files(path):
         try:
@@ -86,6 +107,8 @@ def load_hf_dir(path: Path) -> LoadedModel:
                 readers[text], file_names[text] = partial(_read, f, name), name
         skipped += sum(1 for name in names if text_model_name(name) is None)
     if "lm_head.weight" not in readers:
+        if _says_untied(path / "config.json"):
+            raise ModelLoadError(f"{path}: no tensor lm_head.weight, and config.json says tie_word_embeddings false")
         config.tie_word_embeddings = True
     tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
     if not config.eos_token_ids:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, RopeScaling
-from rooftop.errors import ModelLoadError, UnsupportedModelError
+from rooftop.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 
 
 def read_json(path: Path):
@@ -154,6 +154,8 @@ def config_from_hf(cfg: dict, generation: dict) -> ModelConfig:
         name=str(cfg.get("_name_or_path", "")),
         torch_dtype=_dtype(cfg),
         quantization_config=dict(cfg["quantization_config"]) if cfg.get("quantization_config") else None,
+        hidden_act=cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu",
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
         **_moe_fields(cfg),
         **_hybrid_fields(cfg),
     )
@@ -168,5 +170,7 @@ def read_hf_config(path: Path, generation: dict | None = None) -> ModelConfig:
         return config_from_hf(cfg, generation or {})
     except KeyError as e:
         raise ModelLoadError(f"{path}: missing required field(s): {e.args[0]}") from None
+    except InvalidRequestError as e:  # a check of the config's own: its message says what is wrong
+        raise ModelLoadError(f"{path}: {e}") from None
     except (TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
         raise ModelLoadError(f"{path}: inconsistent values ({type(e).__name__}: {e})") from None

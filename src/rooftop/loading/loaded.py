@@ -24,6 +24,11 @@ class LazyWeights(Mapping[str, Weight]):
         file_names: dict[str, str] | None = None,
     ):
         self._readers, self._release, self._file_names = readers, release, file_names or {}
+        self._taken: set[str] = set()
+
+    def untaken(self) -> list[str]:
+        """The file's tensors no one has read: after a model is built, those it does not use."""
+        return [name for name in self._readers if name not in self._taken]
 
     def described(self, name: str) -> str:
         """`name` as a user finds it in the file: the file's name, with the model's beside it where they differ."""
@@ -38,10 +43,12 @@ class LazyWeights(Mapping[str, Weight]):
             self._release()
 
     def __getitem__(self, name: str) -> Weight:
+        self._taken.add(name)
         return self._readers[name](None)
 
     def read(self, name: str, shard: Shard | None) -> Weight:
         """Tensor `name`, or only its part `shard` (its other rows or columns are never read)."""
+        self._taken.add(name)
         return self._readers[name](shard)
 
     def __iter__(self) -> Iterator[str]:

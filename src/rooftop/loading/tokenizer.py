@@ -224,7 +224,19 @@ class Tokenizer:
         ids = list(eos_token_ids)
         if eos is not None and backend.token_to_id(eos) is not None and backend.token_to_id(eos) not in ids:
             ids.append(backend.token_to_id(eos))
-        return cls(backend, bos, eos, ids, bool(cfg.get("add_bos_token", False)), template)
+        add_bos = cfg.get("add_bos_token")
+        if add_bos is None and (first := _post_processor_bos(backend)) is not None:
+            bos, add_bos = backend.id_to_token(first), True
+        return cls(backend, bos, eos, ids, bool(add_bos), template)
+
+
+def _post_processor_bos(backend: HFTokenizer) -> int | None:
+    """The one token tokenizer.json's post-processor puts before a text (Llama 3's BOS, which its
+    tokenizer_config.json leaves to it: transformers and vLLM add it through the post-processor), or None."""
+    plain = backend.encode("a", add_special_tokens=False).ids
+    marked = backend.encode("a", add_special_tokens=True).ids
+    head = marked[: len(marked) - len(plain)]
+    return head[0] if len(head) == 1 and marked[len(head) :] == plain else None
 
 
 # what rooftop itself hands the template: chat_template_kwargs may not override them (each has its own parameter)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from rooftop.config import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttention, ModelConfig, check_runnable
+from rooftop.errors import ModelLoadError
 from rooftop.kernels import pages
 from rooftop.loading.loaded import LazyWeights, LoadedModel
 from rooftop.loading.shard import ShardError
@@ -49,6 +50,12 @@ def _decoder_block(t: Tensors, c: ModelConfig, i: int) -> DecoderBlock:
         t.take(a + f"{n}_proj.bias", (size,), False, rows)
         for n, size, rows in zip("qkv", (qs, kvs, kvs), (heads, kv, kv), strict=True)
     ]
+    missing = [a + f"{n}_proj.bias" for n, b in zip("qkv", biases, strict=True) if b is None]
+    if missing and (len(missing) < 3 or c.attention_bias):  # some of the three, or none where the config has them
+        raise ModelLoadError(
+            f"the model file has no tensor {missing[0]}"
+            + (", which the config's attention_bias promises" if len(missing) == 3 else ", beside the other biases")
+        )
     q_norm, k_norm = (t.take(a + f"{n}_norm.weight", (c.head_dim,), c.qk_norm) for n in "qk")
     qk_norm = None
     if q_norm is not None:
@@ -203,7 +210,7 @@ def build_model(
         check_tensor_parallel(c, tp.size)
     t = Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp, loaded.converted_types)
     try:
-        return _build(loaded, t, dtype, device, policy, on_layer)
+        model = _build(loaded, t, dtype, device, policy, on_layer)
     except ShardError as e:  # a format's blocks that this many ranks would cut: which sizes keep them whole
         block = e.block
         sizes = tensor_parallel_sizes(
@@ -215,6 +222,13 @@ def build_model(
             block,
             e.size,
         ) from None
+    if isinstance(loaded.weights, LazyWeights) and (unused := loaded.weights.untaken()):
+        more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+        loaded.notes.append(
+            f"{len(unused)} tensor{'' if len(unused) == 1 else 's'} of the file not used by the model: "
+            f"{', '.join(map(loaded.weights.described, unused[:3]))}{more}"
+        )
+    return model
 
 
 def _build(
