@@ -349,3 +349,12 @@ def test_text_the_model_has_no_ids_for_is_refused(tmp_path):
     with pytest.raises(InvalidRequestError, match=r"the tokenizer makes token ids the model's vocabulary \(100\)"):
         llm.generate("Hello there", SamplingParams(max_tokens=1))
     assert len(llm.generate([[5, 6]], SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2
+
+
+def test_one_file_of_a_checkpoint_is_pointed_to_its_directory(built):
+    """-m model.safetensors was "not a valid GGUF file", -m tokenizer.json "a model's config holds no weights"."""
+    path = built["llama-tied"].path
+    with pytest.raises(ModelLoadError, match=f"one file of a Hugging Face checkpoint: pass its directory, {path}"):
+        load_model(path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=f"not a model file: pass its checkpoint's directory, {path}"):
+        load_model(path / "tokenizer.json")

@@ -22,6 +22,10 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
     check_exists(path)
     if path.is_dir():
         return load_hf_dir(path)
+    if path.suffix == ".safetensors" or path.name == "model.safetensors.index.json":  # one file of a directory
+        raise ModelLoadError(f"{path}: one file of a Hugging Face checkpoint: pass its directory, {path.parent}")
+    if path.suffix == ".json" and path.name.startswith(("tokenizer", "generation", "special_tokens")):
+        raise ModelLoadError(f"{path}: not a model file: pass its checkpoint's directory, {path.parent}")
     if path.suffix == ".json":  # read as a GGUF, it failed on the magic: say what the file is and what runs it
         raise ModelLoadError(
             f"{path}: a model's config holds no weights (--load-format dummy runs its model with random weights; a "
