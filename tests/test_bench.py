@@ -125,6 +125,23 @@ def test_bad_sweep_lists(tiny_gguf):
     assert_user_error(r, "--batch-sizes must be comma-separated integers")
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        # a batch the KV pool cannot hold at once preempted its sequences, never ran at that batch, and ended in a
+        # traceback (no median of no steps); a huge one ran on, silent, its memory growing
+        (["--batch-sizes", "1,4", "--num-kv-blocks", "4"], ["--batch-sizes 4: 4 sequences of 24 tokens need 8 KV"]),
+        (["--batch-sizes", "100000"], ["--batch-sizes 100000:", "--kv-cache-bytes or --num-kv-blocks"]),
+        # the context's limit names the option that reached it
+        (["--prompt-lens", "100000"], ["--prompt-lens 100000 needs 100001 tokens of context"]),
+        (["--output-len", "100000"], ["--output-len 100000 after --prompt-lens 16 needs 100016 tokens of context"]),
+    ],
+)
+def test_a_sweep_the_engine_cannot_run_is_refused_naming_its_option(tiny_gguf, args, words):
+    r = rooftop_in_process("bench", "-m", str(tiny_gguf), "--prompt-lens", "16", "--output-len", "8", *args)
+    assert_user_error(r, *words)
+
+
 def test_a_request_the_engine_ends_with_an_error_fails_the_benchmark(tiny_gguf, tmp_path):
     """A run cut short by the engine (here: non-finite logits at the first token) is no measurement of its shape:
     it was timed and reported as one."""

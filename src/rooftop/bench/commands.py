@@ -269,12 +269,17 @@ def bench(
         lens, batches = _ints(prompt_lens, "--prompt-lens"), _ints(batch_sizes, "--batch-sizes")
         console = Console(highlight=False)
         if not quick:
-            llm = _engine(run, max(max(lens) + 1, min(lens) + output_len))
+            needs = {
+                f"--prompt-lens {max(lens)}": max(lens) + 1,
+                f"--output-len {output_len} after --prompt-lens {min(lens)}": min(lens) + output_len,
+            }
+            llm = _engine(run, needs)
+            check_batches(llm, batches, min(lens) + output_len)
             _sweep(console, llm, lens, batches, output_len, reps, plots, html_path, json_path)
             return
         runs = []  # per model and thread count: its report, tests, phases, precision and whether it speculates
         for model in [run.model, *more]:  # llama-bench's order: each model at every count
-            llm = _engine(replace(run, model=model), max(t.context for t in tests))
+            llm = _engine(replace(run, model=model), {"the longest test (-p, -n, -d)": max(t.context for t in tests)})
             for count in counts if len(counts) > 1 else [None]:  # one count: the engine's already
                 if count is not None:
                     torch.set_num_threads(count)
@@ -294,15 +299,34 @@ def bench(
             err.print(f"results written to {json_path}")
 
 
-def _engine(run: RunConfig, needed: int):
+def _engine(run: RunConfig, needs: dict[str, int]):
     """The run's engine (its own bar shows the layers built: engine/progress.py), refused where its context cannot
-    hold `needed` tokens."""
+    hold what an option needs (`needs`: the options, as the error names them, and the tokens each needs)."""
     from rooftop.engine.llm import LLM
 
     llm = LLM.from_config(run)
-    if needed > llm.max_model_len:
-        raise InvalidRequestError(f"the benchmark needs {needed} tokens of context; the model has {llm.max_model_len}")
+    for what, needed in needs.items():
+        if needed > llm.max_model_len:
+            raise InvalidRequestError(
+                f"{what} needs {needed} tokens of context; the model's context holds {llm.max_model_len}"
+            )
     return llm
+
+
+def check_batches(llm, batches: list[int], tokens: int) -> None:
+    """Refuse a decode batch whose sequences of `tokens` tokens the KV pool cannot hold at once: its steps would
+    preempt sequences and never run at that batch."""
+    block = llm.engine.config.block_size
+    pool = llm.engine.kv_cache_tokens // block
+    per_sequence = -(-tokens // block)
+    largest = pool // per_sequence
+    if too_many := [b for b in batches if b > largest]:
+        raise InvalidRequestError(
+            f"--batch-sizes {too_many[0]}: {too_many[0]} sequences of {tokens} tokens need {too_many[0] * per_sequence} "
+            f"KV blocks of {block}, and the pool holds {pool} (batch {largest} at most; --kv-cache-bytes or "
+            "--num-kv-blocks makes it larger)",
+            "batch_sizes",
+        )
 
 
 def _roofs_and_calibration(llm, quick: bool, longest: int | None, batch: int):
