@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
 
 from rooftop.bench.sweep import SweepResult  # noqa: E402
 from rooftop.roofline.hardware import Hardware  # noqa: E402
@@ -70,10 +71,12 @@ def roofline_plot(result: SweepResult, hw: Hardware, compute: str, path: Path) -
 def ttft_plot(result: SweepResult, path: Path) -> Path:
     S = [r["prompt_tokens"] for r in result.ttft]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(S, [r["measured_ttft_s"] * 1e3 for r in result.ttft], "o-", color=COLORS["prefill"], label="measured")
-    ax.plot(S, [r["expected_prefill_step_s"] * 1e3 for r in result.ttft], "^:", color="black", label="expected")
-    ax.plot(S, [r["bound_prefill_step_s"] * 1e3 for r in result.ttft], "s--", color="gray", label="bound")
-    ax.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="TTFT (ms)", title="TTFT against prompt length")
+    ax.plot(S, [r["measured_ttft_s"] * 1e3 for r in result.ttft], "o-", color=COLORS["prefill"], label="TTFT measured")
+    expected = [r["expected_prefill_step_s"] * 1e3 for r in result.ttft]
+    ax.plot(S, expected, "^:", color="black", label="prefill step expected")
+    ax.plot(S, [r["bound_prefill_step_s"] * 1e3 for r in result.ttft], "s--", color="gray", label="prefill step bound")
+    ax.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="ms", title="TTFT against prompt length")
+    swept_ticks(ax, S)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend()
     return save_figure(fig, path)
@@ -97,34 +100,44 @@ def batch_plot(result: SweepResult, path: Path) -> Path:
         xscale="log",
         yscale="log",
         xlabel="batch size",
-        ylabel="output tok/s (all sequences)",
+        ylabel="decode tok/s (all sequences: batch / TPOT)",
         title="Decode throughput",
     )
     for ax in (left, right):
+        swept_ticks(ax, B)
         ax.grid(True, which="both", alpha=0.25)
         ax.legend()
     return save_figure(fig, path)
 
 
+def swept_ticks(ax, values: list[int]) -> None:
+    """The x axis ticked at the swept values, written as plain integers (a log axis otherwise ticks powers of ten,
+    with none at 16 or 64)."""
+    ax.set_xticks(values, [str(v) for v in values])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
 def gap_plot(result: SweepResult, path: Path) -> Path:
     """Each measured step (a prefill of pp tokens, a decode step at batch b) as a stacked bar of its gap's parts:
     the bound at the bottom, then what the kernels, the host and the unexplained rest added, as a share of the
-    measured time (parts below zero, a class faster than its roofline share, are left out of the bar)."""
+    measured time (the parts sum to it). A part below zero (a class faster than its roofline share, or a step
+    faster than the calibration expected: unexplained < 0) is left out of the bar, which then passes 100%."""
     labels = [label for label, _ in result.gaps]
     parts = list(result.gaps[0][1]) if result.gaps else []
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(labels) + 3), 4.8))
     bottoms = [0.0] * len(labels)
     for i, part in enumerate(parts):
-        shares = [max(0.0, gap[part]) / sum(max(0.0, v) for v in gap.values()) * 100 for _, gap in result.gaps]
+        shares = [max(0.0, gap[part]) / sum(gap.values()) * 100 for _, gap in result.gaps]
         ax.bar(labels, shares, bottom=bottoms, label=part, color=plt.cm.tab10(i))
         bottoms = [b + v for b, v in zip(bottoms, shares, strict=True)]
-    ax.set(ylabel="% of the measured step", title="Where each step's time went: the bound, then the gap by part")
+    ax.axhline(100, color="black", linewidth=0.8, linestyle="--", label="measured (above it: expected, not taken)")
+    ax.set(ylabel="% of the measured step", title="Where each step's time went")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return save_figure(fig, path)
 
 
 def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # a legend beside the axes stays in the picture
     plt.close(fig)
     return path
