@@ -44,7 +44,7 @@ def roofline_plot(result: SweepResult, hw: Hardware, compute: str, path: Path) -
             [p.predicted_flops_per_s for p in pts],
             facecolors="none",
             edgecolors=color,
-            label=f"{phase} predicted",
+            label=f"{phase} predicted (roofline: each op at its roof)",
             zorder=3,
         )
         for p in pts:
