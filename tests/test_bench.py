@@ -87,6 +87,10 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
     page = (tmp_path / "b.html").read_text()
     assert page.count("data:image/png;base64,") == 4
     assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
+    # the terminal's columns and units, not the JSON's keys in seconds (and no "gpu: None" on a CPU)
+    ttft = data["ttft"][0]
+    assert "<th>measured ttft (ms)</th>" in page and f"<td>{ttft['measured_ttft_s'] * 1e3:.4g}</td>" in page
+    assert "<th>% of compute roof</th>" in page and "measured_ttft_s" not in page and "None" not in page
 
 
 def test_an_html_report_without_plots_leaves_no_pictures_beside_it(tiny_gguf, tmp_path):

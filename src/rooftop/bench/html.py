@@ -12,14 +12,26 @@ def _img(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
+def _column(key: str) -> tuple[str, float]:
+    """A JSON key as a column's header, and the factor its values are shown at: seconds as ms, as the terminal's
+    table shows them (`measured_ttft_s` -> "measured ttft (ms)"), `pct_of_x` as "% of x"."""
+    if key.endswith("_s") and not key.endswith("_per_s"):
+        return f"{key.removesuffix('_s').replace('_', ' ')} (ms)", 1e3
+    if key.startswith("pct_of_"):
+        return "% of " + key.removeprefix("pct_of_").replace("_", " "), 1.0
+    return key.replace("_per_s", "/s").replace("_", " "), 1.0
+
+
 def _table(rows: list[dict]) -> str:
     if not rows:
         return ""
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
+    columns = {key: _column(key) for key in rows[0]}
+    head = "".join(f"<th>{html.escape(name)}</th>" for name, _ in columns.values())
     body = "".join(
         "<tr>"
         + "".join(
-            f"<td>{v:.4g}</td>" if isinstance(v, float) else f"<td>{html.escape(str(v))}</td>" for v in r.values()
+            f"<td>{v * columns[k][1]:.4g}</td>" if isinstance(v, float) else f"<td>{html.escape(str(v))}</td>"
+            for k, v in r.items()
         )
         + "</tr>"
         for r in rows
@@ -32,7 +44,7 @@ def write_html(report: dict, plots: list[Path], path: Path) -> Path:
     info = "".join(
         f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>"
         for k, v in machine.items()
-        if not isinstance(v, dict)
+        if v is not None and not isinstance(v, dict)
     )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>rooftop bench</title>
@@ -47,7 +59,7 @@ img {{ max-width: 100%; margin: 1em 0; }}
 <ul>{info}</ul>
 <h2>TTFT against prompt length</h2>{_table(report["ttft"])}
 <h2>Decode against batch size</h2>{_table(report["decode"])}
-<h2>Each step's time by part: the bound, then the gap (seconds)</h2>{_table(report["gaps"])}
+<h2>Each step's time by part: the bound, then the gap</h2>{_table(report["gaps"])}
 <h2>Plots</h2>{"".join(_img(p) for p in plots)}
 </body></html>
 """
