@@ -295,6 +295,13 @@ def test_quick_modes_outputs_are_llama_benchs():
     csv_header, *csv_rows = out("csv").splitlines()
     assert csv_header.startswith('"cpu_info","gpu_info","backends","model_filename","model_type","model_size"')
     assert "samples_ns" not in csv_header and len(csv_rows) == 3 and '"64","0","0"' in csv_rows[0]
+    # llama-bench's sql: sqlite3 takes it, and holds the records' values (csv's fields)
+    import sqlite3
+
+    db = sqlite3.connect(":memory:")
+    db.executescript(out("sql"))
+    rows = db.execute("SELECT n_prompt, n_gen, n_depth, avg_ns, avg_ts, backends FROM test").fetchall()
+    assert rows == [(r["n_prompt"], r["n_gen"], r["n_depth"], r["avg_ns"], r["avg_ts"], "CPU") for r in records]
 
 
 def test_several_thread_counts_are_rows_of_one_table_and_records_of_one_output():
@@ -440,7 +447,7 @@ def test_a_prompt_in_ubatches_is_timed_over_all_its_steps(tiny_gguf, tmp_path):
         (["--json", str(Path(__file__).parent)], f"--json {Path(__file__).parent}: a folder, not a file"),
         (["--plots", __file__], f"--plots {__file__}: {__file__} is a file, not a folder"),
         (["--html", "/nonexistent/r.html"], "--html /nonexistent/r.html: no folder /nonexistent"),
-        (["-o", "sql"], "--output must be one of md, csv, json, jsonl"),
+        (["-o", "xml"], "--output must be one of md, csv, json, jsonl, sql"),
         (["-pg", "512"], "-pg takes two integers, <pp>,<tg>, got '512'"),
         (["-pg", "512,0"], "-pg must be integers >= 1"),
         (["-d", "-4"], "-d/--n-depth must be integers >= 0"),

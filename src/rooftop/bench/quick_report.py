@@ -13,7 +13,7 @@ from rich.table import Table
 from rooftop.bench.quick import BenchTest
 from rooftop.roofline.report import seconds
 
-OUTPUTS = ("md", "csv", "json", "jsonl")
+OUTPUTS = ("md", "csv", "json", "jsonl", "sql")
 COLUMNS = ("model", "size", "params", "backend", "threads", "weights", "KV cache", "test", "t/s", "TPOT")
 UBATCH = "n_ubatch"  # a column before the test's where -ub was given, as llama-bench adds one
 RIGHT = {"size", "params", "threads", UBATCH, "test", "t/s", "TPOT"}  # llama-bench's numbers, right-aligned
@@ -137,7 +137,8 @@ def records(runs: Runs) -> list[dict]:
 
 
 def write_output(fmt: str, runs: Runs, out: TextIO) -> None:
-    """The results as llama-bench's `-o` prints them: md, csv (every field quoted), json (an array) or jsonl."""
+    """The results as llama-bench's `-o` prints them: md, csv (every field quoted), json (an array), jsonl or sql (a
+    table `test` and one INSERT per test, for sqlite3)."""
     if fmt == "md":
         out.write(markdown(runs))
         return
@@ -146,8 +147,35 @@ def write_output(fmt: str, runs: Runs, out: TextIO) -> None:
         out.write(json.dumps(found, indent=2) + "\n")
     elif fmt == "jsonl":
         out.writelines(json.dumps(r) + "\n" for r in found)
+    elif fmt == "sql":
+        out.write(sql(found))
     else:
         fields = [k for k in found[0] if k not in SAMPLES]
         writer = csv.DictWriter(out, fields, extrasaction="ignore", quoting=csv.QUOTE_ALL, lineterminator="\n")
         writer.writeheader()
         writer.writerows(found)
+
+
+def sql(found: list[dict]) -> str:
+    """llama-bench's `-o sql`: CREATE TABLE test, its columns typed by their values, then one INSERT per record (the
+    samples' lists left out, as in csv)."""
+    fields = [k for k in found[0] if k not in SAMPLES]
+
+    def kind(field: str) -> str:
+        values = [r[field] for r in found if r[field] is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return "INTEGER"
+        return "REAL" if values and all(isinstance(v, int | float) for v in values) else "TEXT"
+
+    def literal(value) -> str:
+        if value is None:
+            return "NULL"
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return repr(value)
+        return "'" + str(value).replace("'", "''") + "'"
+
+    columns = ",\n".join(f"  {field} {kind(field)}" for field in fields)
+    inserts = "".join(
+        f"INSERT INTO test ({', '.join(fields)}) VALUES ({', '.join(literal(r[f]) for f in fields)});\n" for r in found
+    )
+    return f"CREATE TABLE IF NOT EXISTS test (\n{columns}\n);\n\n{inserts}"
