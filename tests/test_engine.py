@@ -425,8 +425,30 @@ def test_generate_shows_vllms_progress_bar_on_a_terminal(tiny_llm, monkeypatch):
     twice = shown[1]  # a prompt counts once, when both of its outputs are done
     assert twice.progress.tasks[0].completed == 3 and twice.progress.tasks[0].total == 3
     assert twice.output_tokens == 3 * 2 * 6 and "3/3" in screen.getvalue()
-    with pytest.raises(InvalidRequestError, match="use_tqdm must be True or False, not 'yes'"):
+    with pytest.raises(InvalidRequestError, match="use_tqdm must be True, False or a tqdm-like bar's constructor"):
         tiny_llm.generate(prompts, PARAMS, use_tqdm="yes")
+
+
+def test_use_tqdm_takes_a_bars_constructor_as_vllm_does(tiny_llm):
+    """vLLM's use_tqdm may be a tqdm-like class (tqdm.auto.tqdm, a notebook's): it is called as vLLM calls it and
+    drawn instead of rooftop's bar; it was refused."""
+    made = []
+
+    class Bar:
+        def __init__(self, **options):
+            self.options, self.done, self.closed, self.postfix = options, 0, False, None
+            made.append(self)
+
+        def update(self, n):
+            self.done += n
+
+        def close(self):
+            self.closed = True
+
+    tiny_llm.generate(["a", "b"], PARAMS, use_tqdm=Bar)
+    [bar] = made
+    assert bar.options == {"total": 2, "desc": "Processed prompts", "dynamic_ncols": True, "postfix": ""}
+    assert bar.done == 2 and bar.closed and bar.postfix.startswith("input ")
 
 
 def test_a_second_warm_up_keeps_what_requests_left(tiny_llm):

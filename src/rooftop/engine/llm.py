@@ -243,14 +243,16 @@ class LLM:
         self,
         prompts: Prompt | list[Prompt],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable = True,
     ) -> list[RequestOutput]:
         """One output per prompt, in order; all prompts run concurrently. A prompt is text or token ids. A prompt's
         `n` outputs (SamplingParams.n) run as n requests sharing its computed prompt, gathered in its output's
         `outputs` (vLLM's). `use_tqdm` (vLLM's name): a progress bar of the prompts finished, on stderr where it is a
         terminal."""
-        if not isinstance(use_tqdm, bool):
-            raise InvalidRequestError(f"use_tqdm must be True or False, not {use_tqdm!r}", "use_tqdm")
+        if not isinstance(use_tqdm, bool) and not callable(use_tqdm):
+            raise InvalidRequestError(
+                f"use_tqdm must be True, False or a tqdm-like bar's constructor, not {use_tqdm!r}", "use_tqdm"
+            )
         if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, list | tuple):
@@ -274,7 +276,8 @@ class LLM:
                     self.engine.add_request(ids[-1], as_prompt(prompt), choice, arrival, shares_prompt_with=first)
                     groups[-1].append(ids[-1])
             outputs = {}
-            with PromptProgress(groups) if use_tqdm else contextlib.nullcontext() as progress:
+            bar = None if isinstance(use_tqdm, bool) else use_tqdm
+            with PromptProgress(groups, bar) if use_tqdm else contextlib.nullcontext() as progress:
                 on_step = progress.on_step if progress else None
                 for request_id in ids:
                     for delta in self._deltas(request_id, on_step):
@@ -292,7 +295,7 @@ class LLM:
         tools: list[dict] | None = None,
         tool_choice: str | dict | None = None,
         parallel_tool_calls: bool = True,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable = True,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,

@@ -6,6 +6,7 @@ built out of all (vLLM shows its checkpoint's shards)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,23 +34,33 @@ def _bar(title: str, *columns) -> Progress:
 class PromptProgress:
     """A bar over prompts, each its `groups` entry's requests (one per output, SamplingParams.n): a prompt is done
     when all of them are; `on_step` takes each engine step. Drawn only on a terminal, on a console of its own
-    (beside any the caller shows), and removed when done, as rooftop's other bars are."""
+    (beside any the caller shows), and removed when done, as rooftop's other bars are. `tqdm`: vLLM's use_tqdm as a
+    callable, a tqdm-like bar's constructor, called as vLLM calls it (total, desc, dynamic_ncols, postfix) and
+    drawn instead."""
 
-    def __init__(self, groups: list[list[str]]):
+    def __init__(self, groups: list[list[str]], tqdm: Callable | None = None):
         self.prompt_of = {request_id: i for i, group in enumerate(groups) for request_id in group}
         self.left = [len(group) for group in groups]  # each prompt's requests not finished yet
         self.prefilled: set[str] = set()  # requests whose prompt has been computed (they have a token)
         self.input_tokens = self.output_tokens = 0
         self.started = time.perf_counter()
+        self.tqdm = None
+        if tqdm is not None:
+            self.tqdm = tqdm(total=len(groups), desc="Processed prompts", dynamic_ncols=True, postfix="")
+            return
         self.progress = _bar("Processed prompts", TextColumn("{task.fields[speed]}"))
         self.task = self.progress.add_task("", total=len(groups), speed="")
 
     def __enter__(self) -> PromptProgress:
-        self.progress.start()
+        if self.tqdm is None:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if self.tqdm is not None:
+            self.tqdm.close()
+        else:
+            self.progress.stop()
 
     def on_step(self, step: StepOutput) -> None:
         finished = 0
@@ -66,7 +77,11 @@ class PromptProgress:
                 finished += self.left[prompt] == 0
         seconds = max(time.perf_counter() - self.started, 1e-9)
         speed = f"input {self.input_tokens / seconds:.1f} tok/s, output {self.output_tokens / seconds:.1f} tok/s"
-        self.progress.update(self.task, advance=finished, speed=speed)
+        if self.tqdm is not None:
+            self.tqdm.postfix = speed
+            self.tqdm.update(finished)
+        else:
+            self.progress.update(self.task, advance=finished, speed=speed)
 
 
 class LoadProgress:
