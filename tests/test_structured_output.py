@@ -79,6 +79,11 @@ def test_a_spec_holds_exactly_one_valid_constraint():
     with pytest.raises(InvalidRequestError) as e:
         SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(json_object=True))
     assert e.value.param == "ignore_eos"
+    # vLLM's disable_any_whitespace: what rooftop's JSON always is (it was a TypeError); false cannot be honoured
+    assert StructuredOutputsParams(json_object=True, disable_any_whitespace=True).kind == "json_object"
+    with pytest.raises(InvalidRequestError, match="disable_any_whitespace must be true") as e:
+        StructuredOutputsParams(json_object=True, disable_any_whitespace=False)
+    assert e.value.param == "structured_outputs.disable_any_whitespace"
 
 
 def test_open_numbers_are_bounded_and_listed_properties_closed_the_schemas_own_choices_kept():

@@ -55,17 +55,26 @@ _BITS = torch.arange(32, dtype=torch.int32)
 class StructuredOutputsParams:
     """vLLM's: exactly one of a JSON schema (a dict or its text), a regex, a list of choices, a Lark or GBNF grammar,
     or json_object (any JSON object). Checked when built: a malformed spec is an InvalidRequestError naming its
-    field, with llguidance's message."""
+    field, with llguidance's message. `disable_any_whitespace` (vLLM's): rooftop's JSON is always compact (no
+    whitespace between tokens: a small model otherwise writes spaces until max_tokens), so only True, or None, is
+    taken."""
 
     json: dict | str | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
     # llguidance's form of the spec: what is compiled, and the compiled grammars' cache key
     llguidance_grammar: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.disable_any_whitespace not in (None, True):
+            raise InvalidRequestError(
+                f"structured_outputs.disable_any_whitespace must be true (rooftop's JSON has no whitespace between "
+                f"tokens), got {self.disable_any_whitespace!r}",
+                "structured_outputs.disable_any_whitespace",
+            )
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise InvalidRequestError(

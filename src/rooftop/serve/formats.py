@@ -49,8 +49,14 @@ class StructuredOutputs(Body):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
 
     def params(self) -> StructuredOutputsParams:
         return StructuredOutputsParams(
-            json=self.json_, regex=self.regex, choice=self.choice, grammar=self.grammar, json_object=self.json_object
+            json=self.json_,
+            regex=self.regex,
+            choice=self.choice,
+            grammar=self.grammar,
+            json_object=self.json_object,
+            disable_any_whitespace=self.disable_any_whitespace,
         )
