@@ -86,6 +86,8 @@ def test_sweep_writes_json_plots_and_an_offline_html(tiny_gguf, tmp_path):
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     page = (tmp_path / "b.html").read_text()
     assert page.count("data:image/png;base64,") == 4
+    # a log (stderr no terminal) has no live bar: each stage is a line of its own, not minutes of silence
+    assert "decode at batch 2 (pass 1 of 1)" in r.stderr
     assert "http://" not in page and "https://" not in page and "<script" not in page and "<link" not in page
     # the terminal's columns and units, not the JSON's keys in seconds (and no "gpu: None" on a CPU)
     ttft = data["ttft"][0]

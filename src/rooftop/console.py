@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import typer
@@ -14,6 +14,19 @@ from rich.markup import escape
 from rooftop.errors import InvalidRequestError, RooftopError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def logged(update: Callable[[str], None]) -> Callable[[str], None]:
+    """A live display's update (a bar's, a status line's) that, where stderr is no terminal (a log, where rich draws
+    no live display), also prints each stage on a line of its own: a long benchmark is not silent for minutes."""
+    if err.is_terminal:
+        return update
+
+    def both(what: str) -> None:
+        update(what)
+        err.print(f"[dim]{escape(what)}[/]")
+
+    return both
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from rooftop.bench.quick_report import OUTPUTS, model_name, table, write_output
 from rooftop.bench.serve import commands as serve_commands
 from rooftop.cli_options import with_run_config
 from rooftop.config import RunConfig
-from rooftop.console import check_output_file, check_output_folder, err, user_errors
+from rooftop.console import check_output_file, check_output_folder, err, logged, user_errors
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.report import seconds
 
@@ -346,7 +346,7 @@ def _roofs_and_calibration(llm, quick: bool, longest: int | None, batch: int):
             llm,
             hw,
             quick=quick,
-            on_progress=lambda s: status.update(f"calibrating: {s}"),
+            on_progress=logged(lambda s: status.update(f"calibrating: {s}")),
             engine=engine,
             at_prompt=longest if quick else None,
         )
@@ -409,7 +409,7 @@ def _sweep(
             batches,
             output_len,
             reps,
-            lambda what: progress.update(task, description=what, advance=1),
+            logged(lambda what: progress.update(task, description=what, advance=1)),
         )
     report.update(
         ttft=result.ttft,
