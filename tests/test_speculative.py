@@ -517,3 +517,33 @@ def test_hybrid_models_refuse_speculation():
 
     with pytest.raises(InvalidRequestError, match="recurrent state that cannot be rolled back"):
         make_proposer(SpeculativeConfig(**NGRAM), find_preset("qwen3.6-27b"))
+
+
+def test_the_servers_monitor_counts_a_verify_steps_tokens_once_each_and_its_gap_once(bundled):
+    """A verify step hands a request several tokens at one time: ITL observed a near-zero gap for each accepted
+    draft (vLLM observes one gap a step), and the dashboard's tokens/s counted one token per request a step."""
+    from rooftop.engine.probe import load_or_run_probe
+    from rooftop.serve.metrics import create_metrics
+    from rooftop.serve.monitor import Monitor
+
+    metrics = create_metrics()
+    monitor = Monitor(metrics, bundled.config, bundled.precision, load_or_run_probe(quick=True).to_hardware())
+    eng = engine(bundled, NGRAM)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    eng.add_request("r", chat(bundled, f"Quote the sentence about the keeper from this text: {PARAGRAPH}"), params)
+    steps = []
+    while eng.has_unfinished():
+        steps.append(eng.step())
+        monitor.on_step(steps[-1])
+    tokens = [len(d.new_token_ids) for s in steps for d in s.deltas if d.new_token_ids]
+    assert max(tokens) > 1  # some steps accepted drafts
+    itl = next(m for m in metrics.itl.collect() for s in m.samples if s.name.endswith("_count"))
+    assert next(s.value for s in itl.samples if s.name.endswith("_count")) == len(tokens) - 1  # a gap a step
+    assert sum(p.sampled for p in monitor.steps) == sum(tokens) == 40
+    # the dashboard kept its last 300 steps, a few seconds under load, and divided their tokens by 10 s
+    record = next(s.record for s in reversed(steps) if s.record is not None)
+    for _ in range(700):
+        monitor._record_step(record, 2)
+    shown = monitor.snapshot()
+    assert len(monitor.steps) == len(steps) + 700 and len(shown["steps"]) <= 600
+    assert shown["generation_tokens_per_s"] >= 1400 / 10  # the 700 steps just recorded, 2 tokens each

@@ -18,7 +18,8 @@ from rooftop.roofline.hardware import Hardware
 from rooftop.roofline.precision import Precision
 from rooftop.serve.metrics import ServerMetrics
 
-STEPS_KEPT = 300  # the dashboard's timeline and roofline points
+STEPS_WINDOW_S = 60.0  # the dashboard's timeline and roofline points: the steps of the last minute
+STEPS_SHOWN = 600  # of them, at most this many sent (evenly thinned): a fast model runs hundreds a second
 STEPS_PER_RATE = 32  # achieved FLOP/s and GB/s: over this many most recent steps of a phase
 LATENCY_WINDOW_S = 300.0  # TTFT / TPOT percentiles over the last five minutes
 THROUGHPUT_WINDOW_S = 10.0
@@ -60,7 +61,8 @@ class Monitor:
         self.metrics, self.config, self.precision, self.hardware = metrics, config, precision, hardware
         self.calibration = calibration  # each step's expected time, beside its bound
         self.lock = threading.Lock()
-        self.steps: deque[StepPoint] = deque(maxlen=STEPS_KEPT)
+        self.steps: deque[StepPoint] = deque()  # the last STEPS_WINDOW_S of them
+        self.rate_steps = {phase: deque(maxlen=STEPS_PER_RATE) for phase in Phase}
         self.finished: deque[FinishedPoint] = deque(maxlen=10_000)
         self.state = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0, "kv_cache_dtype": None}
         self.outcomes = {outcome: 0 for outcome in FinishReason}
@@ -77,7 +79,7 @@ class Monitor:
 
     def on_step(self, step: StepOutput) -> None:
         if step.record is not None:
-            self._record_step(step.record, len(step.deltas))
+            self._record_step(step.record, sum(len(d.new_token_ids) for d in step.deltas))
         m = self.metrics
         for d in step.deltas:
             rm = d.metrics
@@ -88,9 +90,8 @@ class Monitor:
                 m.ttft.observe(rm.ttft)
                 if rm.queue_time is not None:
                     m.queue_time.observe(rm.queue_time)
-            times = rm.token_times
-            for j in range(max(1, total - new), total):
-                m.itl.observe(times[j] - times[j - 1])
+            if new and total > new:  # one gap a step, as vLLM's: a verify step's accepted drafts share its time
+                m.itl.observe(rm.token_times[total - 1] - rm.token_times[total - new - 1])
             if d.output is not None:
                 self._record_finish(d.output, d.finish_reason)
 
@@ -161,7 +162,10 @@ class Monitor:
         )
         with self.lock:
             self.steps.append(point)
-            recent = [s for s in self.steps if s.phase == record.phase][-STEPS_PER_RATE:]
+            while self.steps[0].finished_at < point.finished_at - STEPS_WINDOW_S:
+                self.steps.popleft()
+        self.rate_steps[record.phase].append(point)
+        recent = list(self.rate_steps[record.phase])
         seconds = sum(s.seconds for s in recent)
         self.metrics.steps.labels(phase=record.phase).inc()
         if seconds > 0:
@@ -201,6 +205,7 @@ class Monitor:
             "ttft_ms": _percentiles([f.ttft for f in finished]),
             "tpot_ms": _percentiles([f.tpot for f in finished]),
             "generation_tokens_per_s": sum(s.sampled for s in recent) / THROUGHPUT_WINDOW_S,
+            "steps_window_s": STEPS_WINDOW_S,
             "steps": [
                 {
                     "age_s": now - s.finished_at,
@@ -209,7 +214,7 @@ class Monitor:
                     "batch": s.batch,
                     "tokens": s.tokens,
                 }
-                for s in steps
+                for s in steps[:: -(-len(steps) // STEPS_SHOWN) or 1]
             ],
             "roofline": {
                 "hardware": hw.name,
