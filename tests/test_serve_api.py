@@ -13,6 +13,8 @@ import openai
 import pytest
 from serve_support import api_error, held_server, metrics, running_server, sse_events
 
+import rooftop
+
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
@@ -470,8 +472,13 @@ def test_a_non_streamed_request_whose_client_leaves_is_aborted(long_gguf):
 
 def test_tokenize_and_detokenize(server):
     ids = httpx.post(f"{server}/tokenize", json={"prompt": "hello"}).json()
-    assert ids == {"count": 5, "max_model_len": 256, "tokens": [ord(ch) + 3 for ch in "hello"]}
+    tokens = [ord(ch) + 3 for ch in "hello"]
+    assert ids == {"count": 5, "max_model_len": 256, "tokens": tokens, "token_strs": None}
     assert httpx.post(f"{server}/detokenize", json={"tokens": ids["tokens"]}).json() == {"prompt": "hello"}
+    # vLLM's return_token_strs (it was refused) and /version (a 404)
+    strings = httpx.post(f"{server}/tokenize", json={"prompt": "hello", "return_token_strs": True}).json()
+    assert strings["tokens"] == tokens and strings["token_strs"] == list("hello")
+    assert httpx.get(f"{server}/version").json() == {"version": rooftop.__version__}
 
 
 def test_api_key(long_gguf):

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import FileResponse, JSONResponse, Response
 
+import rooftop
 from rooftop.engine.llm import LLM
 from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
@@ -80,6 +81,11 @@ def _other_routes() -> APIRouter:
             return JSONResponse({"status": status}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    @router.api_route("/version", methods=["GET", "HEAD"])
+    async def version() -> dict:
+        """vLLM's: the server's version, open as /health is (deployment checks ask it)."""
+        return {"version": rooftop.__version__}
+
     @router.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics(request: Request) -> Response:
         return Response(server(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -100,7 +106,8 @@ def _other_routes() -> APIRouter:
         except InvalidRequestError as e:
             raise ApiError(400, str(e), e.param or param) from None
         ids = await ready.prompts.encode(text, param, body.add_special_tokens)
-        return {"count": len(ids), "max_model_len": ready.llm.max_model_len, "tokens": ids}
+        strings = [ready.llm.tokenizer.backend.id_to_token(i) for i in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": ready.llm.max_model_len, "tokens": ids, "token_strs": strings}
 
     @router.post("/detokenize", dependencies=[Depends(authorized)])
     async def detokenize(request: Request) -> dict:

@@ -303,6 +303,7 @@ class TokenizeRequest(Body):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = True
+    return_token_strs: bool = False  # vLLM's: each id's vocabulary string beside it
 
     def template_options(self) -> dict:
         """As ChatCompletionRequest's; refused with a prompt, which no template renders."""
