@@ -212,9 +212,12 @@ def test_unknown_routes_and_methods_answer_json(server):
 
 
 def test_bad_requests_are_counted_as_invalid(server):
+    """On /metrics and on the dashboard, whose outcomes left refused requests out."""
     before = metrics(server)['rooftop_requests_total{outcome="invalid"}']
+    shown = httpx.get(f"{server}/dashboard/state").json()["requests"]["invalid"]
     httpx.post(f"{server}{CHAT}", json=chat(temperature=-1))
     assert metrics(server)['rooftop_requests_total{outcome="invalid"}'] == before + 1
+    assert httpx.get(f"{server}/dashboard/state").json()["requests"]["invalid"] == shown + 1
 
 
 def test_tokenize_needs_a_prompt_or_messages(server):

@@ -140,7 +140,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     def counted(request: Request, status: int) -> None:
         if request.url.path in COUNTED_PATHS and 400 <= status < 500:
             outcome = "rejected" if status == 429 else "invalid"
-            server(request).metrics.requests.labels(outcome=outcome).inc()
+            state = server(request)
+            if state.ready is not None:  # the dashboard's counts too
+                state.ready.monitor.on_refused(outcome)
+            else:
+                state.metrics.requests.labels(outcome=outcome).inc()
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> Response:

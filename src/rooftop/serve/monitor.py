@@ -65,7 +65,8 @@ class Monitor:
         self.rate_steps = {phase: deque(maxlen=STEPS_PER_RATE) for phase in Phase}
         self.finished: deque[FinishedPoint] = deque(maxlen=10_000)
         self.state = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0, "kv_cache_dtype": None}
-        self.outcomes = {outcome: 0 for outcome in FinishReason}
+        # how requests ended, and those the server refused (429: rejected, another 4xx: invalid), as /metrics counts
+        self.outcomes = {**{outcome: 0 for outcome in FinishReason}, "rejected": 0, "invalid": 0}
         # the engine's prefix queries, prefix hits, preemptions and speculative decoding counts already counted
         self._counted = (0, 0, 0, 0, 0, 0)
         self._counted_per_pos: list[int] = []
@@ -97,6 +98,12 @@ class Monitor:
 
     def on_abort(self, output: RequestOutput, outcome: FinishReason) -> None:
         self._record_finish(output, outcome)
+
+    def on_refused(self, outcome: str) -> None:
+        """A request the server refused before the engine saw it ("rejected" or "invalid")."""
+        self.metrics.requests.labels(outcome=outcome).inc()
+        with self.lock:
+            self.outcomes[outcome] += 1
 
     def on_state(self, stats: EngineStats) -> None:
         m = self.metrics
