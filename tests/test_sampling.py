@@ -76,6 +76,7 @@ def test_vllms_spellings_of_off_and_of_no_limit_are_taken():
     """top_k -1 is vLLM's "consider all tokens" (its old default), max_tokens None its "until EOS or the context's
     end": both were refused."""
     assert SamplingParams(top_k=-1).top_k == 0
+    assert SamplingParams(seed=-1).seed is None  # vLLM's "no seed": it was a fixed seed
     assert SamplingParams(max_tokens=None, min_tokens=3).max_tokens is None
 
 

@@ -114,6 +114,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             check(_number(value) and -2 <= value <= 2, name, f"{name} must be in [-2, 2], got {value!r}")
+        if self.seed == -1 and not isinstance(self.seed, bool):  # vLLM's spelling of no seed
+            self.seed = None
         check(
             self.seed is None or _integer(self.seed, SEED_RANGE[0], SEED_RANGE[1]),
             "seed",
