@@ -73,20 +73,20 @@ def _resolve(
     weights,
     kv,
     state_dtype,
-    peak_tflops,
-    bandwidth_tbs,
-    memory_gb,
-    interconnect_gbs,
-    compute_efficiency,
-    memory_efficiency,
+    custom: tuple[float | None, float | None, float | None, float | None],
+    compute_efficiency: float = 1.0,
+    memory_efficiency: float = 1.0,
     tp: int = 1,
 ):
+    """The model, device and precision of a command; `custom`: --peak-tflops, --bandwidth-tbs, --memory-gb and
+    --interconnect-gbs, the custom hardware's numbers (all None for a named device)."""
+    peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs = custom
     if any(v is not None for v in (peak_tflops, bandwidth_tbs, memory_gb)):
         hardware = resolve_hardware(hardware, peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)
     elif interconnect_gbs is not None:
         raise InvalidRequestError(
-            "--interconnect-gbs describes custom hardware: give it with --peak-tflops, "
-            "--bandwidth-tbs and --memory-gb (a catalog device has its own)"
+            "--interconnect-gbs describes custom hardware: give it with --peak-tflops, --bandwidth-tbs and "
+            "--memory-gb (a catalog device has its own)"
         )
     probe = load_or_run_probe if tp == 1 else lambda: group_probe(tp)
     config, hw, p = resolve(model, hardware, weights, kv, tp, state_dtype, probe)
@@ -135,19 +135,9 @@ def roofline(
     """Predict FLOPs, bytes, bound and time of prefill and decode for a model on a device; with
     --num-speculative-tokens and --acceptance, also TPOT with speculative decoding."""
     with user_errors():
+        custom = (peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)
         config, hw, p = _resolve(
-            model,
-            hardware,
-            weights,
-            kv,
-            state_dtype,
-            peak_tflops,
-            bandwidth_tbs,
-            memory_gb,
-            interconnect_gbs,
-            compute_efficiency,
-            memory_efficiency,
-            tp,
+            model, hardware, weights, kv, state_dtype, custom, compute_efficiency, memory_efficiency, tp
         )
         if (num_speculative_tokens is None) != (acceptance is None):
             raise InvalidRequestError("--num-speculative-tokens and --acceptance go together: give both or neither")
@@ -199,20 +189,8 @@ def explain(
 ) -> None:
     """The two phases in plain words, with this model's numbers (one sequence, which must fit, as in roofline)."""
     with user_errors():
-        config, hw, p = _resolve(
-            model,
-            hardware,
-            weights,
-            kv,
-            state_dtype,
-            peak_tflops,
-            bandwidth_tbs,
-            memory_gb,
-            interconnect_gbs,
-            1.0,
-            1.0,
-            tp,
-        )
+        custom = (peak_tflops, bandwidth_tbs, memory_gb, interconnect_gbs)
+        config, hw, p = _resolve(model, hardware, weights, kv, state_dtype, custom, tp=tp)
         pred = analyze(config, hw, p, prompt, output, 1, tp, gpu_memory_utilization=gpu_memory_utilization)
         typer.echo(explain_text(pred, config, p))
 
