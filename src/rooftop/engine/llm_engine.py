@@ -384,8 +384,8 @@ class LLMEngine:
             if not prompt:
                 raise InvalidRequestError("the prompt is empty")
             ids, vocab = self.tokenizer.encode(prompt), self.model.config.vocab_size
-            outside = sorted({i for i in ids if i >= vocab})
-            if outside:  # a tokenizer beside a config of a smaller vocabulary (a bare config.json's dummy run)
+            if max(ids, default=0) >= vocab:  # a tokenizer beside a config of a smaller vocabulary (a dummy run)
+                outside = sorted({i for i in ids if i >= vocab})
                 raise InvalidRequestError(
                     f"the tokenizer makes token ids the model's vocabulary ({vocab}) does not hold: {outside[:5]}; "
                     "send token ids below it"

@@ -212,7 +212,6 @@ class Monitor:
             "ttft_ms": _percentiles([f.ttft for f in finished]),
             "tpot_ms": _percentiles([f.tpot for f in finished]),
             "generation_tokens_per_s": sum(s.sampled for s in recent) / THROUGHPUT_WINDOW_S,
-            "steps_window_s": STEPS_WINDOW_S,
             "steps": [
                 {
                     "age_s": now - s.finished_at,
