@@ -26,10 +26,13 @@ def test_bf16_weight_bytes_are_two_per_parameter():
     for name in ("qwen3-8b", "llama-3.1-8b", "qwen3-30b-a3b", "qwen3.6-27b", "smollm2-135m"):
         c = find_preset(name)
         assert weight_bytes(c, BF16) == 2 * parameter_count(c).total, name
-        # one token's: an MoE's top-k experts of each layer only, the active parameters; a dense model's all
-        assert weight_bytes(c, BF16, per_token=True) == 2 * parameter_count(c).active, name
+        # one token's: an MoE's top-k experts of each layer only (the active parameters; a dense model's all), and
+        # of an untied table the token's row alone (the active count holds the whole table, as model cards count it)
+        unread = 0 if c.tie_word_embeddings else (c.vocab_size - 1) * c.hidden_size
+        assert weight_bytes(c, BF16, per_token=True) == 2 * (parameter_count(c).active - unread), name
+    assert not find_preset("llama-3.1-8b").tie_word_embeddings  # the rule above is tried on an untied table
     moe = find_preset("qwen3-30b-a3b")  # 48 layers of 128 experts, 8 per token, each 3 x 2048 x 768
-    idle = 48 * (128 - 8) * 3 * 2048 * 768 * 2
+    idle = 48 * (128 - 8) * 3 * 2048 * 768 * 2 + (151936 - 1) * 2048 * 2  # and its untied table but a row
     assert weight_bytes(moe, BF16) - weight_bytes(moe, BF16, per_token=True) == idle
 
 

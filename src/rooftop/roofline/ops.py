@@ -450,12 +450,14 @@ def weight_bytes(c: ModelConfig, p: Precision, per_token: bool = False) -> float
     """Bytes of all weights at precision `p`: the embedding table and the lm_head in their own formats (a
     quantized checkpoint keeps them in floats), norms at activation width. A tied lm_head is the table only where it
     is held in the table's format (`shares_table`): in another (a Q6_K table beside a Q8_0 lm_head under int4) the
-    engine holds both. `per_token`: of a mixture of experts' routed experts only the top k a token uses, as one
-    token's decode step reads them."""
+    engine holds both. `per_token`: what one token's decode step reads of them: of a mixture of experts' routed
+    experts only the top k a token uses, and of a table that is not the lm_head only the token's own row."""
     every, active = _matrices(c)
     matrices = sum(m * p.weights.linear_bytes(k, n) for k, n, m in (active if per_token else every))
-    head = 0 if shares_table(c, p) else p.head().weights.linear_bytes(c.hidden_size, c.vocab_size)
-    return matrices + table_bytes(c, p) + head + _small_params(c) * p.activation_bytes
+    shared = shares_table(c, p)
+    head = 0 if shared else p.head().weights.linear_bytes(c.hidden_size, c.vocab_size)
+    table = c.hidden_size * p.embedding_bytes_per_value if per_token and not shared else table_bytes(c, p)
+    return matrices + table + head + _small_params(c) * p.activation_bytes
 
 
 def shares_table(c: ModelConfig, p: Precision) -> bool:
