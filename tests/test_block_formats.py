@@ -375,3 +375,23 @@ def test_a_k_quant_mix_runs_on_pytorchs_ops_where_the_kernels_do_not_build(k_qua
     assert torch.isfinite(ours).all()
     if kernels_int4 is not None:
         assert float((ours - kernels_int4).norm() / kernels_int4.norm()) < 0.2
+
+
+def test_a_quantized_choice_says_which_of_the_files_formats_it_rounded_again(k_quant_mix):
+    """--weights int4 (or int8) on a file of other block formats quantizes those matrices a second time, from their
+    values: the run says which, and that auto runs them as stored; the formats the choice holds exactly (Q4_0's
+    values in Q4_1) and the float choice (the file's values) are not named."""
+    from rooftop import LLM
+
+    path, _ = k_quant_mix
+    notes = {choice: LLM(model=str(path), weights=choice).load_notes for choice in ("int4", "int8", "float", "auto")}
+
+    def rounded_again(choice: str) -> set[str]:
+        (note,) = [n for n in notes[choice] if n.startswith(f"--weights {choice}: ")]
+        assert "--weights auto runs them as the file holds them" in note
+        return set(note.split("the file's ")[1].split(" matrices")[0].split(" and "))
+
+    every = {"q4_k", "q5_0", "q6_k", "q5_k", "q8_0", "q4_0", "q5_1"}
+    assert rounded_again("int4") == every - {"q4_0"}
+    assert rounded_again("int8") == every - ({"q8_0"} if kernels is not None else set())
+    assert not any("quantized again" in n for n in notes["float"] + notes["auto"])

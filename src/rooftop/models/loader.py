@@ -29,8 +29,8 @@ from rooftop.models.parallel import (
 from rooftop.models.rope import cos_sin_table
 from rooftop.models.tensors import Tensors
 from rooftop.models.transformer import Transformer
-from rooftop.quant.linear import as_file_choice, embedding_table, router_linear, weight_policy
-from rooftop.quant.weights import Weight, to_float
+from rooftop.quant.linear import as_file_choice, embedding_table, linear_format, router_linear, weight_policy
+from rooftop.quant.weights import BLOCK_FORMATS, Weight, to_float
 
 
 def _decoder_block(t: Tensors, c: ModelConfig, i: int) -> DecoderBlock:
@@ -191,6 +191,23 @@ def qwen3_next_order(la: LinearAttention) -> torch.Tensor:
     )
 
 
+def requantized_note(choice: str, file_format: str | None, held: str) -> str | None:
+    """What a quantized `--weights` choice does to a file's blocks of another format: rounds them again, from their
+    values, to the format it holds (a Q4_K file under int4: Q4_1), which `auto` would have run as stored. The run's
+    format line shows only the result, so a user comparing accuracy or load time is told."""
+    if choice == "auto" or file_format is None or held not in ("q4_1", "q8_0", "int4-g32", "int8"):
+        return None
+    # the file's formats whose values the held groups keep exactly (Q4_0's in Q4_1 groups)
+    kept = {"q4_1": ("q4_0", "q4_1"), "int4-g32": ("q4_0", "q4_1"), "q8_0": ("q8_0",)}.get(held, ())
+    again = [f for f in file_format.split("+") if f in (*BLOCK_FORMATS, "q4_1", "q8_0") and f not in kept]
+    if not again:
+        return None
+    return (
+        f"--weights {choice}: the file's {' and '.join(again)} matrices were quantized again to {held} at load "
+        "(a second rounding; --weights auto runs them as the file holds them)"
+    )
+
+
 def build_model(
     loaded: LoadedModel,
     dtype: torch.dtype,
@@ -209,6 +226,8 @@ def build_model(
     if tp is not None and tp.size > 1:
         check_tensor_parallel(c, tp.size)
     t = Tensors(loaded.weights, dtype, device, policy, weights == "auto", tp, loaded.converted_types)
+    if note := requantized_note(weights, loaded.file_format, linear_format(policy, device, dtype)):
+        loaded.notes.append(note)
     try:
         model = _build(loaded, t, dtype, device, policy, on_layer)
     except ShardError as e:  # a format's blocks that this many ranks would cut: which sizes keep them whole
