@@ -114,6 +114,10 @@ def test_sizes_that_do_not_split_the_model_are_refused_naming_the_valid_ones():
 
     cli = rooftop_in_process("generate", "Hi", "-tp", "2", "--no-roofline")
     assert_user_error(cli, "error: tensor_parallel_size 2 does not split")
+    draft = '{"method": "draft", "draft_layers": 8, "num_speculative_tokens": 2}'
+    cli = rooftop_in_process("generate", "Hi", "-tp", "3", "--speculative-config", draft, "--no-roofline")
+    # one line of the message, not the exception's arguments as a tuple
+    assert_user_error(cli, "error: speculative decoding with a draft model runs on one rank only for now")
 
 
 def test_a_k_quant_split_inside_its_blocks_is_refused_with_the_sizes_that_keep_them_whole(tmp_path):

@@ -240,6 +240,14 @@ class SpeculativeConfig:
                 "speculative_config",
             )
 
+    def check_ranks(self, tensor_parallel_size: int) -> None:
+        """A draft model runs on rank 0 alone: under tensor parallelism only ngram drafts."""
+        if self.method == "draft" and tensor_parallel_size > 1:
+            raise UnsupportedModelError(
+                "speculative decoding with a draft model runs on one rank only for now: with tensor parallelism use "
+                '{"method": "ngram", ...}'
+            )
+
     @classmethod
     def from_dict(cls, options: dict) -> SpeculativeConfig:
         """From vLLM's JSON form; an unknown key is refused by name, never ignored."""

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rooftop.config import EngineConfig, RunConfig
-from rooftop.errors import InvalidRequestError, TensorParallelError, UnsupportedModelError
+from rooftop.errors import InvalidRequestError, TensorParallelError
 from rooftop.loading.loaded import LoadedModel
 from rooftop.models.parallel import TPGroup, check_tensor_parallel
 from rooftop.roofline.probe import checked_device
@@ -225,10 +225,5 @@ def check_parallel_run(run: RunConfig, loaded: LoadedModel) -> None:
     """What tensor parallelism refuses before any rank starts: a model it cannot split this many ways, a draft
     model (it runs on rank 0 alone)."""
     check_tensor_parallel(loaded.config, run.tensor_parallel_size)
-    spec = run.engine.speculative_config
-    if spec is not None and spec.method == "draft":
-        raise UnsupportedModelError(
-            "speculative decoding with a draft model runs on one rank only for now: with tensor parallelism use "
-            '{"method": "ngram", ...}',
-            "speculative_config",
-        )
+    if run.engine.speculative_config is not None:
+        run.engine.speculative_config.check_ranks(run.tensor_parallel_size)

@@ -35,7 +35,7 @@ from rooftop.engine.sequence import Sequence
 from rooftop.engine.speculative import accepted_run, make_proposer, sampling_runs
 from rooftop.engine.structured import GrammarCompiler
 from rooftop.enums import Phase
-from rooftop.errors import InvalidRequestError, PromptTooLongError, UnsupportedModelError
+from rooftop.errors import InvalidRequestError, PromptTooLongError
 from rooftop.kernels import pages
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.kv_cache import KV_DTYPES, KVPool, kv_dtype_name, kv_storage_dtype
@@ -78,13 +78,8 @@ class LLMEngine:
                 "max_model_len",
             )
         self.max_model_len = self.config.max_model_len or mc.max_position_embeddings
-        spec = self.config.speculative_config
-        if model.tp is not None and spec is not None and spec.method == "draft":
-            raise UnsupportedModelError(
-                "speculative decoding with a draft model runs on one rank only for now: with tensor parallelism use "
-                '{"method": "ngram", ...}',
-                "speculative_config",
-            )
+        if model.tp is not None and self.config.speculative_config is not None:
+            self.config.speculative_config.check_ranks(model.tp.size)
         kv_dtype = kv_storage_dtype(self.config.kv_cache_dtype, model.dtype)
         # per rank: under tensor parallelism each holds its KV heads, so the same bytes hold more tokens
         block_bytes = KVPool.bytes_per_block(model.rank_config, self.config.block_size, kv_dtype)
