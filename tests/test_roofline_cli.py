@@ -525,7 +525,23 @@ def test_this_machine_is_named_in_any_case_and_a_group_is_checked_before_its_pro
     """-H THIS was an unknown name (catalog names ignore case), and the list of known names left 'this' out; a tp
     the model cannot split asked for a group probe first, only to be refused after it."""
     assert_error(run("roofline", "-H", "thiss"), "unknown hardware 'thiss'", "this")
-    assert_error(run("roofline", "-m", "smollm2-135m", "-H", "THIS", "--tp", "2"), "valid sizes: 1, 3, 9")
+    assert_error(run("roofline", "-m", "smollm2-135m", "-H", "THIS", "--tp", "2"), "valid sizes: 1, 3")
+
+
+def test_a_tp_that_cuts_the_mlps_features_is_refused_as_the_engine_refuses_it():
+    """9 ranks split SmolLM2's 9 heads but not its 1536 intermediate features: the analyzer listed and timed 9,
+    which the engine refuses."""
+    from rooftop.errors import InvalidRequestError
+    from rooftop.models.parallel import check_tensor_parallel
+    from rooftop.roofline.presets import find_preset
+
+    refused = run("roofline", "-m", "smollm2-135m", "-H", "h100", "--tp", "9")
+    assert_error(refused, "tensor parallel degree 9", "1536 intermediate features", "valid sizes: 1, 3")
+    assert refused.output.strip().endswith("valid sizes: 1, 3")
+    with pytest.raises(InvalidRequestError, match="valid sizes: 1, 3$"):
+        check_tensor_parallel(find_preset("smollm2-135m"), 9)
+    moe = run("roofline", "-m", "qwen3-30b-a3b", "-H", "h100", "--tp", "3")  # 4 KV heads: 3 splits no heads either
+    assert_error(moe, "768 expert intermediate features")
 
 
 def test_efficiencies_given_are_named_as_the_expectation():

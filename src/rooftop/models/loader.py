@@ -23,7 +23,6 @@ from rooftop.models.parallel import (
     check_tensor_parallel,
     kv_head_rows,
     rank_config,
-    tensor_parallel_sizes,
     vocab_rows,
 )
 from rooftop.models.rope import cos_sin_table
@@ -31,6 +30,7 @@ from rooftop.models.tensors import Tensors
 from rooftop.models.transformer import Transformer
 from rooftop.quant.linear import as_file_choice, embedding_table, linear_format, router_linear, weight_policy
 from rooftop.quant.weights import BLOCK_FORMATS, Weight, to_float
+from rooftop.roofline.ops import tp_sizes
 
 
 def _decoder_block(t: Tensors, c: ModelConfig, i: int) -> DecoderBlock:
@@ -232,9 +232,7 @@ def build_model(
         model = _build(loaded, t, dtype, device, policy, on_layer)
     except ShardError as e:  # a format's blocks that this many ranks would cut: which sizes keep them whole
         block = e.block
-        sizes = tensor_parallel_sizes(
-            c, lambda n: c.q_size % (n * block) == 0 and c.intermediate_size % (n * block) == 0
-        )
+        sizes = tp_sizes(c, lambda n: c.q_size % (n * block) == 0 and c.intermediate_size % (n * block) == 0)
         raise ShardError(
             f"{e}: tensor_parallel_size {tp.size} does not split it in whole blocks; valid sizes for this file: "
             f"{', '.join(map(str, sizes))}",

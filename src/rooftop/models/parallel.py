@@ -181,12 +181,6 @@ class VocabParallelHead:
         return self.linear.nbytes
 
 
-def tensor_parallel_sizes(config: ModelConfig, fits: Callable[[int], bool] = lambda n: True) -> list[int]:
-    """The sizes the engine splits this model over: its heads split (roofline.ops.tp_sizes) and its intermediate
-    features evenly, and `fits`."""
-    return tp_sizes(config, lambda n: config.intermediate_size % n == 0 and fits(n))
-
-
 def check_tensor_parallel(config: ModelConfig, size: int) -> None:
     """Refuse, naming why and the sizes that work, a model the engine cannot split `size` ways."""
     c = config
@@ -196,11 +190,11 @@ def check_tensor_parallel(config: ModelConfig, size: int) -> None:
             f"tensor parallelism runs dense Llama, Qwen2 and Qwen3 models for now; {c.architecture} is {kind}: "
             "run it with tensor_parallel_size 1"
         )
-    if size not in tensor_parallel_sizes(c):
+    if size not in tp_sizes(c):
         raise InvalidRequestError(
             f"tensor_parallel_size {size} does not split {c.name or c.architecture}: its {c.num_heads} query heads, "
             f"{c.num_kv_heads} KV heads and {c.intermediate_size} intermediate features must divide evenly (KV "
             f"heads may also be replicated on size / KV heads ranks); valid sizes: "
-            f"{', '.join(map(str, tensor_parallel_sizes(c)))}",
+            f"{', '.join(map(str, tp_sizes(c)))}",
             "tensor_parallel_size",
         )

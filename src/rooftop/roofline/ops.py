@@ -131,29 +131,41 @@ class Op:
         return max(times, key=times.get)
 
 
-def splits_heads(config: ModelConfig, tp: int) -> bool:
-    """Whether `tp` ranks split the model's heads: query heads evenly, KV heads evenly or, when there are fewer KV
-    heads than ranks, each replicated on tp / kv_heads ranks; a hybrid's linear-attention heads evenly."""
+def splits(config: ModelConfig, tp: int) -> bool:
+    """Whether `tp` ranks split the model: query heads evenly, KV heads evenly or, when there are fewer KV heads than
+    ranks, each replicated on tp / kv_heads ranks; a hybrid's linear-attention heads evenly; and the MLP's
+    intermediate features (each expert's, a shared expert's) evenly, as the engine and vLLM cut them."""
     c, la = config, config.linear_attention
     if c.num_heads % tp or (c.num_kv_heads % tp and tp % c.num_kv_heads):
         return False
-    return not (la and c.num_linear_attention_layers and (la.num_value_heads % tp or la.num_key_heads % tp))
+    if la and c.num_linear_attention_layers and (la.num_value_heads % tp or la.num_key_heads % tp):
+        return False
+    return all(features % tp == 0 for _, features in _split_features(c))
+
+
+def _split_features(c: ModelConfig) -> list[tuple[str, int]]:
+    """The MLP's feature counts tensor parallelism cuts, by the config's name for them."""
+    if not c.is_moe:
+        return [("intermediate", c.intermediate_size)]
+    shared = [("shared expert intermediate", c.shared_expert_intermediate_size)]
+    return [("expert intermediate", c.moe_intermediate_size), *(shared if c.shared_expert_intermediate_size else [])]
 
 
 def tp_sizes(config: ModelConfig, fits: Callable[[int], bool] = lambda tp: True) -> list[int]:
-    """The tensor-parallel degrees that split the model's heads (and pass `fits`), up to its query heads."""
-    return [tp for tp in range(1, config.num_heads + 1) if splits_heads(config, tp) and fits(tp)]
+    """The tensor-parallel degrees that split the model (and pass `fits`), up to its query heads."""
+    return [tp for tp in range(1, config.num_heads + 1) if splits(config, tp) and fits(tp)]
 
 
 def check_tp(config: ModelConfig, tp: int) -> None:
-    """Heads must split evenly; KV heads may also be replicated when there are fewer than `tp`."""
+    """Heads and MLP features must split evenly; KV heads may also be replicated when there are fewer than `tp`."""
     if tp < 1:
         raise InvalidRequestError(f"tensor parallel degree must be >= 1, got {tp}")
     c = config
-    if not splits_heads(c, tp):
-        heads = f"{c.num_heads} query heads and {c.num_kv_heads} KV heads"
+    if not splits(c, tp):
+        heads = f"{c.num_heads} query heads, {c.num_kv_heads} KV heads"
         if c.linear_attention and c.num_linear_attention_layers:
             heads += f" ({c.linear_attention.num_key_heads} key and {c.linear_attention.num_value_heads} value heads in its linear-attention layers)"
+        heads += "".join(f", {n} {name} features" for name, n in _split_features(c))
         sizes = tp_sizes(c)
         replicated = [n for n in sizes if n > c.num_kv_heads]
         replicas = (
