@@ -97,7 +97,11 @@ def test_the_probe_measures_the_groups_all_reduce_and_the_attribution_counts_it(
     assert all(s.shape.tp == 2 for s in steps)
     for phase in attribute_phases(steps, hw).values():
         parts = phase.gap.parts()
-        assert parts["communication"] > 0
+        assert phase.gap.communication_s > 0  # the collectives as calibrated, whole
+        # the bar's bound is the report's (the collectives at the probed interconnect where they take longer than
+        # the kernels' ops), and the communication part only what the bound does not count of them
+        assert parts["bound"] == pytest.approx(phase.bound_s)
+        assert parts["communication"] == pytest.approx(phase.gap.communication_s - (phase.bound_s - phase.gap.kernels))
         assert sum(parts.values()) == pytest.approx(phase.measured_s)
     # the op model's collectives of a decode step: the plan, 2 per layer and the embedding's, the logits
     assert sum(op.collectives for op in steps[-1].predicted.ops) == 2 * tiny_tp.config.num_layers + 3

@@ -189,12 +189,13 @@ def _by_phase(shape: StepShape) -> dict[Phase, StepShape]:
 @dataclass(frozen=True)
 class Gap:
     """A measured step (or a phase's steps, summed) split into parts that add up to the measured time:
-    `bound` (the fused lower bound of its kernels' ops), `unfused` (those ops one after another at their roofs,
-    activations through memory, minus the bound), each kernel class's inefficiency (calibrated time minus its
-    roofline share), `communication` (a tensor-parallel step's collectives as calibrated: the time it waits on the
-    other ranks), `host` (inside the forward pass), `around` (scheduling, sampling, detokenizing: the step's own
-    record), and `unexplained` (what the calibration did not predict of the forward pass: noise, a busier memory
-    bus, a colder cache)."""
+    `bound` (the step's fused lower bound, StepTime.bound_s: its kernels' ops, or a tensor-parallel step's
+    collectives at the probed interconnect where they take longer), `unfused` (the kernels' ops one after another at
+    their roofs, activations through memory, minus their own bound), each kernel class's inefficiency (calibrated
+    time minus its roofline share), `communication` (a tensor-parallel step's collectives as calibrated, the time it
+    waits on the other ranks, less what of it the bound already counts), `host` (inside the forward pass), `around`
+    (scheduling, sampling, detokenizing: the step's own record), and `unexplained` (what the calibration did not
+    predict of the forward pass: noise, a busier memory bus, a colder cache)."""
 
     measured_s: float
     bound_s: float
@@ -203,15 +204,17 @@ class Gap:
     host_s: float
     around_s: float
     unexplained_s: float
-    communication_s: float = 0.0
+    communication_s: float = 0.0  # the collectives' calibrated time, whole
+    kernels_bound_s: float | None = None  # the kernels' ops' own fused bound (None: bound_s, no collectives)
 
     def parts(self) -> dict[str, float]:
         """The parts in the order a stacked bar draws them."""
+        counted = self.bound_s - self.kernels  # what the bound already counts of the collectives
         return {
             "bound": self.bound_s,
             "unfused ops": self.unfused_s,
             **{f"{name} inefficiency": v for name, v in self.inefficiency.items()},
-            "communication": self.communication_s,
+            "communication": self.communication_s - counted,
             "host (forward)": self.host_s,
             "host (sampling, scheduling)": self.around_s,
             "unexplained": self.unexplained_s,
@@ -227,7 +230,13 @@ class Gap:
             self.around_s + other.around_s,
             self.unexplained_s + other.unexplained_s,
             self.communication_s + other.communication_s,
+            self.kernels + other.kernels,
         )
+
+    @property
+    def kernels(self) -> float:
+        """The kernels' ops' own fused bound."""
+        return self.bound_s if self.kernels_bound_s is None else self.kernels_bound_s
 
     def to_dict(self) -> dict:
         return {"measured_s": self.measured_s, "bound_s": self.bound_s, "parts_s": self.parts()}
@@ -236,17 +245,19 @@ class Gap:
 def step_gap(predicted: StepTime, expected: ExpectedStep, forward_s: float, around_s: float, hw: Hardware) -> Gap:
     """Decompose one recorded step: `forward_s` its forward pass as the engine timed it, `around_s` the rest of the
     step (measured); `expected` the calibration's parts for its shape. The bound and the unfused ops are those of
-    the kernels' ops; a tensor-parallel step's collectives are a part of their own, at their calibrated time."""
+    the step's (the report's); a tensor-parallel step's collectives are a part of their own, at their calibrated
+    time beyond what the bound counts of them."""
     roof = class_roofline(predicted, hw)
     kernels = [op for op in predicted.ops if op_class(op.name) != "communication"]
     bound = step_bound(kernels, hw)
     return Gap(
         measured_s=forward_s + around_s,
-        bound_s=bound,
+        bound_s=predicted.bound_s,
         unfused_s=sum(op.time(hw) for op in kernels) - bound,
         inefficiency={name: expected.classes[name] - roof[name] for name in KERNEL_CLASSES},
         host_s=expected.host_s,
         around_s=around_s,
         unexplained_s=forward_s - expected.forward_s,
         communication_s=expected.classes["communication"],
+        kernels_bound_s=bound,
     )
