@@ -514,6 +514,8 @@ def test_explain_takes_tensor_parallelism_and_custom_hardware_as_roofline_does()
     text = run("explain", "-m", "llama-3.1-70b", "-H", "h100", "--tp", "4").output
     assert "on NVIDIA H100 SXM, split over 4 of them (tensor parallel" in text
     assert "It must read 34.8 GB of the 35.3 GB of weights" in text  # 141 GB of bf16 weights over 4
+    # one device's KV cache too: 2 x 80 layers x 8 KV heads x 128 x 2 bytes per token, 2 of the 8 heads on each
+    assert "the KV cache holding 83.9 MB (81.9 kB per token)" in text and "plus the KV cache (84 MB)" in text
     custom = ("-m", "llama-3.1-70b", "--peak-tflops", "100", "--bandwidth-tbs", "1", "--memory-gb", "80", "--tp", "4")
     assert_error(run("roofline", *custom), "has no interconnect bandwidth")
     assert run("roofline", *custom, "--interconnect-gbs", "100").exit_code == 0

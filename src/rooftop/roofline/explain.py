@@ -5,7 +5,7 @@ from __future__ import annotations
 from rooftop.config import ModelConfig
 from rooftop.roofline.ops import expert_bytes, shares_table, table_bytes
 from rooftop.roofline.precision import Precision
-from rooftop.roofline.predict import Prediction, StepTime
+from rooftop.roofline.predict import Prediction, StepTime, device_kv_share
 from rooftop.roofline.report import NO_DECODE, decode_lever, seconds, si, weight_formats
 from rooftop.roofline.speculative import predict_speculative
 
@@ -37,7 +37,8 @@ def weights_read(step: StepTime, pred: Prediction, config: ModelConfig, p: Preci
 def explain(pred: Prediction, config: ModelConfig, p: Precision) -> str:
     s, prefill, hw = pred.prompt_len, pred.prefill, pred.hw
     d = pred.decode_first
-    kv_prompt = pred.kv_bytes_per_token * s
+    kv_per_token = pred.kv_bytes_per_token * device_kv_share(config, pred.tp)  # one device's, as every number here
+    kv_prompt = kv_per_token * s
     peak = si(prefill.flops / prefill.compute_time_s if prefill.compute_time_s else 0, "FLOP/s")
     bandwidth = si(hw.memory_bandwidth, "B/s")
     if hw.working_set is not None:
@@ -59,9 +60,10 @@ def explain(pred: Prediction, config: ModelConfig, p: Precision) -> str:
         f"once and does {si(prefill.flops, 'FLOP')} of math: {prefill.intensity:.3g} FLOPs per byte moved, against this "
         f"device's ridge point of {pred.ridge_point_flops_per_byte:.3g}. So prefill is {prefill.bound}-bound: "
         f"{seconds(prefill.compute_time_s)} of math at {peak}, {seconds(prefill.memory_time_s)} of memory traffic at {bandwidth}.",
-        f"3. Prefill leaves the KV cache holding {si(kv_prompt, 'B')} ({si(pred.kv_bytes_per_token, 'B')} per token)"
+        f"3. Prefill leaves the KV cache holding {si(kv_prompt, 'B')} ({si(kv_per_token, 'B')} per token)"
         + (
-            f", plus {si(pred.state_bytes_per_sequence, 'B')} of recurrent state per sequence that never grows"
+            f", plus {si(pred.state_bytes_per_sequence / pred.tp, 'B')} of recurrent state per sequence that never "
+            "grows"
             if pred.state_bytes_per_sequence
             else ""
         )

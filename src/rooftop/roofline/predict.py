@@ -295,11 +295,16 @@ def _rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s / (1e12 if tera else 1e9):.3g} {'TB/s' if tera else 'GB/s'}"
 
 
+def device_kv_share(config: ModelConfig, tp: int) -> float:
+    """The share of the KV cache one of `tp` devices holds: its KV heads split tp ways, or one replicated on each
+    device when there are fewer KV heads than devices."""
+    return max(1, config.num_kv_heads // tp) / config.num_kv_heads
+
+
 def _per_seq_bytes(config: ModelConfig, p: Precision, tokens_per_seq: int, tp: int) -> float:
-    """One sequence's KV cache and recurrent state on one device: KV heads split tp ways, or replicated
-    on every device when there are fewer KV heads than devices."""
-    kv_share = max(1, config.num_kv_heads // tp) / config.num_kv_heads
-    return tokens_per_seq * kv_bytes_per_token(config, p) * kv_share + state_bytes_per_sequence(config, p) / tp
+    """One sequence's KV cache and recurrent state on one device."""
+    kv = tokens_per_seq * kv_bytes_per_token(config, p) * device_kv_share(config, tp)
+    return kv + state_bytes_per_sequence(config, p) / tp
 
 
 @dataclass(frozen=True)
