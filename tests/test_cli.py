@@ -340,6 +340,12 @@ def test_generate_takes_max_model_len(tiny_gguf):
     assert_user_error(rooftop_in_process(*args), "the context holds 8")
 
 
+def test_a_request_the_kv_pool_cannot_hold_names_the_options_that_change_it(tiny_gguf):
+    """The refusal named Python's parameters (kv_cache_bytes, max_tokens) to a user of the command line."""
+    args = ["generate", "hi", "--model", str(tiny_gguf), "--num-kv-blocks", "1", "-n", "50", "--raw"]
+    assert_user_error(rooftop_in_process(*args), "tokens of KV cache", "--kv-cache-bytes", "--num-kv-blocks", "-n")
+
+
 def test_a_max_model_len_past_the_models_positions_is_refused(tiny_gguf):
     """It was cut to the model's 64 positions without a word (an option silently ignored); vLLM refuses it too."""
     args = ["generate", "hi", "--model", str(tiny_gguf), "--max-model-len", "100000"]

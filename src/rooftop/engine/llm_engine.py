@@ -180,7 +180,9 @@ class LLMEngine:
         if self._blocks.blocks_needed(longest) > self._blocks.num_blocks:
             raise InvalidRequestError(
                 f"the request needs up to {longest} tokens of KV cache; the pool holds {self.kv_cache_tokens} "
-                "(raise kv_cache_bytes / num_kv_blocks or lower max_tokens)"
+                "(raise kv_cache_bytes or num_kv_blocks: --kv-cache-bytes, --num-kv-blocks; or ask for fewer tokens: "
+                "max_tokens, -n)",
+                "max_tokens",
             )
         vocab = self.model.config.vocab_size
         outside = [t for t in params.logit_bias or {} if t >= vocab]
