@@ -438,12 +438,30 @@ def test_this_machine_reads_the_weights_at_the_probes_rate_for_their_size(tmp_pa
     held = 1_179_648 * 2 + 2 * 256_000 * 2 + 1280 * 4
     probe = replace(probed(), read_by_size={held // 2: 80e9, held * 2: 40e9}, read_bandwidth=20e9)
     monkeypatch.setattr("rooftop.roofline.commands.load_or_run_probe", lambda: probe)
-    r = run("roofline", "-m", small_json(tmp_path), "-H", "this", "-p", "16", "-n", "4", "--json")
+    bf16 = small_json(tmp_path, torch_dtype="bfloat16")
+    r = run("roofline", "-m", bf16, "-H", "this", "-p", "16", "-n", "4", "--json")
     data = json.loads(r.output)
     assert data["weight_bytes"] == held and data["memory_bandwidth_bytes_per_s"] == pytest.approx(60e9)
     assert data["memory_roof"].startswith("60.0 GB/s reading a 3 MB working set (DRAM: 20.0 GB/s): the model's weights")
-    r = run("explain", "-m", small_json(tmp_path), "-p", "16", "-n", "4")
+    r = run("explain", "-m", bf16, "-p", "16", "-n", "4")
     assert "memory traffic at 60 GB/s (this machine's read of 3.39 MB, the model's weights)" in r.output
+
+
+def test_a_config_that_names_no_dtype_is_costed_on_this_machine_as_the_engine_loads_it(tmp_path, monkeypatch):
+    """transformers' save of a model made from a config writes no dtype: the engine (and its dummy) loads such a
+    checkpoint as float32, which -H this costed as bf16-fp32. A datasheet device keeps bf16 (vLLM's); a preset is a
+    bf16 checkpoint everywhere."""
+    from test_roofline_auto_weights import probed
+
+    from rooftop import LLM
+
+    monkeypatch.setattr("rooftop.roofline.commands.load_or_run_probe", probed)
+    this = json.loads(run("roofline", "-m", small_json(tmp_path), "-H", "this", "-p", "16", "-n", "4", "--json").output)
+    assert this["weights_format"] == "fp32"
+    assert LLM(model=small_json(tmp_path), load_format="dummy").precision.weights.name == "fp32"
+    assert analyzed("-m", small_json(tmp_path))["weights_format"] == "bf16"
+    preset = run("roofline", "-m", "qwen3-0.6b", "-H", "this", "-p", "16", "-n", "4", "--json").output
+    assert json.loads(preset)["weights_format"] == "bf16-fp32"
 
 
 def test_one_output_token_has_no_tpot(tmp_path):

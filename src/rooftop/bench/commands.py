@@ -192,7 +192,7 @@ def bench(
         typer.Option(
             "--output",
             "-o",
-            help="quick mode: print the results to stdout as llama-bench's -o does, md, csv, json or jsonl, instead "
+            help="quick mode: print the results to stdout as llama-bench's -o does, md, csv, json, jsonl or sql, instead "
             "of the table; the phase report then goes to stderr",
         ),
     ] = None,

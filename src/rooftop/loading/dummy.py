@@ -342,7 +342,6 @@ class Source:
     name: str  # the path or the preset name, as LoadedModel.source
     native_format: str = "float"  # a GGUF's closest weight format (what --weights auto then makes)
     tokenizer: Tokenizer | None = None  # the file's own, where it has one
-    float_dtype: str | None = None  # the checkpoint's float dtype where the config does not say (a preset's)
     from_gguf: bool = False  # a GGUF's header: its tensors are laid out as llama.cpp's converter writes them
     forms: dict[str, str] = field(default_factory=dict)  # a GGUF's: HF name -> each matrix's form (file_form)
     converted_types: dict[str, str] = field(default_factory=dict)  # a GGUF's matrices the kernels do not run
@@ -351,10 +350,9 @@ class Source:
     @property
     def values(self) -> torch.dtype | None:
         """The float dtype whose values dummy floats take: the checkpoint's (config.json's torch_dtype; a preset's
-        checkpoints are bf16, as the analyzer costs them), so that a dummy model runs the path its real weights
+        is bf16, as the analyzer costs it), so that a dummy model runs the path its real weights
         would (a bf16 checkpoint's linears as bf16-fp32 under auto on the CPU). None: float32 draws as they are."""
-        dtype = self.config.torch_dtype or self.float_dtype
-        return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.config.torch_dtype)
 
 
 def _gguf_source(path: Path) -> Source:
@@ -404,7 +402,7 @@ def find_source(model: str | Path | None) -> Source:
     if path.is_file():
         return Source(read_hf_config(path), str(path)) if path.suffix == ".json" else _gguf_source(path)
     try:
-        return Source(find_preset(str(model)), str(model), float_dtype="bfloat16")
+        return Source(find_preset(str(model)), str(model))
     except InvalidRequestError as e:
         raise ModelLoadError(f"{model}: no such file or directory, and {e}") from None
 

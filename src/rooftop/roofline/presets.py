@@ -14,7 +14,7 @@ from rooftop.roofline.hardware import suggest
 
 
 def _hf(repo: str, cfg: dict) -> ModelConfig:
-    config = config_from_hf(cfg, {})
+    config = config_from_hf({"torch_dtype": "bfloat16", **cfg}, {})  # every preset's published checkpoint is bf16
     config.name = repo
     return config
 

@@ -18,7 +18,7 @@ ApiKeyOpt = Annotated[
     str | None,
     typer.Option(
         envvar="ROOFTOP_API_KEY",
-        help="require 'Authorization: Bearer KEY' everywhere but /health and /metrics (the dashboard: KEY as password)",
+        help="require 'Authorization: Bearer KEY' everywhere but /health, /metrics and /version (the dashboard: KEY as password)",
     ),
 ]
 NameOpt = Annotated[
