@@ -10,7 +10,7 @@ from test_cli import assert_user_error, rooftop_in_process
 
 from rooftop import SamplingParams
 from rooftop.engine.probe import load_or_run_probe
-from rooftop.errors import RooftopError
+from rooftop.errors import InvalidRequestError, RooftopError
 from rooftop.roofline.attribution import attribute_phases, attribute_step
 from rooftop.roofline.predict import time_step
 
@@ -380,6 +380,18 @@ def test_a_torchrun_rank_takes_the_first_thread_count(monkeypatch):
     for args in (["bench", "-tp", "2", "-t", "3"], ["generate", "hi", "-tp", "2", "--threads", "3"]):
         assert rooftop_in_process(*args).returncode == 0
     assert served == [3, 3]
+
+
+def test_torchrun_without_a_tensor_parallel_size_is_refused(monkeypatch, tiny_gguf):
+    """`torchrun --nproc-per-node 3 -m rooftop generate ...` without -tp ran three whole models, each alone."""
+    from rooftop import LLM
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(InvalidRequestError, match=r"torchrun started 3 processes \(WORLD_SIZE\) but tensor_parallel_"):
+        LLM(model=str(tiny_gguf))
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a torchrun of one process is one engine
+    assert LLM(model=str(tiny_gguf)).tensor_parallel_size == 1
 
 
 def test_quick_modes_values_take_llama_benchs_ranges():

@@ -326,6 +326,9 @@ def test_every_command_that_starts_an_engine_takes_the_same_engine_options(comma
             ["chat", "--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}'],
             ["method must be one of ngram, draft; got 'medusa'"],
         ),
+        # infinity (or 1e12) overflowed the clocks' arithmetic: a traceback after the group started
+        (["generate", "hi", "-tp", "3", "--distributed-timeout", "inf"], ["--distributed-timeout", "at most 604800"]),
+        (["generate", "hi", "--distributed-timeout", "1e12"], ["must be a number of seconds > 0 and at most"]),
         # a CUDA option on the CPU was ignored without a word
         (["generate", "hi", "--cuda-graph-sizes", "8"], ["cuda_graph_sizes", "cpu captures none"]),
     ],

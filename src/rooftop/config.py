@@ -377,6 +377,11 @@ def auto_dtype(device_type: str) -> str:
 LOAD_FORMATS = ("auto", "dummy")  # vLLM's --load-format values: read the file's weights, or make seeded random ones
 
 
+# The longest wait on the other ranks: the clocks' arithmetic (timedelta, a deadline's timestamp) overflows near
+# 1e12 s, and no collective takes a week.
+MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
 @dataclass
 class RunConfig:
     """What runs and how: the model, its compute dtype, device and weight format, and the engine's batching.
@@ -421,9 +426,11 @@ class RunConfig:
                 f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}",
                 "tensor_parallel_size",
             )
-        if not isinstance(self.distributed_timeout_s, int | float) or not self.distributed_timeout_s > 0:
+        timeout = self.distributed_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_TIMEOUT_S:
             raise InvalidRequestError(
-                f"distributed_timeout_s must be a number of seconds > 0, got {self.distributed_timeout_s!r}",
+                f"distributed_timeout_s (--distributed-timeout) must be a number of seconds > 0 and at most "
+                f"{MAX_TIMEOUT_S} (a week), got {timeout!r}",
                 "distributed_timeout_s",
             )
         if not isinstance(self.device, str) or not self.device:

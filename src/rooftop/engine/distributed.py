@@ -52,13 +52,7 @@ def launch_of(run: RunConfig) -> Launch:
     `tensor_parallel_size` processes; otherwise this process is rank 0 and starts the others on this host."""
     env, size = os.environ, run.tensor_parallel_size
     if "RANK" in env and "WORLD_SIZE" in env:
-        world = int(env["WORLD_SIZE"])
-        if world != size:
-            raise InvalidRequestError(
-                f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size is {size}: give "
-                f"--tensor-parallel-size {world}, or run torchrun with --nnodes x --nproc-per-node = {size}",
-                "tensor_parallel_size",
-            )
+        world = check_torchrun(run)
         return Launch(
             int(env["RANK"]),
             world,
@@ -69,6 +63,23 @@ def launch_of(run: RunConfig) -> Launch:
             spawns=False,
         )
     return Launch(0, size, 0, size, "127.0.0.1", free_port(), spawns=True)
+
+
+def check_torchrun(run: RunConfig) -> int:
+    """Under torchrun, its processes (WORLD_SIZE) are the group's ranks: a count other than tensor_parallel_size is
+    refused, 1 included (each process would load and run the whole model on its own). The world size; 1 outside
+    torchrun."""
+    env, size = os.environ, run.tensor_parallel_size
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return 1
+    world = int(env["WORLD_SIZE"])
+    if world != size:
+        raise InvalidRequestError(
+            f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size is {size}: give "
+            f"--tensor-parallel-size {world}, or run torchrun with --nnodes x --nproc-per-node = {size}",
+            "tensor_parallel_size",
+        )
+    return world
 
 
 def free_port() -> int:

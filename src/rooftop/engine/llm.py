@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from rooftop.config import EngineConfig, RunConfig, auto_dtype
-from rooftop.engine.distributed import check_parallel_run, launch_of, rank_device, rank_threads
+from rooftop.engine.distributed import check_parallel_run, check_torchrun, launch_of, rank_device, rank_threads
 from rooftop.engine.lead import Lead, lead_group
 from rooftop.engine.llm_engine import LLMEngine
 from rooftop.engine.outputs import RequestDelta, RequestOutput, StepOutput, StepRecord
@@ -171,6 +171,7 @@ class LLM:
     def _start(self, run: RunConfig) -> None:
         self.run_config = run
         self.lead: Lead | None = None
+        check_torchrun(run)  # one of torchrun's processes runs as a rank of this run's group, never alone
         launch = launch_of(run) if run.tensor_parallel_size > 1 else None
         # the process's one intra-op pool, kernels included; the host's cores shared among its ranks
         torch.set_num_threads(rank_threads(run, launch, available_cores()))
