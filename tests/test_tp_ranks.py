@@ -84,6 +84,32 @@ def test_a_hung_rank_stops_the_run_within_the_timeout(tiny_gguf):
     assert worker.poll() is not None, "closing a failed group ends the worker rooftop started"
 
 
+def test_the_rank_that_hung_is_named_not_the_one_that_timed_out_waiting_on_it():
+    """Three ranks, rank 2 stopped: rank 1's collective times out and it exits, and rank 0 named rank 1 as the
+    rank the group lost. A worker that gave up waiting exits with its own status (WAITED), so the rank still
+    running is named, or none where rank 0 timed out first."""
+    timeout = 4
+    llm = LLM(tensor_parallel_size=3, kv_cache_bytes=KV, distributed_timeout_s=timeout)
+    hung = llm.lead.workers[1]
+    try:
+        assert llm.generate(["abc"], SHORT)[0].token_ids
+        os.kill(hung.pid, signal.SIGSTOP)
+        with pytest.raises(TensorParallelError, match=f"did not answer within {timeout} s") as failure:
+            llm.generate(["abc"], SHORT)
+        assert "rank 1" not in str(failure.value).split("(rank 1 timed out")[0], failure.value
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+        llm.close()
+
+
+def test_a_closed_group_says_so(tiny_gguf):
+    """A step after close() blamed a worker's clean exit: "lost rank 1 ..., which exited with status 0"."""
+    llm = LLM(model=tiny_gguf, tensor_parallel_size=2, kv_cache_bytes=KV)
+    llm.close()
+    with pytest.raises(TensorParallelError, match="the tensor-parallel group was closed"):
+        llm.generate(["abc"], SHORT)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank: this machine has fewer than 2")
 def test_nccl_runs_the_same_split_over_two_gpus(tiny_gguf, tiny_llm):
     """float32 on two GPUs against the float32 reference on the CPU: parting only at a float path's near-ties."""

@@ -65,6 +65,11 @@ def launch_of(run: RunConfig) -> Launch:
     return Launch(0, size, 0, size, "127.0.0.1", free_port(), spawns=True)
 
 
+# A worker's exit status when a collective timed out or failed waiting on the others: it did not fail of its own,
+# so rank 0 names a rank still running (the one that hung) before it (Lead._dead).
+WAITED = 3
+
+
 def check_torchrun(run: RunConfig) -> int:
     """Under torchrun, its processes (WORLD_SIZE) are the group's ranks: a count other than tensor_parallel_size is
     refused, 1 included (each process would load and run the whole model on its own). The world size; 1 outside

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from rooftop.config import RunConfig
 from rooftop.engine.distributed import (
+    WAITED,
     Launch,
     check_no_group,
     first_line,
@@ -136,24 +137,37 @@ class Lead:
             self.broadcast(("drop", key))
 
     def _raise_if_failed(self) -> None:
+        if self._closed:
+            raise TensorParallelError("the tensor-parallel group was closed")
         if self.failure is None and (dead := self._dead()):
             self._fail(f"the tensor-parallel group lost {dead}")
         if self.failure is not None:
             raise TensorParallelError(f"{self.failure}; the group cannot run another step")
-        if self._closed:
-            raise TensorParallelError("the tensor-parallel group was closed")
 
     def _dead(self, wait_s: float = 0.0) -> str | None:
-        """A worker rooftop started that has exited, as "rank 2 (pid 123) was killed by SIGKILL"; waits up to
-        `wait_s` for one to (a rank's connections close just before its exit status is there)."""
+        """A worker rooftop started that has exited, as "rank 2 (pid 123), which was killed by SIGKILL"; waits up
+        to `wait_s` for one to (a rank's connections close just before its exit status is there). Where every rank
+        that exited timed out waiting on the group (WAITED), a rank still running is the one that hung: it is named."""
         deadline = time.monotonic() + wait_s
         while True:
-            for rank, worker in enumerate(self.workers, start=1):
-                if (code := worker.poll()) is not None:
-                    return f"rank {rank} (pid {worker.pid}), which {exit_text(code)}"
+            exited = {rank: code for rank, w in enumerate(self.workers, start=1) if (code := w.poll()) is not None}
+            if exited:
+                return self._blamed(exited)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.02)
+
+    def _blamed(self, exited: dict[int, int]) -> str:
+        own = [rank for rank, code in exited.items() if code != WAITED]
+        running = [rank for rank in range(1, len(self.workers) + 1) if rank not in exited]
+        if not own and running:
+            waited = ", ".join(map(str, exited))
+            return (
+                f"rank {running[0]} (pid {self.workers[running[0] - 1].pid}), which did not answer within "
+                f"{self.timeout_s:g} s (rank {waited} timed out waiting on it)"
+            )
+        rank = own[0] if own else next(iter(exited))
+        return f"rank {rank} (pid {self.workers[rank - 1].pid}), which {exit_text(exited[rank])}"
 
     def _describe(self, error: BaseException) -> str:
         if isinstance(error, KeyboardInterrupt):

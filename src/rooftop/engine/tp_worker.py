@@ -21,6 +21,7 @@ import torch.distributed as dist
 from rooftop.config import RunConfig
 from rooftop.engine.distributed import (
     MODEL_ENV,
+    WAITED,
     Launch,
     check_parallel_run,
     first_line,
@@ -90,7 +91,7 @@ def _serve(model: Transformer | None, plans: object, rank: int, device: torch.de
             message = receive(plans)
         except RuntimeError as e:
             _say(rank, f"rank 0 sent nothing (it died, or hung past the timeout): {first_line(e)}")
-            return 1
+            return WAITED
         kind = message[0]
         try:
             if kind == "stop":
@@ -105,7 +106,8 @@ def _serve(model: Transformer | None, plans: object, rank: int, device: torch.de
                 time_all_reduce(message[1], message[2], device)
         except Exception as e:  # a collective failed (another rank died or hung) or this rank's own step did
             _say(rank, f"the {kind} failed: {first_line(e)}")
-            return 1
+            waited = isinstance(e, dist.DistError) or "timed out" in str(e).lower()  # on the others, not its own
+            return WAITED if waited else 1
 
 
 def _say(rank: int, text: str) -> None:
