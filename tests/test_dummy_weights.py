@@ -262,6 +262,9 @@ def test_dummy_weights_too_big_for_the_device_are_refused_before_any_tensor(monk
         LLM(model="dense-27b", load_format="dummy", weights="float", dtype="float32")
     with pytest.raises(ModelLoadError, match=r"available on cpu; tensor parallelism over GPUs or a bigger device"):
         LLM(model="llama-3.1-70b", load_format="dummy", weights="int4")  # no --weights int4 hint to int4 itself
+    # a mixture of experts, which tensor parallelism does not split, is not told to use it
+    with pytest.raises(ModelLoadError, match=r"on cpu; fewer bits per weight \(--weights int4\) or a bigger device"):
+        LLM(model="qwen3-30b-a3b", load_format="dummy")
     dummy.check_fits(load_dummy("dense-27b", "int4", CPU, torch.float32), "int4", CPU, torch.float32)  # 17 GB fit
     dummy.check_fits(load_dummy("dense-27b", "float", META, torch.bfloat16), "float", META, torch.bfloat16)
 

@@ -132,6 +132,12 @@ class ModelConfig:
         return not self.num_linear_attention_layers
 
     @property
+    def can_split(self) -> bool:
+        """Whether rooftop's tensor parallelism runs this model: dense Llama, Qwen2 and Qwen3 models for now (no
+        mixture of experts, no linear-attention layers)."""
+        return not self.is_moe and not self.num_linear_attention_layers
+
+    @property
     def num_full_attention_layers(self) -> int:
         return self.num_layers if self.layer_types is None else self.layer_types.count(FULL_ATTENTION)
 

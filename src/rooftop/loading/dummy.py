@@ -499,12 +499,13 @@ def check_fits(loaded: LoadedModel, weights: str, device: torch.device, dtype: t
     need /= ranks if device.type == "cuda" else 1
     if need > available:
         per = f" per GPU of {ranks}" if device.type == "cuda" and ranks > 1 else ""
-        fewer = "fewer bits per weight (--weights int4), " if policy != "int4" else ""
+        ways = ["fewer bits per weight (--weights int4)"] if policy != "int4" else []
+        ways += ["tensor parallelism over GPUs"] if loaded.config.can_split else []
+        ways = ", ".join(ways) + (" or " if ways else "") + "a bigger device"
         raise ModelLoadError(
             f"{loaded.source}: its {policy} weights take at least {need / 1e9:.1f} GB{per} (as {fmt}), but "
-            f"{available / 1e9:.1f} GB of memory is available on {device.type}; {fewer}tensor parallelism over GPUs "
-            f"or a bigger device would hold them, and `rooftop roofline -m {loaded.source}` analyzes the model "
-            "without any"
+            f"{available / 1e9:.1f} GB of memory is available on {device.type}; {ways} would hold them, and "
+            f"`rooftop roofline -m {loaded.source}` analyzes the model without any"
         )
 
 

@@ -184,7 +184,7 @@ class VocabParallelHead:
 def check_tensor_parallel(config: ModelConfig, size: int) -> None:
     """Refuse, naming why and the sizes that work, a model the engine cannot split `size` ways."""
     c = config
-    if c.is_moe or c.num_linear_attention_layers:
+    if not c.can_split:
         kind = "a mixture of experts" if c.is_moe else "a hybrid (Gated DeltaNet) model"
         raise UnsupportedModelError(
             f"tensor parallelism runs dense Llama, Qwen2 and Qwen3 models for now; {c.architecture} is {kind}: "
