@@ -382,6 +382,18 @@ def test_a_torchrun_rank_takes_the_first_thread_count(monkeypatch):
     assert served == [3, 3]
 
 
+def test_a_tensor_parallel_runs_ranks_are_in_its_record_and_table(tiny_gguf):
+    """`bench -tp 2` recorded only its threads per rank: a tp 2 run read as a tp 1 run with fewer threads."""
+    args = ["bench", "-m", str(tiny_gguf), "-p", "8", "-n", "2", "-r", "1", "-tp", "2", "-t", "1"]
+    r = rooftop_in_process(*args, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert [(t["n_threads"], t["tensor_parallel_size"]) for t in json.loads(r.stdout)] == [(1, 2), (1, 2)]
+    from rooftop.bench.quick_report import threads_text
+
+    assert threads_text({"threads": 1, "tensor_parallel_size": 2}) == "1 x2"
+    assert threads_text({"threads": 4}) == "4"  # a result saved before the field: one rank
+
+
 def test_torchrun_without_a_tensor_parallel_size_is_refused(monkeypatch, tiny_gguf):
     """`torchrun --nproc-per-node 3 -m rooftop generate ...` without -tp ran three whole models, each alone."""
     from rooftop import LLM

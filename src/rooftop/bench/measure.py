@@ -74,7 +74,8 @@ def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu_model or platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(),  # per rank under tensor parallelism
+        "tensor_parallel_size": llm.tensor_parallel_size,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "gpu": torch.cuda.get_device_name(llm.device) if llm.device.type == "cuda" else None,
         "device": str(llm.device),

@@ -56,7 +56,7 @@ def rows(runs: Runs) -> list[list[str]]:
             size_text(machine["weight_bytes"]),
             params_text(machine["parameters"]),
             machine["backend"],
-            str(machine["threads"]),
+            threads_text(machine),
             machine["weights_format"],
             machine["kv_cache_dtype"],
         ]
@@ -65,6 +65,12 @@ def rows(runs: Runs) -> list[list[str]]:
             chunk = [str(t.chunk or "")] if ubatch else []
             cells.append([*model, *chunk, t.name, rate, "" if t.tpot_s is None else seconds(t.tpot_s)])
     return cells
+
+
+def threads_text(machine: dict) -> str:
+    """The threads column: a tensor-parallel run's threads per rank and its ranks ("1 x3")."""
+    ranks = machine.get("tensor_parallel_size", 1)
+    return str(machine["threads"]) + (f" x{ranks}" if ranks > 1 else "")
 
 
 def table(runs: Runs) -> Table:
@@ -112,6 +118,7 @@ def records(runs: Runs) -> list[dict]:
             "model_size": round(machine["weight_bytes"]),
             "model_n_params": machine["parameters"],
             "n_threads": machine["threads"],
+            "tensor_parallel_size": machine.get("tensor_parallel_size", 1),  # rooftop's; results saved before it: 1
             "type_k": machine["kv_cache_dtype"],
             "type_v": machine["kv_cache_dtype"],
             "n_prompt": t.n_prompt,
