@@ -17,6 +17,7 @@ import functools
 import hashlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -120,6 +121,11 @@ def build_directory(name: str, sources: Path = SOURCES[0].parent) -> Path:
     return Path(root) / f"rooftop-{version}" / f"{name}-{place}"
 
 
+# How long a start waits on another's lock before it says so: another rank's (or process's) check that the built
+# module is up to date holds the lock for about a second, and is no compile to announce.
+QUIET_WAIT_S = 3.0
+
+
 @contextlib.contextmanager
 def build_lock(directory: Path) -> Iterator[None]:
     """Held around every build (or up-to-date check) of the module built in `directory`: an OS lock on a file beside
@@ -129,11 +135,18 @@ def build_lock(directory: Path) -> Iterator[None]:
     there, so such a file is a leftover, and it is deleted. A start that finds another building says it waits."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory.parent / f"{directory.name}.build-lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print("rooftop: waiting for another process that is compiling the CPU kernels", file=sys.stderr)
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        quiet_until = time.monotonic() + QUIET_WAIT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < quiet_until:
+                    time.sleep(0.05)
+                    continue
+                print("rooftop: waiting for another process that is compiling the CPU kernels", file=sys.stderr)
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                break
         left = directory / "lock"
         if left.exists():
             print(f"rooftop: removing {left}, left by an interrupted build of the CPU kernels", file=sys.stderr)
