@@ -547,3 +547,35 @@ def test_the_servers_monitor_counts_a_verify_steps_tokens_once_each_and_its_gap_
     shown = monitor.snapshot()
     assert len(monitor.steps) == len(steps) + 700 and len(shown["steps"]) <= 600
     assert shown["generation_tokens_per_s"] >= 1400 / 10  # the 700 steps just recorded, 2 tokens each
+
+
+def test_a_draft_models_passes_are_decode_time_and_their_own_part_of_the_gap(bundled):
+    """The draft's forward passes ran between scheduling and the verify step, counted as neither: decode tok/s read
+    416 where TPOT said 109, and the report called the draft's time host time ("host-bound: 76% ... Python")."""
+    from rooftop.engine.probe import load_or_run_probe
+    from rooftop.roofline.attribution import attribute_phases, attribute_step
+
+    eng = engine(bundled, SELF_DRAFT)
+    eng.add_request("r", chat(bundled, PROMPTS[3]), SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    steps = []
+    while eng.has_unfinished():
+        steps.append(eng.step())
+    records = [s.record for s in steps if s.record is not None]
+    decodes = [r for r in records if r.phase == "decode"]
+    assert sum(r.draft_seconds > 0 for r in decodes) >= len(decodes) - 1  # the last step has no room to draft
+    metrics = next(d.metrics for s in steps for d in s.deltas if d.finished)
+    assert metrics.decode_time == pytest.approx(sum(r.seconds + r.draft_seconds for r in decodes))
+    hw = load_or_run_probe(quick=True).to_hardware()
+    attributed = [
+        attribute_step(
+            bundled.config, bundled.precision, r.shape, r.seconds, hw, r.around_seconds, None, r.draft_seconds
+        )
+        for r in decodes
+    ]
+    phase = attribute_phases(attributed, hw)["decode"]
+    assert phase.measured_s == pytest.approx(sum(r.wall_seconds for r in decodes))
+    from rooftop.roofline.calibration import KERNEL_CLASSES, ExpectedStep, step_gap
+
+    nothing = ExpectedStep({name: 0.0 for name in (*KERNEL_CLASSES, "communication")}, 0.0, 0.0)
+    gap = step_gap(attributed[0].predicted, nothing, decodes[0].seconds, 0.0, hw, 0.5)
+    assert gap.parts()["drafting"] == 0.5 and sum(gap.parts().values()) == pytest.approx(gap.measured_s)

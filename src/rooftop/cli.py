@@ -135,7 +135,10 @@ def print_phase_report(llm: LLM, since: float) -> None:
     with err.status("calibrating this model's ops (once per model and format; cached)...") as status:
         calibration = load_or_calibrate(llm, hw, quick=True, on_progress=lambda s: status.update(f"calibrating: {s}"))
     p = llm.precision
-    steps = [attribute_step(llm.config, p, r.shape, r.seconds, hw, r.around_seconds, calibration) for r in records]
+    steps = [
+        attribute_step(llm.config, p, r.shape, r.seconds, hw, r.around_seconds, calibration, r.draft_seconds)
+        for r in records
+    ]
     phases = attribute_phases(steps, hw)
     err.print(phase_table(phases))
     err.print(gap_sentence(phases))

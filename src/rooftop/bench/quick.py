@@ -129,7 +129,9 @@ def quick_bench(
             if rep:
                 test.samples_s.append(sum(r.wall_seconds for r in records))
                 steps += [
-                    attribute_step(llm.config, p, r.shape, r.seconds, hw, r.around_seconds, calibration)
+                    attribute_step(
+                        llm.config, p, r.shape, r.seconds, hw, r.around_seconds, calibration, r.draft_seconds
+                    )
                     for r in records
                 ]
     return attribute_phases(steps, hw)

@@ -52,7 +52,7 @@ def sweep(
     the sweep they are its typical minute, as the calibration's passes are."""
     context = decode_context or min(prompt_lens)  # the batch, not the context, varies
     prefills: dict[int, list] = {S: [] for S in prompt_lens}  # per prompt length: (TTFT, its prefill step)
-    decodes: dict[int, list] = {B: [] for B in batch_sizes}  # per batch: (median forward, median around)
+    decodes: dict[int, list] = {B: [] for B in batch_sizes}  # per batch: median forward, around and drafting
     for rep in range(reps + 1):
         progress = "warm-up" if rep == 0 else f"pass {rep} of {reps}"
         for S in prompt_lens:
@@ -65,7 +65,8 @@ def sweep(
             run = run_batch(llm, [synthetic_prompt(llm, context, 1000 * rep + i) for i in range(B)], output_len)
             steps = [r for r in run.records if r.phase == "decode" and r.shape.num_seqs == B]
             if rep and steps:
-                decodes[B].append((median(r.seconds for r in steps), median(r.around_seconds for r in steps)))
+                parts = [(r.seconds, r.around_seconds, r.draft_seconds) for r in steps]
+                decodes[B].append(tuple(median(part) for part in zip(*parts, strict=True)))
     result = SweepResult()
     for S, taken in prefills.items():
         _add_prefill(result, llm, hw, calibration, S, taken)
@@ -107,17 +108,17 @@ def _add_decode(
     B: int,
     context: int,
     output_len: int,
-    taken: list[tuple[float, float]],
+    taken: list[tuple[float, float, float]],
 ) -> None:
-    """The row of a decode at batch B from its passes' (median forward, median around) seconds per step."""
+    """The row of a decode at batch B from its passes' (median forward, around, drafting) seconds per step."""
     p = llm.precision
     predicted = decode_time(llm.config, p, hw, B, context, output_len) / (output_len - 1)
     mid = StepShape.decode(B, context + output_len // 2)
-    forward, around = median(f for f, _ in taken), median(a for _, a in taken)
-    att = attribute_step(llm.config, p, mid, forward, hw, around, calibration)
+    forward, around, drafting = (median(part) for part in zip(*taken, strict=True))
+    att = attribute_step(llm.config, p, mid, forward, hw, around, calibration, drafting)
     measured = att.measured_s
     phase = attribute_phases([att], hw)["decode"]
-    expected = att.expected.total_s
+    expected = att.expected.total_s + att.drafting_s
     result.decode.append(
         {
             "batch": B,

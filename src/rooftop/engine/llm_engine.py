@@ -259,7 +259,10 @@ class LLMEngine:
 
     def _step(self) -> StepOutput:
         began = time.perf_counter()
-        batch = self._scheduler.schedule(self._propose())
+        drafts = self._propose()
+        # a draft model's forward passes (or the n-gram lookups): decode work of the verify step's, not host time
+        drafted = time.perf_counter() - began if drafts else 0.0
+        batch = self._scheduler.schedule(drafts)
         if not batch:
             return StepOutput()
         started = time.perf_counter()
@@ -276,7 +279,7 @@ class LLMEngine:
         for s in batch:
             m = s.seq.metrics
             if s.phase is Phase.DECODE:
-                m.decode_time += step.seconds
+                m.decode_time += step.seconds + drafted
                 m.decode_steps += 1
             else:
                 m.prefill_time += step.seconds
@@ -293,7 +296,8 @@ class LLMEngine:
             for seq in finished:
                 self._proposer.release(seq)
         now = time.perf_counter()
-        return StepOutput(deltas, StepRecord(shape, step.seconds, now, now - began - step.seconds))
+        around = now - began - drafted - step.seconds
+        return StepOutput(deltas, StepRecord(shape, step.seconds, now, around, drafted))
 
     def _propose(self) -> dict[Sequence, list[int]]:
         """Draft tokens for the decoding sequences, as many as could still be kept: a verify step adds up to one

@@ -106,10 +106,11 @@ class StepRecord:
     seconds: float  # the forward pass and the lm_head, device-synchronized
     finished_at: float  # time.perf_counter() when the step's tokens were ready
     around_seconds: float = 0.0  # the rest of the step: scheduling, sampling, detokenizing, bookkeeping
+    draft_seconds: float = 0.0  # speculative decoding's proposals before it: a draft model's forward passes
 
     @property
     def wall_seconds(self) -> float:
-        return self.seconds + self.around_seconds
+        return self.seconds + self.draft_seconds + self.around_seconds
 
     @property
     def phase(self) -> Phase:

@@ -21,24 +21,26 @@ from rooftop.roofline.report import decode_lever, seconds, si
 @dataclass(frozen=True)
 class StepAttribution:
     """One recorded step beside the analyzer: `forward_s` the forward pass as the engine timed it, `around_s` the
-    rest of the step (scheduling, sampling, detokenizing); the op model's numbers for its shape on the same
-    hardware; with a calibration, the expected time by part and the gap decomposed."""
+    rest of the step (scheduling, sampling, detokenizing), `drafting_s` speculative decoding's proposals before it
+    (a draft model's forward passes, which the op model of the verify step leaves out); the op model's numbers for
+    its shape on the same hardware; with a calibration, the expected time by part and the gap decomposed."""
 
     shape: StepShape
     forward_s: float
     predicted: StepTime
     around_s: float = 0.0
     expected: ExpectedStep | None = None
+    drafting_s: float = 0.0
 
     @property
     def measured_s(self) -> float:
-        """The step's wall time: what it took from scheduling to its tokens."""
-        return self.forward_s + self.around_s
+        """The step's wall time: what it took from its drafts to its tokens."""
+        return self.forward_s + self.drafting_s + self.around_s
 
     def gap(self, hw: Hardware) -> Gap | None:
         if self.expected is None:
             return None
-        return step_gap(self.predicted, self.expected, self.forward_s, self.around_s, hw)
+        return step_gap(self.predicted, self.expected, self.forward_s, self.around_s, hw, self.drafting_s)
 
 
 def attribute_step(
@@ -49,10 +51,11 @@ def attribute_step(
     hw: Hardware,
     around_s: float = 0.0,
     calibration: Calibration | None = None,
+    drafting_s: float = 0.0,
 ) -> StepAttribution:
     predicted = time_step(config, p.at(shape.tokens), shape, hw)
     expected = None if calibration is None else calibration.expected(config, p, shape, hw, predicted)
-    return StepAttribution(shape, seconds, predicted, around_s, expected)
+    return StepAttribution(shape, seconds, predicted, around_s, expected, drafting_s)
 
 
 @dataclass(frozen=True)
@@ -99,9 +102,11 @@ class PhaseAttribution:
 
     @property
     def bound(self) -> str:
-        """What bounds the phase, by the largest part of its time: its roof, or the host when the host's time
-        (in and around the forward pass) is over half of it, or communication when a tensor-parallel step's
-        collectives are."""
+        """What bounds the phase, by the largest part of its time: its roof, or drafting when speculative
+        decoding's proposals are over half of it, the host when the host's time (in and around the forward pass)
+        is, or communication when a tensor-parallel step's collectives are."""
+        if self.gap is not None and self.gap.drafting_s > self.measured_s / 2:
+            return "drafting"
         if self.gap is not None and self.gap.host_s + self.gap.around_s > self.measured_s / 2:
             return "host"
         if self.gap is not None and self.gap.communication_s > self.measured_s / 2:
@@ -157,7 +162,8 @@ def attribute_phases(steps: list[StepAttribution], hw: Hardware) -> dict[str, Ph
             memory_time_s=sum(s.predicted.memory_time_s for s in chosen),
             peak_flops=sum(s.predicted.flops for s in chosen) / sum(s.predicted.compute_time_s for s in chosen),
             bandwidth=hw.memory_bandwidth,
-            expected_s=None if None in gaps else sum(s.expected.total_s for s in chosen),
+            # the drafts as measured: the calibration has no model of a draft model's passes
+            expected_s=None if None in gaps else sum(s.expected.total_s + s.drafting_s for s in chosen),
             gap=None if None in gaps else functools.reduce(operator.add, gaps),
             kv_share=sum(s.predicted.kv_share * s.predicted.essential_bytes for s in chosen)
             / max(sum(s.predicted.essential_bytes for s in chosen), 1.0),
@@ -201,6 +207,12 @@ def advice(
         return (
             f"{name} is host-bound: {100 * host / p.measured_s:.0f}% of its time is Python, step metadata, "
             "scheduling and sampling; more sequences per step (--max-num-seqs) spread that cost over more tokens"
+        )
+    if p.bound == "drafting":
+        return (
+            f"{name} is drafting-bound: {100 * p.gap.drafting_s / p.measured_s:.0f}% of its time proposes drafts "
+            "(a draft model's forward passes) before each verify step; a smaller draft (fewer draft_layers), fewer "
+            "num_speculative_tokens, ngram, or no speculative decoding"
         )
     if p.bound == "communication":
         share = p.gap.communication_s / (p.expected_s or p.measured_s)

@@ -193,7 +193,8 @@ class Gap:
     collectives at the probed interconnect where they take longer), `unfused` (the kernels' ops one after another at
     their roofs, activations through memory, minus their own bound), each kernel class's inefficiency (calibrated
     time minus its roofline share), `communication` (a tensor-parallel step's collectives as calibrated, the time it
-    waits on the other ranks, less what of it the bound already counts), `host` (inside the forward pass), `around`
+    waits on the other ranks, less what of it the bound already counts), `drafting` (speculative decoding's
+    proposals before the verify step, as measured), `host` (inside the forward pass), `around`
     (scheduling, sampling, detokenizing: the step's own record), and `unexplained` (what the calibration did not
     predict of the forward pass: noise, a busier memory bus, a colder cache)."""
 
@@ -206,6 +207,7 @@ class Gap:
     unexplained_s: float
     communication_s: float = 0.0  # the collectives' calibrated time, whole
     kernels_bound_s: float | None = None  # the kernels' ops' own fused bound (None: bound_s, no collectives)
+    drafting_s: float = 0.0  # speculative decoding's proposals (a draft model's forward passes), as measured
 
     def parts(self) -> dict[str, float]:
         """The parts in the order a stacked bar draws them."""
@@ -215,6 +217,7 @@ class Gap:
             "unfused ops": self.unfused_s,
             **{f"{name} inefficiency": v for name, v in self.inefficiency.items()},
             "communication": self.communication_s - counted,
+            "drafting": self.drafting_s,
             "host (forward)": self.host_s,
             "host (sampling, scheduling)": self.around_s,
             "unexplained": self.unexplained_s,
@@ -231,6 +234,7 @@ class Gap:
             self.unexplained_s + other.unexplained_s,
             self.communication_s + other.communication_s,
             self.kernels + other.kernels,
+            self.drafting_s + other.drafting_s,
         )
 
     @property
@@ -242,7 +246,14 @@ class Gap:
         return {"measured_s": self.measured_s, "bound_s": self.bound_s, "parts_s": self.parts()}
 
 
-def step_gap(predicted: StepTime, expected: ExpectedStep, forward_s: float, around_s: float, hw: Hardware) -> Gap:
+def step_gap(
+    predicted: StepTime,
+    expected: ExpectedStep,
+    forward_s: float,
+    around_s: float,
+    hw: Hardware,
+    drafting_s: float = 0.0,
+) -> Gap:
     """Decompose one recorded step: `forward_s` its forward pass as the engine timed it, `around_s` the rest of the
     step (measured); `expected` the calibration's parts for its shape. The bound and the unfused ops are those of
     the step's (the report's); a tensor-parallel step's collectives are a part of their own, at their calibrated
@@ -251,7 +262,7 @@ def step_gap(predicted: StepTime, expected: ExpectedStep, forward_s: float, arou
     kernels = [op for op in predicted.ops if op_class(op.name) != "communication"]
     bound = step_bound(kernels, hw)
     return Gap(
-        measured_s=forward_s + around_s,
+        measured_s=forward_s + drafting_s + around_s,
         bound_s=predicted.bound_s,
         unfused_s=sum(op.time(hw) for op in kernels) - bound,
         inefficiency={name: expected.classes[name] - roof[name] for name in KERNEL_CLASSES},
@@ -260,4 +271,5 @@ def step_gap(predicted: StepTime, expected: ExpectedStep, forward_s: float, arou
         unexplained_s=forward_s - expected.forward_s,
         communication_s=expected.classes["communication"],
         kernels_bound_s=bound,
+        drafting_s=drafting_s,
     )

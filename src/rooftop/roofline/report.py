@@ -225,6 +225,7 @@ GAP_COLOURS = {
     "attention inefficiency": "magenta",
     "elementwise inefficiency": "bright_magenta",
     "communication": "bright_blue",
+    "drafting": "red",
     "host (forward)": "yellow",
     "host (sampling, scheduling)": "bright_yellow",
     "unexplained": "bright_black",

@@ -153,6 +153,7 @@ class Monitor:
             self.hardware,
             record.around_seconds,
             self.calibration,
+            record.draft_seconds,
         )
         point = StepPoint(
             record.finished_at,
