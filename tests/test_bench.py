@@ -394,6 +394,17 @@ def test_a_tensor_parallel_runs_ranks_are_in_its_record_and_table(tiny_gguf):
     assert threads_text({"threads": 4}) == "4"  # a result saved before the field: one rank
 
 
+def test_a_speculative_run_says_so_in_its_results(tiny_gguf):
+    """A tgN with speculative decoding decodes in fewer steps than N: its numbers read as a plain run's."""
+    spec = '{"method": "ngram", "num_speculative_tokens": 2}'
+    args = ["bench", "-m", str(tiny_gguf), "-p", "0", "-n", "4", "-r", "1", "--speculative-config", spec]
+    r = rooftop_in_process(*args, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["model_type"].endswith("(speculative: ngram x2)")
+    plain = rooftop_in_process(*args[:-2], "-o", "json")
+    assert "speculative" not in json.loads(plain.stdout)[0]["model_type"]
+
+
 def test_torchrun_without_a_tensor_parallel_size_is_refused(monkeypatch, tiny_gguf):
     """`torchrun --nproc-per-node 3 -m rooftop generate ...` without -tp ran three whole models, each alone."""
     from rooftop import LLM

@@ -417,9 +417,10 @@ def _sweep(
         steps=[vars(p) for p in result.points],
         gaps=[{"step": label, **{f"{k}_s": v for k, v in parts.items()}} for label, parts in result.gaps],
     )
+    machine = report["machine"]
     console.print(
-        f"{model_name(report['machine'])}: weights {report['machine']['weights_format']}, KV cache "
-        f"{report['machine']['kv_cache_dtype']}, {report['machine']['threads']} threads"
+        f"{model_name(machine)}: weights {machine['weights_format']}, KV cache {machine['kv_cache_dtype']}, "
+        f"{machine['threads']} threads"
     )
     _print_sweep(console, result)
     written = _write_plots(result, hw, llm.precision.compute, plots)

@@ -21,7 +21,13 @@ SAMPLES = ("samples_ns", "samples_ts")  # in llama-bench's json and jsonl, not i
 
 
 def model_name(machine: dict) -> str:
-    return machine["model"] + (" (dummy weights)" if machine["load_format"] == "dummy" else "")
+    """The model, and what changes what its numbers mean: dummy weights, speculative decoding (a tgN then decodes
+    in fewer steps than N)."""
+    name = machine["model"] + (" (dummy weights)" if machine["load_format"] == "dummy" else "")
+    if spec := machine.get("speculative_config"):  # results saved before the field: none
+        drafts = f"{spec['method']} x{spec['num_speculative_tokens']}"
+        name += f" (speculative: {drafts})"
+    return name
 
 
 def size_text(nbytes: float) -> str:
