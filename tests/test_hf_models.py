@@ -190,6 +190,27 @@ def copy_model(src: Path, dst: Path, skip: str | None = None) -> Path:
     return dst
 
 
+def test_a_draft_directory_without_tokenizer_files_drafts_with_the_targets(built, tmp_path):
+    """vLLM's draft model takes the target's tokenizer (it exchanges ids only): a draft checkpoint saved by
+    transformers without tokenizer files was refused ("no tokenizer.json"). A missing draft is refused by name,
+    before the target loads."""
+    from rooftop import LLM, SamplingParams
+    from rooftop.errors import InvalidRequestError
+
+    target = next(iter(built.values())).path
+    draft = copy_model(target, tmp_path / "draft", skip="tokenizer*")
+    assert not (draft / "tokenizer.json").exists()
+    spec = {"method": "draft", "model": str(draft), "num_speculative_tokens": 3}
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    plain = LLM(model=str(target), weights="float").generate(["ab"], params)[0].token_ids
+    llm = LLM(model=str(target), weights="float", speculative_config=spec)
+    assert llm.generate(["ab"], params)[0].token_ids == plain  # the same weights draft: all accepted
+    assert llm.engine.stats().spec_decode.accepted_tokens > 0
+    missing = spec | {"model": str(tmp_path / "nowhere")}
+    with pytest.raises(InvalidRequestError, match=r"speculative_config model .*nowhere: no such file or directory"):
+        LLM(model=str(target), speculative_config=missing)
+
+
 def test_missing_config_json(tmp_path):
     with pytest.raises(ModelLoadError, match="config.json"):
         load_model(tmp_path)

@@ -22,6 +22,7 @@ from rooftop.engine.sequence import Sequence, Status
 from rooftop.enums import Phase
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.model_files import load_model
+from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.kv_cache import KVCache
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
@@ -49,11 +50,12 @@ def self_draft(target: Transformer, layers: int) -> Transformer:
     )
 
 
-def draft_model(config: SpeculativeConfig, target: Transformer) -> Transformer:
-    """The draft model `config` names, on the target's device in its dtype; refused where it cannot draft."""
+def draft_model(config: SpeculativeConfig, target: Transformer, tokenizer: Tokenizer | None = None) -> Transformer:
+    """The draft model `config` names, on the target's device in its dtype; refused where it cannot draft. It
+    exchanges token ids only: a directory without tokenizer files takes `tokenizer` (the target's)."""
     if config.draft_layers is not None:
         return self_draft(target, config.draft_layers)
-    loaded = load_model(config.model)
+    loaded = load_model(config.model, tokenizer)
     c = loaded.config
     if c.vocab_size != target.config.vocab_size:
         raise InvalidRequestError(
@@ -81,9 +83,11 @@ class DraftCache:
 class DraftProposer:
     """Greedy drafts of a draft model, one sequence at a time."""
 
-    def __init__(self, config: SpeculativeConfig, target: Transformer, max_model_len: int):
+    def __init__(
+        self, config: SpeculativeConfig, target: Transformer, max_model_len: int, tokenizer: Tokenizer | None = None
+    ):
         self.config = config
-        self.model = draft_model(config, target)
+        self.model = draft_model(config, target, tokenizer)
         self.max_model_len = max_model_len
         self.caches: dict[Sequence, DraftCache] = {}
 

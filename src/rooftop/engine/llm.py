@@ -25,7 +25,7 @@ from rooftop.engine.tools import Function, check_tool_choice, check_tools, with_
 from rooftop.enums import FinishReason
 from rooftop.errors import InvalidRequestError
 from rooftop.loading.dummy import check_fits
-from rooftop.loading.model_files import load_weights
+from rooftop.loading.model_files import check_source, load_weights
 from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.loader import build_model
 from rooftop.models.transformer import Transformer
@@ -177,6 +177,7 @@ class LLM:
         torch.set_num_threads(rank_threads(run, launch, available_cores()))
         self.device = rank_device(run.device, launch)
         self.dtype = resolve_dtype(run.dtype, self.device)
+        check_source(run)  # a missing file refused before any other is read
         loaded = load_weights(run, self.device, self.dtype)
         self.model_path = loaded.source
         self.load_notes = loaded.notes

@@ -96,7 +96,7 @@ class LLMEngine:
         self._outputs = OutputProcessor(tokenizer, eos_token_ids, self.max_model_len)
         self._grammars = GrammarCompiler(tokenizer.backend, mc.vocab_size, eos_token_ids)
         self._requests: dict[str, Sequence] = {}
-        self._proposer = make_proposer(self.config.speculative_config, mc, model, self.max_model_len)
+        self._proposer = make_proposer(self.config.speculative_config, mc, model, self.max_model_len, tokenizer)
         # on CUDA decode steps replay graphs captured now (None: they run eagerly, or not on CUDA)
         self.decode_graphs = capture_decode_graphs(model, self._pool, self.config, self.max_model_len) if cuda else None
         self.warm_up()

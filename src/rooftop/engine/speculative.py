@@ -23,6 +23,7 @@ from rooftop.config import ModelConfig, SpeculativeConfig
 from rooftop.engine.draft import DraftProposer
 from rooftop.engine.sequence import Sequence
 from rooftop.errors import InvalidRequestError
+from rooftop.loading.tokenizer import Tokenizer
 from rooftop.models.transformer import Transformer
 
 MAX_PAUSE = 32  # the most decode steps a sequence waits before proposing again after fruitless verify steps
@@ -88,10 +89,15 @@ class NgramProposer:
 
 
 def make_proposer(
-    config: SpeculativeConfig | None, model: ModelConfig, target: Transformer | None = None, max_model_len: int = 0
+    config: SpeculativeConfig | None,
+    model: ModelConfig,
+    target: Transformer | None = None,
+    max_model_len: int = 0,
+    tokenizer: Tokenizer | None = None,
 ) -> NgramProposer | DraftProposer | None:
     """The proposer `config` asks for, or None without speculation; refused by name where it cannot run. The draft
-    method needs the `target` model (a self-draft is made of its layers; a draft file must share its vocabulary)."""
+    method needs the `target` model (a self-draft is made of its layers; a draft file must share its vocabulary, and
+    a draft directory without tokenizer files takes the target's `tokenizer`, as vLLM's does)."""
     if config is None:
         return None
     if not model.can_speculate:
@@ -103,7 +109,7 @@ def make_proposer(
     if config.method == "draft":
         if target is None:
             raise ValueError("the draft method needs the target model")
-        return DraftProposer(config, target, max_model_len or model.max_position_embeddings)
+        return DraftProposer(config, target, max_model_len or model.max_position_embeddings, tokenizer)
     return NgramProposer(config)
 
 

@@ -81,9 +81,9 @@ def _says_untied(config_file: Path) -> bool:
     return raw.get("tie_word_embeddings", text.get("tie_word_embeddings")) is False
 
 
-def load_hf_dir(path: Path) -> LoadedModel:
-    """Load an HF directory's config and tokenizer; its tensors are read (as float32, or bfloat16) when the model
-    asks."""
+def load_hf_dir(path: Path, tokenizer: Tokenizer | None = None) -> LoadedModel:
+    """Load an HF directory's config and tokenizer (`tokenizer` where it has no tokenizer files); its tensors are
+    read (as float32, or bfloat16) when the model asks."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model directory?)")
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
@@ -110,7 +110,8 @@ def load_hf_dir(path: Path) -> LoadedModel:
         if _says_untied(path / "config.json"):
             raise ModelLoadError(f"{path}: no tensor lm_head.weight, and config.json says tie_word_embeddings false")
         config.tie_word_embeddings = True
-    tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
+    if tokenizer is None or (path / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
     if not config.eos_token_ids:
         config.eos_token_ids = tokenizer.eos_token_ids
     notes = (

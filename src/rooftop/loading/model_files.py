@@ -7,21 +7,23 @@ from pathlib import Path
 import torch
 
 from rooftop.config import RunConfig
-from rooftop.errors import ModelLoadError
+from rooftop.errors import InvalidRequestError, ModelLoadError
 from rooftop.loading.bundled import bundled_model_path
 from rooftop.loading.dummy import find_source, load_dummy
 from rooftop.loading.gguf import load_gguf
 from rooftop.loading.hf import load_hf_dir
 from rooftop.loading.loaded import LoadedModel
+from rooftop.loading.tokenizer import Tokenizer
 from rooftop.roofline.presets import PRESETS
 
 
-def load_model(path: str | Path | None = None) -> LoadedModel:
-    """Load `path` (a .gguf file or an HF directory); None loads the bundled SmolLM2-135M-Instruct."""
+def load_model(path: str | Path | None = None, tokenizer: Tokenizer | None = None) -> LoadedModel:
+    """Load `path` (a .gguf file or an HF directory); None loads the bundled SmolLM2-135M-Instruct. `tokenizer`:
+    what a directory without tokenizer files takes (a draft model's: the target's)."""
     path = Path(path) if path is not None else bundled_model_path()
     check_exists(path)
     if path.is_dir():
-        return load_hf_dir(path)
+        return load_hf_dir(path, tokenizer)
     if path.suffix == ".safetensors" or path.name == "model.safetensors.index.json":  # one file of a directory
         raise ModelLoadError(f"{path}: one file of a Hugging Face checkpoint: pass its directory, {path.parent}")
     if path.suffix == ".json" and path.name.startswith(("tokenizer", "generation", "special_tokens")):
@@ -45,11 +47,17 @@ def check_exists(path: Path) -> None:
 
 def check_source(run: RunConfig) -> None:
     """Refuse a run's model that names nothing loadable before anything waits on its load (a server's port): a
-    missing path, or for dummy weights a source without a config. The file itself is read by the load."""
+    missing path (the draft model's too), or for dummy weights a source without a config. The file itself is read by
+    the load."""
     if run.load_format == "dummy":
         find_source(run.model)
     elif run.model is not None:
         check_exists(Path(run.model))
+    spec = run.engine.speculative_config
+    if spec is not None and spec.model is not None and not Path(spec.model).expanduser().exists():
+        raise InvalidRequestError(
+            f"speculative_config model {spec.model}: no such file or directory", "speculative_config"
+        )
 
 
 def load_weights(run: RunConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
