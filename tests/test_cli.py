@@ -326,6 +326,13 @@ def test_every_command_that_starts_an_engine_takes_the_same_engine_options(comma
             ["chat", "--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}'],
             ["method must be one of ngram, draft; got 'medusa'"],
         ),
+        # llama.cpp's spellings: click read -ctk as -c with "tk" and -md FILE as -m with "d"
+        (["generate", "hi", "-ctk", "q8_0"], ["llama.cpp's -ctk", "--kv-cache-dtype"]),
+        (
+            ["serve", "-md", "draft.gguf"],
+            ["llama.cpp's -md has no counterpart in rooftop serve", "--speculative-config"],
+        ),
+        (["chat", "-c", "4096"], ["llama.cpp's -c", "--max-model-len"]),
         # infinity (or 1e12) overflowed the clocks' arithmetic: a traceback after the group started
         (["generate", "hi", "-tp", "3", "--distributed-timeout", "inf"], ["--distributed-timeout", "at most 604800"]),
         (["generate", "hi", "--distributed-timeout", "1e12"], ["must be a number of seconds > 0 and at most"]),

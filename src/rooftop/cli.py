@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rooftop.bench import commands as bench_commands
-from rooftop.cli_options import with_run_config
+from rooftop.cli_options import LlamaCppOptions, with_run_config
 from rooftop.config import RunConfig
 from rooftop.console import err, user_errors
 from rooftop.engine.llm import LLM
@@ -172,7 +172,7 @@ def stream_to_stdout(llm: LLM, prompt: str, params: SamplingParams) -> RequestOu
     return output
 
 
-@app.command()
+@app.command(cls=LlamaCppOptions)
 @with_run_config
 def generate(
     prompt: Annotated[str, typer.Argument(help="the prompt; the chat template is applied unless --raw")],
@@ -220,7 +220,7 @@ def generate(
             print_phase_report(llm, started)
 
 
-@app.command()
+@app.command(cls=LlamaCppOptions)
 @with_run_config
 def chat(
     system: Annotated[str | None, typer.Option(help="system prompt")] = None,
@@ -340,4 +340,4 @@ app.add_typer(bench_commands.app, name="bench")
 app.command("roofline")(roofline_commands.roofline)
 app.command("probe")(roofline_commands.probe)
 app.command("explain")(roofline_commands.explain)
-app.command("serve")(serve_commands.serve)
+app.command("serve", cls=LlamaCppOptions)(serve_commands.serve)

@@ -14,7 +14,7 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from rooftop.config import DTYPES, LOAD_FORMATS, EngineConfig, RunConfig
-from rooftop.console import user_errors
+from rooftop.console import err, user_errors
 from rooftop.errors import InvalidRequestError
 from rooftop.roofline.precision import WEIGHT_CHOICES, check_weight_choice
 
@@ -158,3 +158,40 @@ def with_run_config(command: Callable | None = None, *, run_fields: dict[str, Ca
     wrapper.__signature__ = inspect.Signature(parameters)
     wrapper.__annotations__ = {p.name: p.annotation for p in parameters}  # typer reads both
     return wrapper
+
+
+def refuse_foreign(args: list[str], foreign: dict[tuple[str, ...], str], tool: str, command: str) -> None:
+    """Another tool's option without a counterpart here, refused by name with what to use instead (click would
+    have said "No such option", or read a multi-letter short option as letters)."""
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        for names, instead in foreign.items():
+            if name in names:
+                err.print(f"[bold red]error:[/] {tool}'s {name} has no counterpart in {command}: {instead}")
+                raise typer.Exit(1)
+
+
+# llama.cpp's options (llama-bench's, llama-cli's, llama-server's) that rooftop has no counterpart for, or spells
+# otherwise, with rooftop's way. Click would read "-ctk q8_0" as -c with "tk", and "-md FILE" as -m with "d".
+LLAMA_CPP_COMMON = {
+    ("-ngl", "--n-gpu-layers", "--gpu-layers"): "every layer runs on --device (cpu, or cuda for a GPU): there are no "
+    "layers to offload",
+    ("-fa", "--flash-attn"): "rooftop's attention is always its own fused kernel: there is nothing to switch",
+    ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): "--kv-cache-dtype sets K's and V's together (auto, float32, "
+    "bfloat16, float16, int8 or fp8_e4m3)",
+}
+LLAMA_CPP_ONLY = LLAMA_CPP_COMMON | {
+    ("-md", "--model-draft", "--draft-max", "--draft-min", "--draft"): "--speculative-config, vLLM's JSON: "
+    """'{"method": "draft", "model": "FILE", "num_speculative_tokens": 4}'""",
+    ("-c", "--ctx-size"): "--max-model-len",
+    ("-np", "--parallel"): "--max-num-seqs",
+    ("-b", "--batch-size", "-ub", "--ubatch-size"): "--max-num-batched-tokens (the tokens of one step)",
+}
+
+
+class LlamaCppOptions(typer.core.TyperCommand):
+    """An engine command's arguments as llama.cpp users write them (LLAMA_CPP_ONLY refused by name)."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        refuse_foreign(args, LLAMA_CPP_ONLY, "llama.cpp", f"rooftop {ctx.info_name}")
+        return super().parse_args(ctx, args)

@@ -21,7 +21,7 @@ from rich.table import Table
 from rooftop.bench.quick import BenchTest
 from rooftop.bench.quick_report import OUTPUTS, model_name, table, write_output
 from rooftop.bench.serve import commands as serve_commands
-from rooftop.cli_options import with_run_config
+from rooftop.cli_options import LLAMA_CPP_COMMON, refuse_foreign, with_run_config
 from rooftop.config import RunConfig
 from rooftop.console import check_output_file, check_output_folder, err, logged, user_errors
 from rooftop.errors import InvalidRequestError
@@ -539,11 +539,7 @@ def _write_plots(result, hw, compute: str, directory: Path | None, say: bool = T
 
 # llama-bench's options that rooftop bench has no counterpart for, each with what to do instead. Click would read
 # "-ngl 99" as -n with "gl" and 99 as a command, and say so.
-LLAMA_BENCH_ONLY = {
-    ("-ngl", "--n-gpu-layers"): "every layer runs on --device (cpu, or cuda for a GPU): there are no layers to offload",
-    ("-fa", "--flash-attn"): "rooftop's attention is always its own fused kernel: there is nothing to switch",
-    ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): "--kv-cache-dtype sets K's and V's together (auto, float32, "
-    "bfloat16, float16, int8 or fp8_e4m3)",
+LLAMA_BENCH_ONLY = LLAMA_CPP_COMMON | {
     ("-b", "--batch-size"): "rooftop has no logical batch beside the physical one: -ub prefills a prompt in chunks",
     ("-mg", "--main-gpu", "-sm", "--split-mode", "-ts", "--tensor-split"): "--device cuda runs one GPU, and "
     "--tensor-parallel-size splits the model over several",
@@ -560,17 +556,6 @@ VLLM_BENCH_ONLY = {
     ("--percentile-metrics", "--metric-percentiles"): "every latency is reported with its mean, median, std, p90 "
     "and p99",
 }
-
-
-def refuse_foreign(args: list[str], foreign: dict[tuple[str, ...], str], tool: str, command: str) -> None:
-    """Another tool's option without a counterpart here, refused by name with what to use instead (click would
-    have said "No such option", or read a multi-letter short option as letters)."""
-    for arg in args:
-        name = arg.split("=", 1)[0]
-        for names, instead in foreign.items():
-            if name in names:
-                err.print(f"[bold red]error:[/] {tool}'s {name} has no counterpart in {command}: {instead}")
-                raise typer.Exit(1)
 
 
 class VllmBenchOptions(typer.core.TyperCommand):
