@@ -119,9 +119,15 @@ class DraftProposer:
             if held != token:
                 break
             kept += 1
-        new = tokens[kept:]
-        phase = Phase.DECODE if len(new) == 1 and kept > 0 else Phase.PREFILL
-        draft = [self._next(entry, new, kept, phase)]
+        # the tokens it lacks computed as the target computed them: the prompt's rest as a prompt, the output as
+        # decode rows (as the target's verify step; prefill's kernels round otherwise, and a draft of the target's
+        # own weights then missed a sixth of its tokens)
+        prompt_rest = len(seq.prompt_token_ids) - kept
+        if prompt_rest > 0:
+            prompt = torch.tensor(tokens[kept : kept + prompt_rest], dtype=torch.long, device=self.model.device)
+            self.model.forward(prompt, entry.cache, kept, Phase.PREFILL)
+            kept += prompt_rest
+        draft = [self._next(entry, tokens[kept:], kept, Phase.DECODE)]
         entry.tokens = tokens
         for _ in range(k - 1):  # each draft token but the last goes into the cache to draft the next
             draft.append(self._next(entry, draft[-1:], len(entry.tokens), Phase.DECODE))
