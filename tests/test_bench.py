@@ -403,6 +403,9 @@ def test_a_speculative_run_says_so_in_its_results(tiny_gguf):
     assert json.loads(r.stdout)[0]["model_type"].endswith("(speculative: ngram x2)")
     plain = rooftop_in_process(*args[:-2], "-o", "json")
     assert "speculative" not in json.loads(plain.stdout)[0]["model_type"]
+    # the sweep's decode rows are one-token steps against the roofline: a verify step's time read as a TPOT
+    sweep = rooftop_in_process("bench", "-m", str(tiny_gguf), "--prompt-lens", "4", "--speculative-config", spec)
+    assert_user_error(sweep, "--speculative-config: the sweep times one-token decode steps")
 
 
 def test_torchrun_without_a_tensor_parallel_size_is_refused(monkeypatch, tiny_gguf):

@@ -259,6 +259,12 @@ def bench(
                 "several -m/--model: llama-bench's tests (-p, -n, -pg, -d, -ub, -o) run each model in turn; the sweep "
                 "takes one"
             )
+        if not quick and run.engine.speculative_config is not None:
+            raise InvalidRequestError(
+                "--speculative-config: the sweep times one-token decode steps against the roofline, and a verify "
+                "step is not one; llama-bench's tests (-p, -n, -pg) time speculative decoding, as does "
+                "benchmarks/speculative.py"
+            )
         if more and run.tensor_parallel_size > 1:
             raise InvalidRequestError("several -m/--model run on one device: --tensor-parallel-size takes one model")
         from rooftop.loading.model_files import check_source
