@@ -574,6 +574,10 @@ def test_a_draft_models_passes_are_decode_time_and_their_own_part_of_the_gap(bun
     ]
     phase = attribute_phases(attributed, hw)["decode"]
     assert phase.measured_s == pytest.approx(sum(r.wall_seconds for r in decodes))
+    from rooftop.roofline.attribution import gap_sentence
+
+    # a verify step's rows are not its tokens: the drafts it rejected are among them
+    assert f"{len(decodes)} steps of {phase.tokens} rows (verify steps" in gap_sentence({"decode": phase})
     from rooftop.roofline.calibration import KERNEL_CLASSES, ExpectedStep, step_gap
 
     nothing = ExpectedStep({name: 0.0 for name in (*KERNEL_CLASSES, "communication")}, 0.0, 0.0)

@@ -183,7 +183,7 @@ def gap_sentence(phases: dict[str, PhaseAttribution]) -> str:
             per = (
                 f"per token, {p.steps} steps"
                 if p.tokens == p.steps
-                else f"per step, {p.steps} steps of {p.tokens} tokens"
+                else f"per step, {p.steps} steps of {p.tokens} rows (verify steps: their drafts checked, kept or not)"
             )
         scale = p.steps if name == "decode" else 1
         expected = "-" if p.expected_s is None else seconds(p.expected_s / scale)
