@@ -315,6 +315,10 @@ def test_advice_follows_the_largest_part():
     assert waiting.bound == "communication"  # a tensor-parallel step over half in its collectives
     assert "communication-bound: 68% of its expected time" in advice("decode", waiting)
     assert waiting.gap.parts()["communication"] == 3.0
+    assert "probe --force" not in advice("decode", waiting)  # no probed collectives slower than they ran
+    stale = replace(waiting, comm_time_s=3.5)  # the probe gives the collectives more than the calibration timed
+    assert "timed them at 3 s, under the 3.5 s the group's probe gives them" in advice("decode", stale)
+    assert "`rooftop probe --force` with this run's --tensor-parallel-size" in advice("decode", stale)
 
 
 def test_a_phase_faster_than_its_bound_is_told_to_probe_again():

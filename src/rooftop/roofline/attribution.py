@@ -216,10 +216,17 @@ def advice(
         )
     if p.bound == "communication":
         share = p.gap.communication_s / (p.expected_s or p.measured_s)
+        stale = (
+            f"; the calibration timed them at {seconds(p.gap.communication_s)}, under the {seconds(p.comm_time_s)} "
+            "the group's probe gives them (the bound counts the probe's), so `rooftop probe --force` with this "
+            "run's --tensor-parallel-size measures the group again"
+            if p.gap.communication_s < p.comm_time_s
+            else ""
+        )
         return (
             f"{name} is communication-bound: {100 * share:.0f}% of its expected time waits on the tensor-parallel "
             "collectives (two all-reduces per layer); fewer ranks (--tensor-parallel-size), a faster interconnect, "
-            "or more tokens per step to spread each collective's latency"
+            f"or more tokens per step to spread each collective's latency{stale}"
         )
     linears = p.gap.inefficiency["linears"] if p.gap else 0.0
     if p.gap is not None and linears > p.gap.bound_s:
