@@ -350,6 +350,11 @@ def test_generate_takes_max_model_len(tiny_gguf):
     assert_user_error(rooftop_in_process(*args), "the context holds 8")
 
 
+def test_a_prompt_after_two_dashes_is_not_taken_for_llama_cpps_option(tiny_gguf):
+    r = rooftop_in_process("generate", "--model", str(tiny_gguf), "-n", "2", "--raw", "--no-roofline", "--", "-c")
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_request_the_kv_pool_cannot_hold_names_the_options_that_change_it(tiny_gguf):
     """The refusal named Python's parameters (kv_cache_bytes, max_tokens) to a user of the command line."""
     args = ["generate", "hi", "--model", str(tiny_gguf), "--num-kv-blocks", "1", "-n", "50", "--raw"]

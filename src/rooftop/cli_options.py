@@ -164,6 +164,8 @@ def refuse_foreign(args: list[str], foreign: dict[tuple[str, ...], str], tool: s
     """Another tool's option without a counterpart here, refused by name with what to use instead (click would
     have said "No such option", or read a multi-letter short option as letters)."""
     for arg in args:
+        if arg == "--":  # what follows is arguments, not options (a prompt "-c")
+            return
         name = arg.split("=", 1)[0]
         for names, instead in foreign.items():
             if name in names:
