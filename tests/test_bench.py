@@ -401,6 +401,11 @@ def test_a_speculative_run_says_so_in_its_results(tiny_gguf):
     r = rooftop_in_process(*args, "-o", "json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)[0]["model_type"].endswith("(speculative: ngram x2)")
+    from rooftop.bench.quick_report import model_name
+
+    draft = {"model": "m", "load_format": "auto", "speculative_config": {"method": "draft", "draft_layers": 8}}
+    draft["speculative_config"]["num_speculative_tokens"] = 4
+    assert model_name(draft) == "m (speculative: draft 8 layers x4)"
     plain = rooftop_in_process(*args[:-2], "-o", "json")
     assert "speculative" not in json.loads(plain.stdout)[0]["model_type"]
     # the sweep's decode rows are one-token steps against the roofline: a verify step's time read as a TPOT

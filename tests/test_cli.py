@@ -353,6 +353,9 @@ def test_generate_takes_max_model_len(tiny_gguf):
 def test_a_prompt_after_two_dashes_is_not_taken_for_llama_cpps_option(tiny_gguf):
     r = rooftop_in_process("generate", "--model", str(tiny_gguf), "-n", "2", "--raw", "--no-roofline", "--", "-c")
     assert r.returncode == 0, r.stderr
+    # nor the value of one of rooftop's own options
+    r = rooftop_in_process("generate", "hi", "--model", str(tiny_gguf), "-n", "2", "--no-roofline", "--stop", "-c")
+    assert r.returncode == 0, r.stderr
 
 
 def test_a_request_the_kv_pool_cannot_hold_names_the_options_that_change_it(tiny_gguf):

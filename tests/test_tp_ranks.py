@@ -124,3 +124,20 @@ def test_nccl_runs_the_same_split_over_two_gpus(tiny_gguf, tiny_llm):
             assert all(margin < FLOAT_TIE for _, margin in greedy_partings(logits_of, llm, ids, ref))
     finally:
         llm.close()
+
+
+def test_the_rank_blamed_is_the_one_that_failed_of_its_own():
+    """Which rank a lost group names, from the workers' exits (rank -> status): a signal first, then a failure of
+    the rank's own; where every exit gave up waiting on the others (WAITED), the ranks still running."""
+    from types import SimpleNamespace
+
+    from rooftop.engine.distributed import WAITED
+    from rooftop.engine.lead import Lead
+
+    group = SimpleNamespace(workers=[SimpleNamespace(pid=100 + rank) for rank in (1, 2, 3)], timeout_s=4)
+    assert Lead._blamed(group, {1: WAITED}) == (
+        "one of ranks 2 (pid 102), 3 (pid 103), which did not answer within 4 s (rank 1 timed out waiting)"
+    )
+    assert Lead._blamed(group, {1: WAITED, 2: WAITED}).startswith("rank 3 (pid 103), which did not answer")
+    assert Lead._blamed(group, {1: 1, 3: -9}) == "rank 3 (pid 103), which was killed by SIGKILL"
+    assert Lead._blamed(group, {1: WAITED, 2: 1}) == "rank 2 (pid 102), which exited with status 1"

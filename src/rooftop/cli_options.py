@@ -160,17 +160,22 @@ def with_run_config(command: Callable | None = None, *, run_fields: dict[str, Ca
     return wrapper
 
 
-def refuse_foreign(args: list[str], foreign: dict[tuple[str, ...], str], tool: str, command: str) -> None:
+def refuse_foreign(args: list[str], foreign: dict[tuple[str, ...], str], tool: str, command: str, params: list) -> None:
     """Another tool's option without a counterpart here, refused by name with what to use instead (click would
-    have said "No such option", or read a multi-letter short option as letters)."""
+    have said "No such option", or read a multi-letter short option as letters). The value of one of the command's
+    own options (`params`: `--stop -c`) is a value, and what follows `--` is arguments (a prompt "-c")."""
+    valued = {name for p in params if p.param_type_name == "option" and not p.is_flag for name in p.opts}
+    after_option = False
     for arg in args:
-        if arg == "--":  # what follows is arguments, not options (a prompt "-c")
+        if arg == "--":
             return
         name = arg.split("=", 1)[0]
-        for names, instead in foreign.items():
-            if name in names:
-                err.print(f"[bold red]error:[/] {tool}'s {name} has no counterpart in {command}: {instead}")
-                raise typer.Exit(1)
+        if not after_option:
+            for names, instead in foreign.items():
+                if name in names:
+                    err.print(f"[bold red]error:[/] {tool}'s {name} has no counterpart in {command}: {instead}")
+                    raise typer.Exit(1)
+        after_option = not after_option and arg in valued
 
 
 # llama.cpp's options (llama-bench's, llama-cli's, llama-server's) that rooftop has no counterpart for, or spells
@@ -195,5 +200,5 @@ class LlamaCppOptions(typer.core.TyperCommand):
     """An engine command's arguments as llama.cpp users write them (LLAMA_CPP_ONLY refused by name)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
-        refuse_foreign(args, LLAMA_CPP_ONLY, "llama.cpp", f"rooftop {ctx.info_name}")
+        refuse_foreign(args, LLAMA_CPP_ONLY, "llama.cpp", f"rooftop {ctx.info_name}", self.params)
         return super().parse_args(ctx, args)

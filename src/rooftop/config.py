@@ -246,6 +246,12 @@ class SpeculativeConfig:
                 "speculative_config",
             )
 
+    def to_dict(self) -> dict:
+        """vLLM's JSON of this config: the keys its method takes (the filled-in lookup bounds are ngram's)."""
+        keys = ("prompt_lookup_max", "prompt_lookup_min") if self.method == "ngram" else ("model", "draft_layers")
+        taken = {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens, **taken}
+
     def check_ranks(self, tensor_parallel_size: int) -> None:
         """A draft model runs on rank 0 alone: under tensor parallelism only ngram drafts."""
         if self.method == "draft" and tensor_parallel_size > 1:
@@ -432,6 +438,8 @@ class RunConfig:
                 f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}",
                 "tensor_parallel_size",
             )
+        if self.engine.speculative_config is not None:  # before any weights load
+            self.engine.speculative_config.check_ranks(self.tensor_parallel_size)
         timeout = self.distributed_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_TIMEOUT_S:
             raise InvalidRequestError(

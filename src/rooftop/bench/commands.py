@@ -568,7 +568,7 @@ class VllmBenchOptions(typer.core.TyperCommand):
     """`rooftop bench serve`'s arguments as `vllm bench serve` users write them (VLLM_BENCH_ONLY)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
-        refuse_foreign(args, VLLM_BENCH_ONLY, "vllm bench serve", "rooftop bench serve")
+        refuse_foreign(args, VLLM_BENCH_ONLY, "vllm bench serve", "rooftop bench serve", self.params)
         return super().parse_args(ctx, bare_save_result(args))
 
 
@@ -588,7 +588,7 @@ class LlamaBenchOptions(typer.core.TyperGroup):
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         if args and args[0] in self.commands:  # `rooftop bench serve ...`: its own options
             return super().parse_args(ctx, args)
-        refuse_foreign(args, LLAMA_BENCH_ONLY, "llama-bench", "rooftop bench")
+        refuse_foreign(args, LLAMA_BENCH_ONLY, "llama-bench", "rooftop bench", self.params)
         models, rest = _models(args)
         ctx.meta[MORE_MODELS] = models[1:]
         return super().parse_args(ctx, rest if not models else ["-m", models[0], *rest])

@@ -93,6 +93,6 @@ def machine_info(llm: LLM, hw: Hardware, cpu_model: str) -> dict:
         "weights_format": llm.precision.weights.name,
         "kv_cache_dtype": llm.engine.kv_cache_dtype,  # what the KV pool stores (--kv-cache-dtype auto: the dtype's)
         # speculative decoding (vLLM's JSON), None without: a tgN then decodes in fewer steps than N
-        "speculative_config": None if spec is None else {k: v for k, v in vars(spec).items() if v is not None},
+        "speculative_config": None if spec is None else spec.to_dict(),
         "roofs": {"name": hw.name, "peak_flops_per_s": hw.peak_flops, "bandwidth_bytes_per_s": hw.memory_bandwidth},
     }

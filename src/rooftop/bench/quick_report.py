@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from pathlib import Path
 from typing import TextIO
 
 from rich.table import Table
@@ -25,8 +26,9 @@ def model_name(machine: dict) -> str:
     in fewer steps than N)."""
     name = machine["model"] + (" (dummy weights)" if machine["load_format"] == "dummy" else "")
     if spec := machine.get("speculative_config"):  # results saved before the field: none
-        drafts = f"{spec['method']} x{spec['num_speculative_tokens']}"
-        name += f" (speculative: {drafts})"
+        drafter = {"model": lambda m: Path(m).name, "draft_layers": lambda n: f"{n} layers"}
+        by = "".join(f" {show(spec[key])}" for key, show in drafter.items() if key in spec)
+        name += f" (speculative: {spec['method']}{by} x{spec['num_speculative_tokens']})"
     return name
 
 

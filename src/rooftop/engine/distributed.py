@@ -238,8 +238,6 @@ def first_line(error: BaseException) -> str:
 
 
 def check_parallel_run(run: RunConfig, loaded: LoadedModel) -> None:
-    """What tensor parallelism refuses before any rank starts: a model it cannot split this many ways, a draft
-    model (it runs on rank 0 alone)."""
+    """What tensor parallelism refuses before any rank starts: a model it cannot split this many ways (a draft
+    model, which runs on rank 0 alone, is RunConfig's to refuse)."""
     check_tensor_parallel(loaded.config, run.tensor_parallel_size)
-    if run.engine.speculative_config is not None:
-        run.engine.speculative_config.check_ranks(run.tensor_parallel_size)

@@ -158,13 +158,16 @@ class Lead:
             time.sleep(0.02)
 
     def _blamed(self, exited: dict[int, int]) -> str:
-        own = [rank for rank, code in exited.items() if code != WAITED]
+        """The rank to name: one killed by a signal, else one that failed of its own; where every rank that exited
+        gave up waiting on the others (WAITED), the ones still running (one of them hung)."""
+        own = sorted((rank for rank, code in exited.items() if code != WAITED), key=lambda rank: exited[rank] >= 0)
         running = [rank for rank in range(1, len(self.workers) + 1) if rank not in exited]
         if not own and running:
             waited = ", ".join(map(str, exited))
+            hung = ", ".join(f"{rank} (pid {self.workers[rank - 1].pid})" for rank in running)
             return (
-                f"rank {running[0]} (pid {self.workers[running[0] - 1].pid}), which did not answer within "
-                f"{self.timeout_s:g} s (rank {waited} timed out waiting on it)"
+                f"{'rank' if len(running) == 1 else 'one of ranks'} {hung}, which did not answer within "
+                f"{self.timeout_s:g} s (rank{'s' if len(exited) > 1 else ''} {waited} timed out waiting)"
             )
         rank = own[0] if own else next(iter(exited))
         return f"rank {rank} (pid {self.workers[rank - 1].pid}), which {exit_text(exited[rank])}"

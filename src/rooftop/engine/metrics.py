@@ -47,7 +47,7 @@ class RequestMetrics:
     finished_time: float | None = None
     prefill_time: float = 0.0  # seconds in prefill forward passes (device-synchronized, sampling excluded)
     prefill_tokens: int = 0
-    decode_time: float = 0.0  # seconds in decode forward passes (device-synchronized, sampling excluded)
+    decode_time: float = 0.0  # seconds in decode forward passes, a draft model's included (sampling excluded)
     decode_steps: int = 0
     decode_tokens: int = 0  # output tokens of decode steps (several per verify step with speculative decoding)
     spec_decode: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)

@@ -4,8 +4,9 @@ make or drop a KV pool, run a step's forward pass, time the all-reduce — until
 every process whose rank is not 0.
 
 A worker has no scheduler and samples nothing: the plan says what to compute, the KV pools mirror rank 0's block
-for block, and the logits go to rank 0. It exits with status 0 when told to stop, 1 when rank 0 died, hung (no plan
-or heartbeat within the timeout) or the group failed.
+for block, and the logits go to rank 0. It exits with status 0 when told to stop, WAITED (3) when a collective
+failed or timed out on the others (rank 0 died or hung: no plan or heartbeat within the timeout; another rank did),
+1 when its own step failed.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def _serve(model: Transformer | None, plans: object, rank: int, device: torch.de
                 time_all_reduce(message[1], message[2], device)
         except Exception as e:  # a collective failed (another rank died or hung) or this rank's own step did
             _say(rank, f"the {kind} failed: {first_line(e)}")
-            waited = isinstance(e, dist.DistError) or "timed out" in str(e).lower()  # on the others, not its own
+            text = str(e).lower()  # a collective on the others (gloo says "timed out", "connection reset/closed")
+            waited = isinstance(e, dist.DistError) or "timed out" in text or "connection" in text
             return WAITED if waited else 1
 
 

@@ -132,7 +132,7 @@ def build_lock(directory: Path) -> Iterator[None]:
     it, which the OS lets go when its holder dies. PyTorch's own lock is a file (`lock` in that directory) that only
     the process that made it deletes: a build interrupted by Ctrl-C or a kill left it, and every later start of
     rooftop then waited on it, silently and for ever. Whoever holds this lock knows that no other rooftop build runs
-    there, so such a file is a leftover, and it is deleted. A start that finds another building says it waits."""
+    there, so such a file is a leftover, and it is deleted. A start that finds another building says it waits (after QUIET_WAIT_S)."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory.parent / f"{directory.name}.build-lock", "w") as handle:
         quiet_until = time.monotonic() + QUIET_WAIT_S

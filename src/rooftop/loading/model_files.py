@@ -54,7 +54,7 @@ def check_source(run: RunConfig) -> None:
     elif run.model is not None:
         check_exists(Path(run.model))
     spec = run.engine.speculative_config
-    if spec is not None and spec.model is not None and not Path(spec.model).expanduser().exists():
+    if spec is not None and spec.model is not None and not Path(spec.model).exists():
         raise InvalidRequestError(
             f"speculative_config model {spec.model}: no such file or directory", "speculative_config"
         )

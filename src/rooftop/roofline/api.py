@@ -193,8 +193,8 @@ def resolve_precision(
 ) -> Precision:
     """The one place the analyzer decides what the weights are: a `--weights` choice (WEIGHT_CHOICES) is the exact
     format it means on `hw`; none or auto is what the file holds: a GGUF's format, else what a config.json's
-    quantization_config or torch_dtype says (checkpoint_weights), else bf16 (float32 on a probed device, where the
-    engine loads a config that names no dtype so; presets are bf16 checkpoints), as the engine runs it on a probed
+    quantization_config or torch_dtype says (checkpoint_weights), else bf16 (on a probed device the engine's dtype,
+    which it loads a config that names no dtype in; presets are bf16 checkpoints), as the engine runs it on a probed
     device (`hw.engine_auto`: a bf16 checkpoint as bf16-fp32 on rooftop's CPU kernels). A GGUF type rooftop's loader
     converts (Q2_K, Q3_K, the IQ types) is the Q4_1 it becomes on a probed device, where rooftop's engine runs it,
     and as stored elsewhere (`as_converted`). The activations are what rooftop's engine computes in on a probed
@@ -212,7 +212,7 @@ def resolve_precision(
         tables = None if tables is None else (as_converted(tables[0]), as_converted(tables[1]))
     held = checkpoint_weights(config) if auto and file_format is None and config is not None else None
     if auto and hw.probed and file_format is None and held is None and config is not None:
-        file_format = WEIGHT_FORMATS["fp32"]  # a config.json naming no dtype: the engine loads its floats as float32
+        file_format = WEIGHT_FORMATS[hw.engine_dtype]  # a config.json naming no dtype: the engine's own dtype
     activations = weights if hw.probed and weights in FLOAT_DTYPES.values() else hw.engine_dtype
     p = (
         held.as_run(hw.engine_auto).precision(kv, hw.engine_dtype)

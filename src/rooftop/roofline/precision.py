@@ -304,7 +304,7 @@ def checkpoint_weights(config: ModelConfig) -> CheckpointWeights | None:
     """What a config.json says its weights are: a `quantization_config` (AWQ, GPTQ, FP8, compressed-tensors)
     quantizes the block linears and leaves the embedding table, and unless it says otherwise the lm_head, in the
     float dtype (torch_dtype, else fp16 for AWQ and GPTQ, bf16 for the others); without one, torch_dtype is every weight's format. None when the config
-    says neither (presets, a GGUF's header). An unknown quant_method is refused rather than costed as floats: a
+    says neither (a GGUF's header; a bare config.json). An unknown quant_method is refused rather than costed as floats: a
     quantized checkpoint costed at 16 bits would be wrong by 2-4x, silently."""
     dtype = config.torch_dtype
     if dtype is not None and dtype not in FLOAT_DTYPES:

@@ -166,7 +166,7 @@ class Monitor:
             a.predicted.bytes,
             a.predicted.bound_s,
             a.measured_s,
-            None if a.expected is None else a.expected.total_s,
+            None if a.expected is None else a.expected.total_s + a.drafting_s,
         )
         with self.lock:
             self.steps.append(point)
